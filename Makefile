@@ -1,0 +1,100 @@
+# llm-tools: one engine archive (build/libllm.a), thin tools (bin/llm-*).
+#
+#   make              build the library and the tools (CUDA when nvcc is found)
+#   make CUDA=0       CPU-only build
+#   make test         build, then run the whole suite (TAP, ends "N passed, N failed, N skipped")
+#   make asan         the suite under AddressSanitizer + UBSan (separate build tree)
+#   make fuzz         build the libFuzzer harnesses (clang)
+#   make install PREFIX=/usr/local    tools and man pages
+#   make clean
+
+PREFIX   ?= /usr/local
+MANDIR   ?= $(PREFIX)/share/man
+B        ?= build
+BIN      ?= bin
+CC       ?= cc
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -Wall -Wextra -pthread -MMD -MP -Icommon
+LDFLAGS  += -pthread
+LDLIBS   += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# make CUDA=0 forces a CPU-only build (no comment after a value: make keeps the spaces)
+CUDA     ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra -Icommon
+
+TOOLS     = llm-quantize llm-repartition llm-generate llm-serve llm-finetune llm-bench
+LIB_SRC   = $(wildcard common/*.c)
+CU_SRC    = $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu))
+CUC_SRC   = $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.c))
+LIB_OBJ   = $(LIB_SRC:%.c=$(B)/%.o) $(CUC_SRC:%.c=$(B)/%.o) $(CU_SRC:%.cu=$(B)/%.cu.o)
+TOOL_BINS = $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/llm-*.c))
+TEST_SRC  = $(wildcard tests/test_*.c)
+TEST_BINS = $(TEST_SRC:tests/%.c=$(B)/tests/%)
+
+ifeq ($(CUDA),1)
+CFLAGS   += -DLLM_CUDA -I$(CUDA_HOME)/include
+NVCCFLAGS += -DLLM_CUDA
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+endif
+$(info cuda: $(if $(filter 1,$(CUDA)),yes ($(NVCC)),no))
+
+all: $(TOOL_BINS) $(TEST_BINS)
+
+# Changed flags force a rebuild: objects depend on a file holding them.
+$(B)/flags: FORCE
+	@mkdir -p $(B)
+	@echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA)' > $@
+
+$(B)/%.o: %.c $(B)/flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(B)/%.cu.o: %.cu $(B)/flags
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) -c -o $@ $<
+
+$(B)/libllm.a: $(LIB_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BIN)/%: $(B)/tools/%.o $(B)/libllm.a
+	@mkdir -p $(BIN)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/%: $(B)/tests/%.o $(B)/tests/lib/check.o $(B)/libllm.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+test: all
+	LLM_BIN=$(abspath $(BIN)) LLM_TESTBIN=$(abspath $(B)/tests) tests/run
+
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, CPU only.
+asan:
+	$(MAKE) B=build-asan BIN=build-asan/bin CUDA=0 \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDFLAGS="-fsanitize=address,undefined" test
+
+# libFuzzer harnesses (tests/fuzz/*.c), built with clang.
+fuzz:
+	$(MAKE) B=build-fuzz BIN=build-fuzz/bin CUDA=0 CC=clang \
+	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libllm.a
+	@for f in tests/fuzz/*.c; do n=$$(basename $$f .c); \
+	  echo "clang $$f -> build-fuzz/$$n"; \
+	  clang -std=c11 -O1 -g -Icommon -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f build-fuzz/libllm.a $(LDLIBS) || exit 1; done
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5
+	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(MANDIR)/man1
+	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(MANDIR)/man5
+
+uninstall:
+	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(TOOLS:%=$(DESTDIR)$(MANDIR)/man1/%.1) $(DESTDIR)$(MANDIR)/man5/llm-checkpoint.5
+
+clean:
+	rm -rf build build-asan build-fuzz bin tests/tmp
+
+.PHONY: all test asan fuzz install uninstall clean FORCE
+.SECONDARY:
+-include $(wildcard $(B)/*/*.d $(B)/*/*/*.d)

@@ -1,0 +1,783 @@
+/* common/ckpt.c: open a checkpoint (directory, file or stdin) and write one.
+ *
+ * Reading validates every file (safetensors.c) and the shard index: each
+ * indexed tensor is in the file the index names, no tensor appears twice.
+ * Writing streams one tensor at a time into a temporary name
+ * (OUT.tmp.PID, a file or a directory), fsyncs and renames it into place:
+ * until commit nothing at OUT looks whole. See man/llm-checkpoint.5. */
+#define _GNU_SOURCE
+#include "ckpt.h"
+#include "fileio.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define AUX_MAX (64u << 20)      /* side files larger than this are not carried */
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+	const struct llm_tensor *const *x = a, *const *y = b;
+	return strcmp((*x)->name, (*y)->name);
+}
+
+static int cmp_aux_name(const void *a, const void *b)
+{
+	const struct llm_aux *x = a, *y = b;
+	return strcmp(x->name, y->name);
+}
+
+static enum llm_status add_aux(struct llm_ckpt *ck, const char *name, char *data, size_t len)
+{
+	struct llm_aux *a = realloc(ck->aux, (ck->n_aux + 1) * sizeof *a);
+	if (!a) {
+		free(data);
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	}
+	ck->aux = a;
+	a[ck->n_aux] = (struct llm_aux){ llm_strdup(name), data, len };
+	ck->n_aux++;
+	return LLM_OK;
+}
+
+/* Weights, ours or in another format: never carried as side files (they
+ * would not match the weights of a converted checkpoint). */
+static int is_weight_file(const char *name)
+{
+	static const char *ext[] = { ".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt",
+	                             ".msgpack", ".h5", ".onnx", ".npz", ".index.json" };
+	size_t n = strlen(name);
+	for (size_t i = 0; i < sizeof ext / sizeof *ext; i++) {
+		size_t m = strlen(ext[i]);
+		if (n > m && !strcmp(name + n - m, ext[i]))
+			return 1;
+	}
+	return 0;
+}
+
+/* Side files of a directory: every regular file that is not weights. */
+static enum llm_status read_dir_aux(struct llm_ckpt *ck, const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return llm_fail(LLM_ERR_IO, "%s: %s", dir, strerror(errno));
+	struct dirent *e;
+	enum llm_status s = LLM_OK;
+	while (!s && (e = readdir(d))) {
+		if (e->d_name[0] == '.' || is_weight_file(e->d_name) || strstr(e->d_name, ".tmp."))
+			continue;
+		char *p = llm_path_join(dir, e->d_name);
+		struct stat st;
+		if (p && stat(p, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size <= AUX_MAX) {
+			char *buf;
+			size_t len;
+			s = llm_read_file(p, &buf, &len);
+			if (!s)
+				s = add_aux(ck, e->d_name, buf, len);
+		}
+		free(p);
+	}
+	closedir(d);
+	return s;
+}
+
+static enum llm_status open_file(struct llm_ckpt *ck, const char *path)
+{
+	struct llm_st_file *f = realloc(ck->files, (ck->n_file + 1) * sizeof *f);
+	if (!f)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	ck->files = f;
+	enum llm_status s = llm_st_open(&f[ck->n_file], path);
+	ck->n_file++;          /* closed by llm_ckpt_close even on failure */
+	return s;
+}
+
+static enum llm_status open_index(struct llm_ckpt *ck, const char *dir)
+{
+	char *ipath = llm_path_join(dir, INDEX_NAME), *buf = NULL;
+	size_t len;
+	enum llm_status s = llm_read_file(ipath, &buf, &len);
+	json_t *root = NULL;
+	if (s)
+		goto out;
+	json_error_t err;
+	root = json_loadb(buf, len, 0, &err);
+	json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+	if (!json_is_object(map)) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: %s", ipath, root ? "no weight_map object" : err.text);
+		goto out;
+	}
+	/* open each distinct shard once, in the order first named */
+	const char *name;
+	json_t *v;
+	json_object_foreach(map, name, v) {
+		if (!json_is_string(v)) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: weight_map '%s' is not a file name", ipath, name);
+			goto out;
+		}
+		const char *fn = json_string_value(v);
+		if (strchr(fn, '/') || !strcmp(fn, "..") || !*fn) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: weight_map '%s': file name '%s' leaves the directory", ipath, name, fn);
+			goto out;
+		}
+		int seen = 0;
+		for (size_t i = 0; i < ck->n_file && !seen; i++) {
+			const char *b = strrchr(ck->files[i].path, '/');
+			seen = !strcmp(b ? b + 1 : ck->files[i].path, fn);
+		}
+		if (!seen) {
+			char *p = llm_path_join(dir, fn);
+			s = open_file(ck, p);
+			free(p);
+			if (s)
+				goto out;
+		}
+	}
+	/* every indexed tensor is in its file, and every tensor is indexed */
+	size_t total = 0;
+	for (size_t i = 0; i < ck->n_file; i++)
+		total += ck->files[i].n_tensor;
+	json_object_foreach(map, name, v) {
+		const char *fn = json_string_value(v);
+		const struct llm_tensor *t = NULL;
+		for (size_t i = 0; i < ck->n_file && !t; i++) {
+			const char *b = strrchr(ck->files[i].path, '/');
+			if (!strcmp(b ? b + 1 : ck->files[i].path, fn))
+				t = llm_st_find(&ck->files[i], name);
+		}
+		if (!t) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is indexed in %s but not there", ipath, name, fn);
+			goto out;
+		}
+	}
+	if (total != json_object_size(map))
+		s = llm_fail(LLM_ERR_FORMAT, "%s: the shards hold %zu tensors but the index names %zu",
+		             ipath, total, json_object_size(map));
+out:
+	json_decref(root);
+	free(buf);
+	free(ipath);
+	return s;
+}
+
+enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
+{
+	memset(ck, 0, sizeof *ck);
+	ck->path = llm_strdup(path);
+	enum llm_status s;
+	if (strcmp(path, "-") && llm_is_dir(path)) {
+		ck->is_dir = 1;
+		char *ipath = llm_path_join(path, INDEX_NAME), *single = llm_path_join(path, "model.safetensors");
+		if (llm_exists(ipath))
+			s = open_index(ck, path);
+		else if (llm_exists(single))
+			s = open_file(ck, single);
+		else
+			s = llm_fail(LLM_ERR_IO, "%s: no model.safetensors or %s", path, INDEX_NAME);
+		free(ipath);
+		free(single);
+		if (!s)
+			s = read_dir_aux(ck, path);
+	} else {
+		s = open_file(ck, path);
+		/* side files ride in the metadata, keyed by file name */
+		for (size_t i = 0; !s && i < ck->files[0].n_meta; i++) {
+			const char *k = ck->files[0].meta_key[i];
+			if (!strchr(k, '.') || strchr(k, '/'))
+				continue;        /* "format" and other plain keys */
+			s = add_aux(ck, k, llm_strdup(ck->files[0].meta_val[i]), strlen(ck->files[0].meta_val[i]));
+		}
+	}
+	if (s) {
+		llm_ckpt_close(ck);
+		return s;
+	}
+	qsort(ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
+	for (size_t i = 0; i < ck->n_file; i++)
+		ck->n_tensor += ck->files[i].n_tensor;
+	ck->tensors = calloc(ck->n_tensor + 1, sizeof *ck->tensors);
+	if (!ck->tensors) {
+		llm_ckpt_close(ck);
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	}
+	size_t k = 0;
+	for (size_t i = 0; i < ck->n_file; i++)
+		for (size_t j = 0; j < ck->files[i].n_tensor; j++) {
+			ck->files[i].tensors[j].file = (int)i;
+			ck->tensors[k++] = &ck->files[i].tensors[j];
+		}
+	qsort(ck->tensors, ck->n_tensor, sizeof *ck->tensors, cmp_tensor_name);
+	for (size_t i = 1; i < ck->n_tensor; i++)
+		if (!strcmp(ck->tensors[i]->name, ck->tensors[i - 1]->name)) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' appears in both %s and %s", path,
+			             ck->tensors[i]->name, ck->files[ck->tensors[i - 1]->file].path,
+			             ck->files[ck->tensors[i]->file].path);
+			llm_ckpt_close(ck);
+			return s;
+		}
+	return LLM_OK;
+}
+
+void llm_ckpt_close(struct llm_ckpt *ck)
+{
+	for (size_t i = 0; i < ck->n_file; i++)
+		llm_st_close(&ck->files[i]);
+	free(ck->files);
+	free(ck->tensors);
+	for (size_t i = 0; i < ck->n_aux; i++) {
+		free(ck->aux[i].name);
+		free(ck->aux[i].data);
+	}
+	free(ck->aux);
+	for (size_t i = 0; i < ck->n_scale_copies; i++)
+		free(ck->scale_copies[i]);
+	free(ck->scale_copies);
+	free(ck->path);
+	memset(ck, 0, sizeof *ck);
+}
+
+const struct llm_tensor *llm_ckpt_find(const struct llm_ckpt *ck, const char *name)
+{
+	struct llm_tensor key = { .name = (char *)name }, *kp = &key, **r;
+	r = bsearch(&kp, ck->tensors, ck->n_tensor, sizeof *ck->tensors, cmp_tensor_name);
+	return r ? *r : NULL;
+}
+
+const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name)
+{
+	struct llm_aux key = { .name = (char *)name };
+	return bsearch(&key, ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
+}
+
+int llm_ckpt_is_fp8(const struct llm_ckpt *ck)
+{
+	for (size_t i = 0; i < ck->n_tensor; i++)
+		if (ck->tensors[i]->dtype == LLM_DTYPE_E4M3)
+			return 1;
+	return 0;
+}
+
+/* weight_block_size from config.json's quantization_config, if any. */
+static void config_block(const struct llm_ckpt *ck, int64_t *bn, int64_t *bk)
+{
+	*bn = *bk = 0;
+	const struct llm_aux *a = llm_ckpt_aux(ck, "config.json");
+	if (!a)
+		return;
+	json_t *root = json_loadb(a->data, a->len, 0, NULL);
+	json_t *b = json_object_get(json_object_get(root, "quantization_config"), "weight_block_size");
+	if (json_is_array(b) && json_array_size(b) == 2) {
+		*bn = json_integer_value(json_array_get(b, 0));
+		*bk = json_integer_value(json_array_get(b, 1));
+	}
+	json_decref(root);
+}
+
+enum llm_status llm_ckpt_weight(struct llm_ckpt *ck, const char *name, struct llm_weight *w)
+{
+	memset(w, 0, sizeof *w);
+	const struct llm_tensor *t = llm_ckpt_find(ck, name);
+	if (!t)
+		return llm_fail(LLM_ERR_FORMAT, "%s: missing tensor '%s'", ck->path, name);
+	if (t->n_dim < 1 || t->n_dim > 2)
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': expected 1 or 2 dimensions, has %d",
+		                ck->path, name, t->n_dim);
+	w->name = t->name;
+	w->dtype = t->dtype;
+	w->rows = t->n_dim == 2 ? t->shape[0] : 1;
+	w->cols = t->shape[t->n_dim - 1];
+	w->data = t->data;
+	if (t->dtype == LLM_DTYPE_F32 || t->dtype == LLM_DTYPE_F16 || t->dtype == LLM_DTYPE_BF16)
+		return LLM_OK;
+	if (t->dtype != LLM_DTYPE_E4M3)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: tensor '%s': unsupported weight dtype %s",
+		                ck->path, name, llm_dtype_name(t->dtype));
+	char sname[1024];
+	snprintf(sname, sizeof sname, "%s_scale_inv", name);
+	const struct llm_tensor *sc = llm_ckpt_find(ck, sname);
+	int inv = sc != NULL;
+	if (!sc) {
+		snprintf(sname, sizeof sname, "%s_scale", name);
+		sc = llm_ckpt_find(ck, sname);
+	}
+	if (!sc)
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is F8_E4M3 but has no '%s_scale_inv' or '%s_scale'",
+		                ck->path, name, name, name);
+	int64_t sn = llm_tensor_numel(sc);
+	if (inv && sc->n_dim == 2) {
+		int64_t bn, bk;
+		config_block(ck, &bn, &bk);
+		if (bn <= 0 || bk <= 0) {         /* no config: derive from the shapes */
+			bn = (w->rows + sc->shape[0] - 1) / (sc->shape[0] ? sc->shape[0] : 1);
+			bk = (w->cols + sc->shape[1] - 1) / (sc->shape[1] ? sc->shape[1] : 1);
+		}
+		if (bn <= 0 || bk <= 0 || sc->shape[0] != (w->rows + bn - 1) / bn || sc->shape[1] != (w->cols + bk - 1) / bk)
+			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape [%lld, %lld] does not match blocks %lldx%lld of a %lldx%lld weight",
+			                ck->path, sname, (long long)sc->shape[0], (long long)sc->shape[1],
+			                (long long)bn, (long long)bk, (long long)w->rows, (long long)w->cols);
+		w->block_rows = bn;
+		w->block_cols = bk;
+		w->scale_rows = sc->shape[0];
+		w->scale_cols = sc->shape[1];
+	} else if (sn == 1) {                    /* per tensor */
+		w->block_rows = w->rows;
+		w->block_cols = w->cols;
+		w->scale_rows = w->scale_cols = 1;
+	} else if (sn == w->rows && (sc->n_dim == 1 || (sc->n_dim == 2 && sc->shape[1] == 1))) {
+		w->block_rows = 1;                   /* per output channel */
+		w->block_cols = w->cols;
+		w->scale_rows = w->rows;
+		w->scale_cols = 1;
+	} else {
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': unsupported scale shape for a %lldx%lld weight",
+		                ck->path, sname, (long long)w->rows, (long long)w->cols);
+	}
+	if (sc->dtype == LLM_DTYPE_F32) {
+		w->scale = sc->data;
+		return LLM_OK;
+	}
+	if (sc->dtype != LLM_DTYPE_BF16 && sc->dtype != LLM_DTYPE_F16)
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': scale dtype %s is not F32, BF16 or F16",
+		                ck->path, sname, llm_dtype_name(sc->dtype));
+	float **nc = realloc(ck->scale_copies, (ck->n_scale_copies + 1) * sizeof *nc);
+	float *c = malloc((size_t)sn * sizeof *c);
+	if (!nc || !c) {
+		free(c);
+		if (nc)
+			ck->scale_copies = nc;
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	}
+	ck->scale_copies = nc;
+	nc[ck->n_scale_copies++] = c;
+	llm_to_f32(c, sc->data, sc->dtype, (size_t)sn);
+	w->scale = c;
+	return LLM_OK;
+}
+
+/* ---- writer ----------------------------------------------------------- */
+
+enum wmode { W_DIR, W_FILE, W_STDOUT };
+
+struct shard {
+	char *name;            /* file name inside the directory, or the path */
+	char *tmp;             /* where it is written */
+	size_t first, count;   /* range in order[] */
+	size_t data_bytes;
+};
+
+struct llm_ckpt_writer {
+	enum wmode mode;
+	char *out, *tmpdir;
+	int force;
+	struct llm_tensor *descs;
+	size_t n_desc;
+	size_t *order;          /* write order: indices into descs */
+	size_t *offset;         /* per desc: offset in its shard's data region */
+	struct llm_aux *aux;
+	size_t n_aux;
+	struct shard *shards;
+	size_t n_shard;
+	size_t pos;             /* index into order of the tensor being written */
+	size_t in_tensor;       /* bytes written of it */
+	size_t cur_shard;
+	int fd;
+	char *buf;              /* write buffer */
+	size_t buf_len;
+	size_t done, total;
+};
+
+#define WBUF (8u << 20)
+
+static enum llm_status flush_buf(struct llm_ckpt_writer *w)
+{
+	if (!w->buf_len)
+		return LLM_OK;
+	enum llm_status s = llm_write_all(w->fd, w->buf, w->buf_len, w->mode == W_STDOUT ? "<stdout>" : w->shards[w->cur_shard].tmp);
+	w->buf_len = 0;
+	return s;
+}
+
+static enum llm_status put(struct llm_ckpt_writer *w, const void *data, size_t n)
+{
+	if (n >= WBUF) {
+		LLM_TRY(flush_buf(w));
+		return llm_write_all(w->fd, data, n, w->mode == W_STDOUT ? "<stdout>" : w->shards[w->cur_shard].tmp);
+	}
+	if (w->buf_len + n > WBUF)
+		LLM_TRY(flush_buf(w));
+	memcpy(w->buf + w->buf_len, data, n);
+	w->buf_len += n;
+	return LLM_OK;
+}
+
+/* The header of shard K: metadata (with the side files when the output is a
+ * single file), then the tensors in write order; padded with spaces to a
+ * multiple of 8 so the data region is 8-byte aligned. */
+static enum llm_status write_header(struct llm_ckpt_writer *w, size_t k)
+{
+	struct shard *sh = &w->shards[k];
+	json_t *root = json_object(), *meta = json_object();
+	json_object_set_new(meta, "format", json_string("pt"));
+	if (w->mode != W_DIR)
+		for (size_t i = 0; i < w->n_aux; i++)
+			json_object_set_new(meta, w->aux[i].name, json_stringn(w->aux[i].data, w->aux[i].len));
+	json_object_set_new(root, "__metadata__", meta);
+	for (size_t i = sh->first; i < sh->first + sh->count; i++) {
+		const struct llm_tensor *t = &w->descs[w->order[i]];
+		json_t *e = json_object(), *shape = json_array();
+		for (int d = 0; d < t->n_dim; d++)
+			json_array_append_new(shape, json_integer(t->shape[d]));
+		json_object_set_new(e, "dtype", json_string(llm_dtype_name(t->dtype)));
+		json_object_set_new(e, "shape", shape);
+		json_object_set_new(e, "data_offsets", json_pack("[I, I]", (json_int_t)w->offset[w->order[i]],
+		                                                  (json_int_t)(w->offset[w->order[i]] + t->nbytes)));
+		json_object_set_new(root, t->name, e);
+	}
+	char *js = json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	if (!js)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	size_t n = strlen(js), padded = (n + 7) & ~(size_t)7;
+	uint8_t len8[8];
+	for (int i = 0; i < 8; i++)
+		len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+	enum llm_status s = put(w, len8, 8);
+	if (!s)
+		s = put(w, js, n);
+	for (size_t i = n; !s && i < padded; i++)
+		s = put(w, " ", 1);
+	free(js);
+	return s;
+}
+
+static enum llm_status open_shard(struct llm_ckpt_writer *w, size_t k)
+{
+	w->cur_shard = k;
+	if (w->mode == W_STDOUT) {
+		w->fd = 1;
+	} else {
+		w->fd = open(w->shards[k].tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (w->fd < 0)
+			return llm_fail(LLM_ERR_IO, "%s: %s", w->shards[k].tmp, strerror(errno));
+	}
+	return write_header(w, k);
+}
+
+static enum llm_status close_shard(struct llm_ckpt_writer *w)
+{
+	LLM_TRY(flush_buf(w));
+	if (w->mode == W_STDOUT)
+		return LLM_OK;
+	int fd = w->fd;
+	w->fd = -1;
+	if (fsync(fd) != 0) {
+		close(fd);
+		return llm_fail(LLM_ERR_IO, "%s: fsync: %s", w->shards[w->cur_shard].tmp, strerror(errno));
+	}
+	if (close(fd) != 0)
+		return llm_fail(LLM_ERR_IO, "%s: close: %s", w->shards[w->cur_shard].tmp, strerror(errno));
+	return LLM_OK;
+}
+
+static enum llm_status write_index(struct llm_ckpt_writer *w)
+{
+	json_t *root = json_object(), *map = json_object(), *meta = json_object();
+	size_t total = 0;
+	for (size_t i = 0; i < w->n_desc; i++)
+		total += w->descs[i].nbytes;
+	json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+	json_object_set_new(root, "metadata", meta);
+	/* weight_map sorted by name, as the reference writer does */
+	size_t *idx = malloc(w->n_desc * sizeof *idx);
+	struct llm_tensor **tp = malloc(w->n_desc * sizeof *tp);
+	if (!idx || !tp) {
+		free(idx);
+		free(tp);
+		json_decref(root);
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < w->n_desc; i++)
+		tp[i] = &w->descs[i];
+	qsort(tp, w->n_desc, sizeof *tp, cmp_tensor_name);
+	for (size_t k = 0; k < w->n_shard; k++)
+		for (size_t i = w->shards[k].first; i < w->shards[k].first + w->shards[k].count; i++)
+			idx[w->order[i]] = k;
+	for (size_t i = 0; i < w->n_desc; i++)
+		json_object_set_new(map, tp[i]->name, json_string(w->shards[idx[tp[i] - w->descs]].name));
+	json_object_set_new(root, "weight_map", map);
+	free(idx);
+	free(tp);
+	char *js = json_dumps(root, JSON_INDENT(2));
+	json_decref(root);
+	char *p = llm_path_join(w->tmpdir, INDEX_NAME);
+	enum llm_status s = js && p ? llm_write_file_atomic(p, js, strlen(js)) : llm_fail(LLM_ERR_NOMEM, "out of memory");
+	free(js);
+	free(p);
+	return s;
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+	size_t n = strlen(s), m = strlen(suf);
+	return n >= m && !strcmp(s + n - m, suf);
+}
+
+enum llm_status llm_ckpt_write_begin(struct llm_ckpt_writer **wp, const char *out,
+                                     const struct llm_tensor *descs, size_t n_desc,
+                                     const struct llm_aux *aux, size_t n_aux,
+                                     const struct llm_ckpt_write_opts *opts)
+{
+	*wp = NULL;
+	struct llm_ckpt_writer *w = calloc(1, sizeof *w);
+	if (!w)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	w->fd = -1;
+	w->force = opts && opts->force;
+	w->mode = !strcmp(out, "-") ? W_STDOUT : ends_with(out, ".safetensors") ? W_FILE : W_DIR;
+	w->out = llm_strdup(out);
+	enum llm_status s = LLM_OK;
+	if (w->mode != W_STDOUT && llm_exists(out) && !w->force) {
+		s = llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
+		goto fail;
+	}
+	w->descs = calloc(n_desc + 1, sizeof *w->descs);
+	w->order = calloc(n_desc + 1, sizeof *w->order);
+	w->offset = calloc(n_desc + 1, sizeof *w->offset);
+	w->aux = calloc(n_aux + 1, sizeof *w->aux);
+	w->buf = malloc(WBUF);
+	if (!w->descs || !w->order || !w->offset || !w->aux || !w->buf) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < n_desc; i++) {
+		w->descs[i] = descs[i];
+		w->descs[i].name = llm_strdup(descs[i].name);
+		w->descs[i].data = NULL;
+		w->descs[i].nbytes = (size_t)llm_tensor_numel(&descs[i]) * llm_dtype_size(descs[i].dtype);
+		w->order[i] = i;
+		for (size_t j = 0; j < i; j++)
+			if (!strcmp(w->descs[j].name, descs[i].name)) {
+				w->n_desc = i + 1;
+				s = llm_fail(LLM_ERR_INTERNAL, "%s: tensor '%s' written twice", out, descs[i].name);
+				goto fail;
+			}
+		w->total += w->descs[i].nbytes;
+	}
+	w->n_desc = n_desc;
+	for (size_t i = 0; i < n_aux; i++) {
+		if (w->mode != W_DIR && !llm_is_utf8_text(aux[i].data, aux[i].len)) {
+			llm_warn("%s: side file %s is binary and cannot ride in a single-file checkpoint; left out",
+			         out, aux[i].name);
+			continue;
+		}
+		struct llm_aux *a = &w->aux[w->n_aux++];
+		a->name = llm_strdup(aux[i].name);
+		a->len = aux[i].len;
+		a->data = malloc(aux[i].len + 1);
+		if (!a->name || !a->data) {
+			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+			goto fail;
+		}
+		memcpy(a->data, aux[i].data, aux[i].len);
+		a->data[aux[i].len] = 0;
+	}
+	/* shards: consecutive runs of the write order, each under max_shard_size */
+	size_t max = opts && opts->max_shard_size ? opts->max_shard_size : (size_t)5000000000u;
+	w->shards = calloc(n_desc + 1, sizeof *w->shards);
+	if (!w->shards) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto fail;
+	}
+	w->n_shard = 1;
+	for (size_t i = 0; i < n_desc; i++) {
+		struct shard *sh = &w->shards[w->n_shard - 1];
+		const struct llm_tensor *t = &w->descs[w->order[i]];
+		if (w->mode == W_DIR && sh->count && sh->data_bytes + t->nbytes > max) {
+			sh = &w->shards[w->n_shard++];
+			sh->first = i;
+		}
+		w->offset[w->order[i]] = sh->data_bytes;
+		sh->data_bytes += t->nbytes;
+		sh->count++;
+	}
+	if (w->mode == W_DIR) {
+		char tmp[4096];
+		snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
+		w->tmpdir = llm_strdup(tmp);
+		if (mkdir(w->tmpdir, 0755) != 0) {
+			s = llm_fail(LLM_ERR_IO, "%s: %s", w->tmpdir, strerror(errno));
+			free(w->tmpdir);
+			w->tmpdir = NULL;
+			goto fail;
+		}
+		for (size_t k = 0; k < w->n_shard; k++) {
+			char name[64];
+			if (w->n_shard == 1)
+				snprintf(name, sizeof name, "model.safetensors");
+			else
+				snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, w->n_shard);
+			w->shards[k].name = llm_strdup(name);
+			w->shards[k].tmp = llm_path_join(w->tmpdir, name);
+		}
+		for (size_t i = 0; i < w->n_aux && !s; i++) {
+			char *p = llm_path_join(w->tmpdir, w->aux[i].name);
+			s = llm_write_file_atomic(p, w->aux[i].data, w->aux[i].len);
+			free(p);
+		}
+		if (s)
+			goto fail;
+	} else if (w->mode == W_FILE) {
+		char tmp[4096];
+		snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
+		w->shards[0].name = llm_strdup(out);
+		w->shards[0].tmp = llm_strdup(tmp);
+	} else {
+		w->shards[0].name = llm_strdup("-");
+		w->shards[0].tmp = llm_strdup("<stdout>");
+	}
+	s = open_shard(w, 0);
+	if (s)
+		goto fail;
+	*wp = w;
+	return LLM_OK;
+fail:
+	llm_ckpt_write_abort(w);
+	return s;
+}
+
+long llm_ckpt_write_next(struct llm_ckpt_writer *w)
+{
+	/* skip over zero-byte tensors: nothing to write for them */
+	while (w->pos < w->n_desc && w->descs[w->order[w->pos]].nbytes == 0)
+		w->pos++;
+	return w->pos < w->n_desc ? (long)w->order[w->pos] : -1;
+}
+
+enum llm_status llm_ckpt_write_data(struct llm_ckpt_writer *w, const void *data, size_t n)
+{
+	const char *p = data;
+	while (n) {
+		if (llm_ckpt_write_next(w) < 0)
+			return llm_fail(LLM_ERR_INTERNAL, "%s: more data than tensors", w->out);
+		struct shard *sh = &w->shards[w->cur_shard];
+		if (w->pos >= sh->first + sh->count) {     /* next shard */
+			LLM_TRY(close_shard(w));
+			LLM_TRY(open_shard(w, w->cur_shard + 1));
+		}
+		const struct llm_tensor *t = &w->descs[w->order[w->pos]];
+		size_t k = t->nbytes - w->in_tensor < n ? t->nbytes - w->in_tensor : n;
+		LLM_TRY(put(w, p, k));
+		p += k;
+		n -= k;
+		w->in_tensor += k;
+		w->done += k;
+		if (w->in_tensor == t->nbytes) {
+			w->pos++;
+			w->in_tensor = 0;
+		}
+	}
+	return LLM_OK;
+}
+
+void llm_ckpt_write_progress(const struct llm_ckpt_writer *w, size_t *done, size_t *total)
+{
+	*done = w->done;
+	*total = w->total;
+}
+
+static void writer_free(struct llm_ckpt_writer *w)
+{
+	for (size_t i = 0; i < w->n_desc; i++)
+		free(w->descs[i].name);
+	free(w->descs);
+	free(w->order);
+	free(w->offset);
+	for (size_t i = 0; i < w->n_aux; i++) {
+		free(w->aux[i].name);
+		free(w->aux[i].data);
+	}
+	free(w->aux);
+	for (size_t k = 0; w->shards && k < w->n_shard; k++) {
+		free(w->shards[k].name);
+		free(w->shards[k].tmp);
+	}
+	free(w->shards);
+	free(w->buf);
+	free(w->out);
+	free(w->tmpdir);
+	free(w);
+}
+
+enum llm_status llm_ckpt_write_commit(struct llm_ckpt_writer *w)
+{
+	enum llm_status s = LLM_OK;
+	if (llm_ckpt_write_next(w) >= 0 || w->in_tensor)
+		s = llm_fail(LLM_ERR_INTERNAL, "%s: tensor '%s' not fully written", w->out,
+		             w->descs[w->order[w->pos]].name);
+	/* shards left unopened only hold zero-byte tensors */
+	while (!s && w->cur_shard + 1 < w->n_shard) {
+		s = close_shard(w);
+		if (!s)
+			s = open_shard(w, w->cur_shard + 1);
+	}
+	if (!s)
+		s = close_shard(w);
+	if (!s && w->mode == W_DIR && w->n_shard > 1)
+		s = write_index(w);
+	if (s) {
+		llm_ckpt_write_abort(w);
+		return s;
+	}
+	const char *from = w->mode == W_DIR ? w->tmpdir : w->shards[0].tmp;
+	if (w->mode != W_STDOUT) {
+		if (w->mode == W_DIR)
+			llm_fsync_dir(w->tmpdir);
+		char old[4096] = "";
+		if (llm_exists(w->out)) {          /* --force: move the old one aside first */
+			snprintf(old, sizeof old, "%s.old.%d", w->out, (int)getpid());
+			if (rename(w->out, old) != 0) {
+				s = llm_fail(LLM_ERR_IO, "%s: rename: %s", w->out, strerror(errno));
+				llm_ckpt_write_abort(w);
+				return s;
+			}
+		}
+		if (rename(from, w->out) != 0) {
+			s = llm_fail(LLM_ERR_IO, "%s: rename: %s", w->out, strerror(errno));
+			if (old[0])
+				rename(old, w->out);
+			llm_ckpt_write_abort(w);
+			return s;
+		}
+		if (old[0])
+			llm_rm_rf(old);
+		char *slash = strrchr(w->out, '/');
+		if (slash) {
+			*slash = 0;
+			llm_fsync_dir(*w->out ? w->out : "/");
+		} else {
+			llm_fsync_dir(".");
+		}
+	}
+	writer_free(w);
+	return LLM_OK;
+}
+
+void llm_ckpt_write_abort(struct llm_ckpt_writer *w)
+{
+	if (!w)
+		return;
+	if (w->fd > 1)
+		close(w->fd);
+	if (w->mode == W_DIR && w->tmpdir)
+		llm_rm_rf(w->tmpdir);
+	else if (w->mode == W_FILE && w->shards && w->shards[0].tmp)
+		unlink(w->shards[0].tmp);
+	writer_free(w);
+}

@@ -1,0 +1,95 @@
+/* common/ckpt.h: the llm-tools checkpoint (see man/llm-checkpoint.5).
+ *
+ * A checkpoint is a Hugging Face model directory (config.json, tokenizer
+ * files, model.safetensors or model-0000i-of-0000n.safetensors with
+ * model.safetensors.index.json), or one .safetensors file whose __metadata__
+ * carries the side files as strings keyed by file name, or that same stream
+ * on standard input/output ("-").
+ *
+ * FP8 weights: "<name>.weight" F8_E4M3 (d_out, d_in) with
+ * "<name>.weight_scale_inv" F32 (ceil(d_out/bn), ceil(d_in/bk)): the block
+ * multiplier, value = code * scale; config.json carries quantization_config
+ * {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
+ * weight_block_size: [bn, bk]}. Compressed-tensors checkpoints
+ * ("<name>.weight_scale", per tensor or per output channel) are read too. */
+#ifndef LLM_CKPT_H
+#define LLM_CKPT_H
+
+#include "safetensors.h"
+
+/* A side file carried through unchanged (config.json, tokenizer.json ...). */
+struct llm_aux {
+	char *name;
+	char *data;     /* NUL-terminated */
+	size_t len;
+};
+
+struct llm_ckpt {
+	char *path;
+	int is_dir;
+	size_t n_file;
+	struct llm_st_file *files;
+	size_t n_tensor;
+	struct llm_tensor **tensors;   /* sorted by name */
+	size_t n_aux;
+	struct llm_aux *aux;
+	float **scale_copies;          /* f32 copies of non-f32 scales */
+	size_t n_scale_copies;
+};
+
+/* Open a checkpoint: directory, .safetensors file or "-". Validates every
+ * file and the index (each indexed tensor present in its file, no tensor
+ * twice across shards). Side files are read from the directory or from the
+ * metadata. */
+enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path);
+void llm_ckpt_close(struct llm_ckpt *ck);
+const struct llm_tensor *llm_ckpt_find(const struct llm_ckpt *ck, const char *name);
+/* A side file by name ("config.json"), or NULL. */
+const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name);
+/* Whether any tensor is F8_E4M3 (the checkpoint is quantized). */
+int llm_ckpt_is_fp8(const struct llm_ckpt *ck);
+
+/* A weight matrix as the kernels see it. For E4M3, element (r, c) is
+ * code(r, c) * scale[(r / block_rows) * scale_cols + c / block_cols]. */
+struct llm_weight {
+	const char *name;
+	enum llm_dtype dtype;        /* F32, F16, BF16 or E4M3 */
+	int64_t rows, cols;          /* (d_out, d_in); a vector is 1 x n */
+	const void *data;            /* rows x cols, row-major */
+	const float *scale;          /* E4M3: (scale_rows, scale_cols) */
+	int64_t scale_rows, scale_cols;
+	int64_t block_rows, block_cols;
+};
+/* Resolve NAME (e.g. "model.layers.0.mlp.up_proj.weight") and its scale
+ * tensor, whichever layout the checkpoint uses. */
+enum llm_status llm_ckpt_weight(struct llm_ckpt *ck, const char *name, struct llm_weight *w);
+
+/* ---- writing ---------------------------------------------------------- */
+
+struct llm_ckpt_write_opts {
+	size_t max_shard_size;   /* bytes per shard, directories only (0: 5 GB) */
+	int force;               /* replace an existing OUT */
+};
+
+struct llm_ckpt_writer;
+
+/* Plan the output: OUT is a directory, a .safetensors file or "-". DESCS
+ * (name, dtype, shape; data ignored) and AUX are copied. Nothing is visible
+ * at OUT until llm_ckpt_write_commit(). Tensors are then written in the
+ * order given by llm_ckpt_write_next(). */
+enum llm_status llm_ckpt_write_begin(struct llm_ckpt_writer **w, const char *out,
+                                     const struct llm_tensor *descs, size_t n_desc,
+                                     const struct llm_aux *aux, size_t n_aux,
+                                     const struct llm_ckpt_write_opts *opts);
+/* Index into DESCS of the next tensor to write, or -1 when all are written. */
+long llm_ckpt_write_next(struct llm_ckpt_writer *w);
+/* Append bytes of the current tensor; may be called several times. */
+enum llm_status llm_ckpt_write_data(struct llm_ckpt_writer *w, const void *data, size_t n);
+/* fsync and rename into place; frees W. */
+enum llm_status llm_ckpt_write_commit(struct llm_ckpt_writer *w);
+/* Remove everything written; frees W. Safe on NULL. */
+void llm_ckpt_write_abort(struct llm_ckpt_writer *w);
+/* Bytes written so far and in total (for progress). */
+void llm_ckpt_write_progress(const struct llm_ckpt_writer *w, size_t *done, size_t *total);
+
+#endif

@@ -1,0 +1,185 @@
+/* common/fileio.c: whole-file reads, atomic writes, tree removal. */
+#define _GNU_SOURCE
+#include "fileio.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *llm_strdup(const char *s)
+{
+	if (!s)
+		return NULL;
+	size_t n = strlen(s) + 1;
+	char *d = malloc(n);
+	if (d)
+		memcpy(d, s, n);
+	return d;
+}
+
+char *llm_path_join(const char *dir, const char *name)
+{
+	size_t n = strlen(dir) + strlen(name) + 2;
+	char *p = malloc(n);
+	if (p)
+		snprintf(p, n, "%s/%s", dir, name);
+	return p;
+}
+
+enum llm_status llm_read_file(const char *path, char **buf, size_t *len)
+{
+	int fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : 0;
+	if (fd < 0)
+		return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(errno));
+	size_t cap = 1 << 16, n = 0;
+	struct stat st;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+		cap = (size_t)st.st_size + 1;
+	char *b = malloc(cap);
+	for (;;) {
+		if (!b) {
+			if (fd)
+				close(fd);
+			return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+		}
+		if (n + 1 >= cap) {
+			char *nb = realloc(b, cap * 2);
+			if (!nb)
+				free(b);
+			b = nb;
+			cap *= 2;
+			continue;
+		}
+		ssize_t r = read(fd, b + n, cap - n - 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			int e = errno;
+			free(b);
+			if (fd)
+				close(fd);
+			return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(e));
+		}
+		if (r == 0)
+			break;
+		n += (size_t)r;
+	}
+	if (fd)
+		close(fd);
+	b[n] = 0;
+	*buf = b;
+	*len = n;
+	return LLM_OK;
+}
+
+enum llm_status llm_write_all(int fd, const void *data, size_t len, const char *what)
+{
+	const char *p = data;
+	while (len) {
+		ssize_t w = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return llm_fail(LLM_ERR_IO, "%s: write: %s", what, strerror(errno));
+		p += w;
+		len -= (size_t)w;
+	}
+	return LLM_OK;
+}
+
+enum llm_status llm_write_file_atomic(const char *path, const void *data, size_t len)
+{
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return llm_fail(LLM_ERR_IO, "%s: %s", tmp, strerror(errno));
+	enum llm_status s = llm_write_all(fd, data, len, path);
+	if (!s && fsync(fd) != 0)
+		s = llm_fail(LLM_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+	close(fd);
+	if (!s && rename(tmp, path) != 0)
+		s = llm_fail(LLM_ERR_IO, "%s: rename: %s", path, strerror(errno));
+	if (s)
+		unlink(tmp);
+	return s;
+}
+
+int llm_is_dir(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int llm_exists(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0;
+}
+
+void llm_rm_rf(const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st) != 0)
+		return;
+	if (S_ISDIR(st.st_mode)) {
+		DIR *d = opendir(path);
+		struct dirent *e;
+		while (d && (e = readdir(d))) {
+			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+				continue;
+			char *p = llm_path_join(path, e->d_name);
+			if (p)
+				llm_rm_rf(p);
+			free(p);
+		}
+		if (d)
+			closedir(d);
+		rmdir(path);
+	} else {
+		unlink(path);
+	}
+}
+
+void llm_fsync_dir(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+}
+
+int llm_is_utf8_text(const char *s, size_t n)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t i = 0;
+	while (i < n) {
+		unsigned c = p[i];
+		size_t k;                 /* continuation bytes that follow */
+		if (c == 0)
+			return 0;
+		if (c < 0x80)
+			k = 0;
+		else if (c >= 0xc2 && c < 0xe0)
+			k = 1;
+		else if (c >= 0xe0 && c < 0xf0)
+			k = 2;
+		else if (c >= 0xf0 && c < 0xf5)
+			k = 3;
+		else
+			return 0;
+		if (k > n - i - 1)
+			return 0;
+		for (size_t j = 1; j <= k; j++)
+			if ((p[i + j] & 0xc0) != 0x80)
+				return 0;
+		i += k + 1;
+	}
+	return 1;
+}

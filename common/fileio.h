@@ -1,0 +1,27 @@
+/* common/fileio.h: small file helpers shared by the readers and writers.
+ * Every output is written under a temporary name, fsync'd and renamed. */
+#ifndef LLM_FILEIO_H
+#define LLM_FILEIO_H
+
+#include "status.h"
+
+/* Read a whole file ("-": standard input) into a NUL-terminated heap buffer. */
+enum llm_status llm_read_file(const char *path, char **buf, size_t *len);
+/* Write LEN bytes to PATH atomically (temp name, fsync, rename). */
+enum llm_status llm_write_file_atomic(const char *path, const void *data, size_t len);
+/* write() all of it, retrying on EINTR and short writes; "what" names the file. */
+enum llm_status llm_write_all(int fd, const void *data, size_t len, const char *what);
+int llm_is_dir(const char *path);
+int llm_exists(const char *path);
+/* Remove a file or a directory tree; errors are ignored (cleanup path). */
+void llm_rm_rf(const char *path);
+/* fsync a directory so a rename in it is durable. */
+void llm_fsync_dir(const char *path);
+/* "dir/name" in a heap string. */
+char *llm_path_join(const char *dir, const char *name);
+/* Whether the bytes are valid UTF-8 without NUL (can ride in JSON metadata). */
+int llm_is_utf8_text(const char *s, size_t n);
+/* An owned copy of a string (NULL-safe). */
+char *llm_strdup(const char *s);
+
+#endif

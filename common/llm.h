@@ -1,0 +1,14 @@
+/* common/llm.h: the one header the tools include. */
+#ifndef LLM_H
+#define LLM_H
+
+#include "status.h"
+#include "dtype.h"
+#include "safetensors.h"
+#include "ckpt.h"
+#include "args.h"
+#include "fileio.h"
+#include "quantize.h"
+
+#include "banned.h"
+#endif

@@ -1,0 +1,615 @@
+/* common/quantize.c: checkpoint quantization, dequantization and random
+ * checkpoints, streamed one band of rows at a time.
+ *
+ * Every output tensor is produced in bands of block_rows rows converted to
+ * f32 (the input rows, the dequantized rows, or seeded random rows), so the
+ * peak memory is one band plus the write buffer, not the model. Scales are
+ * amax / 448 per block (E4M3's largest finite value); a zero block stores
+ * scale 0 and codes 0 and no division happens. */
+#define _GNU_SOURCE
+#include "quantize.h"
+#include "fileio.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define E4M3_MAX 448.0f
+
+void llm_quantize_band(const float *x, int64_t rows, int64_t cols, int64_t block_cols,
+                       uint8_t *codes, float *scales)
+{
+	int64_t nb = (cols + block_cols - 1) / block_cols;
+	for (int64_t b = 0; b < nb; b++) {
+		int64_t c0 = b * block_cols, c1 = c0 + block_cols < cols ? c0 + block_cols : cols;
+		float amax = 0;
+		for (int64_t r = 0; r < rows; r++)
+			for (int64_t c = c0; c < c1; c++) {
+				float a = fabsf(x[r * cols + c]);
+				amax = a > amax ? a : amax;
+			}
+		float scale = amax / E4M3_MAX;
+		scales[b] = scale;
+		if (scale == 0 || !isfinite(scale)) {
+			/* all zero (or non-finite input): explicit zero codes */
+			for (int64_t r = 0; r < rows; r++)
+				memset(codes + r * cols + c0, 0, (size_t)(c1 - c0));
+			if (!isfinite(scale))
+				scales[b] = 0;
+			continue;
+		}
+		for (int64_t r = 0; r < rows; r++)
+			for (int64_t c = c0; c < c1; c++)
+				codes[r * cols + c] = llm_f32_to_e4m3(x[r * cols + c] / scale);
+	}
+}
+
+/* ---- sources: where the f32 rows come from ----------------------------- */
+
+struct source {
+	struct llm_ckpt *ck;        /* file source; NULL for random */
+	uint64_t seed;
+};
+
+static uint64_t splitmix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t hash_name(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;           /* FNV-1a */
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 1099511628211ull;
+	return h;
+}
+
+static int is_norm(const char *name)
+{
+	size_t n = strlen(name);
+	return n >= 11 && !strcmp(name + n - 11, "norm.weight");
+}
+
+/* Random rows: uniform with standard deviation 0.02 (norm weights 1), from a
+ * stream that depends only on (seed, tensor name, row). */
+static void random_rows(uint64_t seed, const struct llm_tensor *t, int64_t r0, int64_t r1,
+                        int64_t cols, float *dst)
+{
+	if (is_norm(t->name)) {
+		for (int64_t i = 0; i < (r1 - r0) * cols; i++)
+			dst[i] = 1.0f;
+		return;
+	}
+	const float a = 0.02f * 1.7320508f;           /* sqrt(3) * std */
+	uint64_t th = hash_name(t->name) ^ seed * 0x2545f4914f6cdd1dull;
+	for (int64_t r = r0; r < r1; r++) {
+		uint64_t s = th + (uint64_t)r * 0x9e3779b97f4a7c15ull;
+		uint64_t x = splitmix64(&s) | 1;
+		float *d = dst + (r - r0) * cols;
+		for (int64_t c = 0; c < cols; c++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;          /* xorshift64 */
+			d[c] = ((float)(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * a;
+		}
+	}
+}
+
+/* Rows [r0, r1) of input tensor T (or weight W when it is E4M3) as f32. */
+static void source_rows(const struct source *src, const struct llm_tensor *t, const struct llm_weight *w,
+                        int64_t r0, int64_t r1, int64_t cols, float *dst)
+{
+	if (!src->ck) {
+		random_rows(src->seed, t, r0, r1, cols, dst);
+		return;
+	}
+	size_t es = llm_dtype_size(t->dtype);
+	const uint8_t *base = (const uint8_t *)t->data + (size_t)(r0 * cols) * es;
+	if (t->dtype != LLM_DTYPE_E4M3) {
+		llm_to_f32(dst, base, t->dtype, (size_t)((r1 - r0) * cols));
+		return;
+	}
+	for (int64_t r = r0; r < r1; r++) {
+		const uint8_t *code = (const uint8_t *)w->data + r * cols;
+		const float *sc = w->scale + (r / w->block_rows) * w->scale_cols;
+		float *d = dst + (r - r0) * cols;
+		for (int64_t c = 0; c < cols; c++)
+			d[c] = llm_e4m3_table[code[c]] * sc[c / w->block_cols];
+	}
+}
+
+/* ---- the plan: one entry per output tensor ----------------------------- */
+
+enum action { A_COPY, A_QUANT, A_SCALE, A_CONVERT };
+
+struct item {
+	enum action act;
+	const struct llm_tensor *in;   /* input tensor (desc only for random) */
+	struct llm_weight w;           /* E4M3 input being dequantized */
+	struct llm_tensor out;         /* output descriptor */
+};
+
+struct job {
+	const struct llm_quant_opts *o;
+	struct source src;
+	struct item *items;
+	size_t n;
+	int64_t bn, bk;                /* effective block rows, cols (0: K) */
+	struct llm_ckpt_writer *w;
+	float *band;                   /* bn x max_cols f32 */
+	uint8_t *codes, *conv;
+	float *scales;                 /* all scales of the current weight */
+	size_t max_cols;
+	double t0, last;
+	size_t idx;                    /* output tensor being written, for progress */
+};
+
+static void progress(struct job *j, int final)
+{
+	if (!j->o->progress)
+		return;
+	double now = llm_now();
+	if (!final && now - j->last < 0.25)
+		return;
+	j->last = now;
+	size_t done, total;
+	llm_ckpt_write_progress(j->w, &done, &total);
+	double el = now - j->t0, mbs = el > 0 ? done / 1e6 / el : 0;
+	double eta = mbs > 0 ? (total - done) / 1e6 / mbs : 0;
+	fprintf(stderr, "\r%s: tensor %zu/%zu  %.0f/%.0f MB  %.0f MB/s  ETA %.0f s   ",
+	        llm_progname(), j->idx + 1, j->n, done / 1e6, total / 1e6, mbs, eta);
+	if (final)
+		fputc('\n', stderr);
+}
+
+static enum llm_status write_quant(struct job *j, struct item *it)
+{
+	int64_t rows = it->out.shape[0], cols = it->out.shape[1];
+	int64_t bk = j->bk ? j->bk : cols, nbk = (cols + bk - 1) / bk;
+	double err2 = 0, ref2 = 0, maxabs = 0;
+	for (int64_t r0 = 0; r0 < rows; r0 += j->bn) {
+		int64_t r1 = r0 + j->bn < rows ? r0 + j->bn : rows;
+		source_rows(&j->src, it->in, &it->w, r0, r1, cols, j->band);
+		float *sc = j->scales + (r0 / j->bn) * nbk;
+		llm_quantize_band(j->band, r1 - r0, cols, bk, j->codes, sc);
+		if (j->o->stats)
+			for (int64_t r = 0; r < r1 - r0; r++)
+				for (int64_t c = 0; c < cols; c++) {
+					double x = j->band[r * cols + c];
+					double q = llm_e4m3_table[j->codes[r * cols + c]] * sc[c / bk];
+					double d = fabs(x - q);
+					err2 += d * d;
+					ref2 += x * x;
+					maxabs = d > maxabs ? d : maxabs;
+				}
+		LLM_TRY(llm_ckpt_write_data(j->w, j->codes, (size_t)((r1 - r0) * cols)));
+		progress(j, 0);
+	}
+	if (j->o->stats) {
+		double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
+		if (j->o->stats == 2)
+			printf("{\"tensor\":\"%s\",\"shape\":[%lld,%lld],\"block\":[%lld,%lld],\"rel_rms_error\":%.6g,\"max_abs_error\":%.6g}\n",
+			       it->out.name, (long long)rows, (long long)cols, (long long)j->bn, (long long)bk, rel, maxabs);
+		else
+			fprintf(stderr, "%-56s %6lldx%-6lld rel_rms %.3e  max_abs %.3e\n", it->out.name,
+			        (long long)rows, (long long)cols, rel, maxabs);
+	}
+	return LLM_OK;
+}
+
+static enum llm_status write_convert(struct job *j, struct item *it)
+{
+	int64_t rows = it->out.n_dim == 2 ? it->out.shape[0] : 1;
+	int64_t cols = it->out.n_dim >= 1 ? it->out.shape[it->out.n_dim - 1] : 1;
+	if (it->out.n_dim > 2)
+		rows = llm_tensor_numel(&it->out) / cols;
+	size_t es = llm_dtype_size(it->out.dtype);
+	int64_t step = j->bn;
+	for (int64_t r0 = 0; r0 < rows; r0 += step) {
+		int64_t r1 = r0 + step < rows ? r0 + step : rows;
+		source_rows(&j->src, it->in, &it->w, r0, r1, cols, j->band);
+		llm_from_f32(j->conv, it->out.dtype, j->band, (size_t)((r1 - r0) * cols));
+		LLM_TRY(llm_ckpt_write_data(j->w, j->conv, (size_t)((r1 - r0) * cols) * es));
+		progress(j, 0);
+	}
+	return LLM_OK;
+}
+
+static enum llm_status run_job(struct job *j, const char *out, const struct llm_aux *aux, size_t n_aux)
+{
+	enum llm_status s;
+	struct llm_tensor *descs = calloc(j->n + 1, sizeof *descs);
+	if (!descs)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	size_t max_cols = 1, max_scales = 1;
+	for (size_t i = 0; i < j->n; i++) {
+		descs[i] = j->items[i].out;
+		const struct llm_tensor *t = &j->items[i].out;
+		size_t c = t->n_dim ? (size_t)t->shape[t->n_dim - 1] : 1;
+		max_cols = c > max_cols ? c : max_cols;
+		if (j->items[i].act == A_SCALE)
+			max_scales = (size_t)llm_tensor_numel(t) > max_scales ? (size_t)llm_tensor_numel(t) : max_scales;
+	}
+	j->max_cols = max_cols;
+	size_t band = (size_t)j->bn * max_cols;
+	j->band = malloc(band * sizeof(float));
+	j->codes = malloc(band);
+	j->conv = malloc(band * 4);
+	j->scales = malloc(max_scales * sizeof(float));
+	if (!j->band || !j->codes || !j->conv || !j->scales) {
+		free(descs);
+		return llm_fail(LLM_ERR_NOMEM, "out of memory for a band of %lld x %zu", (long long)j->bn, max_cols);
+	}
+	s = llm_ckpt_write_begin(&j->w, out, descs, j->n, aux, n_aux, &j->o->write);
+	free(descs);
+	if (s)
+		return s;
+	j->t0 = llm_now();
+	long i;
+	while (!s && (i = llm_ckpt_write_next(j->w)) >= 0) {
+		struct item *it = &j->items[i];
+		j->idx = (size_t)i;
+		switch (it->act) {
+		case A_COPY: {
+			const uint8_t *p = it->in->data;
+			for (size_t off = 0; !s && off < it->in->nbytes; off += 64u << 20) {
+				size_t k = it->in->nbytes - off < (64u << 20) ? it->in->nbytes - off : (64u << 20);
+				s = llm_ckpt_write_data(j->w, p + off, k);
+				progress(j, 0);
+			}
+			break;
+		}
+		case A_QUANT: s = write_quant(j, it); break;
+		case A_SCALE: s = llm_ckpt_write_data(j->w, j->scales, it->out.nbytes); break;
+		case A_CONVERT: s = write_convert(j, it); break;
+		}
+	}
+	if (s) {
+		llm_ckpt_write_abort(j->w);
+		j->w = NULL;
+		return s;
+	}
+	j->idx = j->n - 1;
+	progress(j, 1);
+	s = llm_ckpt_write_commit(j->w);
+	j->w = NULL;
+	return s;
+}
+
+static void job_free(struct job *j)
+{
+	for (size_t i = 0; i < j->n; i++)
+		free(j->items[i].out.name);
+	free(j->items);
+	free(j->band);
+	free(j->codes);
+	free(j->conv);
+	free(j->scales);
+}
+
+static enum llm_status add_item(struct job *j, enum action act, const struct llm_tensor *in,
+                                const char *name, const char *suffix, enum llm_dtype dt,
+                                int n_dim, const int64_t *shape)
+{
+	struct item *it = &j->items[j->n];
+	memset(it, 0, sizeof *it);
+	it->act = act;
+	it->in = in;
+	size_t len = strlen(name) + (suffix ? strlen(suffix) : 0) + 1;
+	it->out.name = malloc(len);
+	if (!it->out.name)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	snprintf(it->out.name, len, "%s%s", name, suffix ? suffix : "");
+	it->out.dtype = dt;
+	it->out.n_dim = n_dim;
+	memcpy(it->out.shape, shape, sizeof(int64_t) * (size_t)n_dim);
+	it->out.nbytes = (size_t)llm_tensor_numel(&it->out) * llm_dtype_size(dt);
+	j->n++;
+	return LLM_OK;
+}
+
+/* A quantized weight: the codes, then its scales (computed while the codes
+ * are written, so they follow them in the file). */
+static enum llm_status add_quant(struct job *j, const struct llm_tensor *in)
+{
+	int64_t rows = in->shape[0], cols = in->shape[1], bk = j->bk ? j->bk : cols;
+	int64_t sshape[2] = { (rows + j->bn - 1) / j->bn, (cols + bk - 1) / bk };
+	LLM_TRY(add_item(j, A_QUANT, in, in->name, NULL, LLM_DTYPE_E4M3, 2, in->shape));
+	return add_item(j, A_SCALE, in, in->name, "_scale_inv", LLM_DTYPE_F32, 2, sshape);
+}
+
+/* config.json with quantization_config added or removed. Per-channel
+ * scales (bk 0: one block per row, whatever its width) are written with
+ * "weight_block_size": null; readers take the block from the scale shape. */
+static enum llm_status edit_config(const struct llm_aux *a, int64_t bn, int64_t bk, int add,
+                                   const char *torch_dtype, struct llm_aux *outa)
+{
+	json_error_t err;
+	json_t *root = json_loadb(a->data, a->len, 0, &err);
+	if (!json_is_object(root)) {
+		json_decref(root);
+		return llm_fail(LLM_ERR_FORMAT, "config.json: %s", root ? "not a JSON object" : err.text);
+	}
+	if (add) {
+		json_t *q = json_pack("{s:s, s:s, s:s}", "quant_method", "fp8", "fmt", "e4m3",
+		                      "activation_scheme", "dynamic");
+		json_object_set_new(q, "weight_block_size",
+		                    bk ? json_pack("[I, I]", (json_int_t)bn, (json_int_t)bk) : json_null());
+		json_object_set_new(root, "quantization_config", q);
+	} else {
+		json_object_del(root, "quantization_config");
+	}
+	if (torch_dtype)
+		json_object_set_new(root, "torch_dtype", json_string(torch_dtype));
+	char *js = json_dumps(root, JSON_INDENT(2));
+	json_decref(root);
+	if (!js)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	size_t n = strlen(js);
+	outa->name = llm_strdup("config.json");
+	outa->data = realloc(js, n + 2);
+	outa->data[n] = '\n';
+	outa->data[n + 1] = 0;
+	outa->len = n + 1;
+	return LLM_OK;
+}
+
+static const char *torch_name(enum llm_dtype t)
+{
+	return t == LLM_DTYPE_F32 ? "float32" : t == LLM_DTYPE_F16 ? "float16" : "bfloat16";
+}
+
+static enum llm_status compile_re(regex_t *re, const char *pat, const char *flag)
+{
+	int rc = regcomp(re, pat, REG_EXTENDED | REG_NOSUB);
+	if (rc) {
+		char msg[256];
+		regerror(rc, re, msg, sizeof msg);
+		return llm_fail(LLM_ERR_USAGE, "%s '%s': %s", flag, pat, msg);
+	}
+	return LLM_OK;
+}
+
+static enum llm_status check_block(const struct llm_quant_opts *o, struct job *j)
+{
+	j->bn = o->block_rows > 0 ? o->block_rows : 128;
+	j->bk = o->block_cols;          /* 0: per channel (whole row) */
+	if (j->bk < 0)
+		return llm_fail(LLM_ERR_USAGE, "--block: columns must be positive");
+	return LLM_OK;
+}
+
+enum llm_status llm_quantize(const char *in, const char *out, const struct llm_quant_opts *o)
+{
+	struct llm_ckpt ck;
+	struct job j = { .o = o };
+	regex_t inc, exc;
+	int have_exc = 0;
+	struct llm_aux *aux = NULL;
+	size_t n_aux = 0;
+	LLM_TRY(check_block(o, &j));
+	if (strcmp(out, "-") && llm_exists(out) && !o->write.force)
+		return llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
+	LLM_TRY(compile_re(&inc, o->include ? o->include : LLM_QUANT_DEFAULT_INCLUDE, "--include"));
+	enum llm_status s = o->exclude ? compile_re(&exc, o->exclude, "--exclude") : LLM_OK;
+	if (s) {
+		regfree(&inc);
+		return s;
+	}
+	have_exc = o->exclude != NULL;
+	s = llm_ckpt_open(&ck, in);
+	if (s)
+		goto out_re;
+	j.src.ck = &ck;
+	int fp8 = llm_ckpt_is_fp8(&ck);
+	if (fp8 && !o->dequantize) {
+		s = llm_fail(LLM_ERR_USAGE, "%s: already quantized (it has F8_E4M3 tensors); use --dequantize", in);
+		goto out;
+	}
+	if (!fp8 && o->dequantize) {
+		s = llm_fail(LLM_ERR_USAGE, "%s: not quantized (no F8_E4M3 tensors): nothing to dequantize", in);
+		goto out;
+	}
+	j.items = calloc(2 * ck.n_tensor + 1, sizeof *j.items);
+	if (!j.items) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	/* output in the input's file order, so a round trip keeps it */
+	for (size_t f = 0; !s && f < ck.n_file; f++)
+		for (size_t i = 0; !s && i < ck.files[f].n_tensor; i++) {
+			const struct llm_tensor *t = &ck.files[f].tensors[i];
+			size_t nl = strlen(t->name);
+			if (o->dequantize) {
+				if ((nl > 10 && !strcmp(t->name + nl - 10, "_scale_inv")) ||
+				    (nl > 6 && !strcmp(t->name + nl - 6, "_scale") && t->dtype != LLM_DTYPE_E4M3))
+					continue;                   /* folded into its weight */
+				if (t->dtype == LLM_DTYPE_E4M3) {
+					struct item *it = &j.items[j.n];
+					s = add_item(&j, A_CONVERT, t, t->name, NULL, o->out_dtype, t->n_dim, t->shape);
+					if (!s)
+						s = llm_ckpt_weight(&ck, t->name, &it->w);
+					continue;
+				}
+				s = add_item(&j, A_COPY, t, t->name, NULL, t->dtype, t->n_dim, t->shape);
+				continue;
+			}
+			int want = regexec(&inc, t->name, 0, NULL, 0) == 0 &&
+			           !(have_exc && regexec(&exc, t->name, 0, NULL, 0) == 0);
+			int floaty = t->dtype == LLM_DTYPE_F32 || t->dtype == LLM_DTYPE_F16 || t->dtype == LLM_DTYPE_BF16;
+			if (want && floaty && t->n_dim == 2 && t->shape[0] > 0 && t->shape[1] > 0)
+				s = add_quant(&j, t);
+			else
+				s = add_item(&j, A_COPY, t, t->name, NULL, t->dtype, t->n_dim, t->shape);
+		}
+	if (s)
+		goto out;
+	/* side files: config.json edited, the rest carried unchanged */
+	aux = calloc(ck.n_aux + 1, sizeof *aux);
+	if (!aux) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; !s && i < ck.n_aux; i++) {
+		if (!strcmp(ck.aux[i].name, "config.json")) {
+			s = edit_config(&ck.aux[i], j.bn, j.bk, !o->dequantize,
+			                o->dequantize ? torch_name(o->out_dtype) : NULL, &aux[n_aux]);
+			if (s)
+				s = llm_fail_prefix(s, "%s", in);
+			n_aux++;
+		} else {
+			aux[n_aux].name = llm_strdup(ck.aux[i].name);
+			aux[n_aux].data = malloc(ck.aux[i].len + 1);
+			if (aux[n_aux].data)
+				memcpy(aux[n_aux].data, ck.aux[i].data, ck.aux[i].len + 1);
+			aux[n_aux].len = ck.aux[i].len;
+			n_aux++;
+		}
+	}
+	if (!s)
+		s = run_job(&j, out, aux, n_aux);
+out:
+	for (size_t i = 0; i < n_aux; i++) {
+		free(aux[i].name);
+		free(aux[i].data);
+	}
+	free(aux);
+	job_free(&j);
+	llm_ckpt_close(&ck);
+out_re:
+	regfree(&inc);
+	if (have_exc)
+		regfree(&exc);
+	return s;
+}
+
+static int64_t cfg_int(json_t *root, const char *key, int64_t def, enum llm_status *s, const char *path)
+{
+	json_t *v = json_object_get(root, key);
+	if (!v || json_is_null(v)) {
+		if (def < 0 && !*s)
+			*s = llm_fail(LLM_ERR_FORMAT, "%s: missing field %s", path, key);
+		return def;
+	}
+	if (!json_is_integer(v) || json_integer_value(v) <= 0) {
+		if (!*s)
+			*s = llm_fail(LLM_ERR_FORMAT, "%s: field %s is not a positive integer", path, key);
+		return 1;
+	}
+	return json_integer_value(v);
+}
+
+enum llm_status llm_quantize_random(const char *config, const char *out, const struct llm_quant_opts *o)
+{
+	struct job j = { .o = o };
+	LLM_TRY(check_block(o, &j));
+	if (strcmp(out, "-") && llm_exists(out) && !o->write.force)
+		return llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
+	struct llm_aux cfg = { 0 };
+	LLM_TRY(llm_read_file(config, &cfg.data, &cfg.len));
+	json_error_t err;
+	json_t *root = json_loadb(cfg.data, cfg.len, 0, &err);
+	enum llm_status s = LLM_OK;
+	struct llm_aux aux[16] = { { 0 } };
+	size_t n_aux = 0;
+	struct llm_tensor *descs = NULL;
+	if (!json_is_object(root)) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: %s", config, root ? "not a JSON object" : err.text);
+		goto out;
+	}
+	int64_t d = cfg_int(root, "hidden_size", -1, &s, config);
+	int64_t ff = cfg_int(root, "intermediate_size", -1, &s, config);
+	int64_t nl = cfg_int(root, "num_hidden_layers", -1, &s, config);
+	int64_t nh = cfg_int(root, "num_attention_heads", -1, &s, config);
+	int64_t nkv = cfg_int(root, "num_key_value_heads", nh, &s, config);
+	int64_t nv = cfg_int(root, "vocab_size", -1, &s, config);
+	int64_t dh = cfg_int(root, "head_dim", s ? 1 : d / nh, &s, config);
+	int tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
+	if (s)
+		goto out;
+	size_t nt = 3 + 9 * (size_t)nl;
+	descs = calloc(nt + 1, sizeof *descs);     /* NULL name ends the list */
+	j.items = calloc(2 * nt, sizeof *j.items);
+	if (!descs || !j.items) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	int fp8 = o->out_dtype == LLM_DTYPE_E4M3;
+	enum llm_dtype plain = fp8 ? LLM_DTYPE_BF16 : o->out_dtype;
+	size_t k = 0;
+	char name[256];
+#define DESC(nm, r, c) do { descs[k].name = llm_strdup(nm); descs[k].dtype = plain;            \
+		descs[k].n_dim = (c) ? 2 : 1; descs[k].shape[0] = (r); descs[k].shape[1] = (c); k++; } while (0)
+	DESC("model.embed_tokens.weight", nv, d);
+	static const char *lin[7] = { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+	                              "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj" };
+	for (int64_t l = 0; l < nl; l++) {
+		int64_t rows[7] = { nh * dh, nkv * dh, nkv * dh, d, ff, ff, d };
+		int64_t cols[7] = { d, d, d, nh * dh, d, d, ff };
+		snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)l);
+		DESC(name, d, 0);
+		for (int i = 0; i < 7; i++) {
+			snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, lin[i]);
+			DESC(name, rows[i], cols[i]);
+			if (i == 3) {
+				snprintf(name, sizeof name, "model.layers.%lld.post_attention_layernorm.weight", (long long)l);
+				DESC(name, d, 0);
+			}
+		}
+	}
+	DESC("model.norm.weight", d, 0);
+	if (!tied)
+		DESC("lm_head.weight", nv, d);
+#undef DESC
+	regex_t inc;
+	s = compile_re(&inc, o->include ? o->include : LLM_QUANT_DEFAULT_INCLUDE, "--include");
+	if (s)
+		goto out;
+	for (size_t i = 0; !s && i < k; i++) {
+		descs[i].nbytes = (size_t)llm_tensor_numel(&descs[i]) * llm_dtype_size(plain);
+		if (fp8 && descs[i].n_dim == 2 && regexec(&inc, descs[i].name, 0, NULL, 0) == 0)
+			s = add_quant(&j, &descs[i]);
+		else
+			s = add_item(&j, A_CONVERT, &descs[i], descs[i].name, NULL, plain, descs[i].n_dim, descs[i].shape);
+	}
+	regfree(&inc);
+	if (s)
+		goto out;
+	j.src.seed = o->seed;
+	if (o->tokenizer_dir) {
+		static const char *tok[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+		                             "tokenizer.model", "generation_config.json" };
+		for (size_t i = 0; !s && i < sizeof tok / sizeof *tok; i++) {
+			char *p = llm_path_join(o->tokenizer_dir, tok[i]);
+			if (llm_exists(p)) {
+				aux[n_aux].name = llm_strdup(tok[i]);
+				s = llm_read_file(p, &aux[n_aux].data, &aux[n_aux].len);
+				n_aux++;
+			}
+			free(p);
+		}
+	}
+	if (!s)
+		s = edit_config(&cfg, j.bn, j.bk, fp8, torch_name(plain), &aux[n_aux++]);
+	if (!s)
+		s = run_job(&j, out, aux, n_aux);
+out:
+	if (descs) {
+		for (size_t i = 0; descs[i].name; i++)
+			free(descs[i].name);
+		free(descs);
+	}
+	for (size_t i = 0; i < n_aux; i++) {
+		free(aux[i].name);
+		free(aux[i].data);
+	}
+	job_free(&j);
+	json_decref(root);
+	free(cfg.data);
+	return s;
+}

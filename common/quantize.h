@@ -1,0 +1,42 @@
+/* common/quantize.h: FP8 E4M3 block quantization of checkpoints, and back.
+ *
+ * Group-wise scales: a weight (d_out, d_in) is cut into blocks of
+ * block_rows x block_cols (the last ones partial); each block stores
+ * scale = amax / 448 and codes e4m3(x / scale) (round to nearest even,
+ * saturating); an all-zero block stores scale 0 and zero codes. */
+#ifndef LLM_QUANTIZE_H
+#define LLM_QUANTIZE_H
+
+#include "ckpt.h"
+
+struct llm_quant_opts {
+	int64_t block_rows, block_cols;  /* block shape; block_cols 0: whole row (1xK) */
+	int dequantize;                  /* FP8 -> out_dtype instead */
+	enum llm_dtype out_dtype;        /* dequantize/random: F32, F16 or BF16 (E4M3 for random fp8) */
+	const char *include;             /* regex of tensor names to quantize (NULL: decoder linears) */
+	const char *exclude;             /* regex of names never quantized (NULL: none) */
+	int stats;                       /* 1: table on stderr, 2: JSONL on stdout */
+	int progress;                    /* progress line on stderr */
+	int threads;                     /* worker threads (0: all cores) */
+	struct llm_ckpt_write_opts write;
+	/* random checkpoints */
+	uint64_t seed;
+	const char *tokenizer_dir;       /* side files to copy into a random checkpoint */
+};
+
+/* The default set of quantized tensors: the linear weights of the decoder
+ * layers (q, k, v, o, gate, up, down). */
+#define LLM_QUANT_DEFAULT_INCLUDE \
+	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(gate|up|down)_proj)\\.weight$"
+
+/* Quantize (or dequantize) checkpoint IN into OUT. */
+enum llm_status llm_quantize(const char *in, const char *out, const struct llm_quant_opts *o);
+/* Write a seeded random-weight Llama checkpoint for CONFIG (a config.json). */
+enum llm_status llm_quantize_random(const char *config, const char *out, const struct llm_quant_opts *o);
+
+/* Quantize one band of ROWS x COLS floats (rows <= block_rows) into codes
+ * and the band's row of scales (ceil(cols / block_cols) values). */
+void llm_quantize_band(const float *x, int64_t rows, int64_t cols, int64_t block_cols,
+                       uint8_t *codes, float *scales);
+
+#endif

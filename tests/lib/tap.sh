@@ -1,0 +1,28 @@
+# tests/lib/tap.sh: the shell side of the test harness (sourced by tests/cli/*.sh).
+# Prints unnumbered TAP lines; tests/run numbers and counts them.
+# Environment from tests/run: LLM_BIN (tools), LLM_TESTBIN (C test programs),
+# LLM_TEST_MODELS, LLM_TEST_REF, TMPD (a scratch directory for this script).
+set -u
+: "${LLM_BIN:=$PWD/bin}"
+: "${LLM_TEST_MODELS:=../shared/models}"
+: "${LLM_TEST_REF:=../shared/reference}"
+if [ -z "${TMPD:-}" ]; then mkdir -p tests/tmp; TMPD=$(mktemp -d tests/tmp/sh.XXXXXX); fi
+PATH="$LLM_BIN:$PATH"
+tap_fail=0
+ok()    { echo "ok - $*"; }
+notok() { echo "not ok - $*"; tap_fail=1; }
+skip()  { echo "ok - $1 # SKIP $2"; }
+diag()  { echo "# $*" ; }
+# check DESC CMD...: ok when CMD succeeds
+check() { local d=$1; shift; if "$@"; then ok "$d"; else notok "$d"; fi; }
+# check_fails DESC STATUS CMD...: ok when CMD exits with STATUS and prints one stderr line
+check_fails() {
+	local d=$1 want=$2; shift 2
+	"$@" >"$TMPD/out" 2>"$TMPD/err"; local rc=$?
+	local lines; lines=$(wc -l <"$TMPD/err")
+	if [ "$rc" = "$want" ] && [ "$lines" = 1 ]; then ok "$d"; else
+		notok "$d (exit $rc, want $want; $lines stderr lines)"; sed 's/^/#   /' "$TMPD/err" | head -5; fi
+}
+stories() { echo "$LLM_TEST_MODELS/stories260K"; }
+have_stories() { [ -f "$(stories)/model.safetensors" ]; }
+tap_done() { exit $tap_fail; }

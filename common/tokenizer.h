@@ -1,0 +1,115 @@
+/* common/tokenizer.h: Hugging Face tokenizers (tokenizer.json), exactly.
+ *
+ * Reads tokenizer.json + tokenizer_config.json (+ special_tokens_map.json,
+ * generation_config.json) and encodes/decodes as the Hugging Face
+ * `tokenizers` library does for the BPE families Llama-family models use:
+ *   - SentencePiece-style BPE with byte fallback (Llama 2, Mistral,
+ *     TinyLlama, stories260K): normalizer Prepend/Replace, decoder
+ *     Replace/ByteFallback/Fuse/Strip;
+ *   - byte-level BPE with a regex pre-tokenizer (Llama 3, Qwen, SmolLM):
+ *     Split(Regex) + ByteLevel, NFC, ByteLevel decoder.
+ * Added and special tokens are split out of the text first (leftmost-longest,
+ * with their lstrip/rstrip flags); each remaining segment is normalized,
+ * pre-tokenized and run through BPE (priority queue over a linked list of
+ * symbols, O(n log n) per word). BOS/EOS come from the post-processor
+ * (TemplateProcessing) as the file says; for tokenizer_class LlamaTokenizer
+ * (Fast) add_bos_token/add_eos_token in tokenizer_config.json override it,
+ * as transformers does. Decoding applies the decoder chain, then
+ * clean_up_tokenization_spaces when the config sets it.
+ *
+ * Any component type this file does not implement is an LLM_ERR_UNSUPPORTED
+ * error at open time, never a silently different tokenization.
+ * Reference: huggingface/tokenizers (Rust), transformers tokenization_utils. */
+#ifndef LLM_TOKENIZER_H
+#define LLM_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+
+struct llm_tokenizer;
+
+/* Side-file lookup for llm_tokenizer_open_mem: return the bytes of file NAME
+ * ("tokenizer.json", "tokenizer_config.json", ...) and set *len, or NULL when
+ * the file is absent. The bytes must stay valid during the call only. */
+struct llm_tok_files {
+	const char *(*get)(void *ctx, const char *name, size_t *len);
+	void *ctx;
+};
+
+/* Open DIR/tokenizer.json and the config files next to it. On failure *tk
+ * is NULL and the message names the file ("DIR/tokenizer.json: model:
+ * unknown type 'XYZ'"). LLM_ERR_IO, LLM_ERR_FORMAT, LLM_ERR_UNSUPPORTED,
+ * LLM_ERR_NOMEM. */
+enum llm_status llm_tokenizer_open(struct llm_tokenizer **tk, const char *dir);
+/* The same from memory (a single-file checkpoint's __metadata__). ORIGIN
+ * names the source in messages ("model.safetensors"). tokenizer.json is
+ * required; the other files are optional. */
+enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **tk, const char *origin,
+                                       const struct llm_tok_files *files);
+void llm_tokenizer_close(struct llm_tokenizer *tk);
+
+/* Encode LEN bytes of UTF-8 TEXT. ADD_SPECIAL applies the post-processor
+ * (BOS and the like), as add_special_tokens=True does. Special-token text
+ * in TEXT always becomes the special id (split_special_tokens=False).
+ * *ids is malloc'ed (caller frees; non-NULL even when *n is 0).
+ * Thread-safe on one tokenizer. LLM_ERR_FORMAT on invalid UTF-8. */
+enum llm_status llm_tokenizer_encode(const struct llm_tokenizer *tk, const char *text,
+                                     size_t len, bool add_special, int32_t **ids, size_t *n);
+/* Decode N ids to text (malloc'ed, NUL-terminated, *len bytes; caller
+ * frees), as decode(ids, skip_special_tokens=SKIP_SPECIAL) does.
+ * LLM_ERR_RANGE for an id outside [0, n_vocab) or with no token. */
+enum llm_status llm_tokenizer_decode(const struct llm_tokenizer *tk, const int32_t *ids,
+                                     size_t n, bool skip_special, char **text, size_t *len);
+
+/* Streaming decode: push ids one at a time; each push returns only text
+ * that later ids cannot change (whole UTF-8 characters, byte-fallback runs
+ * that are complete, spaces that clean-up could still remove held back).
+ * The concatenation of everything returned by push and flush equals
+ * llm_tokenizer_decode of all pushed ids. Zero the struct, then init. */
+struct llm_detok_stream {
+	const struct llm_tokenizer *tk;
+	bool skip_special;
+	int32_t *ids;          /* (cap) the ids of the current window */
+	size_t n, cap;
+	size_t emitted;        /* bytes of decode(ids[0:n]) already returned */
+	char *out;             /* the last returned text (owned) */
+};
+void llm_detok_stream_init(struct llm_detok_stream *s, const struct llm_tokenizer *tk,
+                           bool skip_special);
+/* *text (NUL-terminated, *len bytes, possibly "") stays valid until the next
+ * call on S. */
+enum llm_status llm_detok_stream_push(struct llm_detok_stream *s, int32_t id,
+                                      const char **text, size_t *len);
+/* Return whatever was held back (end of generation). */
+enum llm_status llm_detok_stream_flush(struct llm_detok_stream *s, const char **text,
+                                       size_t *len);
+void llm_detok_stream_free(struct llm_detok_stream *s);
+
+/* Lookups. n_vocab is one more than the largest id (model vocab and added
+ * tokens). bos/eos are -1 when the files name none. */
+int32_t llm_tokenizer_n_vocab(const struct llm_tokenizer *tk);
+int32_t llm_tokenizer_bos(const struct llm_tokenizer *tk);
+int32_t llm_tokenizer_eos(const struct llm_tokenizer *tk);
+/* Whether ID ends generation: eos_token of the config, and every id of
+ * generation_config.json's eos_token_id (a number or a list). */
+bool llm_tokenizer_is_eos(const struct llm_tokenizer *tk, int32_t id);
+/* The end-of-generation ids (at most 16), as above. */
+size_t llm_tokenizer_eos_ids(const struct llm_tokenizer *tk, const int32_t **ids);
+bool llm_tokenizer_is_special(const struct llm_tokenizer *tk, int32_t id);
+/* Token text as stored (byte-level tokens in their Ġ form), or NULL. */
+const char *llm_tokenizer_token(const struct llm_tokenizer *tk, int32_t id);
+/* The id of token text S (added tokens first, then the model vocab), or -1. */
+int32_t llm_tokenizer_find(const struct llm_tokenizer *tk, const char *s);
+/* Whether encode(add_special = true) puts BOS first. */
+bool llm_tokenizer_adds_bos(const struct llm_tokenizer *tk);
+
+/* The chat template of tokenizer_config.json (the "default" one when it is
+ * a list of named templates), or NULL. */
+const char *llm_tokenizer_chat_template(const struct llm_tokenizer *tk);
+/* tokenizer_config.json as a JSON text ("{}" when absent), for the template
+ * variables (bos_token, eos_token, ... and additional_special_tokens). */
+const char *llm_tokenizer_config_json(const struct llm_tokenizer *tk);
+
+#endif

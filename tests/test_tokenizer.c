@@ -1,0 +1,289 @@
+/* tests/test_tokenizer.c: encode/decode against Hugging Face's reference ids.
+ *
+ * For each tokenizer under $LLM_TEST_REF/tokenizers (llama3, qwen3,
+ * mistral7b, stories260K) every line of cases.jsonl must give exactly
+ * ids_special / ids_plain and decode back to decoded / decoded_plain
+ * (README: the `disputed` stories260K lines expect the input's U+FEFF kept,
+ * so their sentencepiece_decoded_plain is the reference there). Streaming
+ * decode must equal the whole decode. Then error paths on malformed files. */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "llm.h"
+
+static int ids_equal(const int32_t *a, size_t na, json_t *ref)
+{
+	if (!json_is_array(ref) || json_array_size(ref) != na)
+		return 0;
+	for (size_t i = 0; i < na; i++)
+		if (json_integer_value(json_array_get(ref, i)) != a[i])
+			return 0;
+	return 1;
+}
+
+static void show_ids(const char *what, const int32_t *a, size_t n, json_t *ref)
+{
+	char line[600];
+	size_t w = 0;
+	for (size_t i = 0; i < n && w < 280; i++)
+		w += (size_t)snprintf(line + w, sizeof line - w, "%d ", a[i]);
+	char *r = json_dumps(ref, JSON_COMPACT);
+	check_diag("  %s got [%s] want %.280s", what, line, r ? r : "?");
+	free(r);
+}
+
+struct stats { int n, enc_s, enc_p, dec_s, dec_p, stream; };
+
+static void run_case(struct llm_tokenizer *tk, json_t *c, int lineno, struct stats *st, int *shown)
+{
+	const char *text = json_string_value(json_object_get(c, "text"));
+	size_t tlen = json_string_length(json_object_get(c, "text"));
+	json_t *disp = json_object_get(c, "disputed");
+	int32_t *ids = NULL;
+	size_t n = 0;
+	st->n++;
+	for (int special = 1; special >= 0; special--) {
+		json_t *ref = json_object_get(c, special ? "ids_special" : "ids_plain");
+		const char *dkey = special ? "decoded" : "decoded_plain";
+		if (llm_tokenizer_encode(tk, text, tlen, special, &ids, &n)) {
+			if ((*shown)++ < 5)
+				check_diag("  line %d: encode failed: %s", lineno, llm_errmsg());
+			continue;
+		}
+		if (ids_equal(ids, n, ref)) {
+			special ? st->enc_s++ : st->enc_p++;
+		} else if ((*shown)++ < 5) {
+			check_diag("  line %d (%s) %s: %.60s", lineno, json_string_value(json_object_get(c, "category")),
+			           special ? "special" : "plain", text);
+			show_ids("ids", ids, n, ref);
+		}
+		/* Decode the reference ids. */
+		int32_t rid[8192];
+		size_t nr = json_array_size(ref);
+		for (size_t i = 0; i < nr && i < 8192; i++)
+			rid[i] = (int32_t)json_integer_value(json_array_get(ref, i));
+		char *dec = NULL;
+		size_t dlen = 0;
+		const char *want = json_string_value(json_object_get(c, dkey));
+		size_t wlen = json_string_length(json_object_get(c, dkey));
+		if (disp) {   /* README: expect the input's U+FEFF kept */
+			const char *sp = json_string_value(json_object_get(disp, "sentencepiece_decoded_plain"));
+			if (!special)
+				want = sp;
+			else {
+				static char tmp[4096];
+				snprintf(tmp, sizeof tmp, "<s> %s", sp);
+				want = tmp;
+			}
+			wlen = strlen(want);
+		}
+		if (!llm_tokenizer_decode(tk, rid, nr, false, &dec, &dlen) && want && dlen == wlen &&
+		    !memcmp(dec, want, wlen)) {
+			special ? st->dec_s++ : st->dec_p++;
+		} else if ((*shown)++ < 5) {
+			check_diag("  line %d decode(%s): got \"%s\" want \"%s\"", lineno, dkey, dec ? dec : llm_errmsg(),
+			           want ? want : "?");
+		}
+		/* Streaming decode of the same ids equals the whole decode. */
+		if (special && dec) {
+			struct llm_detok_stream s;
+			llm_detok_stream_init(&s, tk, false);
+			char *acc = calloc(1, 1);
+			size_t alen = 0;
+			int ok = 1;
+			for (size_t i = 0; i <= nr && ok; i++) {
+				const char *t;
+				size_t l;
+				if ((i < nr ? llm_detok_stream_push(&s, rid[i], &t, &l) : llm_detok_stream_flush(&s, &t, &l))) {
+					ok = 0;
+					break;
+				}
+				acc = realloc(acc, alen + l + 1);
+				memcpy(acc + alen, t, l);
+				alen += l;
+				acc[alen] = 0;
+			}
+			llm_detok_stream_free(&s);
+			if (ok && alen == dlen && !memcmp(acc, dec, dlen))
+				st->stream++;
+			else if ((*shown)++ < 5)
+				check_diag("  line %d stream: got \"%s\" want \"%s\"", lineno, acc, dec);
+			free(acc);
+		}
+		free(dec);
+		free(ids);
+		ids = NULL;
+	}
+}
+
+static void run_tokenizer(const char *ref, const char *name)
+{
+	char dir[4096], path[4200];
+	snprintf(dir, sizeof dir, "%s/tokenizers/%s", ref, name);
+	snprintf(path, sizeof path, "%s/cases.jsonl", dir);
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		check_skip("no reference data", "%s: encode", name);
+		return;
+	}
+	struct llm_tokenizer *tk;
+	double t0 = llm_now();
+	if (!check(llm_tokenizer_open(&tk, dir) == LLM_OK, "%s: open tokenizer.json", name)) {
+		check_diag("%s", llm_errmsg());
+		fclose(f);
+		return;
+	}
+	check_diag("%s: loaded in %.0f ms, n_vocab %d", name, (llm_now() - t0) * 1e3, llm_tokenizer_n_vocab(tk));
+	struct stats st = { 0 };
+	char *line = NULL;
+	size_t cap = 0;
+	int lineno = 0, shown = 0;
+	while (getline(&line, &cap, f) > 0) {
+		lineno++;
+		json_error_t e;
+		json_t *c = json_loads(line, JSON_ALLOW_NUL, &e);
+		if (!c) {
+			check_diag("  line %d: %s", lineno, e.text);
+			st.n++;
+			continue;
+		}
+		run_case(tk, c, lineno, &st, &shown);
+		json_decref(c);
+	}
+	free(line);
+	fclose(f);
+	check(st.n > 0 && st.enc_s == st.n, "%s: encode with special tokens (%d/%d)", name, st.enc_s, st.n);
+	check(st.n > 0 && st.enc_p == st.n, "%s: encode without special tokens (%d/%d)", name, st.enc_p, st.n);
+	check(st.n > 0 && st.dec_s == st.n, "%s: decode with special tokens (%d/%d)", name, st.dec_s, st.n);
+	check(st.n > 0 && st.dec_p == st.n, "%s: decode without special tokens (%d/%d)", name, st.dec_p, st.n);
+	check(st.n > 0 && st.stream == st.n, "%s: streaming decode equals whole decode (%d/%d)", name, st.stream, st.n);
+	llm_tokenizer_close(tk);
+}
+
+/* A tokenizer directory holding TEXT as tokenizer.json. */
+static const char *write_tok(const char *name, const char *text, size_t len)
+{
+	static char dir[4096];
+	char path[4200];
+	snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
+	mkdir(dir, 0755);
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	FILE *f = fopen(path, "wb");
+	if (f) {
+		fwrite(text, 1, len, f);
+		fclose(f);
+	}
+	return dir;
+}
+
+static void expect_error(const char *what, const char *text, enum llm_status want, const char *needle)
+{
+	struct llm_tokenizer *tk = NULL;
+	const char *dir = write_tok(what, text, strlen(text));
+	enum llm_status s = llm_tokenizer_open(&tk, dir);
+	int ok = s == want && tk == NULL && strstr(llm_errmsg(), "tokenizer.json") && strstr(llm_errmsg(), needle)
+	         && !strchr(llm_errmsg(), '\n');
+	if (!check(ok, "malformed tokenizer.json: %s", what))
+		check_diag("status %s, message: %s", llm_status_name(s), llm_errmsg());
+	llm_tokenizer_close(tk);
+}
+
+#define MINI_VOCAB "{\"a\":0,\"b\":1,\"ab\":2,\"<unk>\":3}"
+
+static void malformed(const char *ref)
+{
+	expect_error("not json", "{\"model\": {\"type\": \"BPE\",", LLM_ERR_FORMAT, "line");
+	expect_error("not an object", "[1, 2]", LLM_ERR_FORMAT, "not a JSON object");
+	expect_error("no model", "{\"version\": \"1.0\"}", LLM_ERR_FORMAT, "model");
+	expect_error("unknown model type", "{\"model\": {\"type\": \"Frobnicate\", \"vocab\": {}, \"merges\": []}}",
+	             LLM_ERR_FORMAT, "unknown type 'Frobnicate'");
+	expect_error("unsupported model type", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}",
+	             LLM_ERR_UNSUPPORTED, "Unigram");
+	expect_error("vocab is a list", "{\"model\": {\"type\": \"BPE\", \"vocab\": [], \"merges\": []}}",
+	             LLM_ERR_FORMAT, "vocab");
+	expect_error("vocab id is a string", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"0\"}, \"merges\": []}}",
+	             LLM_ERR_FORMAT, "'a'");
+	expect_error("merges is a string", "{\"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": \"a b\"}}",
+	             LLM_ERR_FORMAT, "merges");
+	expect_error("merge names a missing token",
+	             "{\"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": [\"a b\", \"b c\"]}}",
+	             LLM_ERR_FORMAT, "merges[1]");
+	expect_error("merge result missing",
+	             "{\"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": [\"b a\"]}}",
+	             LLM_ERR_FORMAT, "'ba'");
+	expect_error("merge with three parts",
+	             "{\"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": [\"a b c\"]}}",
+	             LLM_ERR_FORMAT, "merges[0]");
+	expect_error("added token without id",
+	             "{\"added_tokens\": [{\"content\": \"<s>\"}], \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
+	             LLM_ERR_FORMAT, "added_tokens[0]");
+	expect_error("unknown normalizer",
+	             "{\"normalizer\": {\"type\": \"Frob\"}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
+	             LLM_ERR_UNSUPPORTED, "normalizer");
+	expect_error("unknown pre-tokenizer",
+	             "{\"pre_tokenizer\": {\"type\": \"Frob\"}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
+	             LLM_ERR_UNSUPPORTED, "pre_tokenizer");
+	expect_error("bad regex",
+	             "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
+	             LLM_ERR_UNSUPPORTED, "regex");
+	expect_error("unknown decoder",
+	             "{\"decoder\": {\"type\": \"Frob\"}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
+	             LLM_ERR_UNSUPPORTED, "decoder");
+	struct llm_tokenizer *tk = NULL;
+	char dir[4096];
+	snprintf(dir, sizeof dir, "%s/absent", test_tmpdir());
+	enum llm_status s = llm_tokenizer_open(&tk, dir);
+	check(s == LLM_ERR_IO && strstr(llm_errmsg(), "absent/tokenizer.json"), "missing tokenizer.json is an I/O error naming it");
+
+	/* A truncated copy of a real file. */
+	char path[4200];
+	snprintf(path, sizeof path, "%s/tokenizers/stories260K/tokenizer.json", ref ? ref : "");
+	size_t len;
+	char *data = ref ? test_read_file(path, &len) : NULL;
+	if (!data) {
+		check_skip("no reference data", "truncated tokenizer.json");
+		return;
+	}
+	const char *d = write_tok("truncated", data, len / 2);
+	s = llm_tokenizer_open(&tk, d);
+	check(s == LLM_ERR_FORMAT && strstr(llm_errmsg(), "truncated/tokenizer.json"), "truncated tokenizer.json");
+	/* A working mini tokenizer: merges, unk, and invalid UTF-8 refused. */
+	const char *mini = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": " MINI_VOCAB
+	                   ", \"merges\": [\"a b\"]}}";
+	d = write_tok("mini", mini, strlen(mini));
+	if (check(llm_tokenizer_open(&tk, d) == LLM_OK, "hand-written mini tokenizer opens")) {
+		int32_t *ids;
+		size_t n;
+		int ok = !llm_tokenizer_encode(tk, "abxab", 5, true, &ids, &n) && n == 3 && ids[0] == 2 && ids[1] == 3 &&
+		         ids[2] == 2;
+		if (ok)
+			free(ids);
+		check(ok, "mini tokenizer: merges and unk");
+		check(llm_tokenizer_encode(tk, "a\xff", 2, true, &ids, &n) == LLM_ERR_FORMAT, "invalid UTF-8 is refused");
+		int32_t bad = 99;
+		char *t;
+		check(llm_tokenizer_decode(tk, &bad, 1, false, &t, &len) == LLM_ERR_RANGE, "decoding an unknown id is refused");
+		llm_tokenizer_close(tk);
+	}
+	free(data);
+}
+
+int main(void)
+{
+	const char *ref = test_ref_dir();
+	const char *names[] = { "llama3", "qwen3", "mistral7b", "stories260K" };
+	for (int i = 0; i < 4; i++) {
+		if (!ref)
+			check_skip("no reference data in $LLM_TEST_REF", "%s: tokenizer cases", names[i]);
+		else
+			run_tokenizer(ref, names[i]);
+	}
+	malformed(ref);
+	return check_done();
+}

@@ -14,7 +14,7 @@ B        ?= build
 BIN      ?= bin
 CC       ?= cc
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -Wall -Wextra -pthread -MMD -MP -Icommon
+CFLAGS   += -std=c11 -Wall -Wextra -pthread -MMD -MP -Icommon -Itests/lib
 LDFLAGS  += -pthread
 LDLIBS   += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)

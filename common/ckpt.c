@@ -28,6 +28,12 @@ static int cmp_tensor_name(const void *a, const void *b)
 	return strcmp((*x)->name, (*y)->name);
 }
 
+static int cmp_file_path(const void *a, const void *b)
+{
+	const struct llm_st_file *x = a, *y = b;
+	return strcmp(x->path, y->path);
+}
+
 static int cmp_aux_name(const void *a, const void *b)
 {
 	const struct llm_aux *x = a, *y = b;
@@ -140,6 +146,9 @@ static enum llm_status open_index(struct llm_ckpt *ck, const char *dir)
 				goto out;
 		}
 	}
+	/* shards in file-name order (model-00001-of-... first), whatever order
+	 * the index lists them in */
+	qsort(ck->files, ck->n_file, sizeof *ck->files, cmp_file_path);
 	/* every indexed tensor is in its file, and every tensor is indexed */
 	size_t total = 0;
 	for (size_t i = 0; i < ck->n_file; i++)

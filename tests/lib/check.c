@@ -98,6 +98,9 @@ const char *test_ref_dir(void) { return dir_or_null("LLM_TEST_REF", "../shared/r
 const char *test_tmpdir(void)
 {
 	static char path[256];
+	const char *env = getenv("TMPD");       /* set by tests/run, removed after */
+	if (!path[0] && env && *env)
+		snprintf(path, sizeof path, "%s", env);
 	if (!path[0]) {
 		mkdir("tests/tmp", 0755);
 		snprintf(path, sizeof path, "tests/tmp/c.XXXXXX");

@@ -1,0 +1,84 @@
+# tests/cli/quantize.sh: llm-quantize from the shell: exit codes, one-line
+# errors, malformed inputs, pipes, kill safety, determinism, shards.
+. tests/lib/tap.sh
+Q=llm-quantize
+T=$TMPD
+
+check "--help exits 0 and prints the usage line" sh -c "$Q --help | grep -q '^usage: llm-quantize '"
+check_fails "unknown option is a usage error" 2 $Q --frobnicate a b
+check_fails "missing OUT is a usage error" 2 $Q only-in
+check_fails "bad --block is a usage error" 2 $Q --block 12y7 a b
+check_fails "--dtype without --dequantize is a usage error" 2 $Q --dtype f16 a b
+check_fails "a missing input is a runtime error naming it" 1 $Q "$T/nope" "$T/nope.out"
+grep -q "$T/nope" "$T/err" && ok "the error names the missing input" || notok "the error names the missing input"
+
+# every malformed file: exit 1, one line naming the file, no output
+bad=0
+for f in tests/data/malformed/*.safetensors; do
+	$Q "$f" "$T/m.out" >/dev/null 2>"$T/err"; rc=$?
+	if [ $rc != 1 ] || [ "$(wc -l <"$T/err")" != 1 ] || ! grep -qF "$f" "$T/err" || ls "$T" | grep -q '^m\.out'; then
+		bad=$((bad+1)); diag "$f: exit $rc: $(head -c 200 "$T/err")"
+	fi
+done
+[ $bad = 0 ] && ok "malformed files: exit 1, one line naming the file, no output" || notok "malformed files: $bad misbehaved"
+
+# random checkpoints: deterministic by seed
+cfg=tests/data/kill-test.json
+tiny=configs/tiny-check.json
+$Q -q --random $tiny --seed 7 "$T/r1.safetensors" && $Q -q --random $tiny --seed 7 "$T/r2.safetensors" &&
+	$Q -q --random $tiny --seed 8 "$T/r3.safetensors"
+check "--random with the same seed writes the same bytes" cmp -s "$T/r1.safetensors" "$T/r2.safetensors"
+check "--random with another seed writes other weights" sh -c "! cmp -s '$T/r1.safetensors' '$T/r3.safetensors'"
+$Q -q --random $tiny --dtype fp8 --seed 7 "$T/r8"
+check "--random --dtype fp8 writes an FP8 checkpoint" sh -c "grep -q F8_E4M3 '$T/r8/model.safetensors' && grep -q weight_block_size '$T/r8/config.json'"
+check_fails "quantizing an FP8 checkpoint says so and exits 1" 1 $Q "$T/r8" "$T/r8b"
+grep -q "already quantized" "$T/err" && ok "the message says it is already quantized" || notok "the message says it is already quantized"
+check_fails "an existing OUT is not overwritten without --force" 1 $Q --random $tiny "$T/r1.safetensors"
+check "--force replaces an existing OUT" $Q -q --force --random $tiny --seed 8 "$T/r1.safetensors"
+check "the replaced OUT has the new content" cmp -s "$T/r1.safetensors" "$T/r3.safetensors"
+
+# pipes: '-' gives the same bytes as a .safetensors file, and round-trips
+$Q -q $tiny >/dev/null 2>&1
+$Q -q "$T/r3.safetensors" - >"$T/p.safetensors"
+$Q -q "$T/r3.safetensors" "$T/f.safetensors"
+check "output to - equals output to a .safetensors file, byte for byte" cmp -s "$T/p.safetensors" "$T/f.safetensors"
+$Q -q "$T/r3.safetensors" - | $Q -q --dequantize - "$T/pd.safetensors"
+$Q -q --dequantize "$T/f.safetensors" "$T/fd.safetensors"
+check "quantize | dequantize through a pipe equals the two steps through files" cmp -s "$T/pd.safetensors" "$T/fd.safetensors"
+$Q -q --dequantize "$T/r8" - | $Q -q - "$T/rq.safetensors" && $Q -q --dequantize "$T/r8" "$T/rd" && $Q -q "$T/rd" "$T/rq2.safetensors"
+check "a directory read back through a pipe gives the same tensors" cmp -s "$T/rq.safetensors" "$T/rq2.safetensors"
+
+# stats as JSONL: one object per quantized tensor
+$Q -q --stats --json "$T/r3.safetensors" "$T/s.safetensors" >"$T/stats.jsonl"
+n=$(grep -c '"rel_rms_error"' "$T/stats.jsonl")
+check "--stats --json writes one JSON line per quantized tensor ($n)" [ "$n" = 14 ]
+check "the stats lines are valid JSON with sane errors" python3 -c "
+import json,sys
+for l in open('$T/stats.jsonl'):
+    o=json.loads(l); assert 0 < o['rel_rms_error'] < 0.05, o
+"
+
+# shards
+$Q -q --max-shard-size 100KB "$T/r3.safetensors" "$T/sharded"
+check "--max-shard-size splits into shards with an index" sh -c "ls '$T/sharded' | grep -q 'model-00001-of-' && test -f '$T/sharded/model.safetensors.index.json'"
+$Q -q --dequantize "$T/sharded" "$T/sd.safetensors"
+check "a sharded checkpoint reads back as the same tensors" cmp -s "$T/sd.safetensors" "$T/fd.safetensors"
+
+# kill safety: SIGKILL mid-write leaves nothing that looks complete
+for out in "$T/killed" "$T/killed.safetensors"; do
+	$Q -q --random $cfg --seed 1 "$out" & pid=$!
+	for i in $(seq 1 200); do ls "$out".tmp.* >/dev/null 2>&1 && break; sleep 0.01; done
+	sleep 0.1; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+	if [ -e "$out" ]; then notok "SIGKILL during a write leaves no $(basename "$out")"
+	else ok "SIGKILL during a write leaves no $(basename "$out") (only $(ls -d "$out".tmp.* 2>/dev/null | wc -l) temporary)"; fi
+	rm -rf "$out".tmp.*
+done
+
+if have_stories; then
+	$Q -q "$(stories)" "$T/st8" && $Q -q --dequantize --dtype f32 "$T/st8" "$T/st32"
+	check "stories260K: quantize then dequantize keeps config and tokenizer files" \
+		sh -c "cmp -s '$(stories)/tokenizer.json' '$T/st32/tokenizer.json' && grep -q '\"hidden_size\": 64' '$T/st32/config.json' && ! grep -q quantization_config '$T/st32/config.json'"
+else
+	skip "stories260K round trip through the CLI" "no stories260K in \$LLM_TEST_MODELS"
+fi
+tap_done

@@ -1,0 +1,149 @@
+/* common/backend.h: the compute interface the forward pass is written in.
+ *
+ * One table of ops per backend (STYLE.md section 3). The CPU backend
+ * (backend_cpu.c) is the reference: every other backend is tested against it
+ * op by op. Every op takes the backend first and returns a status. Activations
+ * are row-major views; weights are struct llm_weight (ckpt.h), read in place
+ * from the checkpoint mapping (FP8 is dequantized inside the kernels, a block
+ * at a time; no dequantized copy of a matrix ever exists).
+ *
+ * Batch invariance: every op computes each output row from its own input row
+ * with a reduction order that does not depend on n_tok, on the other rows or
+ * on the thread count. A backend must keep that property. */
+#ifndef LLM_BACKEND_H
+#define LLM_BACKEND_H
+
+#include <stdbool.h>
+#include "status.h"
+#include "dtype.h"
+#include "ckpt.h"
+
+struct llm_kv;
+struct llm_batch;
+
+enum llm_op {
+	LLM_OP_EMBED, LLM_OP_RMSNORM, LLM_OP_MATMUL, LLM_OP_ROPE,
+	LLM_OP_KV_STORE, LLM_OP_ATTN, LLM_OP_SWIGLU, LLM_OP_ADD,
+	LLM_OP_GATHER, LLM_OP_COUNT
+};
+
+/* A 2-D activation: rows x cols elements of dtype, row i at data + i*stride. */
+struct llm_view {
+	void *data;
+	enum llm_dtype dtype;       /* the CPU backend computes in F32 */
+	int64_t rows, cols;
+	int64_t stride;             /* elements between rows (>= cols) */
+};
+
+static inline struct llm_view llm_view_f32(float *p, int64_t rows, int64_t cols)
+{
+	struct llm_view v = { p, LLM_DTYPE_F32, rows, cols, cols };
+	return v;
+}
+
+/* Instruction-set levels of the CPU backend, lowest first. */
+enum llm_cpu_isa {
+	LLM_ISA_AUTO = -1,
+	LLM_ISA_SCALAR = 0,   /* portable C: the reference */
+	LLM_ISA_AVX2,         /* AVX2 + FMA + F16C */
+	LLM_ISA_AVX512,       /* AVX-512 F/BW/VL */
+	LLM_ISA_AVX512BF16,   /* + AVX512_BF16 dot products for BF16 weights */
+	LLM_ISA_COUNT
+};
+const char *llm_cpu_isa_name(enum llm_cpu_isa isa);
+/* "auto", "scalar", "avx2", "avx512", "avx512bf16"; -2 when unknown. */
+int llm_cpu_isa_parse(const char *s);
+/* The best level this CPU runs. */
+enum llm_cpu_isa llm_cpu_isa_detect(void);
+
+struct llm_backend_opts {
+	int n_threads;            /* 0: every online CPU */
+	enum llm_cpu_isa isa;     /* LLM_ISA_AUTO: best available, or $LLM_CPU_ISA */
+	int device;               /* cuda:N */
+};
+#define LLM_BACKEND_OPTS_DEFAULT { 0, LLM_ISA_AUTO, 0 }
+
+struct llm_backend;
+
+struct llm_backend_ops {
+	const char *name;                                    /* "cpu", "cuda" */
+	bool (*supports)(enum llm_op op, enum llm_dtype w, enum llm_dtype act);
+	enum llm_status (*init)(struct llm_backend *be, const struct llm_backend_opts *o);
+	void            (*fini)(struct llm_backend *be);
+	enum llm_status (*alloc)(struct llm_backend *be, size_t nbytes, void **p);
+	void            (*release)(struct llm_backend *be, void *p);
+	enum llm_status (*copy_in)(struct llm_backend *be, void *dst, const void *src, size_t n);
+	/* out (n_tok, d_model) = rows tok[i] of emb (n_vocab, d_model) */
+	enum llm_status (*embed)(struct llm_backend *be, struct llm_view out,
+	                         const int32_t *tok, const struct llm_weight *emb);
+	/* out[i] = x[i] * (1 / sqrt(mean(x[i]^2) + eps)) * w; w is 1 x cols */
+	enum llm_status (*rmsnorm)(struct llm_backend *be, struct llm_view out,
+	                           struct llm_view x, const struct llm_weight *w, float eps);
+	/* y (n_tok, w->rows) = x (n_tok, w->cols) . W^T */
+	enum llm_status (*matmul)(struct llm_backend *be, struct llm_view y,
+	                          struct llm_view x, const struct llm_weight *w);
+	/* In place on x (n_tok, n_head * d_head), Hugging Face rotate_half pairs
+	 * (j, j + d_head/2) rotated by pos[i] * inv_freq[j]; inv_freq (d_head/2). */
+	enum llm_status (*rope)(struct llm_backend *be, struct llm_view x, const int32_t *pos,
+	                        int n_head, int d_head, const float *inv_freq);
+	/* Write k, v (n_tok, n_kv_head * d_head) of LAYER at each token's
+	 * (seq, pos) in the paged cache (blocks already reserved). */
+	enum llm_status (*kv_store)(struct llm_backend *be, struct llm_kv *kv, int layer,
+	                            const struct llm_batch *b, struct llm_view k, struct llm_view v);
+	/* Causal attention of q (n_tok, n_head * d_head) over the token's own
+	 * sequence, positions 0..pos, read through the block table. */
+	enum llm_status (*attention)(struct llm_backend *be, struct llm_view out, struct llm_view q,
+	                             struct llm_kv *kv, int layer, const struct llm_batch *b,
+	                             int n_head);
+	/* out = silu(gate) * up, elementwise */
+	enum llm_status (*swiglu)(struct llm_backend *be, struct llm_view out,
+	                          struct llm_view gate, struct llm_view up);
+	/* x += y */
+	enum llm_status (*add)(struct llm_backend *be, struct llm_view x, struct llm_view y);
+	/* out row i = x row idx[i], for i < out.rows */
+	enum llm_status (*gather)(struct llm_backend *be, struct llm_view out, struct llm_view x,
+	                          const int32_t *idx);
+	enum llm_status (*sync)(struct llm_backend *be);   /* NULL: always synchronous */
+};
+
+struct llm_backend {
+	const struct llm_backend_ops *ops;
+	void *priv;                 /* the backend's own state */
+	int n_threads;              /* threads in use (CPU) */
+	enum llm_cpu_isa isa;       /* CPU: the level in use */
+};
+
+extern const struct llm_backend_ops llm_cpu_ops;
+#ifdef LLM_CUDA
+extern const struct llm_backend_ops llm_cuda_ops;     /* kernels/cuda_ops.c */
+#endif
+
+/* Open a backend by spec: "auto" (cuda:0 if built with CUDA and a device is
+ * present, else cpu), "cpu", "cuda" or "cuda:N". O may be NULL (defaults).
+ * Without CUDA support "cuda" fails with LLM_ERR_UNSUPPORTED "built without
+ * CUDA support"; nothing falls back silently. *BE is owned by the caller and
+ * released with llm_backend_close(). */
+enum llm_status llm_backend_open(const char *spec, const struct llm_backend_opts *o,
+                                 struct llm_backend **be);
+void llm_backend_close(struct llm_backend *be);
+/* LLM_ERR_UNSUPPORTED naming the op and dtype when the backend lacks it. */
+enum llm_status llm_backend_require(struct llm_backend *be, enum llm_op op,
+                                    enum llm_dtype w, enum llm_dtype act);
+const char *llm_op_name(enum llm_op op);
+
+/* ---- CPU kernels, exposed for the op tests ---------------------------- */
+
+/* y[t * y_stride + r] = sum_c x[t * x_stride + c] * W[r, c] for t < n_tok and
+ * r in [r0, r1), with the kernel of level ISA (falls back to the best lower
+ * level that handles w->dtype). Single-threaded. */
+void llm_cpu_matmul_rows(enum llm_cpu_isa isa, float *y, int64_t y_stride,
+                         const float *x, int64_t x_stride, int64_t n_tok,
+                         const struct llm_weight *w, int64_t r0, int64_t r1);
+/* The level that llm_cpu_matmul_rows(ISA, ...) really uses for dtype T. */
+enum llm_cpu_isa llm_cpu_matmul_isa(enum llm_cpu_isa isa, enum llm_dtype t);
+/* Row r of W dequantized to f32 (cols floats). */
+void llm_weight_row_f32(const struct llm_weight *w, int64_t r, float *out);
+/* Dot product of n floats at level ISA (attention scores). */
+float llm_cpu_dot(enum llm_cpu_isa isa, const float *a, const float *b, int64_t n);
+
+#endif

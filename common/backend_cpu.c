@@ -1,0 +1,533 @@
+/* common/backend_cpu.c: the CPU backend, the reference implementation of
+ * every op in backend.h.
+ *
+ * Numerics follow llama2.c run.c (the reference the model tests compare
+ * with): f32 everywhere, RMSNorm as w * (x * (1 / sqrtf(mean(x^2) + eps))),
+ * attention scores q.k / sqrtf(d_head), softmax with the max subtracted and
+ * expf, SiLU as g / (1 + expf(-g)). Log-probabilities are computed by the
+ * callers, in double.
+ *
+ * Threads: a persistent pool; each op splits its independent output rows
+ * (matmul: weight rows; attention: (token, head) pairs; the rest: tokens)
+ * among the threads and never splits a reduction, so results do not depend
+ * on the thread count or on the other tokens of the batch. Small ops run on
+ * the calling thread alone. */
+#define _GNU_SOURCE
+#include "backend.h"
+#include "kvcache.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "banned.h"
+
+/* ---- thread pool ------------------------------------------------------- */
+
+struct cpu_pool {
+	int n;                           /* threads including the caller */
+	pthread_t *th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	_Atomic uint64_t gen;            /* bumped once per job */
+	_Atomic int pending;             /* workers still running the job */
+	_Atomic int stop;
+	void (*fn)(void *ctx, int ith, int nth);
+	void *ctx;
+};
+
+struct worker_arg { struct cpu_pool *p; int ith; };
+
+static void *worker_main(void *arg)
+{
+	struct worker_arg a = *(struct worker_arg *)arg;
+	free(arg);
+	struct cpu_pool *p = a.p;
+	uint64_t seen = 0;
+	for (;;) {
+		/* spin a little (jobs come back to back inside a forward), then sleep */
+		int spins = 0;
+		while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen && spins < 20000) {
+			spins++;
+#if defined(__x86_64__) || defined(__i386__)
+			__builtin_ia32_pause();
+#endif
+		}
+		if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
+			pthread_mutex_lock(&p->mu);
+			while (atomic_load(&p->gen) == seen && !p->stop)
+				pthread_cond_wait(&p->cv, &p->mu);
+			pthread_mutex_unlock(&p->mu);
+		}
+		if (p->stop)
+			return NULL;
+		seen = atomic_load(&p->gen);
+		p->fn(p->ctx, a.ith, p->n);
+		atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+	}
+}
+
+static void pool_free(struct cpu_pool *p)
+{
+	if (!p->th)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = 1;
+	atomic_fetch_add(&p->gen, 1);
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	for (int i = 1; i < p->n; i++)
+		pthread_join(p->th[i], NULL);
+	free(p->th);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->cv);
+	p->th = NULL;
+}
+
+static enum llm_status pool_init(struct cpu_pool *p, int n)
+{
+	memset(p, 0, sizeof *p);
+	p->n = n;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	if (!(p->th = calloc((size_t)n, sizeof *p->th)))
+		return llm_fail(LLM_ERR_NOMEM, "cpu backend: out of memory");
+	for (int i = 1; i < n; i++) {
+		struct worker_arg *a = malloc(sizeof *a);
+		if (!a || pthread_create(&p->th[i], NULL, worker_main, a)) {
+			free(a);
+			p->n = i;
+			pool_free(p);
+			return llm_fail(LLM_ERR_NOMEM, "cpu backend: cannot start thread %d", i);
+		}
+		a->p = p;
+		a->ith = i;
+	}
+	return LLM_OK;
+}
+
+/* Run fn(ctx, i, nth) for i < nth on the pool (nth = 1: the caller alone). */
+static void pool_run(struct cpu_pool *p, int nth, void (*fn)(void *, int, int), void *ctx)
+{
+	if (nth <= 1 || p->n <= 1) {
+		fn(ctx, 0, 1);
+		return;
+	}
+	(void)nth;
+	p->fn = fn;
+	p->ctx = ctx;
+	atomic_store(&p->pending, p->n - 1);
+	pthread_mutex_lock(&p->mu);
+	atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	fn(ctx, 0, p->n);
+	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+#if defined(__x86_64__) || defined(__i386__)
+		__builtin_ia32_pause();
+#endif
+	}
+}
+
+/* ---- backend state ----------------------------------------------------- */
+
+struct cpu_be {
+	struct cpu_pool pool;
+	enum llm_cpu_isa isa;
+	float *scratch;        /* (n_threads, scratch_per) attention scores + k/v row */
+	size_t scratch_per;
+};
+
+static struct cpu_be *cpu(struct llm_backend *be) { return be->priv; }
+
+/* Threads worth using for WORK multiply-adds. */
+static int nth_for(struct llm_backend *be, double work)
+{
+	if (work < 32768.0)
+		return 1;
+	return cpu(be)->pool.n;
+}
+
+static void split(int64_t n, int ith, int nth, int64_t align, int64_t *b, int64_t *e)
+{
+	int64_t per = (n + nth - 1) / nth;
+	per = (per + align - 1) / align * align;
+	*b = (int64_t)ith * per;
+	*e = *b + per;
+	if (*b > n)
+		*b = n;
+	if (*e > n)
+		*e = n;
+}
+
+static inline float vec_at(const struct llm_weight *w, int64_t i)
+{
+	switch (w->dtype) {
+	case LLM_DTYPE_F32:  return ((const float *)w->data)[i];
+	case LLM_DTYPE_F16:  return llm_f16_to_f32(((const uint16_t *)w->data)[i]);
+	case LLM_DTYPE_BF16: return llm_bf16_to_f32(((const uint16_t *)w->data)[i]);
+	case LLM_DTYPE_E4M3: return llm_e4m3_table[((const uint8_t *)w->data)[i]] *
+	                            w->scale[i / w->block_cols];
+	default: return NAN;
+	}
+}
+
+static inline float *row(struct llm_view v, int64_t i) { return (float *)v.data + i * v.stride; }
+
+static enum llm_status need_f32(const char *op, struct llm_view v)
+{
+	if (v.dtype != LLM_DTYPE_F32)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "cpu backend: %s: %s activations (f32 only)",
+		                op, llm_dtype_name(v.dtype));
+	return LLM_OK;
+}
+
+/* ---- ops --------------------------------------------------------------- */
+
+static bool cpu_supports(enum llm_op op, enum llm_dtype w, enum llm_dtype act)
+{
+	(void)op;
+	if (act != LLM_DTYPE_F32)
+		return false;
+	return w == LLM_DTYPE_F32 || w == LLM_DTYPE_F16 || w == LLM_DTYPE_BF16 || w == LLM_DTYPE_E4M3;
+}
+
+static enum llm_status cpu_alloc(struct llm_backend *be, size_t n, void **p)
+{
+	(void)be;
+	*p = NULL;
+	if (posix_memalign(p, 64, n ? n : 64))
+		return llm_fail(LLM_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", n);
+	memset(*p, 0, n);
+	return LLM_OK;
+}
+
+static void cpu_release(struct llm_backend *be, void *p) { (void)be; free(p); }
+
+static enum llm_status cpu_copy_in(struct llm_backend *be, void *dst, const void *src, size_t n)
+{
+	(void)be;
+	memcpy(dst, src, n);
+	return LLM_OK;
+}
+
+static enum llm_status cpu_embed(struct llm_backend *be, struct llm_view out,
+                                 const int32_t *tok, const struct llm_weight *emb)
+{
+	(void)be;
+	LLM_TRY(need_f32("embed", out));
+	for (int64_t i = 0; i < out.rows; i++) {
+		if (tok[i] < 0 || tok[i] >= emb->rows)
+			return llm_fail(LLM_ERR_RANGE, "embed: token %lld: id %d not in [0, %lld)",
+			                (long long)i, tok[i], (long long)emb->rows);
+		llm_weight_row_f32(emb, tok[i], row(out, i));
+	}
+	return LLM_OK;
+}
+
+struct norm_job { struct llm_view out, x; const struct llm_weight *w; float eps; };
+
+static void norm_task(void *ctx, int ith, int nth)
+{
+	struct norm_job *j = ctx;
+	int64_t b, e, n = j->x.cols;
+	split(j->x.rows, ith, nth, 1, &b, &e);
+	for (int64_t t = b; t < e; t++) {
+		const float *x = row(j->x, t);
+		float *o = row(j->out, t);
+		float ss = 0.0f;
+		for (int64_t i = 0; i < n; i++)
+			ss += x[i] * x[i];
+		ss /= (float)n;
+		ss += j->eps;
+		ss = 1.0f / sqrtf(ss);
+		for (int64_t i = 0; i < n; i++)
+			o[i] = vec_at(j->w, i) * (ss * x[i]);
+	}
+}
+
+static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
+                                   struct llm_view x, const struct llm_weight *w, float eps)
+{
+	LLM_TRY(need_f32("rmsnorm", x));
+	struct norm_job j = { out, x, w, eps };
+	pool_run(&cpu(be)->pool, nth_for(be, 4.0 * (double)x.rows * (double)x.cols), norm_task, &j);
+	return LLM_OK;
+}
+
+struct mm_job { struct llm_view y, x; const struct llm_weight *w; enum llm_cpu_isa isa; };
+
+static void mm_task(void *ctx, int ith, int nth)
+{
+	struct mm_job *j = ctx;
+	int64_t b, e;
+	split(j->w->rows, ith, nth, 4, &b, &e);
+	if (b < e)
+		llm_cpu_matmul_rows(j->isa, j->y.data, j->y.stride, j->x.data, j->x.stride,
+		                    j->x.rows, j->w, b, e);
+}
+
+static enum llm_status cpu_matmul(struct llm_backend *be, struct llm_view y,
+                                  struct llm_view x, const struct llm_weight *w)
+{
+	LLM_TRY(need_f32("matmul", x));
+	if (x.cols != w->cols || y.cols != w->rows || y.rows != x.rows)
+		return llm_fail(LLM_ERR_INTERNAL, "matmul %s: shapes (%lld, %lld) x (%lld, %lld)^T -> (%lld, %lld)",
+		                w->name ? w->name : "?", (long long)x.rows, (long long)x.cols,
+		                (long long)w->rows, (long long)w->cols, (long long)y.rows, (long long)y.cols);
+	struct mm_job j = { y, x, w, cpu(be)->isa };
+	double work = (double)x.rows * (double)w->rows * (double)w->cols;
+	pool_run(&cpu(be)->pool, nth_for(be, work), mm_task, &j);
+	return LLM_OK;
+}
+
+static enum llm_status cpu_rope(struct llm_backend *be, struct llm_view x, const int32_t *pos,
+                                int n_head, int d_head, const float *inv_freq)
+{
+	(void)be;
+	LLM_TRY(need_f32("rope", x));
+	int half = d_head / 2;
+	for (int64_t t = 0; t < x.rows; t++) {
+		float *xr = row(x, t);
+		for (int j = 0; j < half; j++) {
+			/* as run.c: the angle and its cos/sin in f32 */
+			float a = (float)pos[t] * inv_freq[j];
+			float c = cosf(a), s = sinf(a);
+			for (int h = 0; h < n_head; h++) {
+				float *p = xr + h * d_head;
+				float v0 = p[j], v1 = p[j + half];
+				p[j] = v0 * c - v1 * s;
+				p[j + half] = v0 * s + v1 * c;
+			}
+		}
+	}
+	return LLM_OK;
+}
+
+static enum llm_status cpu_kv_store(struct llm_backend *be, struct llm_kv *kv, int layer,
+                                    const struct llm_batch *b, struct llm_view k, struct llm_view v)
+{
+	(void)be;
+	LLM_TRY(need_f32("kv_store", k));
+	for (int i = 0; i < b->n_tok; i++) {
+		size_t off = llm_kv_offset(kv, layer, b->seq[i], b->pos[i]);
+		if (kv->dtype == LLM_DTYPE_F32) {
+			memcpy((float *)kv->k + off, row(k, i), (size_t)kv->kv_dim * sizeof(float));
+			memcpy((float *)kv->v + off, row(v, i), (size_t)kv->kv_dim * sizeof(float));
+		} else {
+			llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(k, i), (size_t)kv->kv_dim);
+			llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(v, i), (size_t)kv->kv_dim);
+		}
+	}
+	return LLM_OK;
+}
+
+struct attn_job {
+	struct llm_view out, q;
+	struct llm_kv *kv;
+	int layer, n_head;
+	const struct llm_batch *b;
+	struct cpu_be *c;
+};
+
+static void attn_task(void *ctx, int ith, int nth)
+{
+	struct attn_job *j = ctx;
+	struct llm_kv *kv = j->kv;
+	int d = kv->d_head, group = j->n_head / kv->n_kv_head;
+	int64_t b, e;
+	split((int64_t)j->b->n_tok * j->n_head, ith, nth, 1, &b, &e);
+	float *att = j->c->scratch + (size_t)ith * j->c->scratch_per;
+	float *kf = att + kv->max_ctx;             /* (d) a bf16 row as f32 */
+	float scale = sqrtf((float)d);
+	for (int64_t it = b; it < e; it++) {
+		int t = (int)(it / j->n_head), h = (int)(it % j->n_head);
+		int seq = j->b->seq[t];
+		int32_t pos = j->b->pos[t];
+		const float *q = row(j->q, t) + (size_t)h * (size_t)d;
+		float *o = row(j->out, t) + (size_t)h * (size_t)d;
+		size_t hoff = (size_t)(h / group) * (size_t)d;
+		for (int32_t p = 0; p <= pos; p++) {
+			size_t off = llm_kv_offset(kv, j->layer, seq, p) + hoff;
+			const float *kr;
+			if (kv->dtype == LLM_DTYPE_F32) {
+				kr = (const float *)kv->k + off;
+			} else {
+				llm_to_f32(kf, (const uint16_t *)kv->k + off, LLM_DTYPE_BF16, (size_t)d);
+				kr = kf;
+			}
+			att[p] = llm_cpu_dot(j->c->isa, q, kr, d) / scale;
+		}
+		float mx = att[0];
+		for (int32_t p = 1; p <= pos; p++)
+			if (att[p] > mx)
+				mx = att[p];
+		float sum = 0.0f;
+		for (int32_t p = 0; p <= pos; p++) {
+			att[p] = expf(att[p] - mx);
+			sum += att[p];
+		}
+		for (int32_t p = 0; p <= pos; p++)
+			att[p] /= sum;
+		for (int i = 0; i < d; i++)
+			o[i] = 0.0f;
+		for (int32_t p = 0; p <= pos; p++) {
+			size_t off = llm_kv_offset(kv, j->layer, seq, p) + hoff;
+			const float *vr;
+			if (kv->dtype == LLM_DTYPE_F32) {
+				vr = (const float *)kv->v + off;
+			} else {
+				llm_to_f32(kf, (const uint16_t *)kv->v + off, LLM_DTYPE_BF16, (size_t)d);
+				vr = kf;
+			}
+			float a = att[p];
+			for (int i = 0; i < d; i++)
+				o[i] += a * vr[i];
+		}
+	}
+}
+
+static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out, struct llm_view q,
+                                     struct llm_kv *kv, int layer, const struct llm_batch *b,
+                                     int n_head)
+{
+	struct cpu_be *c = cpu(be);
+	LLM_TRY(need_f32("attention", q));
+	size_t per = (size_t)kv->max_ctx + (size_t)kv->d_head;
+	per = (per + 15) / 16 * 16;
+	if (c->scratch_per < per) {     /* first use with this cache: sized once */
+		float *s = malloc((size_t)c->pool.n * per * sizeof(float));
+		if (!s)
+			return llm_fail(LLM_ERR_NOMEM, "attention: scratch of %zu floats", per);
+		free(c->scratch);
+		c->scratch = s;
+		c->scratch_per = per;
+	}
+	struct attn_job j = { out, q, kv, layer, n_head, b, c };
+	double work = 0;
+	for (int i = 0; i < b->n_tok; i++)
+		work += (double)(b->pos[i] + 1);
+	work *= 2.0 * n_head * kv->d_head;
+	pool_run(&c->pool, nth_for(be, work), attn_task, &j);
+	return LLM_OK;
+}
+
+static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
+                                  struct llm_view gate, struct llm_view up)
+{
+	(void)be;
+	LLM_TRY(need_f32("swiglu", gate));
+	for (int64_t t = 0; t < gate.rows; t++) {
+		const float *g = row(gate, t), *u = row(up, t);
+		float *o = row(out, t);
+		for (int64_t i = 0; i < gate.cols; i++) {
+			float v = g[i];
+			v *= 1.0f / (1.0f + expf(-v));
+			o[i] = v * u[i];
+		}
+	}
+	return LLM_OK;
+}
+
+static enum llm_status cpu_add(struct llm_backend *be, struct llm_view x, struct llm_view y)
+{
+	(void)be;
+	LLM_TRY(need_f32("add", x));
+	for (int64_t t = 0; t < x.rows; t++) {
+		float *a = row(x, t);
+		const float *c = row(y, t);
+		for (int64_t i = 0; i < x.cols; i++)
+			a[i] += c[i];
+	}
+	return LLM_OK;
+}
+
+static enum llm_status cpu_gather(struct llm_backend *be, struct llm_view out, struct llm_view x,
+                                  const int32_t *idx)
+{
+	(void)be;
+	for (int64_t i = 0; i < out.rows; i++)
+		memmove(row(out, i), row(x, idx[i]), (size_t)x.cols * sizeof(float));
+	return LLM_OK;
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+static enum llm_status cpu_init(struct llm_backend *be, const struct llm_backend_opts *o)
+{
+	struct cpu_be *c = calloc(1, sizeof *c);
+	if (!c)
+		return llm_fail(LLM_ERR_NOMEM, "cpu backend: out of memory");
+	enum llm_cpu_isa best = llm_cpu_isa_detect(), isa = o->isa;
+	if (isa == LLM_ISA_AUTO) {
+		const char *env = getenv("LLM_CPU_ISA");
+		isa = best;
+		if (env && *env) {
+			int v = llm_cpu_isa_parse(env);
+			if (v == -2) {
+				free(c);
+				return llm_fail(LLM_ERR_USAGE, "LLM_CPU_ISA: unknown level '%s' "
+				                "(auto, scalar, avx2, avx512, avx512bf16)", env);
+			}
+			if (v != LLM_ISA_AUTO)
+				isa = (enum llm_cpu_isa)v;
+		}
+	}
+	if (isa > best) {
+		free(c);
+		return llm_fail(LLM_ERR_UNSUPPORTED, "cpu backend: this CPU does not support %s (best: %s)",
+		                llm_cpu_isa_name(isa), llm_cpu_isa_name(best));
+	}
+	c->isa = isa;
+	int n = o->n_threads;
+	if (n <= 0) {
+		long k = sysconf(_SC_NPROCESSORS_ONLN);
+		n = k > 0 ? (int)k : 1;
+	}
+	if (n > 256)
+		n = 256;
+	be->priv = c;
+	enum llm_status s = pool_init(&c->pool, n);
+	if (s) {
+		free(c);
+		be->priv = NULL;
+		return s;
+	}
+	be->n_threads = n;
+	be->isa = isa;
+	return LLM_OK;
+}
+
+static void cpu_fini(struct llm_backend *be)
+{
+	struct cpu_be *c = cpu(be);
+	if (!c)
+		return;
+	pool_free(&c->pool);
+	free(c->scratch);
+	free(c);
+	be->priv = NULL;
+}
+
+const struct llm_backend_ops llm_cpu_ops = {
+	.name = "cpu",
+	.supports = cpu_supports,
+	.init = cpu_init,
+	.fini = cpu_fini,
+	.alloc = cpu_alloc,
+	.release = cpu_release,
+	.copy_in = cpu_copy_in,
+	.embed = cpu_embed,
+	.rmsnorm = cpu_rmsnorm,
+	.matmul = cpu_matmul,
+	.rope = cpu_rope,
+	.kv_store = cpu_kv_store,
+	.attention = cpu_attention,
+	.swiglu = cpu_swiglu,
+	.add = cpu_add,
+	.gather = cpu_gather,
+	.sync = NULL,
+};

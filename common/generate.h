@@ -1,0 +1,166 @@
+/* common/generate.h: the inference engine a tool drives: batched generation
+ * with per-request sampling and streaming, scoring, perplexity.
+ *
+ * An engine owns the model (mmap'd checkpoint), a backend with its thread
+ * pool, the paged KV cache and the activation buffers, all sized at open
+ * (llm_engine_plan() reports the sizes). Requests are queued with
+ * llm_engine_submit() and advanced by llm_engine_step(): one forward pass
+ * over at most max_batch_tokens tokens, decode tokens of running requests
+ * first, then prefill chunks of the others (admission in submission order,
+ * when a sequence slot and KV blocks for the whole request are free). Each
+ * generated token is reported through the request's callback.
+ *
+ * Batch invariance: a request's tokens and log-probs do not depend on the
+ * other requests (kernels with fixed reduction order, per-request RNG), so
+ * greedy output for a prompt is the same alone or among others.
+ *
+ * A scheduler of its own (the server's Dynamic SplitFuse) can skip
+ * submit/step and drive llm_engine_forward() directly with the engine's
+ * cache (llm_engine_kv()). The library never prints; errors are statuses
+ * with llm_errmsg(). An engine is used from one thread at a time. */
+#ifndef LLM_GENERATE_H
+#define LLM_GENERATE_H
+
+#include "model.h"
+#include "sampler.h"
+
+enum llm_finish {
+	LLM_FINISH_NONE = 0,   /* the request goes on */
+	LLM_FINISH_LENGTH,     /* max_tokens or the context reached */
+	LLM_FINISH_STOP,       /* a stop id or stop string */
+	LLM_FINISH_EOS,        /* the model's end-of-sequence id */
+	LLM_FINISH_CANCEL,     /* llm_engine_cancel() or the callback said stop */
+};
+const char *llm_finish_name(enum llm_finish f);   /* "length", "stop", ... */
+
+/* A streaming detokenizer (e.g. over tokenizer.h's llm_detok_stream), one
+ * state per request, needed for stop strings and event text. push() gives
+ * the text that ID makes final (UTF-8 complete); *TEXT stays valid until the
+ * next call on that state. Return 0, or -1 on error. */
+struct llm_detok {
+	void *(*open)(void *ctx);
+	int (*push)(void *state, int32_t id, const char **text, size_t *len);
+	int (*flush)(void *state, const char **text, size_t *len);   /* may be NULL */
+	void (*close)(void *state);
+	void *ctx;
+};
+
+struct llm_engine_opts {
+	const char *backend;        /* "auto", "cpu", "cuda[:N]" */
+	int n_threads;              /* 0: every CPU */
+	enum llm_cpu_isa isa;       /* LLM_ISA_AUTO: best, or $LLM_CPU_ISA */
+	enum llm_dtype kv_dtype;    /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
+	int kv_block_size;          /* positions per KV block */
+	int64_t kv_blocks;          /* 0: max_seqs full contexts */
+	int max_seqs;               /* sequences in flight */
+	int n_ctx;                  /* 0: max_position_embeddings */
+	int max_batch_tokens;       /* tokens per forward step (the step budget) */
+	int max_logits;             /* 0: max(max_seqs, 64), at most max_batch_tokens */
+	struct llm_detok detok;     /* optional */
+	int n_eos;                  /* 0: eos_token_id of config.json */
+	int32_t eos_ids[16];        /* ids that finish with LLM_FINISH_EOS */
+};
+#define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
+	.kv_dtype = LLM_DTYPE_F32, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }
+
+/* Memory the engine holds besides code: weights are mapped, not copied. */
+struct llm_mem_plan {
+	size_t weight_bytes;        /* every weight and scale of the checkpoint in use */
+	size_t kv_bytes_per_token;  /* K+V of one position, all layers */
+	int64_t kv_blocks;
+	int kv_block_size;
+	size_t kv_bytes;            /* the whole pool */
+	size_t scratch_bytes;       /* activations for max_batch_tokens */
+	size_t logits_bytes;        /* max_logits x n_vocab f32 */
+	size_t total;
+	int n_ctx, max_seqs, max_batch_tokens;
+};
+
+struct llm_engine;
+
+/* Open the checkpoint at PATH and build everything; O may be NULL. */
+enum llm_status llm_engine_open(struct llm_engine **e, const char *path,
+                                const struct llm_engine_opts *o);
+void llm_engine_close(struct llm_engine *e);
+/* What open would allocate for model M with options O (for --dry-run). */
+void llm_mem_plan(const struct llm_model *m, const struct llm_engine_opts *o, struct llm_mem_plan *p);
+void llm_engine_plan(const struct llm_engine *e, struct llm_mem_plan *p);
+struct llm_model *llm_engine_model(struct llm_engine *e);
+struct llm_backend *llm_engine_backend(struct llm_engine *e);
+struct llm_kv *llm_engine_kv(struct llm_engine *e);
+int llm_engine_n_ctx(const struct llm_engine *e);
+
+/* ---- generation -------------------------------------------------------- */
+
+struct llm_token_event {
+	int req;                    /* id from llm_engine_submit() */
+	int index;                  /* 0-based index of the token in the output */
+	int32_t token;              /* -1 on a cancel event */
+	float logprob;              /* log p(token), raw model distribution */
+	int n_top;
+	const struct llm_logprob *top;   /* n_top best tokens, best first */
+	const char *text;           /* with a detokenizer: text now final (stop */
+	size_t text_len;            /*  strings and their possible starts held back) */
+	enum llm_finish finish;     /* set on the request's last event */
+	int stop_index;             /* FINISH_STOP: the stop id (< n_stop_ids) or
+	                               n_stop_ids + the stop string index; else -1 */
+};
+
+struct llm_request {
+	const int32_t *prompt;      /* copied at submit; at least one token */
+	int n_prompt;
+	struct llm_sample_params params;   /* stop strings copied at submit */
+	/* Called for each generated token (a stop id or EOS token included, with
+	 * finish set and no text). Return nonzero to cancel the request: no
+	 * further events. May be NULL. */
+	int (*on_token)(void *user, const struct llm_token_event *ev);
+	void *user;
+};
+
+/* Queue a request; *ID identifies it in events. Checks now: params, token
+ * ids in the vocabulary (LLM_ERR_RANGE), prompt within the context
+ * (LLM_ERR_RANGE "prompt of N tokens exceeds the context of M"), stop
+ * strings without a detokenizer (LLM_ERR_USAGE). */
+enum llm_status llm_engine_submit(struct llm_engine *e, const struct llm_request *r, int *id);
+/* One forward step; *N_PENDING (may be NULL) gets the requests not finished. */
+enum llm_status llm_engine_step(struct llm_engine *e, int *n_pending);
+/* Step until every request has finished. */
+enum llm_status llm_engine_run(struct llm_engine *e);
+/* Finish request ID with LLM_FINISH_CANCEL at the next step (an event with
+ * token -1). Unknown or finished ids are ignored. */
+void llm_engine_cancel(struct llm_engine *e, int id);
+
+/* ---- low level: one step of a scheduler of one's own ------------------- */
+
+/* Forward B through the engine's cache (sequence ids from
+ * llm_kv_seq_new(llm_engine_kv(e), ...)); *LOGITS points at n_out rows of
+ * n_vocab floats, valid until the next call. At most max_batch_tokens
+ * tokens and max_logits logit rows. Sequences used here must not be those of
+ * submitted requests. */
+enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch *b,
+                                   const float **logits, int *n_out);
+
+/* ---- scoring ----------------------------------------------------------- */
+
+/* Log-likelihood of N continuations after one context (lm-eval style).
+ * CTX (n_ctx >= 1 tokens) runs once; each continuation forks its cache
+ * (blocks shared by reference count, nothing recomputed) and LOGPROB[i] =
+ * sum_j log p(cont[i][j] | ctx, cont[i][<j]); IS_GREEDY[i] (may be NULL) is
+ * 1 when every continuation token was the argmax. Needs two free sequence
+ * slots: call it on an engine with no requests in flight. */
+enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
+                          const int32_t *const *cont, const int *n_cont, int n,
+                          double *logprob, int *is_greedy);
+
+/* Teacher-forced negative log-likelihood of IDS (N text tokens, without BOS)
+ * in the scheme of llama.cpp's perplexity and ../shared/reference
+ * perplexity.json: the tokens are cut into consecutive chunks of at most
+ * CHUNK; each chunk runs as [BOS] + chunk from position 0 in a fresh
+ * sequence, and every chunk token is scored (the first from BOS alone).
+ * With BOS < 0 a chunk runs alone and its first token is not scored.
+ * *NLL = -sum of natural-log probabilities, *COUNT = tokens scored,
+ * LOGPROBS (N floats, may be NULL) per token (NAN where not scored). */
+enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t n, int chunk,
+                               int32_t bos, double *nll, int64_t *count, float *logprobs);
+
+#endif

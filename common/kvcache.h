@@ -1,0 +1,104 @@
+/* common/kvcache.h: the paged KV cache and the forward batch that addresses it.
+ *
+ * The pool holds n_block blocks, allocated once at start-up; a block holds
+ * block_size token positions of K and V for every layer. A sequence owns a
+ * block table: position p lives in block blk[p / block_size], slot
+ * p % block_size. Blocks are reference counted, so a fork shares a prefix
+ * (llm_score, prefix caching) and a write into a shared block first copies
+ * it (copy on write). Nothing is allocated after llm_kv_init().
+ *
+ * Layout (dtype F32 or BF16): k, v each (n_layer, n_block, block_size,
+ * n_kv_head * d_head), row-major. */
+#ifndef LLM_KVCACHE_H
+#define LLM_KVCACHE_H
+
+#include "status.h"
+#include "dtype.h"
+
+struct llm_backend;
+
+/* One forward step: a flat list of tokens, each with its sequence and
+ * position, with no padding. Prefill chunks of some sequences and decode
+ * tokens of others mix freely. For each sequence, its tokens appear in
+ * order at positions len, len+1, ... where len is the sequence's length
+ * in the cache before the step. */
+struct llm_batch {
+	int n_tok;
+	const int32_t *token;     /* (n_tok) ids in [0, n_vocab) */
+	const int32_t *pos;       /* (n_tok) positions in the sequence */
+	const int32_t *seq;       /* (n_tok) sequence ids from llm_kv_seq_new() */
+	const int8_t *logits;     /* (n_tok) 1: produce logits for this token; NULL: last token only */
+};
+
+struct llm_kv_opts {
+	int n_layer, n_kv_head, d_head;
+	enum llm_dtype dtype;     /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
+	int block_size;           /* positions per block (16) */
+	int64_t n_block;          /* blocks in the pool */
+	int max_seq;              /* sequence slots */
+	int max_ctx;              /* positions per sequence */
+};
+
+struct llm_kv_seq {
+	int used;
+	int32_t len;              /* positions written */
+	int32_t n_blk;            /* blocks in the table */
+	int32_t *blk;             /* (max_ctx / block_size, rounded up) */
+};
+
+struct llm_kv {
+	int n_layer, n_kv_head, d_head, kv_dim, block_size, max_seq, max_ctx, max_blk;
+	int64_t n_block;
+	enum llm_dtype dtype;
+	size_t elt;               /* bytes per element */
+	struct llm_backend *be;   /* owns k, v */
+	void *k, *v;              /* (n_layer, n_block, block_size, kv_dim) */
+	int32_t *ref;             /* (n_block) reference counts; 0: free */
+	int32_t *free_list;       /* (n_block) stack of free blocks */
+	int64_t n_free;
+	struct llm_kv_seq *seq;   /* (max_seq) */
+	int32_t *next;            /* (max_seq) scratch of llm_kv_prepare() */
+	uint32_t *mark;           /* (max_seq) */
+	uint32_t stamp;
+};
+
+/* Allocate the pool through BE (on the CPU, host memory). */
+enum llm_status llm_kv_init(struct llm_kv *kv, struct llm_backend *be, const struct llm_kv_opts *o);
+void llm_kv_free(struct llm_kv *kv);
+/* Bytes of K+V per token position (all layers), and of the pool. */
+size_t llm_kv_bytes_per_token(const struct llm_kv_opts *o);
+
+/* A fresh empty sequence; LLM_ERR_RANGE when every slot is in use. */
+enum llm_status llm_kv_seq_new(struct llm_kv *kv, int *seq);
+/* Drop the sequence and its block references. Safe on an unused id. */
+void llm_kv_seq_free(struct llm_kv *kv, int seq);
+/* A new sequence sharing the first N positions of SRC (its blocks'
+ * reference counts go up; nothing is copied until one side writes). */
+enum llm_status llm_kv_seq_fork(struct llm_kv *kv, int src, int32_t n, int *dst);
+/* Forget positions >= N (blocks no longer needed are released). */
+void llm_kv_seq_truncate(struct llm_kv *kv, int seq, int32_t n);
+static inline int32_t llm_kv_seq_len(const struct llm_kv *kv, int seq) { return kv->seq[seq].len; }
+/* Blocks that reserving N more positions of SEQ would take from the pool. */
+int64_t llm_kv_blocks_needed(const struct llm_kv *kv, int seq, int32_t n);
+/* Make positions [len, len + n) of SEQ writable: allocate blocks, copy a
+ * shared last block. LLM_ERR_RANGE past max_ctx, LLM_ERR_NOMEM when the pool
+ * is exhausted (then nothing changed). */
+enum llm_status llm_kv_reserve(struct llm_kv *kv, int seq, int32_t n);
+/* Check B against the cache (sequence ids open, positions contiguous from
+ * each sequence's length, within max_ctx), reserve its positions and, on
+ * success, advance the lengths. Called by llm_model_forward() before any
+ * compute. Errors name the token index. */
+enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b);
+/* Undo llm_kv_prepare() after a failed step: each sequence of B goes back
+ * to the position of its first token in B. */
+void llm_kv_unprepare(struct llm_kv *kv, const struct llm_batch *b);
+
+/* Address of position POS of SEQ in LAYER (K or V), as elements of kv->dtype. */
+static inline size_t llm_kv_offset(const struct llm_kv *kv, int layer, int seq, int32_t pos)
+{
+	int32_t blk = kv->seq[seq].blk[pos / kv->block_size];
+	return (((size_t)layer * (size_t)kv->n_block + (size_t)blk) * (size_t)kv->block_size
+	        + (size_t)(pos % kv->block_size)) * (size_t)kv->kv_dim;
+}
+
+#endif

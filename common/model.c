@@ -1,0 +1,423 @@
+/* common/model.c: Llama-family config parsing, weight resolution and the
+ * forward pass, written once in terms of the backend ops (backend.h).
+ *
+ * The forward pass is the one of Hugging Face LlamaForCausalLM (and llama2.c
+ * run.c, which computes the same thing in f32): per layer
+ *   h = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = rmsnorm(x)
+ *   x = h + down_proj(silu(gate_proj(m)) * up_proj(m)),                  m = rmsnorm(h)
+ * then logits = lm_head(rmsnorm(x)) for the rows that ask for them. q and k
+ * are in Hugging Face layout: RoPE pairs (j, j + d_head/2). */
+#define _GNU_SOURCE
+#include "model.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+/* ---- config.json ------------------------------------------------------- */
+
+static enum llm_status get_int(json_t *root, const char *path, const char *key, int required,
+                               int64_t min, int64_t max, int def, int *out)
+{
+	json_t *v = json_object_get(root, key);
+	if (!v || json_is_null(v)) {
+		if (required)
+			return llm_fail(LLM_ERR_FORMAT, "%s: %s: missing", path, key);
+		*out = def;
+		return LLM_OK;
+	}
+	if (!json_is_integer(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: %s: not an integer", path, key);
+	json_int_t i = json_integer_value(v);
+	if (i < min || i > max)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: %lld is outside [%lld, %lld]", path, key,
+		                (long long)i, (long long)min, (long long)max);
+	*out = (int)i;
+	return LLM_OK;
+}
+
+static enum llm_status get_float(json_t *root, const char *path, const char *key, double def,
+                                 double min, double max, float *out)
+{
+	json_t *v = json_object_get(root, key);
+	if (!v || json_is_null(v)) {
+		*out = (float)def;
+		return LLM_OK;
+	}
+	if (!json_is_number(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: %s: not a number", path, key);
+	double d = json_number_value(v);
+	if (!(d >= min && d <= max))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: %g is outside [%g, %g]", path, key, d, min, max);
+	*out = (float)d;
+	return LLM_OK;
+}
+
+static enum llm_status config_check(struct llm_config *c, json_t *root, const char *path)
+{
+	json_t *v;
+	const char *mt = json_string_value(json_object_get(root, "model_type"));
+	if (mt && strcmp(mt, "llama") && strcmp(mt, "mistral"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: model_type: '%s' is not supported (llama, mistral)", path, mt);
+	const char *act = json_string_value(json_object_get(root, "hidden_act"));
+	if (act && strcmp(act, "silu"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: hidden_act: '%s' is not supported (silu)", path, act);
+	if (json_is_true(json_object_get(root, "attention_bias")))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: attention_bias: true is not supported", path);
+	if (json_is_true(json_object_get(root, "mlp_bias")))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: mlp_bias: true is not supported", path);
+	LLM_TRY(get_int(root, path, "hidden_size", 1, 1, 1 << 20, 0, &c->d_model));
+	LLM_TRY(get_int(root, path, "intermediate_size", 1, 1, 1 << 22, 0, &c->d_ff));
+	LLM_TRY(get_int(root, path, "num_hidden_layers", 1, 1, 4096, 0, &c->n_layer));
+	LLM_TRY(get_int(root, path, "num_attention_heads", 1, 1, 4096, 0, &c->n_head));
+	LLM_TRY(get_int(root, path, "num_key_value_heads", 0, 1, 4096, c->n_head, &c->n_kv_head));
+	LLM_TRY(get_int(root, path, "vocab_size", 1, 1, 1 << 24, 0, &c->n_vocab));
+	LLM_TRY(get_int(root, path, "max_position_embeddings", 0, 1, 1 << 24, 2048, &c->max_ctx));
+	if (c->d_model % c->n_head && !json_object_get(root, "head_dim"))
+		return llm_fail(LLM_ERR_FORMAT, "%s: num_attention_heads: %d does not divide hidden_size %d",
+		                path, c->n_head, c->d_model);
+	LLM_TRY(get_int(root, path, "head_dim", 0, 2, 1024, c->d_model / c->n_head, &c->d_head));
+	if (c->d_head % 2)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: head_dim: %d is odd", path, c->d_head);
+	if (c->n_head % c->n_kv_head)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: num_key_value_heads: %d does not divide num_attention_heads %d",
+		                path, c->n_kv_head, c->n_head);
+	LLM_TRY(get_float(root, path, "rms_norm_eps", 1e-6, 0.0, 1.0, &c->rms_eps));
+	LLM_TRY(get_float(root, path, "rope_theta", 10000.0, 1.0, 1e12, &c->rope_theta));
+	v = json_object_get(root, "tie_word_embeddings");
+	c->tied = v && json_is_true(v);
+	if (v && !json_is_boolean(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: tie_word_embeddings: not a boolean", path);
+	v = json_object_get(root, "sliding_window");
+	if (v && !json_is_null(v)) {
+		if (!json_is_integer(v))
+			return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: not an integer", path);
+		if (json_integer_value(v) < c->max_ctx)
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported "
+			                "(sliding-window attention; null or >= max_position_embeddings)",
+			                path, (long long)json_integer_value(v));
+	}
+	v = json_object_get(root, "rope_scaling");
+	c->rope_factor = 1.0f;
+	if (v && !json_is_null(v)) {
+		if (!json_is_object(v))
+			return llm_fail(LLM_ERR_FORMAT, "%s: rope_scaling: not an object", path);
+		json_t *ty = json_object_get(v, "rope_type");
+		if (!ty)
+			ty = json_object_get(v, "type");
+		const char *t = json_string_value(ty);
+		if (!t)
+			return llm_fail(LLM_ERR_FORMAT, "%s: rope_scaling.rope_type: missing", path);
+		if (!strcmp(t, "llama3")) {
+			char p2[512];
+			snprintf(p2, sizeof p2, "%s: rope_scaling", path);
+			c->rope_llama3 = 1;
+			LLM_TRY(get_float(v, p2, "factor", 8.0, 1.0, 1e6, &c->rope_factor));
+			LLM_TRY(get_float(v, p2, "low_freq_factor", 1.0, 1e-6, 1e6, &c->rope_low_freq));
+			LLM_TRY(get_float(v, p2, "high_freq_factor", 4.0, 1e-6, 1e6, &c->rope_high_freq));
+			LLM_TRY(get_int(v, p2, "original_max_position_embeddings", 0, 1, 1 << 24, 8192,
+			                &c->rope_orig_ctx));
+			if (!(c->rope_high_freq > c->rope_low_freq))
+				return llm_fail(LLM_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", p2);
+		} else if (strcmp(t, "default")) {
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: rope_scaling.rope_type: '%s' is not supported (llama3)",
+			                path, t);
+		}
+	}
+	c->bos_id = -1;
+	v = json_object_get(root, "bos_token_id");
+	if (json_is_integer(v))
+		c->bos_id = (int32_t)json_integer_value(v);
+	v = json_object_get(root, "eos_token_id");
+	if (json_is_integer(v)) {
+		c->eos_id[c->n_eos++] = (int32_t)json_integer_value(v);
+	} else if (json_is_array(v)) {
+		size_t i;
+		json_t *e;
+		json_array_foreach(v, i, e)
+			if (json_is_integer(e) && c->n_eos < LLM_MAX_EOS)
+				c->eos_id[c->n_eos++] = (int32_t)json_integer_value(e);
+	}
+	return LLM_OK;
+}
+
+enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t len, const char *path)
+{
+	memset(c, 0, sizeof *c);
+	json_error_t err;
+	json_t *root = json_loadb(json, len, 0, &err);
+	if (!root)
+		return llm_fail(LLM_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+	enum llm_status s = json_is_object(root) ? config_check(c, root, path)
+	                    : llm_fail(LLM_ERR_FORMAT, "%s: not a JSON object", path);
+	json_decref(root);
+	return s;
+}
+
+/* RoPE inverse frequencies, in f32 as run.c (1 / powf(theta, 2j / d_head)),
+ * then the llama3 band scaling of Hugging Face _compute_llama3_parameters. */
+static void rope_freqs(const struct llm_config *c, float *f)
+{
+	int half = c->d_head / 2;
+	for (int j = 0; j < half; j++)
+		f[j] = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->d_head);
+	if (!c->rope_llama3)
+		return;
+	double low_wl = c->rope_orig_ctx / c->rope_low_freq;
+	double high_wl = c->rope_orig_ctx / c->rope_high_freq;
+	for (int j = 0; j < half; j++) {
+		double wl = 2 * M_PI / f[j];
+		if (wl < high_wl)
+			continue;
+		if (wl > low_wl) {
+			f[j] = f[j] / c->rope_factor;
+		} else {
+			double sm = (c->rope_orig_ctx / wl - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+			f[j] = (float)((1 - sm) * f[j] / c->rope_factor + sm * f[j]);
+		}
+	}
+}
+
+/* ---- weights ----------------------------------------------------------- */
+
+static enum llm_status weight(struct llm_model *m, struct llm_weight *w, int64_t rows, int64_t cols,
+                              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static enum llm_status weight(struct llm_model *m, struct llm_weight *w, int64_t rows, int64_t cols,
+                              const char *fmt, ...)
+{
+	char name[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(name, sizeof name, fmt, ap);
+	va_end(ap);
+	LLM_TRY(llm_ckpt_weight(&m->ck, name, w));
+	if (w->rows != rows || w->cols != cols)
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape %lldx%lld, config.json implies %lldx%lld",
+		                m->ck.path, name, (long long)w->rows, (long long)w->cols,
+		                (long long)rows, (long long)cols);
+	m->weight_bytes += (size_t)(rows * cols) * llm_dtype_size(w->dtype);
+	if (w->dtype == LLM_DTYPE_E4M3)
+		m->weight_bytes += (size_t)(w->scale_rows * w->scale_cols) * sizeof(float);
+	return LLM_OK;
+}
+
+enum llm_status llm_model_open(struct llm_model *m, const char *path)
+{
+	memset(m, 0, sizeof *m);
+	LLM_TRY(llm_ckpt_open(&m->ck, path));
+	enum llm_status s;
+	const struct llm_aux *cj = llm_ckpt_aux(&m->ck, "config.json");
+	if (!cj) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: no config.json", path);
+		goto fail;
+	}
+	char cpath[1024];
+	snprintf(cpath, sizeof cpath, "%s%sconfig.json", path, m->ck.is_dir ? "/" : ": ");
+	struct llm_config *c = &m->cfg;
+	if ((s = llm_config_parse(c, cj->data, cj->len, cpath)))
+		goto fail;
+	int64_t dq = (int64_t)c->n_head * c->d_head, dkv = (int64_t)c->n_kv_head * c->d_head;
+	m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+	m->inv_freq = malloc((size_t)(c->d_head / 2) * sizeof(float));
+	if (!m->layers || !m->inv_freq) {
+		s = llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+		goto fail;
+	}
+	rope_freqs(c, m->inv_freq);
+	if ((s = weight(m, &m->embed, c->n_vocab, c->d_model, "model.embed_tokens.weight")))
+		goto fail;
+	for (int l = 0; l < c->n_layer; l++) {
+		struct llm_layer *L = &m->layers[l];
+		const char *p = "model.layers";
+		if ((s = weight(m, &L->attn_norm, 1, c->d_model, "%s.%d.input_layernorm.weight", p, l)) ||
+		    (s = weight(m, &L->wq, dq, c->d_model, "%s.%d.self_attn.q_proj.weight", p, l)) ||
+		    (s = weight(m, &L->wk, dkv, c->d_model, "%s.%d.self_attn.k_proj.weight", p, l)) ||
+		    (s = weight(m, &L->wv, dkv, c->d_model, "%s.%d.self_attn.v_proj.weight", p, l)) ||
+		    (s = weight(m, &L->wo, c->d_model, dq, "%s.%d.self_attn.o_proj.weight", p, l)) ||
+		    (s = weight(m, &L->ffn_norm, 1, c->d_model, "%s.%d.post_attention_layernorm.weight", p, l)) ||
+		    (s = weight(m, &L->w_gate, c->d_ff, c->d_model, "%s.%d.mlp.gate_proj.weight", p, l)) ||
+		    (s = weight(m, &L->w_up, c->d_ff, c->d_model, "%s.%d.mlp.up_proj.weight", p, l)) ||
+		    (s = weight(m, &L->w_down, c->d_model, c->d_ff, "%s.%d.mlp.down_proj.weight", p, l)))
+			goto fail;
+		if (l == 0)
+			m->wdtype = L->wq.dtype;
+	}
+	if ((s = weight(m, &m->norm, 1, c->d_model, "model.norm.weight")))
+		goto fail;
+	if (!c->tied || llm_ckpt_find(&m->ck, "lm_head.weight")) {
+		if ((s = weight(m, &m->lm_head, c->n_vocab, c->d_model, "lm_head.weight")))
+			goto fail;
+	} else {
+		m->lm_head = m->embed;
+	}
+	return LLM_OK;
+fail:
+	llm_model_close(m);
+	return s;
+}
+
+void llm_model_close(struct llm_model *m)
+{
+	free(m->layers);
+	free(m->inv_freq);
+	if (m->ck.path || m->ck.files)
+		llm_ckpt_close(&m->ck);
+	memset(m, 0, sizeof *m);
+}
+
+enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_backend *be)
+{
+	const struct llm_layer *L = &m->layers[0];
+	const struct llm_weight *ws[] = { &m->embed, &m->norm, &m->lm_head, &L->wq, &L->wk, &L->wv,
+	                                  &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->attn_norm };
+	for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) {
+		enum llm_op op = i == 0 ? LLM_OP_EMBED : i == 1 || i == 10 ? LLM_OP_RMSNORM : LLM_OP_MATMUL;
+		if (!be->ops->supports(op, ws[i]->dtype, LLM_DTYPE_F32))
+			return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: op %s on tensor '%s' (%s)",
+			                be->ops->name, llm_op_name(op), ws[i]->name, llm_dtype_name(ws[i]->dtype));
+	}
+	return LLM_OK;
+}
+
+/* ---- scratch ----------------------------------------------------------- */
+
+static size_t scratch_floats(const struct llm_config *c, int max_tok, int max_logits)
+{
+	size_t t = (size_t)max_tok, dq = (size_t)c->n_head * (size_t)c->d_head;
+	size_t dkv = (size_t)c->n_kv_head * (size_t)c->d_head;
+	size_t dx = (size_t)c->d_model > dq ? (size_t)c->d_model : dq;
+	return t * (2 * dx + dq + 2 * dkv + dq + 2 * (size_t)c->d_ff) + (size_t)max_logits * (size_t)c->d_model;
+}
+
+size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits)
+{
+	return scratch_floats(c, max_tok, max_logits) * sizeof(float) + (size_t)max_logits * sizeof(int32_t);
+}
+
+enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
+                                 struct llm_backend *be, int max_tok, int max_logits)
+{
+	memset(s, 0, sizeof *s);
+	if (max_tok < 1 || max_logits < 1 || max_logits > max_tok)
+		return llm_fail(LLM_ERR_USAGE, "scratch: %d tokens, %d logit rows", max_tok, max_logits);
+	const struct llm_config *c = &m->cfg;
+	float *p;
+	LLM_TRY(be->ops->alloc(be, scratch_floats(c, max_tok, max_logits) * sizeof(float), (void **)&p));
+	s->be = be;
+	s->max_tok = max_tok;
+	s->max_logits = max_logits;
+	size_t t = (size_t)max_tok, dq = (size_t)c->n_head * (size_t)c->d_head;
+	size_t dkv = (size_t)c->n_kv_head * (size_t)c->d_head;
+	size_t dx = (size_t)c->d_model > dq ? (size_t)c->d_model : dq;
+	s->x = p;   p += t * dx;
+	s->xb = p;  p += t * dx;
+	s->q = p;   p += t * dq;
+	s->k = p;   p += t * dkv;
+	s->v = p;   p += t * dkv;
+	s->att = p; p += t * dq;
+	s->hb = p;  p += t * (size_t)c->d_ff;
+	s->hb2 = p; p += t * (size_t)c->d_ff;
+	s->xl = p;
+	s->rows = malloc((size_t)max_logits * sizeof(int32_t));
+	if (!s->rows) {
+		llm_scratch_free(s);
+		return llm_fail(LLM_ERR_NOMEM, "scratch: out of memory");
+	}
+	return LLM_OK;
+}
+
+void llm_scratch_free(struct llm_scratch *s)
+{
+	if (s->be && s->x)
+		s->be->ops->release(s->be, s->x);
+	free(s->rows);
+	memset(s, 0, sizeof *s);
+}
+
+/* ---- forward ----------------------------------------------------------- */
+
+static enum llm_status forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
+                               struct llm_scratch *s, const struct llm_batch *b,
+                               float *logits, int n_out)
+{
+	const struct llm_config *c = &m->cfg;
+	const struct llm_backend_ops *op = be->ops;
+	int64_t n = b->n_tok, dq = (int64_t)c->n_head * c->d_head;
+	int64_t dkv = (int64_t)c->n_kv_head * c->d_head;
+	struct llm_view x = llm_view_f32(s->x, n, c->d_model), xb = llm_view_f32(s->xb, n, c->d_model);
+	struct llm_view q = llm_view_f32(s->q, n, dq), k = llm_view_f32(s->k, n, dkv);
+	struct llm_view v = llm_view_f32(s->v, n, dkv), att = llm_view_f32(s->att, n, dq);
+	struct llm_view hb = llm_view_f32(s->hb, n, c->d_ff), hb2 = llm_view_f32(s->hb2, n, c->d_ff);
+	LLM_TRY(op->embed(be, x, b->token, &m->embed));
+	for (int l = 0; l < c->n_layer; l++) {
+		const struct llm_layer *L = &m->layers[l];
+		LLM_TRY(op->rmsnorm(be, xb, x, &L->attn_norm, c->rms_eps));
+		LLM_TRY(op->matmul(be, q, xb, &L->wq));
+		LLM_TRY(op->matmul(be, k, xb, &L->wk));
+		LLM_TRY(op->matmul(be, v, xb, &L->wv));
+		LLM_TRY(op->rope(be, q, b->pos, c->n_head, c->d_head, m->inv_freq));
+		LLM_TRY(op->rope(be, k, b->pos, c->n_kv_head, c->d_head, m->inv_freq));
+		LLM_TRY(op->kv_store(be, kv, l, b, k, v));
+		LLM_TRY(op->attention(be, att, q, kv, l, b, c->n_head));
+		LLM_TRY(op->matmul(be, xb, att, &L->wo));
+		LLM_TRY(op->add(be, x, xb));
+		LLM_TRY(op->rmsnorm(be, xb, x, &L->ffn_norm, c->rms_eps));
+		LLM_TRY(op->matmul(be, hb, xb, &L->w_gate));
+		LLM_TRY(op->matmul(be, hb2, xb, &L->w_up));
+		LLM_TRY(op->swiglu(be, hb, hb, hb2));
+		LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
+		LLM_TRY(op->add(be, x, xb));
+	}
+	if (n_out == 0)
+		return LLM_OK;
+	/* only the rows that want logits go through the final norm and lm_head */
+	struct llm_view xl = llm_view_f32(s->xl, n_out, c->d_model);
+	LLM_TRY(op->gather(be, xl, x, s->rows));
+	LLM_TRY(op->rmsnorm(be, xl, xl, &m->norm, c->rms_eps));
+	LLM_TRY(op->matmul(be, llm_view_f32(logits, n_out, c->n_vocab), xl, &m->lm_head));
+	if (op->sync)
+		LLM_TRY(op->sync(be));
+	return LLM_OK;
+}
+
+enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
+                                  struct llm_scratch *s, const struct llm_batch *b,
+                                  float *logits, int *n_out)
+{
+	const struct llm_config *c = &m->cfg;
+	if (n_out)
+		*n_out = 0;
+	if (b->n_tok < 1 || b->n_tok > s->max_tok)
+		return llm_fail(LLM_ERR_USAGE, "forward: %d tokens in a batch (1 to %d)", b->n_tok, s->max_tok);
+	int no = 0;
+	for (int i = 0; i < b->n_tok; i++) {
+		if (b->token[i] < 0 || b->token[i] >= c->n_vocab)
+			return llm_fail(LLM_ERR_RANGE, "batch token %d: id %d is not in the vocabulary [0, %d)",
+			                i, b->token[i], c->n_vocab);
+		if (b->pos[i] < 0 || b->pos[i] >= c->max_ctx)
+			return llm_fail(LLM_ERR_RANGE, "batch token %d: position %d is outside the model context %d",
+			                i, b->pos[i], c->max_ctx);
+		int want = b->logits ? b->logits[i] != 0 : i == b->n_tok - 1;
+		if (want) {
+			if (no == s->max_logits)
+				return llm_fail(LLM_ERR_USAGE, "forward: more than %d tokens ask for logits", s->max_logits);
+			s->rows[no++] = i;
+		}
+	}
+	if (no && !logits)
+		return llm_fail(LLM_ERR_USAGE, "forward: logits requested without an output buffer");
+	if (kv->n_layer != c->n_layer || kv->kv_dim != c->n_kv_head * c->d_head)
+		return llm_fail(LLM_ERR_USAGE, "forward: kv cache geometry does not match the model");
+	LLM_TRY(llm_kv_prepare(kv, b));
+	enum llm_status st = forward(m, be, kv, s, b, logits, no);
+	if (st) {
+		llm_kv_unprepare(kv, b);
+		return st;
+	}
+	if (n_out)
+		*n_out = no;
+	return LLM_OK;
+}

@@ -1,0 +1,86 @@
+/* common/model.h: the Llama-family model: config.json, weights, forward pass.
+ *
+ * Supported (anything else is refused at load with the field named):
+ * model_type "llama" or "mistral" (no sliding window), hidden_act "silu", no
+ * attention or MLP bias, grouped-query attention (num_key_value_heads
+ * dividing num_attention_heads), any head_dim, tied or untied embeddings,
+ * rope_scaling null or of type "llama3" (Llama 3.1/3.2) or "default".
+ * Weights F32, F16, BF16 or FP8 E4M3 with block, row-group or per-channel
+ * scales, read in place from the checkpoint mapping.
+ *
+ * The reference for the numerics is llama2.c run.c (see backend_cpu.c). */
+#ifndef LLM_MODEL_H
+#define LLM_MODEL_H
+
+#include "status.h"
+#include "ckpt.h"
+#include "backend.h"
+#include "kvcache.h"
+
+#define LLM_MAX_EOS 8
+
+struct llm_config {
+	int n_layer, n_head, n_kv_head;
+	int d_model, d_head, d_ff, n_vocab;
+	int max_ctx;                /* max_position_embeddings */
+	float rms_eps, rope_theta;
+	int tied;                   /* tie_word_embeddings */
+	int rope_llama3;            /* rope_scaling type llama3 */
+	float rope_factor, rope_low_freq, rope_high_freq;
+	int rope_orig_ctx;
+	int32_t bos_id;             /* -1: none */
+	int n_eos;
+	int32_t eos_id[LLM_MAX_EOS];
+};
+
+/* Parse and check config.json (JSON of LEN bytes; PATH names it in errors). */
+enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t len, const char *path);
+
+struct llm_layer {
+	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+};
+
+struct llm_model {
+	struct llm_config cfg;
+	struct llm_ckpt ck;         /* the mapping the weights point into */
+	struct llm_weight embed, norm, lm_head;
+	struct llm_layer *layers;   /* (n_layer) */
+	float *inv_freq;            /* (d_head / 2) RoPE frequencies, scaling applied */
+	enum llm_dtype wdtype;      /* dtype of the decoder linear weights */
+	size_t weight_bytes;        /* bytes of all weights and scales */
+};
+
+/* Open the checkpoint at PATH (directory, .safetensors or "-"), parse its
+ * config.json and resolve every weight, checking shapes. */
+enum llm_status llm_model_open(struct llm_model *m, const char *path);
+void llm_model_close(struct llm_model *m);
+
+/* Activation buffers for batches of up to max_tok tokens, of which up to
+ * max_logits ask for logits; allocated once through the backend. */
+struct llm_scratch {
+	int max_tok, max_logits;
+	struct llm_backend *be;
+	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;   /* (max_tok, ...) */
+	float *xl;                  /* (max_logits, d_model) */
+	int32_t *rows;              /* (max_logits) batch rows that want logits */
+};
+enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
+                                 struct llm_backend *be, int max_tok, int max_logits);
+void llm_scratch_free(struct llm_scratch *s);
+size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits);
+
+/* One forward step over batch B (see kvcache.h for its rules): writes K/V of
+ * every token into KV and, for each token whose logits flag is set (in batch
+ * order), one row of LOGITS (n_out, n_vocab) f32; *N_OUT (may be NULL) gets
+ * the row count. Checks first, computes nothing on error: an unknown token
+ * id or a position past the context is LLM_ERR_RANGE, a bad sequence or
+ * position order LLM_ERR_USAGE, more logit rows than the scratch holds
+ * LLM_ERR_USAGE, a full cache LLM_ERR_NOMEM. */
+enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
+                                  struct llm_scratch *s, const struct llm_batch *b,
+                                  float *logits, int *n_out);
+
+/* Check that BE runs every op this model needs (before any compute). */
+enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_backend *be);
+
+#endif

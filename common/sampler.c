@@ -1,0 +1,246 @@
+/* common/sampler.c: sampling (see sampler.h for the order and guarantees). */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+void llm_rng_seed(uint64_t st[4], uint64_t seed)
+{
+	for (int i = 0; i < 4; i++)
+		st[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+double llm_rng_uniform(uint64_t s[4])
+{
+	uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;   /* xoshiro256** */
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = rotl(s[3], 45);
+	return (double)(r >> 11) * 0x1.0p-53;
+}
+
+enum llm_status llm_sample_params_check(const struct llm_sample_params *p)
+{
+	if (!(p->temperature >= 0 && p->temperature <= 100))
+		return llm_fail(LLM_ERR_USAGE, "temperature: %g is outside [0, 100]", p->temperature);
+	if (p->top_k < 0)
+		return llm_fail(LLM_ERR_USAGE, "top_k: %d is negative", p->top_k);
+	if (!(p->top_p > 0 && p->top_p <= 1))
+		return llm_fail(LLM_ERR_USAGE, "top_p: %g is outside (0, 1]", p->top_p);
+	if (!(p->min_p >= 0 && p->min_p <= 1))
+		return llm_fail(LLM_ERR_USAGE, "min_p: %g is outside [0, 1]", p->min_p);
+	if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 100))
+		return llm_fail(LLM_ERR_USAGE, "repetition_penalty: %g is outside (0, 100]", p->repetition_penalty);
+	if (!(fabsf(p->frequency_penalty) <= 2))
+		return llm_fail(LLM_ERR_USAGE, "frequency_penalty: %g is outside [-2, 2]", p->frequency_penalty);
+	if (!(fabsf(p->presence_penalty) <= 2))
+		return llm_fail(LLM_ERR_USAGE, "presence_penalty: %g is outside [-2, 2]", p->presence_penalty);
+	if (p->max_tokens < 0)
+		return llm_fail(LLM_ERR_USAGE, "max_tokens: %d is negative", p->max_tokens);
+	if (p->n_logprobs < 0 || p->n_logprobs > LLM_MAX_LOGPROBS)
+		return llm_fail(LLM_ERR_USAGE, "logprobs: %d is outside [0, %d]", p->n_logprobs, LLM_MAX_LOGPROBS);
+	if (p->n_stop_ids < 0 || p->n_stop_ids > LLM_MAX_STOP)
+		return llm_fail(LLM_ERR_USAGE, "stop ids: %d (at most %d)", p->n_stop_ids, LLM_MAX_STOP);
+	if (p->n_stop < 0 || p->n_stop > LLM_MAX_STOP)
+		return llm_fail(LLM_ERR_USAGE, "stop strings: %d (at most %d)", p->n_stop, LLM_MAX_STOP);
+	for (int i = 0; i < p->n_stop; i++)
+		if (!p->stop[i] || !p->stop[i][0])
+			return llm_fail(LLM_ERR_USAGE, "stop string %d is empty", i);
+	return LLM_OK;
+}
+
+enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_params *p, int n_vocab)
+{
+	memset(s, 0, sizeof *s);
+	LLM_TRY(llm_sample_params_check(p));
+	s->p = *p;
+	s->n_vocab = n_vocab;
+	llm_rng_seed(s->rng, p->seed);
+	s->count = calloc((size_t)n_vocab, sizeof *s->count);
+	s->seen = calloc((size_t)n_vocab, 1);
+	s->work = malloc((size_t)n_vocab * sizeof *s->work);
+	s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
+	s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
+	s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
+	if (!s->count || !s->seen || !s->work || !s->idx || !s->tmp || !s->prob) {
+		llm_sampler_free(s);
+		return llm_fail(LLM_ERR_NOMEM, "sampler: out of memory");
+	}
+	return LLM_OK;
+}
+
+void llm_sampler_free(struct llm_sampler *s)
+{
+	free(s->count);
+	free(s->seen);
+	free(s->work);
+	free(s->idx);
+	free(s->tmp);
+	free(s->prob);
+	memset(s, 0, sizeof *s);
+}
+
+void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (ids[i] >= 0 && ids[i] < s->n_vocab)
+			s->seen[ids[i]] = 1;
+}
+
+void llm_sampler_accept(struct llm_sampler *s, int32_t id)
+{
+	if (id >= 0 && id < s->n_vocab) {
+		s->seen[id] = 1;
+		s->count[id]++;
+	}
+}
+
+double llm_logprob(const float *logits, int n, int32_t id)
+{
+	double mx = logits[0];
+	for (int i = 1; i < n; i++)
+		if (logits[i] > mx)
+			mx = logits[i];
+	double sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += exp((double)logits[i] - mx);
+	return (double)logits[id] - mx - log(sum);
+}
+
+/* Better first: higher value, then lower id. */
+static inline int better(float a, int32_t ia, float b, int32_t ib)
+{
+	return a > b || (a == b && ia < ib);
+}
+
+int llm_top_logprobs(const float *logits, int n_vocab, int n, struct llm_logprob *out)
+{
+	if (n > n_vocab)
+		n = n_vocab;
+	int k = 0;
+	for (int32_t i = 0; i < n_vocab; i++) {       /* insertion into a short sorted list */
+		if (k == n && !better(logits[i], i, out[k - 1].logprob, out[k - 1].id))
+			continue;
+		int j = k < n ? k++ : k - 1;
+		while (j > 0 && better(logits[i], i, out[j - 1].logprob, out[j - 1].id)) {
+			out[j] = out[j - 1];
+			j--;
+		}
+		out[j].id = i;
+		out[j].logprob = logits[i];
+	}
+	if (k) {
+		double lse = llm_logprob(logits, n_vocab, out[0].id);   /* logprob of the best */
+		double base = (double)out[0].logprob - lse;             /* = logsumexp */
+		for (int j = 0; j < k; j++)
+			out[j].logprob = (float)((double)out[j].logprob - base);
+	}
+	return k;
+}
+
+/* Stable merge sort of indices, best first (ties by id). */
+static void sort_idx(int32_t *idx, int32_t *tmp, int n, const float *key)
+{
+	if (n < 2)
+		return;
+	int h = n / 2;
+	sort_idx(idx, tmp, h, key);
+	sort_idx(idx + h, tmp, n - h, key);
+	int i = 0, j = h, k = 0;
+	while (i < h && j < n)
+		tmp[k++] = better(key[idx[j]], idx[j], key[idx[i]], idx[i]) ? idx[j++] : idx[i++];
+	while (i < h)
+		tmp[k++] = idx[i++];
+	while (j < n)
+		tmp[k++] = idx[j++];
+	memcpy(idx, tmp, (size_t)n * sizeof *idx);
+}
+
+void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out)
+{
+	const struct llm_sample_params *p = &s->p;
+	int n = s->n_vocab;
+	float *w = s->work;
+	memcpy(w, logits, (size_t)n * sizeof *w);
+	if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0 || p->presence_penalty != 0) {
+		for (int i = 0; i < n; i++) {
+			if (s->seen[i] && p->repetition_penalty != 1.0f)
+				w[i] = w[i] > 0 ? w[i] / p->repetition_penalty : w[i] * p->repetition_penalty;
+			if (s->count[i])
+				w[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;
+		}
+	}
+	int32_t tok = 0;
+	if (p->temperature == 0) {
+		for (int i = 1; i < n; i++)
+			if (w[i] > w[tok])
+				tok = i;
+	} else {
+		/* candidates, sorted best first; tokens with p < e^-40 * p_max at this
+		 * temperature cannot matter and are left out of the sort */
+		int32_t *idx = s->idx;
+		float mx = w[0];
+		for (int i = 1; i < n; i++)
+			if (w[i] > mx)
+				mx = w[i];
+		float cut = mx - 40.0f * p->temperature;
+		int m = 0;
+		for (int i = 0; i < n; i++)
+			if (w[i] >= cut)
+				idx[m++] = i;
+		sort_idx(idx, s->tmp, m, w);
+		if (p->top_k > 0 && p->top_k < m)
+			m = p->top_k;
+		double *pr = s->prob, sum = 0;
+		for (int i = 0; i < m; i++) {
+			pr[i] = exp(((double)w[idx[i]] - mx) / p->temperature);
+			sum += pr[i];
+		}
+		if (p->top_p < 1.0f) {          /* smallest prefix with mass >= top_p */
+			double c = 0;
+			int k = 0;
+			while (k < m) {
+				c += pr[k++] / sum;
+				if (c >= p->top_p)
+					break;
+			}
+			m = k;
+		}
+		if (p->min_p > 0) {             /* p >= min_p * p_max */
+			int k = 1;
+			while (k < m && pr[k] >= p->min_p * pr[0])
+				k++;
+			m = k;
+		}
+		sum = 0;
+		for (int i = 0; i < m; i++)
+			sum += pr[i];
+		double r = llm_rng_uniform(s->rng) * sum, c = 0;
+		tok = idx[m - 1];
+		for (int i = 0; i < m; i++) {
+			c += pr[i];
+			if (r < c) {
+				tok = idx[i];
+				break;
+			}
+		}
+	}
+	out->token = tok;
+	out->logprob = (float)llm_logprob(logits, n, tok);
+	out->n_top = p->n_logprobs ? llm_top_logprobs(logits, n, p->n_logprobs, out->top) : 0;
+}

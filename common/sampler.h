@@ -1,0 +1,81 @@
+/* common/sampler.h: per-request token sampling.
+ *
+ * Order (as vLLM/Hugging Face): penalties on the logits (repetition over
+ * prompt and output, frequency and presence over the output), then greedy
+ * argmax when temperature is 0 (ties: the lowest id, as run.c), else
+ * temperature, top-k, top-p, min-p, and one draw. Reported log-probabilities
+ * (the chosen token's and the top-n) are those of the raw model distribution,
+ * log_softmax(logits) computed in double, before penalties and temperature.
+ *
+ * Randomness: each request owns a xoshiro256** stream seeded (splitmix64)
+ * from its seed alone, and draws exactly one number per sampled token, so
+ * its tokens do not depend on the other requests of the batch. */
+#ifndef LLM_SAMPLER_H
+#define LLM_SAMPLER_H
+
+#include "status.h"
+
+#define LLM_MAX_STOP 8
+#define LLM_MAX_LOGPROBS 20
+
+struct llm_sample_params {
+	float temperature;          /* 0: greedy */
+	int top_k;                  /* 0: off */
+	float top_p;                /* 1: off */
+	float min_p;                /* 0: off */
+	float repetition_penalty;   /* 1: off; > 1 discourages tokens seen in prompt or output */
+	float frequency_penalty;    /* 0: off; minus count * this */
+	float presence_penalty;     /* 0: off; minus this once a token appeared */
+	uint64_t seed;
+	int max_tokens;             /* generated tokens at most; 0: up to the context */
+	int n_logprobs;             /* top-n log-probs per token, 0..LLM_MAX_LOGPROBS */
+	int ignore_eos;             /* 1: the model's EOS ids do not stop */
+	int n_stop_ids;
+	int32_t stop_ids[LLM_MAX_STOP];   /* generated ids that stop (finish "stop") */
+	int n_stop;
+	const char *stop[LLM_MAX_STOP];   /* strings that stop, matched on the decoded text */
+};
+#define LLM_SAMPLE_DEFAULT { .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f }
+
+/* Check ranges; LLM_ERR_USAGE naming the field. */
+enum llm_status llm_sample_params_check(const struct llm_sample_params *p);
+
+struct llm_logprob { int32_t id; float logprob; };
+
+struct llm_sample_out {
+	int32_t token;
+	float logprob;              /* of token, raw distribution */
+	int n_top;
+	struct llm_logprob top[LLM_MAX_LOGPROBS];   /* best first */
+};
+
+struct llm_sampler {
+	struct llm_sample_params p;
+	int n_vocab;
+	uint64_t rng[4];
+	int32_t *count;             /* (n_vocab) occurrences in the output */
+	uint8_t *seen;              /* (n_vocab) 1: in the prompt or output */
+	float *work;                /* (n_vocab) */
+	int32_t *idx, *tmp;         /* (n_vocab) candidates, merge buffer */
+	double *prob;               /* (n_vocab) */
+};
+
+/* Allocates the per-request state (O(n_vocab)); P's strings are borrowed. */
+enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_params *p, int n_vocab);
+void llm_sampler_free(struct llm_sampler *s);
+/* Note prompt tokens (repetition penalty). */
+void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n);
+/* Note a generated token (all penalties). */
+void llm_sampler_accept(struct llm_sampler *s, int32_t id);
+/* Choose the next token from LOGITS (n_vocab, not modified). */
+void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out);
+
+/* log_softmax(logits)[id] in double, and the top N (best first, ties by id). */
+double llm_logprob(const float *logits, int n_vocab, int32_t id);
+int llm_top_logprobs(const float *logits, int n_vocab, int n, struct llm_logprob *out);
+
+/* The request RNG, exposed for tests: seed it, then draw in [0, 1). */
+void llm_rng_seed(uint64_t st[4], uint64_t seed);
+double llm_rng_uniform(uint64_t st[4]);
+
+#endif

@@ -9,6 +9,11 @@
 #include "args.h"
 #include "fileio.h"
 #include "quantize.h"
+#include "backend.h"
+#include "kvcache.h"
+#include "model.h"
+#include "sampler.h"
+#include "generate.h"
 
 #include "banned.h"
 #endif

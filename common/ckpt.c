@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -263,6 +264,18 @@ const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name)
 {
 	struct llm_aux key = { .name = (char *)name };
 	return bsearch(&key, ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
+}
+
+void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t)
+{
+	const struct llm_st_file *f = &ck->files[t->file];
+	const uint8_t *p = t->data;
+	if (f->mapped != 1 || p < f->base || p >= f->base + f->size)
+		return;              /* not in a mapping (stdin, an aligned copy) */
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t b = ((uintptr_t)p + pg - 1) & ~(pg - 1), e = ((uintptr_t)p + t->nbytes) & ~(pg - 1);
+	if (e > b)
+		madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck)

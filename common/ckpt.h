@@ -46,6 +46,9 @@ void llm_ckpt_close(struct llm_ckpt *ck);
 const struct llm_tensor *llm_ckpt_find(const struct llm_ckpt *ck, const char *name);
 /* A side file by name ("config.json"), or NULL. */
 const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name);
+/* Drop the pages of tensor T from this process's resident set once it is
+ * no longer needed (a streaming pass); the page cache keeps them. */
+void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t);
 /* Whether any tensor is F8_E4M3 (the checkpoint is quantized). */
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck);
 

@@ -160,8 +160,48 @@ static void test_band(void)
 	check(worst <= 1.0, "block quantization error within half an E4M3 ulp (worst %.3f of the bound)", worst);
 }
 
+/* The dispatched (SIMD) block quantizer against scalar code written here:
+ * identical codes and scales, on awkward shapes and values. */
+static void test_band_simd(void)
+{
+	enum { R = 7, C = 301, BK = 37 };
+	static float x[R * C];
+	static uint8_t got[R * C], want[R * C];
+	float gs[(C + BK - 1) / BK], ws[(C + BK - 1) / BK];
+	int bad = 0;
+	for (int trial = 0; trial < 200; trial++) {
+		for (int i = 0; i < R * C; i++) {
+			uint32_t u = next32();
+			x[i] = ldexpf((float)(int32_t)u / 2147483648.0f, (int)(next32() % 40) - 30);
+			if (trial % 7 == 0 && u % 97 == 0)
+				x[i] = NAN;
+			if (trial % 5 == 0 && u % 89 == 0)
+				x[i] = 0;
+		}
+		if (trial % 11 == 0)              /* an all-zero block */
+			for (int r = 0; r < R; r++)
+				memset(&x[r * C + BK], 0, BK * sizeof(float));
+		llm_quantize_band(x, R, C, BK, got, gs);
+		for (int b = 0; b * BK < C; b++) {
+			int c0 = b * BK, c1 = c0 + BK < C ? c0 + BK : C;
+			float amax = 0;
+			for (int r = 0; r < R; r++)
+				for (int c = c0; c < c1; c++)
+					amax = fabsf(x[r * C + c]) > amax ? fabsf(x[r * C + c]) : amax;
+			ws[b] = isfinite(amax / 448.0f) ? amax / 448.0f : 0;
+			for (int r = 0; r < R; r++)
+				for (int c = c0; c < c1; c++)
+					want[r * C + c] = ws[b] ? llm_f32_to_e4m3(x[r * C + c] / ws[b]) : 0;
+			bad += memcmp(&gs[b], &ws[b], sizeof(float)) != 0;
+		}
+		bad += memcmp(got, want, sizeof got) != 0;
+	}
+	check(!bad, "dispatched block quantizer equals the scalar reference bit for bit (200 random 7x301 bands, 37-wide blocks)");
+}
+
 int main(void)
 {
+	test_band_simd();
 	test_decode();
 	test_encode();
 	test_bf16_f16();

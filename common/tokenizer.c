@@ -230,23 +230,26 @@ static uint64_t hash_bytes(const char *s, size_t n)
 		h ^= (unsigned char)s[i];
 		h *= 0x100000001b3ULL;
 	}
-	return h ^ (h >> 31);
+	h ^= h >> 33;            /* finalize: FNV's high bits are weak */
+	h *= 0xff51afd7ed558ccdULL;
+	return h ^ (h >> 33);
 }
 
 struct str { const char *s; uint32_t len; };
 
-/* text -> id, open addressing over ids whose text is keys[id]. */
-struct smap { int32_t *slot; size_t mask; const struct str *keys; };
+/* text -> id, open addressing over ids whose text is keys[id]. Each slot
+ * keeps 32 bits of the hash so probing rarely touches the key text (the
+ * vocab is too big for the cache: loading does ~3 lookups per merge). */
+struct smap { uint64_t *slot; size_t mask; const struct str *keys; };   /* tag << 32 | (id + 1); 0: empty */
 
 static int smap_init(struct smap *m, size_t n, const struct str *keys)
 {
 	size_t cap = 16;
 	while (cap < n * 2)
 		cap *= 2;
-	m->slot = malloc(cap * sizeof *m->slot);
+	m->slot = calloc(cap, sizeof *m->slot);
 	if (!m->slot)
 		return -1;
-	memset(m->slot, 0xff, cap * sizeof *m->slot);
 	m->mask = cap - 1;
 	m->keys = keys;
 	return 0;
@@ -256,11 +259,13 @@ static int32_t smap_get(const struct smap *m, const char *s, size_t n)
 {
 	if (!m->slot)
 		return -1;
-	for (size_t i = hash_bytes(s, n) & m->mask;; i = (i + 1) & m->mask) {
-		int32_t id = m->slot[i];
-		if (id < 0)
+	uint64_t h = hash_bytes(s, n), tag = h >> 32;
+	for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t e = m->slot[i];
+		if (!e)
 			return -1;
-		if (m->keys[id].len == n && !memcmp(m->keys[id].s, s, n))
+		int32_t id = (int32_t)(uint32_t)e - 1;
+		if ((e >> 32) == tag && m->keys[id].len == n && !memcmp(m->keys[id].s, s, n))
 			return id;
 	}
 }
@@ -269,13 +274,15 @@ static int32_t smap_get(const struct smap *m, const char *s, size_t n)
 static void smap_put(struct smap *m, int32_t id)
 {
 	const struct str *k = &m->keys[id];
-	for (size_t i = hash_bytes(k->s, k->len) & m->mask;; i = (i + 1) & m->mask) {
-		int32_t o = m->slot[i];
-		if (o < 0) {
-			m->slot[i] = id;
+	uint64_t h = hash_bytes(k->s, k->len), tag = h >> 32;
+	for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t e = m->slot[i];
+		if (!e) {
+			m->slot[i] = tag << 32 | (uint32_t)(id + 1);
 			return;
 		}
-		if (m->keys[o].len == k->len && !memcmp(m->keys[o].s, k->s, k->len))
+		int32_t o = (int32_t)(uint32_t)e - 1;
+		if ((e >> 32) == tag && m->keys[o].len == k->len && !memcmp(m->keys[o].s, k->s, k->len))
 			return;
 	}
 }

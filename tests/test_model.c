@@ -430,6 +430,84 @@ static int quantize(const char *args, const char *out)
 	return rc == 0;
 }
 
+/* The F32 checkpoint with every F32 tensor rounded to BF16 (through the
+ * library's checkpoint writer): a true BF16 model for the BF16 kernels. */
+static int write_bf16(const char *out)
+{
+	struct llm_ckpt ck;
+	if (llm_ckpt_open(&ck, model_dir))
+		return 0;
+	struct llm_tensor *d = calloc(ck.n_tensor, sizeof *d);
+	for (size_t i = 0; i < ck.n_tensor; i++) {
+		d[i] = *ck.tensors[i];
+		if (d[i].dtype == LLM_DTYPE_F32) {
+			d[i].dtype = LLM_DTYPE_BF16;
+			d[i].nbytes /= 2;
+		}
+		d[i].data = NULL;
+	}
+	struct llm_ckpt_writer *w;
+	struct llm_ckpt_write_opts wo = { 0, 1 };
+	int ok = llm_ckpt_write_begin(&w, out, d, ck.n_tensor, ck.aux, ck.n_aux, &wo) == LLM_OK;
+	long k;
+	while (ok && (k = llm_ckpt_write_next(w)) >= 0) {
+		const struct llm_tensor *t = ck.tensors[k];
+		if (t->dtype == LLM_DTYPE_F32) {
+			size_t n = (size_t)llm_tensor_numel(t);
+			uint16_t *b = malloc(n * 2);
+			llm_from_f32(b, LLM_DTYPE_BF16, t->data, n);
+			ok = llm_ckpt_write_data(w, b, n * 2) == LLM_OK;
+			free(b);
+		} else {
+			ok = llm_ckpt_write_data(w, t->data, t->nbytes) == LLM_OK;
+		}
+	}
+	if (ok)
+		ok = llm_ckpt_write_commit(w) == LLM_OK;
+	else
+		llm_ckpt_write_abort(w);
+	if (!ok)
+		check_diag("bf16 checkpoint: %s", llm_errmsg());
+	free(d);
+	llm_ckpt_close(&ck);
+	return ok;
+}
+
+static void report_model(const char *path, const char *name, enum llm_cpu_isa isa)
+{
+	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+	o.n_threads = 1;
+	o.isa = isa;
+	o.max_seqs = 1;
+	struct llm_engine *e = NULL;
+	if (!check(llm_engine_open(&e, path, &o) == LLM_OK, "open %s (%s kernels)", name, llm_cpu_isa_name(isa)))
+		return;
+	struct collect *c = calloc((size_t)n_P, sizeof *c);
+	int ok = 1;
+	for (int i = 0; i < n_P && ok; i++)
+		ok = run_greedy(e, i, 1, &c[i]);
+	llm_engine_close(e);
+	char what[128];
+	snprintf(what, sizeof what, "%s (%s)", name, llm_cpu_isa_name(isa));
+	if (ok)
+		report_run(what, c, NULL, NULL, 1);
+	free(c);
+}
+
+static void test_bf16(void)
+{
+	char out[1300];
+	snprintf(out, sizeof out, "%s/bf16", test_tmpdir());
+	if (!check(write_bf16(out), "write a BF16 copy of stories260K"))
+		return;
+	enum llm_cpu_isa best = llm_cpu_isa_detect();
+	report_model(out, "bf16 weights", LLM_ISA_AVX512 <= best ? LLM_ISA_AVX512 : best);
+	if (best >= LLM_ISA_AVX512BF16)
+		report_model(out, "bf16 weights", LLM_ISA_AVX512BF16);
+	double nll = -1;
+	perplexity_of(out, "bf16", LLM_DTYPE_F32, &nll, 0);
+}
+
 static void test_quantized(void)
 {
 	char q[1200];
@@ -498,6 +576,7 @@ int main(void)
 		llm_engine_close(e);
 	}
 	test_bad_input();
+	test_bf16();
 	test_quantized();
 	return check_done();
 }

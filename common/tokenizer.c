@@ -204,10 +204,9 @@ static int32_t byte_cp[256];
 static int16_t cp_byte[324];
 static char byte_chr[256][3];       /* UTF-8 of byte_cp, NUL-terminated */
 
-static void init_bytelevel(void)
+/* Filled before main() (the tables are constant), so no thread can race. */
+__attribute__((constructor)) static void init_bytelevel_tables(void)
 {
-	if (byte_cp['!'])
-		return;
 	int n = 0;
 	for (int b = 0; b < 256; b++) {
 		bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
@@ -219,6 +218,12 @@ static void init_bytelevel(void)
 		cp_byte[byte_cp[b]] = (int16_t)b;
 		utf8proc_encode_char(byte_cp[b], (utf8proc_uint8_t *)byte_chr[b]);
 	}
+}
+
+static void init_bytelevel(void)
+{
+	if (!byte_cp['!'])   /* only if constructors did not run */
+		init_bytelevel_tables();
 }
 
 /* ---------------------------------------------------------------- hashing */

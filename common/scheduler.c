@@ -1,0 +1,727 @@
+/* common/scheduler.c: Dynamic SplitFuse continuous batching with preemption
+ * (recompute) and prefix caching over llm_engine_forward() (see scheduler.h).
+ *
+ * Invariants: live requests are kept in arrival order (ids increase);
+ * admission is strictly first come first served, so every running request
+ * is older than every waiting one; preemption takes the youngest running
+ * request, which keeps that order, and the oldest request always gets the
+ * blocks it needs (everyone younger can be preempted), so the scheduler
+ * cannot deadlock. A running request has ids[0..n_ids) of which the first
+ * n_cached are in its KV sequence; it feeds the rest, and the row of
+ * ids[n_ids - 1] gives the logits of its next token. Decoding is the case
+ * n_ids - n_cached == 1, prefill or recompute the case > 1. */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+enum sreq_state { SREQ_WAITING, SREQ_RUNNING, SREQ_DONE };
+
+struct sreq {
+	int id;
+	enum sreq_state state;
+	int32_t *ids;               /* (n_prompt + max_new) prompt, then output */
+	int n_prompt, n_ids, n_cached;
+	int max_new, n_gen;
+	int seq;                    /* -1 when it holds none */
+	int admitted, registered, in_batch, cancel, quiet;
+	struct llm_sample_params p;
+	char *stop_buf;
+	size_t max_stop;
+	struct llm_sampler smp;
+	int (*on_token)(void *, const struct llm_token_event *);
+	void *user;
+	void *dt;
+	char *text;                 /* decoded output not yet released */
+	size_t text_len, text_cap;
+};
+
+struct pentry {                 /* a prefix-cache entry */
+	int seq;                    /* -1: empty */
+	int32_t *ids;               /* (n) the prefix, whole blocks */
+	int n;
+	uint64_t last_use;
+};
+
+struct llm_sched {
+	struct llm_engine *e;
+	struct llm_kv *kv;
+	struct llm_sched_opts o;
+	int n_vocab, n_ctx, max_rows;
+	struct sreq **reqs;         /* live requests, arrival order */
+	int n_reqs, cap_reqs, next_id;
+	struct pentry *pc;          /* (prefix_entries) */
+	uint64_t clock;
+	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) */
+	int8_t *b_logits;
+	struct sreq **b_req;        /* (max_rows) the request of each logit row */
+	int32_t *cnt;               /* (n_block) scratch of stats */
+	struct llm_sched_stats st;
+};
+
+/* ---- open / close ------------------------------------------------------ */
+
+enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, const struct llm_sched_opts *o)
+{
+	*out = NULL;
+	struct llm_mem_plan plan;
+	llm_engine_plan(e, &plan);
+	const struct llm_config *c = &llm_engine_model(e)->cfg;
+	if (o->max_running < 1 || o->max_batch_tokens < 1 || o->prefix_entries < 0)
+		return llm_fail(LLM_ERR_USAGE, "scheduler: max_running and max_batch_tokens must be >= 1");
+	if (o->max_batch_tokens > plan.max_batch_tokens)
+		return llm_fail(LLM_ERR_USAGE, "scheduler: a step of %d tokens exceeds the engine's %d",
+		                o->max_batch_tokens, plan.max_batch_tokens);
+	if (o->max_running + o->prefix_entries > plan.max_seqs)
+		return llm_fail(LLM_ERR_USAGE, "scheduler: %d running + %d prefix entries exceed the engine's %d sequences",
+		                o->max_running, o->prefix_entries, plan.max_seqs);
+	struct llm_sched *s = calloc(1, sizeof *s);
+	if (!s)
+		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
+	s->e = e;
+	s->kv = llm_engine_kv(e);
+	s->o = *o;
+	if (s->o.n_eos == 0) {
+		s->o.n_eos = c->n_eos;
+		memcpy(s->o.eos_ids, c->eos_id, sizeof c->eos_id);
+	}
+	s->n_vocab = c->n_vocab;
+	s->n_ctx = llm_engine_n_ctx(e);
+	s->max_rows = (int)(plan.logits_bytes / ((size_t)c->n_vocab * sizeof(float)));
+	size_t nb = (size_t)o->max_batch_tokens;
+	s->b_tok = malloc(nb * sizeof(int32_t));
+	s->b_pos = malloc(nb * sizeof(int32_t));
+	s->b_seq = malloc(nb * sizeof(int32_t));
+	s->b_logits = malloc(nb);
+	s->b_req = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_req);
+	s->pc = calloc((size_t)o->prefix_entries + 1, sizeof *s->pc);
+	s->cnt = calloc((size_t)s->kv->n_block, sizeof *s->cnt);
+	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->pc || !s->cnt) {
+		llm_sched_close(s);
+		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
+	}
+	for (int i = 0; i < o->prefix_entries; i++)
+		s->pc[i].seq = -1;
+	*out = s;
+	return LLM_OK;
+}
+
+static void req_release_seq(struct llm_sched *s, struct sreq *r)
+{
+	if (r->seq >= 0)
+		llm_kv_seq_free(s->kv, r->seq);
+	r->seq = -1;
+	r->n_cached = 0;
+}
+
+static void req_free(struct llm_sched *s, struct sreq *r)
+{
+	if (!r)
+		return;
+	req_release_seq(s, r);
+	if (r->dt && s->o.detok.close)
+		s->o.detok.close(r->dt);
+	llm_sampler_free(&r->smp);
+	free(r->ids);
+	free(r->stop_buf);
+	free(r->text);
+	free(r);
+}
+
+static void pentry_drop(struct llm_sched *s, struct pentry *p)
+{
+	if (p->seq >= 0)
+		llm_kv_seq_free(s->kv, p->seq);
+	free(p->ids);
+	p->ids = NULL;
+	p->seq = -1;
+	p->n = 0;
+}
+
+void llm_sched_prefix_clear(struct llm_sched *s)
+{
+	for (int i = 0; i < s->o.prefix_entries; i++)
+		pentry_drop(s, &s->pc[i]);
+}
+
+void llm_sched_close(struct llm_sched *s)
+{
+	if (!s)
+		return;
+	for (int i = 0; i < s->n_reqs; i++)
+		req_free(s, s->reqs[i]);
+	if (s->pc)
+		llm_sched_prefix_clear(s);
+	free(s->reqs);
+	free(s->pc);
+	free(s->cnt);
+	free(s->b_tok);
+	free(s->b_pos);
+	free(s->b_seq);
+	free(s->b_logits);
+	free(s->b_req);
+	free(s);
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static int64_t blocks_for(const struct llm_sched *s, int64_t n_pos)
+{
+	return (n_pos + s->kv->block_size - 1) / s->kv->block_size;
+}
+
+enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq, int *id)
+{
+	if (id)
+		*id = -1;
+	LLM_TRY(llm_sample_params_check(&rq->params));
+	if (!rq->prompt || rq->n_prompt < 1)
+		return llm_fail(LLM_ERR_USAGE, "prompt: empty");
+	int mt = rq->params.max_tokens;
+	if (rq->n_prompt >= s->n_ctx || (int64_t)rq->n_prompt + mt > s->n_ctx)
+		return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens + max_tokens %d exceeds the context of %d",
+		                rq->n_prompt, mt, s->n_ctx);
+	for (int i = 0; i < rq->n_prompt; i++)
+		if (rq->prompt[i] < 0 || rq->prompt[i] >= s->n_vocab)
+			return llm_fail(LLM_ERR_RANGE, "prompt: token %d: id %d is not in the vocabulary [0, %d)",
+			                i, rq->prompt[i], s->n_vocab);
+	if (rq->params.n_stop > 0 && !s->o.detok.push)
+		return llm_fail(LLM_ERR_USAGE, "stop: stop strings need a detokenizer");
+	int max_new = mt > 0 ? mt : s->n_ctx - rq->n_prompt;
+	int64_t need = blocks_for(s, (int64_t)rq->n_prompt + max_new);
+	if (need > s->kv->n_block)
+		return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens + max_tokens %d need %lld KV blocks, the cache has %lld",
+		                rq->n_prompt, max_new, (long long)need, (long long)s->kv->n_block);
+	struct sreq *r = calloc(1, sizeof *r);
+	if (!r)
+		return llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+	enum llm_status st;
+	r->seq = -1;
+	r->ids = malloc(((size_t)rq->n_prompt + (size_t)max_new) * sizeof(int32_t));
+	if (!r->ids) {
+		st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+		goto fail;
+	}
+	memcpy(r->ids, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
+	r->n_prompt = r->n_ids = rq->n_prompt;
+	r->max_new = max_new;
+	r->p = rq->params;
+	r->on_token = rq->on_token;
+	r->user = rq->user;
+	size_t total = 0;
+	for (int i = 0; i < r->p.n_stop; i++)
+		total += strlen(r->p.stop[i]) + 1;
+	if (total) {
+		char *q = r->stop_buf = malloc(total);
+		if (!q) {
+			st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+			goto fail;
+		}
+		for (int i = 0; i < r->p.n_stop; i++) {
+			size_t n = strlen(r->p.stop[i]);
+			memcpy(q, r->p.stop[i], n + 1);
+			r->p.stop[i] = q;
+			q += n + 1;
+			if (n > r->max_stop)
+				r->max_stop = n;
+		}
+	}
+	if ((st = llm_sampler_init(&r->smp, &r->p, s->n_vocab)))
+		goto fail;
+	llm_sampler_prompt(&r->smp, rq->prompt, rq->n_prompt);
+	if (s->o.detok.open && !(r->dt = s->o.detok.open(s->o.detok.ctx))) {
+		st = llm_fail(LLM_ERR_NOMEM, "request: detokenizer state");
+		goto fail;
+	}
+	if (s->n_reqs == s->cap_reqs) {
+		int cap = s->cap_reqs ? 2 * s->cap_reqs : 32;
+		struct sreq **n = realloc(s->reqs, (size_t)cap * sizeof *n);
+		if (!n) {
+			st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+			goto fail;
+		}
+		s->reqs = n;
+		s->cap_reqs = cap;
+	}
+	r->id = s->next_id++;
+	r->state = SREQ_WAITING;
+	s->reqs[s->n_reqs++] = r;
+	if (id)
+		*id = r->id;
+	return LLM_OK;
+fail:
+	req_free(s, r);
+	return st;
+}
+
+void llm_sched_cancel(struct llm_sched *s, int id)
+{
+	for (int i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->id == id && s->reqs[i]->state != SREQ_DONE)
+			s->reqs[i]->cancel = 1;
+}
+
+static void finish(struct llm_sched *s, struct sreq *r)
+{
+	req_release_seq(s, r);
+	r->state = SREQ_DONE;
+}
+
+/* ---- prefix cache ------------------------------------------------------ */
+
+static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
+{
+	int n = na < nb ? na : nb, i = 0;
+	while (i < n && a[i] == b[i])
+		i++;
+	return i;
+}
+
+/* Evict the least recently used entry; 0 when there was none. */
+static int pc_evict(struct llm_sched *s)
+{
+	struct pentry *v = NULL;
+	for (int i = 0; i < s->o.prefix_entries; i++)
+		if (s->pc[i].seq >= 0 && (!v || s->pc[i].last_use < v->last_use))
+			v = &s->pc[i];
+	if (!v)
+		return 0;
+	pentry_drop(s, v);
+	return 1;
+}
+
+/* Give R a sequence: a fork of the longest cached prefix of its ids (whole
+ * blocks, leaving at least one id to feed), or a fresh one. */
+static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
+{
+	int bs = s->kv->block_size, best = 0;
+	struct pentry *src = NULL;
+	for (int i = 0; i < s->o.prefix_entries; i++) {
+		struct pentry *p = &s->pc[i];
+		if (p->seq < 0)
+			continue;
+		int m = lcp(p->ids, p->n, r->ids, r->n_ids - 1) / bs * bs;
+		if (m > best) {
+			best = m;
+			src = p;
+		}
+	}
+	for (;;) {
+		enum llm_status st = src ? llm_kv_seq_fork(s->kv, src->seq, best, &r->seq)
+		                         : llm_kv_seq_new(s->kv, &r->seq);
+		if (st == LLM_OK)
+			break;
+		/* no slot: give one up from the cache (not the entry we fork) */
+		struct pentry *v = NULL;
+		for (int i = 0; i < s->o.prefix_entries; i++)
+			if (s->pc[i].seq >= 0 && &s->pc[i] != src && (!v || s->pc[i].last_use < v->last_use))
+				v = &s->pc[i];
+		if (!v)
+			return st;
+		pentry_drop(s, v);
+	}
+	if (src) {
+		src->last_use = ++s->clock;
+		r->n_cached = best;
+		s->st.prefix_hit_tokens += best;
+	} else {
+		r->n_cached = 0;
+	}
+	return LLM_OK;
+}
+
+/* Keep the whole blocks of R's prompt, now in its cache, for later requests. */
+static void pc_register(struct llm_sched *s, struct sreq *r)
+{
+	int bs = s->kv->block_size, n = r->n_prompt / bs * bs;
+	r->registered = 1;
+	if (s->o.prefix_entries == 0 || n < bs)
+		return;
+	struct pentry *slot = NULL;
+	for (int i = 0; i < s->o.prefix_entries; i++) {
+		struct pentry *p = &s->pc[i];
+		if (p->seq >= 0 && lcp(p->ids, p->n, r->ids, n) >= n) {
+			p->last_use = ++s->clock;    /* already cached */
+			return;
+		}
+		if (p->seq < 0 && !slot)
+			slot = p;
+	}
+	if (!slot) {
+		pc_evict(s);
+		for (int i = 0; i < s->o.prefix_entries && !slot; i++)
+			if (s->pc[i].seq < 0)
+				slot = &s->pc[i];
+	}
+	if (!slot)
+		return;
+	slot->ids = malloc((size_t)n * sizeof(int32_t));
+	if (!slot->ids)
+		return;
+	if (llm_kv_seq_fork(s->kv, r->seq, n, &slot->seq)) {
+		free(slot->ids);
+		slot->ids = NULL;
+		slot->seq = -1;
+		return;
+	}
+	memcpy(slot->ids, r->ids, (size_t)n * sizeof(int32_t));
+	slot->n = n;
+	slot->last_use = ++s->clock;
+}
+
+/* ---- text and stop strings --------------------------------------------- */
+
+static int text_append(struct sreq *r, const char *t, size_t n)
+{
+	if (r->text_len + n + 1 > r->text_cap) {
+		size_t cap = (r->text_len + n + 1) * 2;
+		char *x = realloc(r->text, cap);
+		if (!x)
+			return -1;
+		r->text = x;
+		r->text_cap = cap;
+	}
+	memcpy(r->text + r->text_len, t, n);
+	r->text_len += n;
+	r->text[r->text_len] = 0;
+	return 0;
+}
+
+static long stop_find(const struct sreq *r, int *which)
+{
+	long best = -1;
+	for (int i = 0; i < r->p.n_stop; i++) {
+		const char *hit = strstr(r->text, r->p.stop[i]);
+		if (hit && (best < 0 || hit - r->text < best)) {
+			best = hit - r->text;
+			*which = i;
+		}
+	}
+	return best;
+}
+
+/* Bytes at the end of the pending text that could start a stop string. */
+static size_t stop_holdback(const struct sreq *r)
+{
+	size_t keep = 0;
+	for (int i = 0; i < r->p.n_stop; i++) {
+		size_t sl = strlen(r->p.stop[i]);
+		for (size_t k = sl - 1; k > keep; k--)
+			if (k <= r->text_len && !memcmp(r->text + r->text_len - k, r->p.stop[i], k)) {
+				keep = k;
+				break;
+			}
+	}
+	return keep;
+}
+
+static void release_tail(struct llm_sched *s, struct sreq *r, struct llm_token_event *ev)
+{
+	if (r->dt && s->o.detok.flush) {
+		const char *t;
+		size_t n;
+		if (!s->o.detok.flush(r->dt, &t, &n) && n)
+			text_append(r, t, n);
+	}
+	ev->text = r->text ? r->text : "";
+	ev->text_len = r->text_len;
+	int w;
+	long at = r->p.n_stop && r->text ? stop_find(r, &w) : -1;
+	if (at >= 0) {
+		ev->text_len = (size_t)at;
+		ev->finish = LLM_FINISH_STOP;
+		ev->stop_index = r->p.n_stop_ids + w;
+	}
+}
+
+static int emit(struct sreq *r, const struct llm_token_event *ev)
+{
+	if (r->quiet || !r->on_token)
+		return 0;
+	if (r->on_token(r->user, ev))
+		r->quiet = 1;
+	return r->quiet;
+}
+
+static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const float *logits)
+{
+	struct llm_sample_out so;
+	llm_sampler_sample(&r->smp, logits, &so);
+	struct llm_token_event ev = {
+		.req = r->id, .index = r->n_gen, .token = so.token, .logprob = so.logprob,
+		.n_top = so.n_top, .top = so.top, .text = "", .stop_index = -1,
+	};
+	r->n_gen++;
+	s->st.gen_tokens++;
+	llm_sampler_accept(&r->smp, so.token);
+	for (int i = 0; i < r->p.n_stop_ids; i++)
+		if (so.token == r->p.stop_ids[i]) {
+			ev.finish = LLM_FINISH_STOP;
+			ev.stop_index = i;
+		}
+	if (!ev.finish && !r->p.ignore_eos)
+		for (int i = 0; i < s->o.n_eos; i++)
+			if (so.token == s->o.eos_ids[i])
+				ev.finish = LLM_FINISH_EOS;
+	if (ev.finish) {              /* the stop or EOS token adds no text */
+		release_tail(s, r, &ev);
+		emit(r, &ev);
+		finish(s, r);
+		return LLM_OK;
+	}
+	r->ids[r->n_ids++] = so.token;
+	if (r->dt) {
+		const char *t;
+		size_t n;
+		if (s->o.detok.push(r->dt, so.token, &t, &n))
+			return llm_fail(LLM_ERR_INTERNAL, "request %d: detokenizer failed on id %d", r->id, so.token);
+		if (text_append(r, t, n))
+			return llm_fail(LLM_ERR_NOMEM, "request %d: out of memory", r->id);
+	}
+	size_t release = r->text_len;
+	if (r->p.n_stop) {
+		int w;
+		long at = stop_find(r, &w);
+		if (at >= 0) {
+			ev.finish = LLM_FINISH_STOP;
+			ev.stop_index = r->p.n_stop_ids + w;
+			release = (size_t)at;
+		} else {
+			release = r->text_len - stop_holdback(r);
+		}
+	}
+	if (!ev.finish && r->n_gen >= r->max_new)
+		ev.finish = LLM_FINISH_LENGTH;
+	if (ev.finish == LLM_FINISH_LENGTH) {
+		release_tail(s, r, &ev);
+		release = ev.text_len;
+	}
+	ev.text = r->text ? r->text : "";
+	ev.text_len = release;
+	int cancel = emit(r, &ev);
+	if (r->text_len) {
+		memmove(r->text, r->text + release, r->text_len - release + 1);
+		r->text_len -= release;
+	}
+	if (ev.finish || cancel)
+		finish(s, r);
+	return LLM_OK;
+}
+
+/* ---- one step ---------------------------------------------------------- */
+
+static void reap(struct llm_sched *s)
+{
+	int k = 0;
+	for (int i = 0; i < s->n_reqs; i++) {
+		if (s->reqs[i]->state == SREQ_DONE)
+			req_free(s, s->reqs[i]);
+		else
+			s->reqs[k++] = s->reqs[i];
+	}
+	s->n_reqs = k;
+}
+
+static void preempt(struct llm_sched *s, struct sreq *r)
+{
+	req_release_seq(s, r);
+	r->state = SREQ_WAITING;
+	s->st.preemptions++;
+}
+
+/* Make NEED blocks free for R: evict cache entries, then preempt running
+ * requests younger than R that are not in this step's batch, youngest
+ * first. 0 on success. */
+static int make_room(struct llm_sched *s, const struct sreq *r, int64_t need)
+{
+	while (s->kv->n_free < need) {
+		if (pc_evict(s))
+			continue;
+		struct sreq *v = NULL;
+		for (int i = s->n_reqs - 1; i >= 0 && !v; i--) {
+			struct sreq *q = s->reqs[i];
+			if (q == r)
+				return -1;          /* only older ones are left */
+			if (q->state == SREQ_RUNNING && !q->in_batch)
+				v = q;
+		}
+		if (!v)
+			return -1;
+		preempt(s, v);
+	}
+	return 0;
+}
+
+/* Append ids[n_cached .. n_cached + take) of R to the batch (n_cached is
+ * advanced when the step has run). */
+static void put(struct llm_sched *s, struct sreq *r, int take, int *n, int *rows)
+{
+	for (int j = 0; j < take; j++) {
+		int p = r->n_cached + j;
+		s->b_tok[*n] = r->ids[p];
+		s->b_pos[*n] = p;
+		s->b_seq[*n] = r->seq;
+		s->b_logits[*n] = p == r->n_ids - 1;
+		if (s->b_logits[*n])
+			s->b_req[(*rows)++] = r;
+		(*n)++;
+	}
+	r->in_batch = take;
+}
+
+/* Reserve the blocks of TAKE more positions of R now, so the next request
+ * of the plan sees what is left; shrink TAKE to what fits after make_room.
+ * Returns the new take. */
+static int reserve(struct llm_sched *s, struct sreq *r, int take)
+{
+	int64_t need = llm_kv_blocks_needed(s->kv, r->seq, take);
+	if (need > s->kv->n_free)
+		make_room(s, r, need);
+	while (take > 0 && llm_kv_blocks_needed(s->kv, r->seq, take) > s->kv->n_free) {
+		int bs = s->kv->block_size;
+		take = take > bs ? take - bs : take - 1;
+	}
+	if (take > 0 && llm_kv_reserve(s->kv, r->seq, take))
+		take = 0;
+	return take;
+}
+
+static int plan_step(struct llm_sched *s, int *n_rows)
+{
+	int budget = s->o.max_batch_tokens, n = 0, rows = 0, running = 0;
+	for (int i = 0; i < s->n_reqs; i++) {
+		s->reqs[i]->in_batch = 0;
+		running += s->reqs[i]->state == SREQ_RUNNING;
+	}
+	/* admission, first come first served */
+	for (int i = 0; i < s->n_reqs && running < s->o.max_running; i++) {
+		struct sreq *r = s->reqs[i];
+		if (r->state != SREQ_WAITING)
+			continue;
+		int64_t want = blocks_for(s, r->n_ids) + 1;
+		if (running > 0 && want > s->kv->n_free)
+			break;
+		if (attach_seq(s, r))
+			break;
+		r->state = SREQ_RUNNING;
+		running++;
+		if (!r->admitted && s->o.on_admit)
+			s->o.on_admit(r->user);
+		r->admitted = 1;
+	}
+	/* decode tokens first, one per running request */
+	for (int i = 0; i < s->n_reqs && n < budget && rows < s->max_rows; i++) {
+		struct sreq *r = s->reqs[i];
+		if (r->state != SREQ_RUNNING || r->n_ids - r->n_cached != 1)
+			continue;
+		if (reserve(s, r, 1) < 1) {
+			preempt(s, r);       /* it is the youngest left */
+			continue;
+		}
+		put(s, r, 1, &n, &rows);
+	}
+	/* then prompt chunks (prefill, or recompute after a preemption) */
+	for (int i = 0; i < s->n_reqs && n < budget; i++) {
+		struct sreq *r = s->reqs[i];
+		if (r->state != SREQ_RUNNING || r->in_batch || r->n_ids - r->n_cached < 2)
+			continue;
+		int left = r->n_ids - r->n_cached, take = left < budget - n ? left : budget - n;
+		if (take == left && rows == s->max_rows)
+			take--;              /* the last id needs a logit row */
+		if (take > 0)
+			take = reserve(s, r, take);
+		if (take > 0)
+			put(s, r, take, &n, &rows);
+	}
+	*n_rows = rows;
+	return n;
+}
+
+enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
+{
+	for (int i = 0; i < s->n_reqs; i++) {
+		struct sreq *r = s->reqs[i];
+		if (r->cancel && r->state != SREQ_DONE) {
+			struct llm_token_event ev = { .req = r->id, .index = r->n_gen, .token = -1,
+			                              .text = "", .finish = LLM_FINISH_CANCEL, .stop_index = -1 };
+			emit(r, &ev);
+			finish(s, r);
+		}
+	}
+	reap(s);
+	int rows, n = plan_step(s, &rows);
+	s->st.last_step_tokens = n;
+	if (n > 0) {
+		struct llm_batch b = { n, s->b_tok, s->b_pos, s->b_seq, s->b_logits };
+		const float *logits;
+		int n_out;
+		LLM_TRY(llm_engine_forward(s->e, &b, &logits, &n_out));
+		if (n_out != rows)
+			return llm_fail(LLM_ERR_INTERNAL, "scheduler: %d logit rows, planned %d", n_out, rows);
+		s->st.steps++;
+		for (int i = 0; i < s->n_reqs; i++) {
+			struct sreq *r = s->reqs[i];
+			if (!r->in_batch)
+				continue;
+			if (r->n_ids - r->n_cached > 1)
+				s->st.prompt_tokens += r->in_batch;
+			r->n_cached += r->in_batch;
+			if (!r->registered && r->n_cached >= r->n_prompt)
+				pc_register(s, r);
+		}
+		size_t nv = (size_t)s->n_vocab;
+		for (int i = 0; i < rows; i++)
+			LLM_TRY(take_token(s, s->b_req[i], logits + (size_t)i * nv));
+		reap(s);
+	} else if (s->n_reqs > 0) {
+		/* nothing could start (no sequence slot): give up the prefix
+		 * cache and try again; without one it is a bug */
+		int had = 0;
+		while (pc_evict(s))
+			had = 1;
+		if (!had)
+			return llm_fail(LLM_ERR_INTERNAL, "scheduler: %d requests but nothing to run", s->n_reqs);
+	}
+	if (n_pending)
+		*n_pending = s->n_reqs;
+	return LLM_OK;
+}
+
+void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st)
+{
+	*st = s->st;
+	st->running = st->waiting = 0;
+	for (int i = 0; i < s->n_reqs; i++) {
+		st->running += s->reqs[i]->state == SREQ_RUNNING;
+		st->waiting += s->reqs[i]->state == SREQ_WAITING;
+	}
+	const struct llm_kv *kv = s->kv;
+	st->kv_blocks_total = kv->n_block;
+	int64_t alloc = kv->n_block - kv->n_free, cached = 0, only_cache = 0;
+	/* count each block's references from cache entries */
+	for (int i = 0; i < s->o.prefix_entries; i++) {
+		const struct pentry *p = &s->pc[i];
+		if (p->seq < 0)
+			continue;
+		const struct llm_kv_seq *q = &kv->seq[p->seq];
+		for (int b = 0; b < q->n_blk; b++)
+			if (s->cnt[q->blk[b]]++ == 0)
+				cached++;
+	}
+	for (int i = 0; i < s->o.prefix_entries; i++) {
+		const struct pentry *p = &s->pc[i];
+		if (p->seq < 0)
+			continue;
+		const struct llm_kv_seq *q = &kv->seq[p->seq];
+		for (int b = 0; b < q->n_blk; b++) {
+			int32_t k = q->blk[b];
+			if (s->cnt[k]) {
+				only_cache += kv->ref[k] == s->cnt[k];
+				s->cnt[k] = 0;
+			}
+		}
+	}
+	st->kv_blocks_cached = cached;
+	st->kv_blocks_used = alloc - only_cache;
+}

@@ -1,0 +1,79 @@
+/* common/scheduler.h: the server's scheduler: continuous batching with Dynamic
+ * SplitFuse over the engine's paged KV cache, with preemption and prefix
+ * caching. It drives llm_engine_forward() directly (not submit/step).
+ *
+ * Every step carries at most max_batch_tokens tokens: first one decode token
+ * of each running request (admission order), then chunks of prompts that
+ * are still prefilling, until the budget is spent. A long prompt is thus
+ * cut into chunks that share steps with decodes, so steps stay uniform and
+ * the running requests' inter-token latency stays bounded (a budget larger
+ * than any prompt turns chunking off).
+ *
+ * KV blocks are taken on demand, one step at a time. When a decode token
+ * finds the pool empty, prefix-cache entries are evicted first (least
+ * recently used), then the youngest running request is preempted: its
+ * blocks are freed and it goes back to the front of the queue, to be
+ * recomputed from its prompt and the tokens it had produced (its sampler
+ * state is kept, so its output does not change). The oldest request can
+ * always progress, since a request whose prompt + max_tokens do not fit the
+ * whole pool is refused at llm_sched_add(): no deadlock, no crash.
+ *
+ * Prefix caching: when a prompt has been prefilled, its whole blocks are
+ * kept (a forked sequence sharing them, see llm_kv_seq_fork()); a later
+ * request whose prompt starts with the same tokens forks those blocks and
+ * prefills only the rest. Batch invariance of the kernels makes the result
+ * identical to recomputing.
+ *
+ * Events and finishing rules are those of generate.h (llm_token_event,
+ * llm_finish): stop ids, stop strings on the detokenized text, EOS,
+ * max_tokens or the context. One thread owns a scheduler and its engine. */
+#ifndef LLM_SCHED_H
+#define LLM_SCHED_H
+
+#include "generate.h"
+
+struct llm_sched_opts {
+	int max_running;            /* requests holding a sequence at once */
+	int max_batch_tokens;       /* tokens per step (at most the engine's) */
+	int prefix_entries;         /* prefix-cache entries; 0: off */
+	struct llm_detok detok;     /* optional; needed for stop strings and text */
+	int n_eos;                  /* 0: the model's eos ids */
+	int32_t eos_ids[16];
+	/* Called (may be NULL) when a request first gets a sequence, with its
+	 * user pointer: the end of its queue time. */
+	void (*on_admit)(void *user);
+};
+
+struct llm_sched_stats {
+	int running, waiting;       /* requests with a sequence / queued */
+	int64_t kv_blocks_total;
+	int64_t kv_blocks_used;     /* held by requests (not only by the prefix cache) */
+	int64_t kv_blocks_cached;   /* held by prefix-cache entries */
+	int64_t steps, preemptions;
+	int64_t prompt_tokens;      /* prompt tokens computed (recompute included) */
+	int64_t prefix_hit_tokens;  /* prompt tokens taken from the prefix cache */
+	int64_t gen_tokens;
+	int last_step_tokens;
+};
+
+struct llm_sched;
+
+/* E stays owned by the caller and must outlive the scheduler; it must have
+ * at least max_running + prefix_entries sequence slots (engine max_seqs). */
+enum llm_status llm_sched_open(struct llm_sched **s, struct llm_engine *e, const struct llm_sched_opts *o);
+void llm_sched_close(struct llm_sched *s);
+/* Queue a request (copied). LLM_ERR_RANGE when the prompt plus max_tokens
+ * exceed the context ("prompt of N tokens + max_tokens M exceeds the
+ * context of C") or the whole KV pool; LLM_ERR_USAGE for bad parameters. */
+enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *r, int *id);
+/* Finish ID with LLM_FINISH_CANCEL at the next step (one event, token -1);
+ * its blocks are freed then. Unknown ids are ignored. */
+void llm_sched_cancel(struct llm_sched *s, int id);
+/* One step; *N_PENDING (may be NULL) gets the requests not finished. A
+ * step with nothing to do returns at once. */
+enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending);
+void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st);
+/* Drop every prefix-cache entry (their blocks return to the pool). */
+void llm_sched_prefix_clear(struct llm_sched *s);
+
+#endif

@@ -1,0 +1,224 @@
+/* tests/test_sched.c: the server's scheduler (common/scheduler.c) on stories260K.
+ *
+ * The reference is the engine's own generation of each prompt alone
+ * (llm_engine_submit/run, one sequence). Under the scheduler, with many
+ * requests, a KV pool too small for all of them (so requests are preempted
+ * and recomputed), a small SplitFuse budget (prompts cut into chunks) and
+ * the prefix cache, every greedy output must be identical, every block must
+ * come back, and no step may exceed the budget. Then cancellation, context
+ * overflow and prefix-cache hits. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "scheduler.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_REQ 12
+#define MAX_NEW 40
+
+struct out {
+	int32_t ids[512];
+	int n, finish, events, cancel_events;
+};
+
+static int on_token(void *user, const struct llm_token_event *ev)
+{
+	struct out *o = user;
+	o->events++;
+	if (ev->token >= 0 && !(ev->finish == LLM_FINISH_EOS || ev->finish == LLM_FINISH_STOP) && o->n < 512)
+		o->ids[o->n++] = ev->token;
+	if (ev->finish == LLM_FINISH_CANCEL)
+		o->cancel_events++;
+	if (ev->finish)
+		o->finish = ev->finish;
+	return 0;
+}
+
+static int32_t prompts[N_REQ + 2][300];
+static int n_prompt[N_REQ + 2];
+
+static int load_prompts(void)
+{
+	char path[1100];
+	const char *ref = test_ref_dir();
+	if (!ref)
+		return 0;
+	snprintf(path, sizeof path, "%s/stories260K/greedy.jsonl", ref);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	char *line = NULL;
+	size_t cap = 0;
+	int k = 0;
+	while (k < N_REQ && getline(&line, &cap, f) > 0) {
+		json_t *o = json_loads(line, 0, NULL);
+		json_t *a = o ? json_object_get(o, "prompt_ids") : NULL;
+		json_t *ids = o ? json_object_get(o, "ids") : NULL;
+		/* prompt ids + the first reference ids: prompts of varied length */
+		int n = 0;
+		for (size_t i = 0; a && i < json_array_size(a); i++)
+			prompts[k][n++] = (int32_t)json_integer_value(json_array_get(a, i));
+		for (size_t i = 0; ids && i < (size_t)(k * 7) && i < json_array_size(ids); i++)
+			prompts[k][n++] = (int32_t)json_integer_value(json_array_get(ids, i));
+		n_prompt[k++] = n;
+		json_decref(o);
+	}
+	free(line);
+	fclose(f);
+	return k == N_REQ;
+}
+
+static struct llm_sample_params greedy(int max_tokens)
+{
+	struct llm_sample_params p = LLM_SAMPLE_DEFAULT;
+	p.temperature = 0;
+	p.max_tokens = max_tokens;
+	p.ignore_eos = 1;
+	return p;
+}
+
+/* Run the scheduler until idle, at most LIMIT steps; checks the budget. */
+static int drain(struct llm_sched *s, int limit, int budget, int *over)
+{
+	int pending = 1, steps = 0;
+	struct llm_sched_stats st;
+	while (pending > 0 && steps < limit) {
+		if (llm_sched_step(s, &pending)) {
+			check_diag("step: %s", llm_errmsg());
+			return -1;
+		}
+		llm_sched_stats(s, &st);
+		if (st.last_step_tokens > budget)
+			(*over)++;
+		steps++;
+	}
+	return pending;
+}
+
+int main(void)
+{
+	const char *models = test_models_dir();
+	char dir[1100];
+	snprintf(dir, sizeof dir, "%s/stories260K", models ? models : "");
+	if (!models || !load_prompts()) {
+		check_skip("no stories260K model or reference prompts", "scheduler tests");
+		return check_done();
+	}
+	/* references: each prompt alone through the engine's own scheduler */
+	static struct out ref[N_REQ + 2], got[N_REQ + 2];
+	struct llm_engine_opts ro = LLM_ENGINE_OPTS_DEFAULT;
+	ro.max_seqs = 1;
+	ro.n_threads = 1;
+	struct llm_engine *re;
+	if (!check(llm_engine_open(&re, dir, &ro) == LLM_OK, "open the reference engine")) {
+		check_diag("%s", llm_errmsg());
+		return check_done();
+	}
+	/* two more prompts: a long shared prefix with different endings */
+	n_prompt[N_REQ] = n_prompt[N_REQ + 1] = 0;
+	for (int i = 0; i < 5; i++)
+		for (int j = 0; j < n_prompt[i]; j++) {
+			prompts[N_REQ][n_prompt[N_REQ]++] = prompts[i][j];
+			prompts[N_REQ + 1][n_prompt[N_REQ + 1]++] = prompts[i][j];
+		}
+	prompts[N_REQ][n_prompt[N_REQ]++] = 300;
+	prompts[N_REQ + 1][n_prompt[N_REQ + 1]++] = 301;
+	for (int k = 0; k < N_REQ + 2; k++) {
+		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &ref[k] };
+		if (llm_engine_submit(re, &rq, NULL) || llm_engine_run(re)) {
+			check(0, "reference generation %d: %s", k, llm_errmsg());
+			return check_done();
+		}
+	}
+	llm_engine_close(re);
+	check_diag("prefix prompts: %d tokens", n_prompt[N_REQ]);
+
+	/* the scheduler: 6 running, 2 prefix entries, 24 blocks of 8 positions
+	 * (192 positions for 12 requests of up to ~120), a budget of 32 */
+	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+	o.max_seqs = 8;
+	o.n_threads = 1;
+	o.kv_block_size = 8;
+	o.kv_blocks = 24;
+	o.max_batch_tokens = 32;
+	struct llm_engine *e;
+	if (!check(llm_engine_open(&e, dir, &o) == LLM_OK, "open the engine for the scheduler")) {
+		check_diag("%s", llm_errmsg());
+		return check_done();
+	}
+	struct llm_sched_opts so = { .max_running = 6, .max_batch_tokens = 32, .prefix_entries = 2 };
+	struct llm_sched *s;
+	if (!check(llm_sched_open(&s, e, &so) == LLM_OK, "open the scheduler")) {
+		check_diag("%s", llm_errmsg());
+		llm_engine_close(e);
+		return check_done();
+	}
+	int bad = 0, over = 0;
+	for (int k = 0; k < N_REQ; k++) {
+		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &got[k] };
+		bad += llm_sched_add(s, &rq, NULL) != LLM_OK;
+	}
+	check(bad == 0, "12 requests queued");
+	int left = drain(s, 5000, 32, &over);
+	check(left == 0, "every request finished (%d left)", left);
+	struct llm_sched_stats st;
+	llm_sched_stats(s, &st);
+	int diff = 0;
+	for (int k = 0; k < N_REQ; k++)
+		if (got[k].n != ref[k].n || memcmp(got[k].ids, ref[k].ids, (size_t)ref[k].n * sizeof(int32_t))) {
+			diff++;
+			check_diag("request %d: %d ids, reference %d", k, got[k].n, ref[k].n);
+		}
+	check(diff == 0, "greedy outputs under preemption and chunking equal each prompt alone (%d differ)", diff);
+	check(st.preemptions > 0, "the small KV pool forced preemptions (%lld)", (long long)st.preemptions);
+	check(over == 0, "no step exceeded the token budget of 32");
+	check(st.kv_blocks_used == 0, "every block is free again (%lld used, %lld cached)",
+	      (long long)st.kv_blocks_used, (long long)st.kv_blocks_cached);
+	check(st.running == 0 && st.waiting == 0, "nothing running or waiting");
+
+	/* prefix cache: the second long prompt reuses the first one's blocks */
+	llm_sched_prefix_clear(s);
+	int64_t hits0 = st.prefix_hit_tokens;
+	for (int k = N_REQ; k < N_REQ + 2; k++) {
+		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &got[k] };
+		if (llm_sched_add(s, &rq, NULL))
+			check_diag("add: %s", llm_errmsg());
+		drain(s, 5000, 32, &over);
+	}
+	llm_sched_stats(s, &st);
+	int64_t hit = st.prefix_hit_tokens - hits0;
+	check(hit >= 8 * ((n_prompt[N_REQ] - 1) / 8) - 8 && hit > 0,
+	      "a shared %d-token prefix came from the cache (%lld tokens)", n_prompt[N_REQ], (long long)hit);
+	diff = 0;
+	for (int k = N_REQ; k < N_REQ + 2; k++)
+		diff += got[k].n != ref[k].n || memcmp(got[k].ids, ref[k].ids, (size_t)ref[k].n * sizeof(int32_t));
+	check(diff == 0, "outputs with a cached prefix equal the recomputed ones");
+	check(st.kv_blocks_used == 0 && st.kv_blocks_cached > 0, "the cache holds blocks, requests none (%lld cached)",
+	      (long long)st.kv_blocks_cached);
+
+	/* cancellation frees the blocks at the next step */
+	struct out c = { 0 };
+	int id;
+	struct llm_request rq = { prompts[3], n_prompt[3], greedy(MAX_NEW), on_token, &c };
+	llm_sched_add(s, &rq, &id);
+	for (int i = 0; i < 3; i++)
+		llm_sched_step(s, NULL);
+	llm_sched_cancel(s, id);
+	int pending;
+	llm_sched_step(s, &pending);
+	llm_sched_stats(s, &st);
+	check(c.cancel_events == 1 && c.finish == LLM_FINISH_CANCEL && pending == 0,
+	      "a cancelled request gets one cancel event and leaves");
+	check(st.kv_blocks_used == 0, "its blocks are free (%lld used)", (long long)st.kv_blocks_used);
+
+	/* context overflow names the numbers */
+	struct llm_request big = { prompts[0], n_prompt[0], greedy(600), on_token, &c };
+	enum llm_status rc = llm_sched_add(s, &big, NULL);
+	check(rc == LLM_ERR_RANGE && strstr(llm_errmsg(), "max_tokens 600") && strstr(llm_errmsg(), "512"),
+	      "prompt + max_tokens beyond the context is refused with the numbers (%s)", llm_errmsg());
+	llm_sched_close(s);
+	llm_engine_close(e);
+	return check_done();
+}

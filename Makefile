@@ -14,15 +14,17 @@ B        ?= build
 BIN      ?= bin
 CC       ?= cc
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -Wall -Wextra -pthread -MMD -MP -Icommon -Itests/lib
-LDFLAGS  += -pthread
+# mandatory flags are appended even when CFLAGS is given on the command line
+# (make asan, make fuzz); -iquote keeps common/ out of <...> lookups
+override CFLAGS += -std=c11 -Wall -Wextra -pthread -MMD -MP -iquote common -iquote tests/lib
+override LDFLAGS += -pthread
 LDLIBS   += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 # make CUDA=0 forces a CPU-only build (no comment after a value: make keeps the spaces)
 CUDA     ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra -Icommon
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra -iquote common
 
 TOOLS     = llm-quantize llm-repartition llm-generate llm-serve llm-finetune llm-bench
 LIB_SRC   = $(wildcard common/*.c)
@@ -81,7 +83,7 @@ fuzz:
 	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libllm.a
 	@for f in tests/fuzz/*.c; do n=$$(basename $$f .c); \
 	  echo "clang $$f -> build-fuzz/$$n"; \
-	  clang -std=c11 -O1 -g -Icommon -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f build-fuzz/libllm.a $(LDLIBS) || exit 1; done
+	  clang -std=c11 -O1 -g -iquote common -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f build-fuzz/libllm.a $(LDLIBS) || exit 1; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5

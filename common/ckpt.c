@@ -209,7 +209,8 @@ enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
 		llm_ckpt_close(ck);
 		return s;
 	}
-	qsort(ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
+	if (ck->n_aux)
+		qsort(ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
 	for (size_t i = 0; i < ck->n_file; i++)
 		ck->n_tensor += ck->files[i].n_tensor;
 	ck->tensors = calloc(ck->n_tensor + 1, sizeof *ck->tensors);
@@ -223,7 +224,8 @@ enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
 			ck->files[i].tensors[j].file = (int)i;
 			ck->tensors[k++] = &ck->files[i].tensors[j];
 		}
-	qsort(ck->tensors, ck->n_tensor, sizeof *ck->tensors, cmp_tensor_name);
+	if (ck->n_tensor)
+		qsort(ck->tensors, ck->n_tensor, sizeof *ck->tensors, cmp_tensor_name);
 	for (size_t i = 1; i < ck->n_tensor; i++)
 		if (!strcmp(ck->tensors[i]->name, ck->tensors[i - 1]->name)) {
 			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' appears in both %s and %s", path,
@@ -256,6 +258,8 @@ void llm_ckpt_close(struct llm_ckpt *ck)
 const struct llm_tensor *llm_ckpt_find(const struct llm_ckpt *ck, const char *name)
 {
 	struct llm_tensor key = { .name = (char *)name }, *kp = &key, **r;
+	if (!ck->n_tensor)
+		return NULL;
 	r = bsearch(&kp, ck->tensors, ck->n_tensor, sizeof *ck->tensors, cmp_tensor_name);
 	return r ? *r : NULL;
 }
@@ -263,6 +267,8 @@ const struct llm_tensor *llm_ckpt_find(const struct llm_ckpt *ck, const char *na
 const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name)
 {
 	struct llm_aux key = { .name = (char *)name };
+	if (!ck->n_aux)
+		return NULL;
 	return bsearch(&key, ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
 }
 

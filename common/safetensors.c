@@ -162,7 +162,8 @@ enum llm_status llm_st_parse(struct llm_st_file *f, const char *path, const void
 		if (s)
 			goto out;
 	}
-	qsort(f->tensors, f->n_tensor, sizeof *f->tensors, cmp_offset);
+	if (f->n_tensor)
+		qsort(f->tensors, f->n_tensor, sizeof *f->tensors, cmp_offset);
 	size_t at = 0;
 	for (size_t i = 0; i < f->n_tensor; i++) {
 		struct llm_tensor *t = &f->tensors[i];

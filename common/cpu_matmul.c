@@ -150,6 +150,7 @@ T512 static INL void tile_512(float *y, int64_t ys, const float *x, int64_t xs,
 	int64_t n = w->cols;
 	int fp8 = w->dtype == LLM_DTYPE_E4M3;
 	int64_t bk = fp8 ? w->block_cols : n;
+	size_t esz = llm_dtype_size(w->dtype);
 	const float *srow[4] = { 0 };
 	if (fp8)
 		for (int i = 0; i < nr; i++)
@@ -167,6 +168,10 @@ T512 static INL void tile_512(float *y, int64_t ys, const float *x, int64_t xs,
 			for (int t = 0; t < nt; t++)
 				xv[t] = _mm512_maskz_loadu_ps(m, x + t * xs + c);
 			for (int i = 0; i < nr; i++) {
+				/* the rows of the next tile, same columns: narrow rows
+				 * (d_model 576) defeat the hardware prefetcher */
+				_mm_prefetch((const char *)w->data + ((size_t)(r + nr + i) * (size_t)n + (size_t)c) * esz,
+				             _MM_HINT_T0);
 				__m512 wv = wload_512(w, r + i, c, m);
 				if (fp8)
 					wv = _mm512_mul_ps(wv, sc[i]);
@@ -234,6 +239,7 @@ TBF static INL void tile_bf16(float *y, int64_t ys, const float *x, int64_t xs,
 			xv[t] = _mm512_cvtne2ps_pbh(hi, lo);
 		}
 		for (int i = 0; i < nr; i++) {
+			_mm_prefetch((const char *)(wd + (size_t)(r + nr + i) * (size_t)n + (size_t)c), _MM_HINT_T0);
 			__m512i wi = _mm512_maskz_loadu_epi16(m, wd + (size_t)(r + i) * (size_t)n + (size_t)c);
 			__m512bh wv = (__m512bh)wi;
 			for (int t = 0; t < nt; t++)
@@ -332,6 +338,7 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 	int64_t n = w->cols;
 	int fp8 = w->dtype == LLM_DTYPE_E4M3;
 	int64_t bk = fp8 ? w->block_cols : n;
+	size_t esz = llm_dtype_size(w->dtype);
 	const float *srow[4] = { 0 };
 	if (fp8)
 		for (int i = 0; i < nr; i++)
@@ -354,6 +361,8 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 					xv[t] = _mm256_maskload_ps(x + t * xs + c, m);
 			}
 			for (int i = 0; i < nr; i++) {
+				_mm_prefetch((const char *)w->data + ((size_t)(r + nr + i) * (size_t)n + (size_t)c) * esz,
+				             _MM_HINT_T0);
 				__m256 wv = wload_256(w, r + i, c, left);
 				if (fp8)
 					wv = _mm256_mul_ps(wv, sc[i]);

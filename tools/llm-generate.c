@@ -1,14 +1,18 @@
-/* tools/llm-generate.c: generate text with a model; for now its tokenizer
- * modes (--tokenize, --detokenize, --apply-template), which need only the
- * tokenizer files of -m. The work is in libllm (tokenizer.c, jinja.c); main
- * parses flags, picks one mode from the table below and maps status to the
- * exit code (0 ok, 1 runtime error, 2 usage error). */
+/* tools/llm-generate.c: offline generation, scoring and perplexity from the
+ * shell, and the tokenizer modes (--tokenize, --detokenize,
+ * --apply-template) that need only the tokenizer files of -m. The work is in
+ * libllm (generate.c: the engine with continuous batching; tokenizer.c,
+ * jinja.c); main parses flags, picks one mode from the table below, turns
+ * the input into requests and their events into output, and maps status to
+ * the exit code (0 ok, 1 runtime error, 2 usage error). */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "llm.h"
 
@@ -18,9 +22,18 @@ struct generate_cfg {
 	int no_special;               /* --tokenize: no BOS/EOS */
 	int skip_special;             /* --detokenize: leave special tokens out */
 	const char *chat_template;    /* FILE overriding the model's template */
+	/* generation */
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype;
+	struct llm_strlist stop;
+	int64_t n_predict, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs;
+	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
+	int json, score, chat, show_tokens, ignore_eos;
 };
 
-static struct generate_cfg cfg;
+static struct generate_cfg cfg = {
+	.n_predict = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
+	.seed = -1, .parallel = 8, .batch_tokens = 512, .backend = "auto", .kv_dtype = "f32",
+};
 
 static const struct llm_opt opts[] = {
 	LLM_STR('m', "model", "DIR", &cfg.model,
@@ -32,12 +45,40 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "no-special", &cfg.no_special, "--tokenize: add no special tokens (BOS and the like)"),
 	LLM_FLAG(0, "skip-special", &cfg.skip_special, "--detokenize: leave special tokens out of the text"),
 	LLM_STR(0, "chat-template", "FILE", &cfg.chat_template, "use the Jinja chat template in FILE instead of the model's"),
+	LLM_STR('p', "prompt", "TEXT", &cfg.prompt, "generate from this prompt (else -f, else one prompt per line of stdin)"),
+	LLM_STR('f', "file", "FILE", &cfg.prompt_file, "generate from the text of FILE"),
+	LLM_INT('n', "n-predict", "N", &cfg.n_predict, "tokens to generate at most (0: up to the context)", 0, INT32_MAX),
+	LLM_INT('c', "ctx-size", "N", &cfg.n_ctx, "context length (0: the model's; --perplexity: the window)", 0, INT32_MAX),
+	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: all cores)", 0, 1024),
+	LLM_FLOAT(0, "temp", "T", &cfg.temp, "temperature; 0 is greedy", 0, 100),
+	LLM_INT(0, "top-k", "K", &cfg.top_k, "sample among the K most likely (0: off)", 0, INT32_MAX),
+	LLM_FLOAT(0, "top-p", "P", &cfg.top_p, "nucleus sampling: the smallest set with probability P (1: off)", 0, 1),
+	LLM_FLOAT(0, "min-p", "P", &cfg.min_p, "drop tokens below P times the top probability (0: off)", 0, 1),
+	LLM_FLOAT(0, "repeat-penalty", "X", &cfg.repeat_penalty, "penalize tokens of the prompt and output (1: off)", 0, 100),
+	LLM_FLOAT(0, "frequency-penalty", "X", &cfg.freq_penalty, "minus X times a token's count in the output", -2, 2),
+	LLM_FLOAT(0, "presence-penalty", "X", &cfg.presence_penalty, "minus X once a token is in the output", -2, 2),
+	LLM_INT(0, "seed", "N", &cfg.seed, "random seed of each request (-1: from the clock)", -1, INT64_MAX),
+	LLM_LIST(0, "stop", "TEXT", &cfg.stop, "stop when the output contains TEXT (repeatable)"),
+	LLM_FLAG(0, "ignore-eos", &cfg.ignore_eos, "keep generating past the end-of-sequence token"),
+	LLM_INT(0, "logprobs", "N", &cfg.n_logprobs, "--json: the N most likely tokens and log-probs at each position", 0, 20),
+	LLM_FLAG(0, "chat", &cfg.chat, "wrap the prompt as a user message in the model's chat template"),
+	LLM_STR(0, "system", "TEXT", &cfg.system, "--chat: the system message"),
+	LLM_FLAG(0, "show-tokens", &cfg.show_tokens, "print each generated token as 'id<TAB>text' per line"),
+	LLM_FLAG(0, "json", &cfg.json, "one JSON object per prompt, in input order"),
+	LLM_FLAG(0, "score", &cfg.score, "stdin JSONL {context, continuations}: log-likelihood of each continuation"),
+	LLM_STR(0, "perplexity", "FILE", &cfg.perplexity, "token count, negative log-likelihood and perplexity of FILE in windows of -c"),
+	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences generated together", 1, 4096),
+	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
+	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
+	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
 };
 
 static const struct llm_cli cli = {
 	.usage = "llm-generate [options] -m DIR",
-	.summary = "Generate text with a model; --tokenize, --detokenize and --apply-template run its tokenizer and chat template alone.",
-	.example = "printf 'Hello world' | llm-generate -m models/stories260K --tokenize",
+	.summary = "Generate text with a model, from -p, -f or one prompt per line of stdin (text or JSONL);\n"
+	           "score continuations (--score), measure perplexity (--perplexity), or run the tokenizer\n"
+	           "and chat template alone (--tokenize, --detokenize, --apply-template).",
+	.example = "llm-generate -m models/stories260K -p 'Once upon a time' -n 64 --temp 0",
 	.opts = opts,
 	.n_opts = sizeof opts / sizeof *opts,
 	.min_pos = 0,
@@ -186,7 +227,608 @@ static enum llm_status run_apply_template(struct llm_tokenizer *tk)
 	return s;
 }
 
-/* One entry per mode; generation joins this table. */
+/* ---- generation --------------------------------------------------------- */
+
+/* The engine's detokenizer interface over the tokenizer's streaming decoder. */
+static void *detok_open(void *ctx)
+{
+	struct llm_detok_stream *d = calloc(1, sizeof *d);
+	if (d)
+		llm_detok_stream_init(d, ctx, true);
+	return d;
+}
+static int detok_push(void *st, int32_t id, const char **text, size_t *len)
+{
+	return llm_detok_stream_push(st, id, text, len) ? -1 : 0;
+}
+static int detok_flush(void *st, const char **text, size_t *len)
+{
+	return llm_detok_stream_flush(st, text, len) ? -1 : 0;
+}
+static void detok_close(void *st)
+{
+	llm_detok_stream_free(st);
+	free(st);
+}
+
+static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *tk, int max_seqs)
+{
+	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+	int kv = llm_dtype_parse_flag(cfg.kv_dtype);
+	if (kv != LLM_DTYPE_F32 && kv != LLM_DTYPE_BF16)
+		return llm_fail(LLM_ERR_USAGE, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
+	o.backend = cfg.backend;
+	o.n_threads = (int)cfg.threads;
+	o.kv_dtype = (enum llm_dtype)kv;
+	o.n_ctx = (int)cfg.n_ctx;
+	o.max_seqs = max_seqs;
+	o.max_batch_tokens = (int)cfg.batch_tokens;
+	if (tk) {
+		o.detok = (struct llm_detok){ detok_open, detok_push, detok_flush, detok_close, tk };
+		const int32_t *eos;
+		size_t n = llm_tokenizer_eos_ids(tk, &eos);
+		for (size_t i = 0; i < n && i < 16; i++)
+			o.eos_ids[o.n_eos++] = eos[i];
+	}
+	double t0 = llm_now();
+	LLM_TRY(llm_engine_open(e, cfg.model, &o));
+	LLM_DEBUG("%s: model loaded in %.0f ms\n", llm_progname(), (llm_now() - t0) * 1e3);
+	return LLM_OK;
+}
+
+/* One prompt: its ids, parameters, and what came back. */
+struct job {
+	int32_t *prompt;
+	size_t n_prompt;
+	struct llm_sample_params p;
+	char *stop_own[LLM_MAX_STOP];
+	int32_t *ids;
+	float *logprob;
+	struct llm_logprob *top;       /* (n, n_logprobs) */
+	size_t n, cap;
+	char *text;
+	size_t text_len, text_cap;
+	enum llm_finish finish;
+	double t_submit, t_first, t_end;
+	int stream;                    /* write text to stdout as it comes */
+};
+
+static enum llm_status append_text(struct job *j, const char *t, size_t n)
+{
+	if (j->text_len + n + 1 > j->text_cap) {
+		size_t cap = (j->text_len + n + 1) * 2;
+		char *nt = realloc(j->text, cap);
+		if (!nt)
+			return llm_fail(LLM_ERR_NOMEM, "out of memory");
+		j->text = nt;
+		j->text_cap = cap;
+	}
+	memcpy(j->text + j->text_len, t, n);
+	j->text_len += n;
+	j->text[j->text_len] = 0;
+	return LLM_OK;
+}
+
+static int on_token(void *user, const struct llm_token_event *ev)
+{
+	struct job *j = user;
+	double now = llm_now();
+	if (!j->n && ev->token >= 0)
+		j->t_first = now;
+	if (ev->token >= 0) {
+		if (j->n == j->cap) {
+			size_t cap = j->cap ? j->cap * 2 : 64;
+			int32_t *ni = realloc(j->ids, cap * sizeof *ni);
+			float *nl = ni ? realloc(j->logprob, cap * sizeof *nl) : NULL;
+			if (ni)
+				j->ids = ni;
+			if (nl)
+				j->logprob = nl;
+			struct llm_logprob *nt = NULL;
+			if (nl && j->p.n_logprobs) {
+				nt = realloc(j->top, cap * (size_t)j->p.n_logprobs * sizeof *nt);
+				if (nt)
+					j->top = nt;
+			}
+			if (!ni || !nl || (j->p.n_logprobs && !nt))
+				return 1;
+			j->cap = cap;
+		}
+		j->ids[j->n] = ev->token;
+		j->logprob[j->n] = ev->logprob;
+		for (int k = 0; k < j->p.n_logprobs; k++)
+			j->top[j->n * (size_t)j->p.n_logprobs + k] = k < ev->n_top ? ev->top[k] : (struct llm_logprob){ -1, -INFINITY };
+		j->n++;
+	}
+	if (ev->text_len) {
+		if (append_text(j, ev->text, ev->text_len))
+			return 1;
+		if (j->stream && !cfg.show_tokens) {
+			fwrite(ev->text, 1, ev->text_len, stdout);
+			fflush(stdout);
+		}
+	}
+	if (cfg.show_tokens && j->stream && ev->token >= 0)
+		printf("%d\t%.*s\n", ev->token, (int)ev->text_len, ev->text ? ev->text : "");
+	if (ev->finish) {
+		j->finish = ev->finish;
+		j->t_end = now;
+	}
+	return 0;
+}
+
+/* Parameters of the command line, then those a JSONL line names (OpenAI
+ * spelling); a wrong type is an error naming the line and the field. */
+static enum llm_status job_params(struct job *j, json_t *obj, int line)
+{
+	struct llm_sample_params *p = &j->p;
+	*p = (struct llm_sample_params)LLM_SAMPLE_DEFAULT;
+	p->temperature = (float)cfg.temp;
+	p->top_k = (int)cfg.top_k;
+	p->top_p = (float)cfg.top_p;
+	p->min_p = (float)cfg.min_p;
+	p->repetition_penalty = (float)cfg.repeat_penalty;
+	p->frequency_penalty = (float)cfg.freq_penalty;
+	p->presence_penalty = (float)cfg.presence_penalty;
+	p->seed = cfg.seed >= 0 ? (uint64_t)cfg.seed : (uint64_t)time(NULL) ^ ((uint64_t)line << 32);
+	p->max_tokens = (int)cfg.n_predict;
+	p->n_logprobs = (int)cfg.n_logprobs;
+	p->ignore_eos = cfg.ignore_eos;
+	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)
+		p->stop[p->n_stop++] = cfg.stop.v[i];
+	if (!obj)
+		return llm_sample_params_check(p);
+	static const struct { const char *key; int type; size_t off; } num[] = {
+		{ "temperature", 'f', offsetof(struct llm_sample_params, temperature) },
+		{ "top_p", 'f', offsetof(struct llm_sample_params, top_p) },
+		{ "min_p", 'f', offsetof(struct llm_sample_params, min_p) },
+		{ "repetition_penalty", 'f', offsetof(struct llm_sample_params, repetition_penalty) },
+		{ "frequency_penalty", 'f', offsetof(struct llm_sample_params, frequency_penalty) },
+		{ "presence_penalty", 'f', offsetof(struct llm_sample_params, presence_penalty) },
+		{ "top_k", 'i', offsetof(struct llm_sample_params, top_k) },
+		{ "max_tokens", 'i', offsetof(struct llm_sample_params, max_tokens) },
+		{ "top_logprobs", 'i', offsetof(struct llm_sample_params, n_logprobs) },
+	};
+	for (size_t i = 0; i < sizeof num / sizeof *num; i++) {
+		json_t *v = json_object_get(obj, num[i].key);
+		if (!v || json_is_null(v))
+			continue;
+		if (!json_is_number(v) || (num[i].type == 'i' && !json_is_integer(v)))
+			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: %s is not a%s", line, num[i].key,
+			                num[i].type == 'i' ? "n integer" : " number");
+		if (num[i].type == 'f')
+			*(float *)((char *)p + num[i].off) = (float)json_number_value(v);
+		else
+			*(int *)((char *)p + num[i].off) = (int)json_integer_value(v);
+	}
+	json_t *v = json_object_get(obj, "seed");
+	if (v && !json_is_null(v)) {
+		if (!json_is_integer(v))
+			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: seed is not an integer", line);
+		p->seed = (uint64_t)json_integer_value(v);
+	}
+	v = json_object_get(obj, "logprobs");
+	if (json_is_true(v) && !p->n_logprobs)
+		p->n_logprobs = 1;
+	else if (json_is_integer(v))
+		p->n_logprobs = (int)json_integer_value(v);
+	v = json_object_get(obj, "stop");
+	if (v && !json_is_null(v)) {
+		p->n_stop = 0;
+		size_t n = json_is_array(v) ? json_array_size(v) : 1;
+		for (size_t i = 0; i < n && i < LLM_MAX_STOP; i++) {
+			json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+			if (!json_is_string(e))
+				return llm_fail(LLM_ERR_USAGE, "stdin: line %d: stop is not a string or an array of strings", line);
+			j->stop_own[i] = llm_strdup(json_string_value(e));
+			p->stop[p->n_stop++] = j->stop_own[i];
+		}
+	}
+	enum llm_status s = llm_sample_params_check(p);
+	return s ? llm_fail_prefix(s, "stdin: line %d", line) : LLM_OK;
+}
+
+/* The prompt of a line: plain text, or JSON with "prompt" or "messages". */
+static enum llm_status job_prompt(struct job *j, struct llm_tokenizer *tk, const char *text, json_t *obj, int line)
+{
+	char *rendered = NULL;
+	size_t len;
+	bool special = true;
+	if (obj) {
+		json_t *pr = json_object_get(obj, "prompt"), *msg = json_object_get(obj, "messages");
+		json_t *pid = json_object_get(obj, "prompt_ids");
+		if (json_is_array(pid)) {           /* token ids as they are */
+			j->n_prompt = json_array_size(pid);
+			j->prompt = malloc((j->n_prompt + 1) * sizeof *j->prompt);
+			if (!j->prompt)
+				return llm_fail(LLM_ERR_NOMEM, "out of memory");
+			for (size_t i = 0; i < j->n_prompt; i++) {
+				json_t *v = json_array_get(pid, i);
+				if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+					return llm_fail(LLM_ERR_USAGE, "stdin: line %d: prompt_ids[%zu] is not a token id", line, i);
+				j->prompt[i] = (int32_t)json_integer_value(v);
+			}
+			if (!j->n_prompt)
+				return llm_fail(LLM_ERR_USAGE, "stdin: line %d: prompt_ids is empty", line);
+			return LLM_OK;
+		}
+		if (json_is_string(pr)) {
+			text = json_string_value(pr);
+		} else if (json_is_array(msg)) {
+			json_t *req = json_pack("{s:O, s:b}", "messages", msg, "add_generation_prompt", 1);
+			json_t *tools = json_object_get(obj, "tools");
+			if (tools)
+				json_object_set(req, "tools", tools);
+			char *rs = json_dumps(req, JSON_COMPACT);
+			json_decref(req);
+			char *tmpl = NULL;
+			enum llm_status s = cfg.chat_template ? llm_read_file(cfg.chat_template, &tmpl, &len) : LLM_OK;
+			if (!s)
+				s = llm_chat_render(tk, tmpl, rs, &rendered, &len);
+			free(tmpl);
+			free(rs);
+			if (s)
+				return llm_fail_prefix(s, "stdin: line %d", line);
+			text = rendered;
+			special = false;         /* the template places BOS itself */
+		} else {
+			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"prompt\" (a string), \"prompt_ids\" or \"messages\" (arrays)", line);
+		}
+	}
+	enum llm_status s = llm_tokenizer_encode(tk, text, strlen(text), special, &j->prompt, &j->n_prompt);
+	free(rendered);
+	if (!s && !j->n_prompt) {
+		/* an empty prompt still needs one position: BOS where there is one */
+		int32_t bos = llm_tokenizer_bos(tk);
+		if (bos < 0)
+			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: empty prompt and the model has no BOS token", line);
+		j->prompt = malloc(sizeof *j->prompt);
+		if (!j->prompt)
+			return llm_fail(LLM_ERR_NOMEM, "out of memory");
+		j->prompt[0] = bos;
+		j->n_prompt = 1;
+	}
+	return s;
+}
+
+static enum llm_status chat_prompt(struct llm_tokenizer *tk, const char *user, char **out)
+{
+	json_t *msgs = json_array();
+	if (cfg.system)
+		json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", cfg.system));
+	json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", user));
+	json_t *req = json_pack("{s:o, s:b}", "messages", msgs, "add_generation_prompt", 1);
+	char *rs = json_dumps(req, JSON_COMPACT), *tmpl = NULL;
+	json_decref(req);
+	size_t len;
+	enum llm_status s = cfg.chat_template ? llm_read_file(cfg.chat_template, &tmpl, &len) : LLM_OK;
+	if (!s)
+		s = llm_chat_render(tk, tmpl, rs, out, &len);
+	free(tmpl);
+	free(rs);
+	return s;
+}
+
+static void print_json(const struct job *j, int index)
+{
+	json_t *o = json_object(), *pids = json_array(), *ids = json_array();
+	for (size_t i = 0; i < j->n_prompt; i++)
+		json_array_append_new(pids, json_integer(j->prompt[i]));
+	for (size_t i = 0; i < j->n; i++)
+		json_array_append_new(ids, json_integer(j->ids[i]));
+	json_object_set_new(o, "index", json_integer(index));
+	json_object_set_new(o, "text", json_stringn(j->text ? j->text : "", j->text_len));
+	json_object_set_new(o, "prompt_ids", pids);
+	json_object_set_new(o, "ids", ids);
+	json_object_set_new(o, "finish_reason", json_string(llm_finish_name(j->finish)));
+	if (j->p.n_logprobs) {
+		json_t *lp = json_array(), *tops = json_array();
+		for (size_t i = 0; i < j->n; i++) {
+			json_array_append_new(lp, json_real(j->logprob[i]));
+			json_t *t = json_array();
+			for (int k = 0; k < j->p.n_logprobs; k++) {
+				const struct llm_logprob *e = &j->top[i * (size_t)j->p.n_logprobs + k];
+				if (e->id >= 0)
+					json_array_append_new(t, json_pack("{s:i, s:f}", "id", e->id, "logprob", e->logprob));
+			}
+			json_array_append_new(tops, t);
+		}
+		json_object_set_new(o, "logprobs", lp);
+		json_object_set_new(o, "top_logprobs", tops);
+	}
+	double ttft = j->t_first > 0 ? j->t_first - j->t_submit : 0, gen = j->t_end - j->t_first;
+	json_object_set_new(o, "timings", json_pack("{s:f, s:f, s:f, s:i, s:i}", "ttft_ms", ttft * 1e3,
+	                    "prompt_tok_s", ttft > 0 ? j->n_prompt / ttft : 0.0,
+	                    "gen_tok_s", gen > 0 && j->n > 1 ? (j->n - 1) / gen : 0.0,
+	                    "prompt_tokens", (int)j->n_prompt, "tokens", (int)j->n));
+	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII * 0);
+	json_decref(o);
+	if (s) {
+		puts(s);
+		free(s);
+	}
+}
+
+static void job_free(struct job *j)
+{
+	free(j->prompt);
+	free(j->ids);
+	free(j->logprob);
+	free(j->top);
+	free(j->text);
+	for (int i = 0; i < LLM_MAX_STOP; i++)
+		free(j->stop_own[i]);
+}
+
+/* Read the prompts: -p, -f, or one per line of stdin. */
+static enum llm_status read_jobs(struct llm_tokenizer *tk, struct job **jobs, size_t *n_jobs)
+{
+	char *buf = NULL, *text = NULL;
+	size_t len;
+	enum llm_status s = LLM_OK;
+	*jobs = NULL;
+	*n_jobs = 0;
+	if (cfg.prompt || cfg.prompt_file) {
+		const char *p = cfg.prompt;
+		if (!p) {
+			LLM_TRY(llm_read_file(cfg.prompt_file, &buf, &len));
+			p = buf;
+		}
+		if (cfg.chat)
+			s = chat_prompt(tk, p, &text);
+		struct job *j = calloc(1, sizeof *j);
+		if (!j)
+			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		if (!s)
+			s = job_params(j, NULL, 0);
+		if (!s) {
+			json_t *o = cfg.chat ? json_pack("{s:s}", "prompt", text) : NULL;
+			if (cfg.chat)   /* the rendered template carries its own BOS */
+				s = llm_tokenizer_encode(tk, text, strlen(text), false, &j->prompt, &j->n_prompt);
+			else
+				s = job_prompt(j, tk, p, NULL, 0);
+			json_decref(o);
+		}
+		free(buf);
+		free(text);
+		if (s) {
+			if (j)
+				job_free(j);
+			free(j);
+			return s;
+		}
+		*jobs = j;
+		*n_jobs = 1;
+		return LLM_OK;
+	}
+	LLM_TRY(llm_read_file("-", &buf, &len));
+	size_t cap = 16;
+	struct job *js = calloc(cap, sizeof *js);
+	int line = 0;
+	for (char *p = buf, *nl; !s && js && p < buf + len; p = nl + 1) {
+		nl = memchr(p, '\n', (size_t)(buf + len - p));
+		if (!nl)
+			nl = buf + len;
+		*nl = 0;
+		line++;
+		if (nl > p && nl[-1] == '\r')
+			nl[-1] = 0;
+		if (!*p)
+			continue;
+		if (*n_jobs == cap) {
+			struct job *nj = realloc(js, 2 * cap * sizeof *nj);
+			if (!nj) {
+				s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+				break;
+			}
+			memset(nj + cap, 0, cap * sizeof *nj);
+			js = nj;
+			cap *= 2;
+		}
+		struct job *j = &js[(*n_jobs)++];
+		json_t *obj = NULL;
+		if (*p == '{') {
+			json_error_t e;
+			obj = json_loads(p, 0, &e);
+			if (!json_is_object(obj)) {
+				json_decref(obj);
+				s = llm_fail(LLM_ERR_USAGE, "stdin: line %d: not a JSON object: %s", line, e.text);
+				break;
+			}
+		}
+		s = job_params(j, obj, line);
+		if (!s)
+			s = job_prompt(j, tk, p, obj, line);
+		json_decref(obj);
+	}
+	free(buf);
+	if (!js)
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+	if (s) {
+		for (size_t i = 0; js && i < *n_jobs; i++)
+			job_free(&js[i]);
+		free(js);
+		*n_jobs = 0;
+		return s;
+	}
+	if (!*n_jobs)
+		return llm_fail(LLM_ERR_USAGE, "stdin: no prompts");
+	*jobs = js;
+	return LLM_OK;
+}
+
+static enum llm_status run_generate(struct llm_tokenizer *tk)
+{
+	struct job *jobs;
+	size_t n;
+	LLM_TRY(read_jobs(tk, &jobs, &n));
+	struct llm_engine *e = NULL;
+	enum llm_status s = engine_open(&e, tk, (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n));
+	int single = !cfg.prompt && !cfg.prompt_file ? 0 : 1;
+	for (size_t i = 0; !s && i < n; i++) {
+		struct llm_request r = { jobs[i].prompt, (int)jobs[i].n_prompt, jobs[i].p, on_token, &jobs[i] };
+		int id;
+		jobs[i].stream = single && !cfg.json;
+		jobs[i].t_submit = llm_now();
+		s = llm_engine_submit(e, &r, &id);
+		if (s && !single)
+			llm_fail_prefix(s, "prompt %zu", i + 1);
+	}
+	if (!s)
+		s = llm_engine_run(e);
+	for (size_t i = 0; !s && i < n; i++) {
+		if (cfg.json)
+			print_json(&jobs[i], (int)i);
+		else if (!single)
+			printf("%.*s\n", (int)jobs[i].text_len, jobs[i].text ? jobs[i].text : "");
+		else if (!cfg.show_tokens)
+			putchar('\n');
+	}
+	fflush(stdout);
+	for (size_t i = 0; !s && i < n && llm_log_level >= 2; i++) {
+		const struct job *j = &jobs[i];
+		double ttft = j->t_first - j->t_submit, gen = j->t_end - j->t_first;
+		fprintf(stderr, "%s: prompt %zu: %zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; first token %.1f ms; %s\n",
+		        llm_progname(), i + 1, j->n_prompt, ttft > 0 ? j->n_prompt / ttft : 0.0, j->n,
+		        gen > 0 && j->n > 1 ? (j->n - 1) / gen : 0.0, ttft * 1e3, llm_finish_name(j->finish));
+	}
+	for (size_t i = 0; i < n; i++)
+		job_free(&jobs[i]);
+	free(jobs);
+	llm_engine_close(e);
+	return s;
+}
+
+/* --score: {"context": ..., "continuations": [...]} per line. The
+ * continuation's tokens are those of encode(context + continuation) after
+ * the context's own tokens, as evaluation harnesses cut them. */
+static enum llm_status run_score(struct llm_tokenizer *tk)
+{
+	char *buf;
+	size_t len;
+	LLM_TRY(llm_read_file("-", &buf, &len));
+	struct llm_engine *e = NULL;
+	enum llm_status s = engine_open(&e, tk, 2);
+	int line = 0;
+	for (char *p = buf, *nl; !s && p < buf + len; p = nl + 1) {
+		nl = memchr(p, '\n', (size_t)(buf + len - p));
+		if (!nl)
+			nl = buf + len;
+		*nl = 0;
+		line++;
+		if (!*p)
+			continue;
+		json_error_t je;
+		json_t *o = json_loads(p, 0, &je), *ctx = json_object_get(o, "context"), *conts = json_object_get(o, "continuations");
+		if (!json_is_string(ctx) || !json_is_array(conts) || !json_array_size(conts)) {
+			s = llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"context\" (a string) and \"continuations\" (a non-empty array of strings)%s%s",
+			             line, o ? "" : ": ", o ? "" : je.text);
+			json_decref(o);
+			break;
+		}
+		size_t nc = json_array_size(conts), n_ctx;
+		int32_t *cids = NULL, **cont = calloc(nc, sizeof *cont);
+		int *ncont = calloc(nc, sizeof *ncont), *greedy = calloc(nc, sizeof *greedy);
+		double *lp = calloc(nc, sizeof *lp);
+		s = cont && ncont && greedy && lp ? llm_tokenizer_encode(tk, json_string_value(ctx), json_string_length(ctx), true, &cids, &n_ctx)
+		                                  : llm_fail(LLM_ERR_NOMEM, "out of memory");
+		for (size_t i = 0; !s && i < nc; i++) {
+			json_t *c = json_array_get(conts, i);
+			if (!json_is_string(c)) {
+				s = llm_fail(LLM_ERR_USAGE, "stdin: line %d: continuations[%zu] is not a string", line, i);
+				break;
+			}
+			size_t lt = json_string_length(ctx) + json_string_length(c), nw;
+			char *whole = malloc(lt + 1);
+			int32_t *wids = NULL;
+			snprintf(whole, lt + 1, "%s%s", json_string_value(ctx), json_string_value(c));
+			s = llm_tokenizer_encode(tk, whole, lt, true, &wids, &nw);
+			free(whole);
+			if (!s && nw <= n_ctx)
+				s = llm_fail(LLM_ERR_USAGE, "stdin: line %d: continuations[%zu] adds no token", line, i);
+			if (!s) {
+				ncont[i] = (int)(nw - n_ctx);
+				cont[i] = malloc((size_t)ncont[i] * sizeof **cont);
+				memcpy(cont[i], wids + n_ctx, (size_t)ncont[i] * sizeof **cont);
+			}
+			free(wids);
+		}
+		if (!s)
+			s = llm_score(e, cids, (int)n_ctx, (const int32_t *const *)cont, ncont, (int)nc, lp, greedy);
+		if (s)
+			llm_fail_prefix(s, "stdin: line %d", line);
+		if (!s) {
+			json_t *r = json_object(), *a = json_array(), *an = json_array(), *g = json_array(), *nt = json_array();
+			for (size_t i = 0; i < nc; i++) {
+				size_t chars = json_string_length(json_array_get(conts, i));
+				json_array_append_new(a, json_real(lp[i]));
+				json_array_append_new(an, json_real(chars ? lp[i] / (double)chars : lp[i]));
+				json_array_append_new(g, json_boolean(greedy[i]));
+				json_array_append_new(nt, json_integer(ncont[i]));
+			}
+			json_object_set_new(r, "index", json_integer(line - 1));
+			json_object_set_new(r, "logprobs", a);
+			json_object_set_new(r, "normalized", an);
+			json_object_set_new(r, "greedy", g);
+			json_object_set_new(r, "tokens", nt);
+			char *js = json_dumps(r, JSON_COMPACT);
+			json_decref(r);
+			puts(js);
+			free(js);
+		}
+		for (size_t i = 0; cont && i < nc; i++)
+			free(cont[i]);
+		free(cont);
+		free(ncont);
+		free(greedy);
+		free(lp);
+		free(cids);
+		json_decref(o);
+	}
+	fflush(stdout);
+	free(buf);
+	llm_engine_close(e);
+	return s;
+}
+
+/* --perplexity FILE: windows of -c tokens, each [BOS] + chunk from position
+ * 0, every chunk token scored (llama-perplexity's scheme). */
+static enum llm_status run_perplexity(struct llm_tokenizer *tk)
+{
+	char *buf;
+	size_t len, n;
+	int32_t *ids;
+	LLM_TRY(llm_read_file(cfg.perplexity, &buf, &len));
+	enum llm_status s = llm_tokenizer_encode(tk, buf, len, false, &ids, &n);
+	free(buf);
+	if (s)
+		return llm_fail_prefix(s, "%s", cfg.perplexity);
+	struct llm_engine *e = NULL;
+	s = engine_open(&e, tk, 1);
+	int32_t bos = llm_tokenizer_bos(tk);
+	int window = cfg.n_ctx ? (int)cfg.n_ctx : (e ? llm_engine_n_ctx(e) : 0);
+	int chunk = bos >= 0 ? window - 1 : window;
+	double nll = 0;
+	int64_t count = 0;
+	if (!s && chunk < 1)
+		s = llm_fail(LLM_ERR_USAGE, "--ctx-size %d leaves no room for a token", window);
+	if (!s)
+		s = llm_perplexity(e, ids, (int64_t)n, chunk, bos, &nll, &count, NULL);
+	if (!s) {
+		double ppl = count ? exp(nll / (double)count) : NAN;
+		if (cfg.json)
+			printf("{\"file\":\"%s\",\"tokens\":%lld,\"window\":%d,\"nll\":%.6f,\"ppl\":%.6f}\n", cfg.perplexity,
+			       (long long)count, window, nll, ppl);
+		else
+			printf("%s: %lld tokens in windows of %d: nll %.6f, perplexity %.4f\n", cfg.perplexity,
+			       (long long)count, window, nll, ppl);
+	}
+	free(ids);
+	llm_engine_close(e);
+	return s;
+}
+
+/* One entry per mode; generation runs when no other is asked for. */
 static const struct mode {
 	const int *flag;
 	const char *name;
@@ -195,6 +837,8 @@ static const struct mode {
 	{ &cfg.tokenize, "--tokenize", run_tokenize },
 	{ &cfg.detokenize, "--detokenize", run_detokenize },
 	{ &cfg.apply_template, "--apply-template", run_apply_template },
+	{ &cfg.score, "--score", run_score },
+	{ NULL, "--perplexity", run_perplexity },
 };
 
 int main(int argc, char **argv)
@@ -206,22 +850,32 @@ int main(int argc, char **argv)
 		return rc == LLM_ARGS_EXIT ? 0 : 2;
 	const struct mode *mode = NULL;
 	for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
-		if (*modes[i].flag) {
+		if (modes[i].flag ? *modes[i].flag : cfg.perplexity != NULL) {
 			if (mode)
 				return llm_args_usage_error(&cli, "%s and %s cannot be combined", mode->name, modes[i].name);
 			mode = &modes[i];
 		}
+	static const struct mode generate = { NULL, "generation", run_generate };
 	if (!mode)
-		return llm_args_usage_error(&cli, "give a mode: --tokenize, --detokenize or --apply-template "
-		                                  "(generation is not implemented yet)");
+		mode = &generate;
+	if (mode != &generate && (cfg.prompt || cfg.prompt_file))
+		return llm_args_usage_error(&cli, "-p and -f go with generation, not %s", mode->name);
+	if (cfg.prompt && cfg.prompt_file)
+		return llm_args_usage_error(&cli, "-p and -f cannot be combined");
+	if (cfg.chat && mode != &generate)
+		return llm_args_usage_error(&cli, "--chat goes with generation");
+	if (cfg.system && !cfg.chat)
+		return llm_args_usage_error(&cli, "--system goes with --chat");
+	if (cfg.n_logprobs && !cfg.json)
+		return llm_args_usage_error(&cli, "--logprobs goes with --json");
 	if (!cfg.model)
 		return llm_args_usage_error(&cli, "missing -m DIR");
 	if (cfg.no_special && mode->run != run_tokenize)
 		return llm_args_usage_error(&cli, "--no-special goes with --tokenize");
 	if (cfg.skip_special && mode->run != run_detokenize)
 		return llm_args_usage_error(&cli, "--skip-special goes with --detokenize");
-	if (cfg.chat_template && mode->run != run_apply_template)
-		return llm_args_usage_error(&cli, "--chat-template goes with --apply-template");
+	if (cfg.chat_template && mode->run != run_apply_template && mode != &generate)
+		return llm_args_usage_error(&cli, "--chat-template goes with --apply-template or generation");
 	struct llm_tokenizer *tk;
 	if (open_tokenizer(cfg.model, &tk))
 		llm_die("%s", llm_errmsg());

@@ -1,0 +1,100 @@
+# tests/cli/generate.sh: llm-generate's generation modes on the real
+# stories260K model, against the independent reference outputs
+# ($LLM_TEST_REF/stories260K: llama2.c run.c, matched by llama.cpp).
+. tests/lib/tap.sh
+T=$TMPD
+G=llm-generate
+if ! have_stories || [ ! -f "$LLM_TEST_REF/stories260K/greedy.jsonl" ]; then
+	skip "llm-generate on stories260K" "no stories260K model or reference in \$LLM_TEST_MODELS / \$LLM_TEST_REF"
+	tap_done
+fi
+M=$(stories)
+REF=$LLM_TEST_REF/stories260K/greedy.jsonl
+
+# the reference's prompts, as ids and as text, greedy, all in one batch
+python3 - "$REF" "$T" <<'PY'
+import json, sys
+ref, t = sys.argv[1], sys.argv[2]
+with open(t + "/ids.jsonl", "w") as a, open(t + "/text.jsonl", "w") as b:
+    for l in open(ref):
+        r = json.loads(l)
+        a.write(json.dumps({"prompt_ids": r["prompt_ids"], "max_tokens": r["n"], "temperature": 0}) + "\n")
+        b.write(json.dumps({"prompt": r["prompt"], "max_tokens": r["n"], "temperature": 0}) + "\n")
+PY
+$G -m "$M" --json --logprobs 1 --parallel 8 <"$T/ids.jsonl" >"$T/out-ids.jsonl"
+check "30 prompt_ids prompts generated together, one JSON line each" [ "$(wc -l <"$T/out-ids.jsonl")" = 30 ]
+compare() {   # the reference rule: ids equal up to the first margin < 1e-3, log-probs within 1e-4
+python3 - "$REF" "$1" <<'PY'
+import json, sys
+refs = [json.loads(l) for l in open(sys.argv[1])]
+outs = [json.loads(l) for l in open(sys.argv[2])]
+bad = 0; worst = 0.0; full = 0
+for r, o in zip(refs, outs):
+    n = next((i for i, m in enumerate(r["margins"]) if m < 1e-3), r["n"])
+    if o["ids"][:n] != r["ids"][:n]:
+        bad += 1; print("# %s: ids differ before position %d" % (r["id"], n)); continue
+    full += n == r["n"]
+    if "logprobs" in o:
+        worst = max([worst] + [abs(a - b) for a, b in zip(o["logprobs"][:n], r["logprobs"][:n])])
+    if o["prompt_ids"] != r["prompt_ids"]:
+        bad += 1; print("# %s: prompt ids differ" % r["id"])
+print("# %d/%d prompts compared in full, max |dlogprob| %.2e" % (full, len(refs), worst))
+sys.exit(1 if bad or worst > 1e-4 or len(outs) != len(refs) else 0)
+PY
+}
+check "greedy ids from prompt_ids equal run.c's, log-probs within 1e-4" compare "$T/out-ids.jsonl"
+$G -m "$M" --json <"$T/text.jsonl" >"$T/out-text.jsonl"
+check "greedy ids from the prompt text equal run.c's (tokenizer included)" compare "$T/out-text.jsonl"
+$G -m "$M" --json --parallel 1 <"$T/ids.jsonl" >"$T/out-one.jsonl"
+check "batch invariance: one at a time gives the same ids as all together" python3 -c "
+import json,sys
+a=[json.loads(l)['ids'] for l in open('$T/out-ids.jsonl')]; b=[json.loads(l)['ids'] for l in open('$T/out-one.jsonl')]
+sys.exit(a!=b)"
+$G -m "$M" --json --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
+check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
+
+# one prompt streams to stdout; --json gives the same object
+p=$(python3 -c "import json; print(json.loads(open('$REF').readline() if False else open('$REF').readlines()[1])['prompt'])")
+want=$(python3 -c "import json; print(json.loads(open('$REF').readlines()[1])['text'])")
+got=$($G -m "$M" -p "$p" -n "$(python3 -c "import json; print(json.loads(open('$REF').readlines()[1])['n'])")" --temp 0)
+check "-p streams the greedy continuation to stdout" [ "$got" = "$want" ]
+check "--json with -p writes one object" sh -c "$G -m '$M' -p '$p' -n 5 --temp 0 --json | python3 -c 'import json,sys; o=json.load(sys.stdin); assert len(o[\"ids\"])==5 and o[\"finish_reason\"]==\"length\"'"
+
+# sampling: seeded runs repeat, other seeds differ; stop strings
+a=$($G -m "$M" -p "Once upon a time" -n 30 --temp 1 --seed 5)
+b=$($G -m "$M" -p "Once upon a time" -n 30 --temp 1 --seed 5)
+c=$($G -m "$M" -p "Once upon a time" -n 30 --temp 1 --seed 6)
+check "the same seed gives the same sample" [ "$a" = "$b" ]
+check "another seed gives another sample" [ "$a" != "$c" ]
+out=$($G -m "$M" -p "Once upon a time" -n 60 --temp 0 --json --stop "Lily")
+check "--stop ends at the stop string, finish_reason stop" sh -c "echo '$out' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert o[\"finish_reason\"]==\"stop\" and \"Lily\" not in o[\"text\"], o'"
+echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "stop": ["zzz"]}' >"$T/one.jsonl"
+check "per-line max_tokens is obeyed" sh -c "$G -m '$M' --json <'$T/one.jsonl' | grep -q '\"finish_reason\":\"length\"'"
+
+# scoring and perplexity
+echo '{"context": "Once upon a time, there was a little", "continuations": [" girl", " potato sandwich"]}' >"$T/score.jsonl"
+check "--score: the likely continuation scores higher" sh -c "$G -m '$M' --score <'$T/score.jsonl' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert o[\"logprobs\"][0] > o[\"logprobs\"][1] and o[\"greedy\"][0], o'"
+python3 -c "import json; print(json.load(open('$LLM_TEST_REF/stories260K/perplexity.json'))['texts'][0].get('text',''), end='')" >"$T/story.txt"
+if [ -s "$T/story.txt" ]; then
+	$G -m "$M" --perplexity "$T/story.txt" -c 512 --json >"$T/ppl.json"
+	check "--perplexity matches the reference NLL of the story within 1e-5 relative" python3 -c "
+import json
+ref=json.load(open('$LLM_TEST_REF/stories260K/perplexity.json'))['texts'][0]; o=json.load(open('$T/ppl.json'))
+print('# nll %.6f ref %.6f tokens %d ref %d' % (o['nll'], ref['total_nll'], o['tokens'], ref['token_count']))
+assert o['tokens']==ref['token_count'] and abs(o['nll']-ref['total_nll']) <= 1e-5*ref['total_nll']"
+else
+	skip "--perplexity against the reference" "perplexity.json has no inline text"
+fi
+
+# bad input: one line, exit 1
+long=$(python3 -c "print('Once upon a time ' * 200)")
+check_fails "a prompt longer than the context is refused" 1 $G -m "$M" -p "$long" -c 64
+echo '{"prompt_ids": [1, 99999]}' >"$T/badid.jsonl"
+check_fails "an unknown token id is refused" 1 sh -c "$G -m '$M' <'$T/badid.jsonl'"
+mkdir -p "$T/notok"; cp "$M/model.safetensors" "$M/config.json" "$T/notok/"
+check_fails "a missing tokenizer file is refused" 1 $G -m "$T/notok" -p hi
+check_fails "a corrupt checkpoint is refused" 1 $G -m tests/data/malformed/overlap.safetensors -p hi
+echo 'not json {' >"$T/bad.jsonl"; echo '{"prompt": 5}' >>"$T/bad.jsonl"
+check_fails "a JSONL line with a wrong type names the line" 1 sh -c "echo '{\"prompt\": 5}' | $G -m '$M'"
+grep -q "line 1" "$T/err" && ok "... the message names the line" || notok "... the message names the line"
+tap_done

@@ -76,7 +76,10 @@ static void resolve_opts(const struct llm_model *m, const struct llm_engine_opts
 	if (o->max_batch_tokens <= 0)
 		o->max_batch_tokens = 512;
 	*n_ctx = o->n_ctx > 0 && o->n_ctx < m->cfg.max_ctx ? o->n_ctx : m->cfg.max_ctx;
-	int64_t per_seq = (*n_ctx + o->kv_block_size - 1) / o->kv_block_size;
+	/* default pool: max_seqs sequences of min(n_ctx, 4096) positions (one
+	 * request may still use up to the whole pool) */
+	int per = *n_ctx < 4096 ? *n_ctx : 4096;
+	int64_t per_seq = (per + o->kv_block_size - 1) / o->kv_block_size;
 	if (o->kv_blocks <= 0)
 		o->kv_blocks = per_seq * o->max_seqs;
 	if (o->max_logits <= 0)

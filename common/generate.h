@@ -51,7 +51,7 @@ struct llm_engine_opts {
 	enum llm_cpu_isa isa;       /* LLM_ISA_AUTO: best, or $LLM_CPU_ISA */
 	enum llm_dtype kv_dtype;    /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
 	int kv_block_size;          /* positions per KV block */
-	int64_t kv_blocks;          /* 0: max_seqs full contexts */
+	int64_t kv_blocks;          /* 0: max_seqs x min(n_ctx, 4096) positions */
 	int max_seqs;               /* sequences in flight */
 	int n_ctx;                  /* 0: max_position_embeddings */
 	int max_batch_tokens;       /* tokens per forward step (the step budget) */

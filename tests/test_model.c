@@ -253,6 +253,34 @@ static void test_batch_invariance(void)
 	llm_engine_close(e);
 }
 
+/* llm_score: the reference continuation of a prompt scores the sum of its
+ * reference log-probs and is greedy; two continuations share the context's
+ * blocks (fork), and a changed continuation is not greedy. */
+static void test_score(void)
+{
+	struct llm_engine *e = open_engine(model_dir, LLM_DTYPE_F32, 1, 2);
+	if (!e)
+		return;
+	const struct prompt *p = &P[1];
+	int n1 = 12;
+	int32_t alt[12];
+	memcpy(alt, p->ref, sizeof alt);
+	alt[5] = alt[5] == 300 ? 301 : 300;
+	const int32_t *cont[2] = { p->ref, alt };
+	int ncont[2] = { n1, n1 };
+	double lp[2];
+	int g[2];
+	enum llm_status s = llm_score(e, p->prompt, p->n_prompt, cont, ncont, 2, lp, g);
+	double want = 0;
+	for (int i = 0; i < n1; i++)
+		want += p->logprob[i];
+	check(s == LLM_OK && fabs(lp[0] - want) < n1 * LOGPROB_ATOL && g[0] == 1 && g[1] == 0 && lp[1] < lp[0],
+	      "llm_score: reference continuation %.6f vs run.c %.6f, greedy %d; altered %.4f, greedy %d",
+	      lp[0], want, g[0], lp[1], g[1]);
+	check(llm_engine_kv(e)->n_free == llm_engine_kv(e)->n_block, "llm_score returns every KV block");
+	llm_engine_close(e);
+}
+
 /* ---- perplexity -------------------------------------------------------- */
 
 static double f32_story_nll = -1;
@@ -563,6 +591,7 @@ int main(void)
 	}
 	test_greedy();
 	test_batch_invariance();
+	test_score();
 	perplexity_of(model_dir, "f32", LLM_DTYPE_F32, &f32_story_nll, 1);
 	if (alone) {                      /* the BF16 KV cache: reported */
 		struct llm_engine *e = open_engine(model_dir, LLM_DTYPE_BF16, 0, 1);

@@ -389,16 +389,24 @@ static void attn_task(void *ctx, int ith, int nth)
 		const float *q = row(j->q, t) + (size_t)h * (size_t)d;
 		float *o = row(j->out, t) + (size_t)h * (size_t)d;
 		size_t hoff = (size_t)(h / group) * (size_t)d;
-		for (int32_t p = 0; p <= pos; p++) {
-			size_t off = llm_kv_offset(kv, j->layer, seq, p) + hoff;
-			const float *kr;
-			if (kv->dtype == LLM_DTYPE_F32) {
-				kr = (const float *)kv->k + off;
-			} else {
-				llm_to_f32(kf, (const uint16_t *)kv->k + off, LLM_DTYPE_BF16, (size_t)d);
-				kr = kf;
+		const int32_t *blk = kv->seq[seq].blk;
+		int bs = kv->block_size;
+		/* positions a block at a time: one table lookup per block */
+		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
+			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
+			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
+			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
+			for (int32_t p = p0; p <= pe; p++) {
+				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
+				const float *kr;
+				if (kv->dtype == LLM_DTYPE_F32) {
+					kr = (const float *)kv->k + off;
+				} else {
+					llm_to_f32(kf, (const uint16_t *)kv->k + off, LLM_DTYPE_BF16, (size_t)d);
+					kr = kf;
+				}
+				att[p] = llm_cpu_dot(j->c->isa, q, kr, d) / scale;
 			}
-			att[p] = llm_cpu_dot(j->c->isa, q, kr, d) / scale;
 		}
 		float mx = att[0];
 		for (int32_t p = 1; p <= pos; p++)
@@ -413,18 +421,23 @@ static void attn_task(void *ctx, int ith, int nth)
 			att[p] /= sum;
 		for (int i = 0; i < d; i++)
 			o[i] = 0.0f;
-		for (int32_t p = 0; p <= pos; p++) {
-			size_t off = llm_kv_offset(kv, j->layer, seq, p) + hoff;
-			const float *vr;
-			if (kv->dtype == LLM_DTYPE_F32) {
-				vr = (const float *)kv->v + off;
-			} else {
-				llm_to_f32(kf, (const uint16_t *)kv->v + off, LLM_DTYPE_BF16, (size_t)d);
-				vr = kf;
+		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
+			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
+			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
+			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
+			for (int32_t p = p0; p <= pe; p++) {
+				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
+				const float *vr;
+				if (kv->dtype == LLM_DTYPE_F32) {
+					vr = (const float *)kv->v + off;
+				} else {
+					llm_to_f32(kf, (const uint16_t *)kv->v + off, LLM_DTYPE_BF16, (size_t)d);
+					vr = kf;
+				}
+				float a = att[p];
+				for (int i = 0; i < d; i++)
+					o[i] += a * vr[i];
 			}
-			float a = att[p];
-			for (int i = 0; i < d; i++)
-				o[i] += a * vr[i];
 		}
 	}
 }

@@ -1,0 +1,207 @@
+# tests/cli/serve.sh: llm-serve over loopback, driven by curl: the OpenAI and
+# TGI endpoints, streaming, stop strings, greedy outputs against the
+# stories260K reference, /health, /metrics, malformed requests, context and
+# body limits, the API key, the plan, queue overflow (429), a client that
+# goes away mid-stream, and SIGTERM draining. Every server is on 127.0.0.1
+# with a port the kernel picked; every wait is bounded.
+. tests/lib/tap.sh
+T=$TMPD
+S=llm-serve
+check "--help exits 0 and prints the usage line" sh -c "$S --help | grep -q '^usage: llm-serve '"
+check_fails "no -m is a usage error" 2 $S
+check_fails "a bad --kv-dtype is a usage error" 2 $S -m x --kv-dtype f16
+check_fails "a missing model is a runtime error naming it" 1 $S -m "$T/nope" --port 0
+grep -q "$T/nope" "$T/err" && ok "the error names the missing model" || notok "the error names the missing model"
+if ! have_stories; then
+	skip "llm-serve against stories260K" "no stories260K in \$LLM_TEST_MODELS"
+	tap_done
+fi
+M=$(stories)
+REF=$LLM_TEST_REF/stories260K/greedy.jsonl
+
+# the plan, without loading the weights
+$S -m "$M" --plan --max-kv-tokens 4096 >"$T/plan.json" 2>"$T/err"
+check "--plan prints the memory plan as JSON" python3 -c "
+import json; p = json.load(open('$T/plan.json'))
+assert p['kv_tokens'] == 4096 and p['max_context_that_fits'] == 512 and p['fits'], p
+assert p['weight_bytes'] > 0 and p['kv_bytes_per_token'] == 5*4*8*2*4 and p['activation_bytes'] > 0, p"
+check_fails "a KV cache smaller than one context is refused at start" 1 $S -m "$M" --max-kv-tokens 100
+grep -q -- "--max-kv-tokens 100 holds 112 tokens, less than one context of 512: need --max-kv-tokens 512" "$T/err" &&
+	ok "the refusal names the knob and the number needed" || notok "the refusal names the knob and the number needed: $(cat "$T/err")"
+
+# start SERVER ARGS...: sets SP, URL; waits (bounded) for /health 200
+start() {
+	rm -f "$T/port"
+	$S -m "$M" --port 0 --port-file "$T/port" -t 1 "$@" 2>>"$T/server.log" & SP=$!
+	local i
+	for i in $(seq 1 150); do
+		[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
+		sleep 0.1
+	done
+	URL=http://127.0.0.1:$(cat "$T/port" 2>/dev/null)
+}
+# stop: SIGTERM, and the exit status of the server in RC
+stop() { kill -TERM $SP 2>/dev/null; wait $SP; RC=$?; }
+post() { curl -s -m 60 -H 'Content-Type: application/json' "$@"; }
+code() { curl -s -m 60 -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$@"; }
+metric() { curl -s -m 5 "$URL/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
+
+start --chat-template tests/data/chat-template.jinja --max-body 4096
+check "/health says 200 when ready" sh -c "curl -sf -m 5 '$URL/health' | grep -q ready"
+check "the server binds 127.0.0.1 by default" grep -q "listening on http://127.0.0.1:" "$T/server.log"
+check "/v1/models lists the model" sh -c "curl -s -m 5 '$URL/v1/models' | grep -q '\"id\":\"stories260K\"'"
+
+# greedy completions equal the reference (llama2.c run.c) ids
+bad=0
+for id in s02 s03 s04 s06 s08 s09; do
+	ids=$(python3 -c "import json; [print(json.dumps(o['prompt_ids'])) for o in map(json.loads, open('$REF')) if o['id'] == '$id']")
+	post "$URL/v1/completions" -d "{\"prompt\": $ids, \"max_tokens\": 48, \"temperature\": 0}" >"$T/g_$id.json"
+	python3 -c "
+import json,sys
+r = json.load(open('$T/g_$id.json'))
+ref = [o for o in map(json.loads, open('$REF')) if o['id'] == '$id'][0]['ids'][:48]
+got = r['choices'][0]['token_ids']
+sys.exit(0 if got == ref and r['usage']['completion_tokens'] == 48 and r['choices'][0]['finish_reason'] == 'length' else 1)" || bad=$((bad+1))
+done
+[ $bad = 0 ] && ok "greedy completions equal the reference ids (6 prompts, 48 tokens)" || notok "greedy completions: $bad of 6 differ from the reference"
+
+# a text prompt: non-streamed and streamed give the same text and ids
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0}' >"$T/c.json"
+post -N "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}' >"$T/c.sse"
+check "a streamed completion ends with data: [DONE]" sh -c "tail -n 2 '$T/c.sse' | grep -qx 'data: \[DONE\]'"
+check "streamed text, ids and usage equal the non-streamed response" python3 -c "
+import json
+full = json.load(open('$T/c.json'))
+ev = [json.loads(l[6:]) for l in open('$T/c.sse') if l.startswith('data: {')]
+text = ''.join(c['text'] for e in ev for c in e['choices'])
+ids = [i for e in ev for c in e['choices'] for i in c['token_ids']]
+assert text == full['choices'][0]['text'] and ids == full['choices'][0]['token_ids'], (text, full)
+assert ev[-1]['usage'] == full['usage'] and ev[-2]['choices'][0]['finish_reason'] == 'length'
+assert full['usage'] == {'prompt_tokens': 5, 'completion_tokens': 30, 'total_tokens': 35}"
+
+# stop strings, logprobs, n, seed
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stop": ["Lily"]}' >"$T/s.json"
+check "a stop string ends the text before it, finish_reason stop" python3 -c "
+import json; c = json.load(open('$T/s.json'))['choices'][0]
+assert c['finish_reason'] == 'stop' and c['text'] == ', there was a little girl named ', c"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 3}' >"$T/l.json"
+check "logprobs: 3 gives the token log-probs and the top 3" python3 -c "
+import json; l = json.load(open('$T/l.json'))['choices'][0]['logprobs']
+assert len(l['tokens']) == 5 and len(l['token_logprobs']) == 5 and all(len(t) == 3 for t in l['top_logprobs'])
+assert all(-20 < x <= 0 for x in l['token_logprobs']) and l['text_offset'][0] == 0"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 20, "temperature": 1, "seed": 7, "n": 3}' >"$T/n1.json"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 20, "temperature": 1, "seed": 7, "n": 3}' >"$T/n2.json"
+check "n: 3 with a seed: three choices, the same on a second request" python3 -c "
+import json; a = json.load(open('$T/n1.json')); b = json.load(open('$T/n2.json'))
+assert len(a['choices']) == 3 and a['choices'] == b['choices'], (a, b)
+assert len({c['text'] for c in a['choices']}) > 1 and a['usage']['completion_tokens'] == 60"
+
+# chat, with the template of tests/data
+post "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12, "temperature": 0}' >"$T/chat.json"
+check "chat completion: an assistant message and usage" python3 -c "
+import json; r = json.load(open('$T/chat.json'))
+assert r['object'] == 'chat.completion' and r['choices'][0]['message']['role'] == 'assistant'
+assert len(r['choices'][0]['message']['content']) > 0 and r['usage']['completion_tokens'] == 12, r"
+post -N "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12, "temperature": 0, "stream": true}' >"$T/chat.sse"
+check "streamed chat: a role delta, content deltas, [DONE], the same text" python3 -c "
+import json
+ev = [json.loads(l[6:]) for l in open('$T/chat.sse') if l.startswith('data: {')]
+assert ev[0]['choices'][0]['delta']['role'] == 'assistant'
+text = ''.join(e['choices'][0]['delta'].get('content', '') for e in ev)
+assert text == json.load(open('$T/chat.json'))['choices'][0]['message']['content']
+assert open('$T/chat.sse').read().rstrip().endswith('data: [DONE]')"
+
+# TGI
+post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 30, "details": true}}' >"$T/tgi.json"
+check "/generate: greedy generated_text equals the completion's, with details" python3 -c "
+import json; t = json.load(open('$T/tgi.json')); c = json.load(open('$T/c.json'))
+assert t['generated_text'] == c['choices'][0]['text'], t
+d = t['details']; assert d['finish_reason'] == 'length' and d['generated_tokens'] == 30
+assert [x['id'] for x in d['tokens']] == c['choices'][0]['token_ids']"
+post -N "$URL/generate_stream" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 30}}' >"$T/tgi.sse"
+check "/generate_stream: one event per token, the last with generated_text" python3 -c "
+import json
+ev = [json.loads(l[5:]) for l in open('$T/tgi.sse') if l.startswith('data:')]
+c = json.load(open('$T/c.json'))['choices'][0]
+assert [e['token']['id'] for e in ev] == c['token_ids'] and ev[-1]['generated_text'] == c['text']
+assert ev[-1]['details']['finish_reason'] == 'length' and all(e['generated_text'] is None for e in ev[:-1])"
+
+# errors
+check "malformed JSON: 400" [ "$(code "$URL/v1/completions" -d '{"prompt": ')" = 400 ]
+check "a wrong type: 400 naming the field" sh -c "[ \"\$(curl -s -m 10 -o '$T/b' -w '%{http_code}' '$URL/v1/completions' -d '{\"prompt\": \"a\", \"max_tokens\": \"ten\"}')\" = 400 ] && grep -q '\"param\":\"max_tokens\"' '$T/b'"
+check "temperature out of range: 400 naming it" sh -c "curl -s -m 10 '$URL/v1/completions' -d '{\"prompt\": \"a\", \"temperature\": 7}' | grep -q 'temperature: 7 is out of range'"
+c=$(code "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 600}')
+check "prompt + max_tokens beyond the context: 400 with the numbers" sh -c "[ $c = 400 ] && grep -q 'prompt of 5 tokens + max_tokens 600 exceeds the context of 512' '$T/body'"
+head -c 5000 /dev/zero | tr '\0' 'a' >"$T/big"
+check "a body over --max-body: 413" [ "$(code "$URL/v1/completions" --data-binary @"$T/big")" = 413 ]
+check "an unknown endpoint: 404" [ "$(code "$URL/v1/nope")" = 404 ]
+check "GET on a POST endpoint: 405" [ "$(code -X GET "$URL/v1/completions")" = 405 ]
+check "an unknown model name: 404" [ "$(code "$URL/v1/completions" -d '{"model": "gpt-9", "prompt": "a"}')" = 404 ]
+check "a chat message without a role: 400 naming messages" sh -c "curl -s -m 10 '$URL/v1/chat/completions' -d '{\"messages\": [{\"content\": \"hi\"}]}' | grep -q '\"param\":\"messages\"'"
+check "no request can name a file: a prompt that is a path is just text" sh -c "curl -s -m 10 '$URL/v1/completions' -d '{\"prompt\": \"/etc/passwd\", \"max_tokens\": 2}' | grep -q text_completion"
+
+# metrics
+m=$(curl -s -m 5 "$URL/metrics")
+miss=""
+for n in llm_requests_running llm_requests_waiting llm_kv_blocks_used llm_kv_blocks_total llm_prompt_tokens_total \
+	llm_generation_tokens_total llm_time_to_first_token_seconds_bucket llm_inter_token_latency_seconds_count \
+	llm_e2e_request_latency_seconds_sum llm_queue_time_seconds_count; do
+	printf '%s\n' "$m" | grep -q "^$n" || miss="$miss $n"
+done
+[ -z "$miss" ] && ok "/metrics has the gauges, counters and histograms" || notok "/metrics lacks:$miss"
+check "/metrics: no KV blocks held by requests when idle" [ "$(metric llm_kv_blocks_used)" = 0 ]
+
+# a client that goes away mid-stream: its request is cancelled, its blocks freed
+# (n: 16 x 500 tokens take seconds, where one request of 500 takes 0.2 s)
+curl -s -N -m 0.5 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 500, "n": 16, "ignore_eos": true, "stream": true}' >"$T/cut.sse" 2>/dev/null
+for i in $(seq 1 50); do [ "$(metric 'llm_requests_total{status="cancelled"}')" = 1 ] && break; sleep 0.1; done
+check "a client closing mid-stream cancels its request" [ "$(metric 'llm_requests_total{status="cancelled"}')" = 1 ]
+check "and its KV blocks are free again" [ "$(metric llm_kv_blocks_used)" = 0 ] 
+check "the stream it got was cut short" sh -c "! grep -q DONE '$T/cut.sse' && grep -q 'data: {' '$T/cut.sse'"
+stop
+check "SIGTERM on an idle server: exit 0" [ "$RC" = 0 ]
+
+# the API key
+start --api-key sekret
+check "--api-key: no key gets 401" [ "$(code "$URL/v1/models")" = 401 ]
+check "--api-key: a wrong key gets 401" [ "$(code -H 'Authorization: Bearer nope' "$URL/v1/models")" = 401 ]
+check "--api-key: the key gets 200" [ "$(code -H 'Authorization: Bearer sekret' "$URL/v1/models")" = 200 ]
+check "--api-key: /health needs no key" [ "$(code "$URL/health")" = 200 ]
+stop
+
+# queue overflow: 16 running (one request, n: 16), one waiting at most; the rest 429 at once
+start --max-running 16 --max-queue 1
+for i in 1 2 3 4 5; do
+	curl -s -m 60 -D "$T/q$i.h" -o "$T/q$i.json" -w '%{http_code}\n' "$URL/v1/completions" \
+		-d '{"prompt": "Once upon a time", "max_tokens": 400, "n": 16, "ignore_eos": true, "temperature": 0}' >"$T/q$i.code" &
+	sleep 0.05
+done
+wait $(jobs -p | grep -v "^$SP$") 2>/dev/null
+n200=$(cat "$T"/q*.code | grep -c 200); n429=$(cat "$T"/q*.code | grep -c 429)
+check "queue overflow (16 running, --max-queue 1, n: 16): 1 answered, 4 refused with 429 ($n200 + $n429)" [ "$n200" = 1 ] && [ "$n429" = 4 ]
+check "a 429 carries Retry-After" sh -c "grep -il '^retry-after: 1' '$T'/q*.h | grep -q ."
+check "the answered ones are complete" sh -c "grep -l '\"completion_tokens\":6400' '$T'/q*.json | wc -l | grep -qx 1"
+
+# SIGTERM with a request running: health 503, new requests 503, the stream completes, exit 0
+curl -s -N -m 60 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 480, "n": 16, "ignore_eos": true, "stream": true}' >"$T/drain.sse" &
+cp=$!
+for i in $(seq 1 50); do grep -q 'data: {' "$T/drain.sse" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $SP
+sleep 0.2
+hc=$(code "$URL/health"); nc=$(code "$URL/v1/completions" -d '{"prompt": "a"}')
+wait $cp
+wait $SP; RC=$?
+check "draining: /health says 503" [ "$hc" = 503 ]
+check "draining: a new request gets 503" [ "$nc" = 503 ]
+check "draining: the running stream completes with [DONE]" sh -c "grep -q 'data: \[DONE\]' '$T/drain.sse' && [ \$(grep -c token_ids '$T/drain.sse') = 7680 ]"
+check "draining: the server exits 0" [ "$RC" = 0 ]
+
+# a drain timeout cuts a long request and still exits 0
+start --drain-timeout 0.3
+curl -s -N -m 60 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 500, "n": 16, "ignore_eos": true, "stream": true}' >"$T/cutd.sse" &
+cp=$!
+for i in $(seq 1 50); do grep -q 'data: {' "$T/cutd.sse" 2>/dev/null && break; sleep 0.05; done
+t0=$(date +%s%N); stop; t1=$(date +%s%N)
+wait $cp
+check "--drain-timeout: exit 0 within the timeout (+ margin)" [ "$RC" = 0 ] && [ $(( (t1 - t0) / 1000000 )) -lt 3000 ]
+tap_done

@@ -1,0 +1,231 @@
+/* tools/llm-serve.c: an OpenAI- and TGI-compatible HTTP server with
+ * continuous batching (Dynamic SplitFuse), a paged KV cache with preemption
+ * and prefix caching. The work is in libllm (server.c, scheduler.c); main
+ * parses flags, sizes the KV cache (or prints the plan), starts the server
+ * and waits for SIGTERM/SIGINT, then drains. */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "llm.h"
+#include "server.h"
+
+struct serve_cfg {
+	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype;
+	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
+	int64_t max_queue, threads, default_max_tokens;
+	size_t kv_memory, max_body;
+	double drain_timeout;
+	int plan;
+};
+
+static struct serve_cfg cfg = {
+	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "f32",
+	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
+	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
+};
+
+static const struct llm_opt opts[] = {
+	LLM_STR('m', "model", "DIR", &cfg.model, "checkpoint directory or .safetensors file (required)"),
+	LLM_STR(0, "host", "ADDR", &cfg.host, "address to bind; anything but loopback exposes the server"),
+	LLM_INT(0, "port", "N", &cfg.port, "TCP port; 0 picks a free one (see --port-file)", 0, 65535),
+	LLM_STR(0, "port-file", "FILE", &cfg.port_file, "write the bound port to FILE once listening"),
+	LLM_STR(0, "api-key", "KEY", &cfg.api_key, "require 'Authorization: Bearer KEY' (all but /health)"),
+	LLM_STR(0, "chat-template", "FILE", &cfg.chat_template, "Jinja chat template to use instead of the model's"),
+	LLM_STR(0, "served-model-name", "NAME", &cfg.name, "model name in /v1/models and responses (default: the checkpoint's base name)"),
+	LLM_INT(0, "max-running", "N", &cfg.max_running, "requests in the running batch at most", 1, 1024),
+	LLM_INT(0, "max-batch-tokens", "N", &cfg.max_batch_tokens,
+	        "SplitFuse token budget of one forward step (decodes first, then prompt chunks)", 1, 1 << 20),
+	LLM_INT(0, "kv-block-size", "N", &cfg.kv_block_size, "token positions per KV block", 1, 4096),
+	LLM_SIZE(0, "kv-memory", "SIZE", &cfg.kv_memory, "KV cache size (e.g. 512MiB); default: --max-running full contexts, at most 1GiB"),
+	LLM_INT(0, "max-kv-tokens", "N", &cfg.max_kv_tokens, "KV cache size in token positions (instead of --kv-memory)", 0, INT32_MAX),
+	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
+	LLM_INT('c', "ctx-size", "N", &cfg.ctx_size, "context length (0: the model's)", 0, INT32_MAX),
+	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse (0: no prefix caching)", 0, 1024),
+	LLM_INT(0, "max-queue", "N", &cfg.max_queue, "requests waiting beyond the running ones; more get 429", 0, 1 << 20),
+	LLM_SIZE(0, "max-body", "SIZE", &cfg.max_body, "largest request body; larger get 413"),
+	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
+	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
+	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
+	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
+	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
+};
+
+static const struct llm_cli cli = {
+	.usage = "llm-serve [options] -m DIR",
+	.summary = "Serve a model over HTTP: OpenAI /v1/completions and /v1/chat/completions, TGI /generate,\n"
+	           "/health and Prometheus /metrics, with continuous batching and a paged KV cache.",
+	.example = "llm-serve -m models/smollm2-135m-fp8 --port 8080 --max-batch-tokens 512",
+	.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 0, .max_pos = 0,
+};
+
+static void human(size_t b, char *out, size_t n)
+{
+	if (b >= (1u << 30))
+		snprintf(out, n, "%.0fMiB", (double)b / (1 << 20) + 0.5);
+	else
+		snprintf(out, n, "%.0fKiB", (double)b / 1024 + 0.5);
+}
+
+/* Fill the engine options; check that one full context fits the cache. */
+static int size_cache(const struct llm_model *m, struct llm_engine_opts *eo, struct llm_mem_plan *p)
+{
+	int n_ctx = cfg.ctx_size > 0 && cfg.ctx_size < m->cfg.max_ctx ? (int)cfg.ctx_size : m->cfg.max_ctx;
+	eo->n_ctx = n_ctx;
+	eo->kv_blocks = 1;
+	llm_mem_plan(m, eo, p);
+	size_t per_tok = p->kv_bytes_per_token, bs = (size_t)cfg.kv_block_size;
+	int64_t blocks;
+	const char *knob;
+	char have[64], need[64];
+	if (cfg.max_kv_tokens > 0) {
+		blocks = (cfg.max_kv_tokens + (int64_t)bs - 1) / (int64_t)bs;
+		knob = "--max-kv-tokens";
+		snprintf(have, sizeof have, "%lld", (long long)cfg.max_kv_tokens);
+		snprintf(need, sizeof need, "%d", n_ctx);
+	} else if (cfg.kv_memory > 0) {
+		blocks = (int64_t)(cfg.kv_memory / (per_tok * bs));
+		knob = "--kv-memory";
+		human(cfg.kv_memory, have, sizeof have);
+		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
+	} else {
+		int64_t full = (int64_t)cfg.max_running * ((n_ctx + (int64_t)bs - 1) / (int64_t)bs);
+		int64_t cap = (int64_t)((size_t)1 << 30) / (int64_t)(per_tok * bs);
+		blocks = full < cap ? full : cap;
+		knob = "--kv-memory";
+		snprintf(have, sizeof have, "1GiB (the default)");
+		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
+	}
+	if (blocks * (int64_t)bs < n_ctx) {
+		llm_warn("%s %s holds %lld tokens, less than one context of %d: need %s %s, or --ctx-size %lld",
+		         knob, have, (long long)(blocks * (int64_t)bs), n_ctx, knob, need, (long long)(blocks * (int64_t)bs));
+		return -1;
+	}
+	eo->kv_blocks = blocks;
+	llm_mem_plan(m, eo, p);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	llm_set_progname(argv[0]);
+	const char *pos[16];
+	int n_pos;
+	int rc = llm_args_parse(argc, argv, &cli, pos, &n_pos);
+	if (rc != LLM_ARGS_OK)
+		return rc == LLM_ARGS_EXIT ? 0 : 2;
+	if (!cfg.model)
+		return llm_args_usage_error(&cli, "-m DIR is required");
+	int kvd = llm_dtype_parse_flag(cfg.kv_dtype);
+	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16)
+		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
+	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
+		return llm_args_usage_error(&cli, "--kv-memory and --max-kv-tokens are two ways to say one thing; give one");
+
+	struct llm_server_opts so = {
+		.model = cfg.model, .host = cfg.host, .port = (int)cfg.port, .api_key = cfg.api_key,
+		.model_name = cfg.name, .max_queue = (int)cfg.max_queue, .max_body = cfg.max_body,
+		.default_max_tokens = (int)cfg.default_max_tokens,
+		.sched = { .max_running = (int)cfg.max_running, .max_batch_tokens = (int)cfg.max_batch_tokens,
+		           .prefix_entries = (int)cfg.prefix_cache },
+	};
+	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
+	eo.backend = cfg.backend;
+	eo.n_threads = (int)cfg.threads;
+	eo.kv_dtype = (enum llm_dtype)kvd;
+	eo.kv_block_size = (int)cfg.kv_block_size;
+	eo.max_seqs = (int)(cfg.max_running + cfg.prefix_cache);
+	eo.max_batch_tokens = (int)cfg.max_batch_tokens;
+	eo.max_logits = (int)cfg.max_running;
+
+	/* the plan: the model is mapped, not loaded */
+	struct llm_model m = { 0 };
+	if (llm_model_open(&m, cfg.model))
+		llm_die("%s", llm_errmsg());
+	struct llm_mem_plan p;
+	int fits = size_cache(&m, &eo, &p) == 0;
+	if (cfg.plan) {
+		int64_t kv_tokens = p.kv_blocks * p.kv_block_size;
+		printf("{\"model\": \"%s\", \"weight_bytes\": %zu, \"kv_bytes_per_token\": %zu, \"kv_block_size\": %d, "
+		       "\"kv_blocks\": %lld, \"kv_bytes\": %zu, \"kv_tokens\": %lld, \"activation_bytes\": %zu, "
+		       "\"logits_bytes\": %zu, \"total_bytes\": %zu, \"n_ctx\": %d, \"max_running\": %d, "
+		       "\"max_batch_tokens\": %d, \"max_context_that_fits\": %lld, \"fits\": %s}\n",
+		       cfg.model, p.weight_bytes, p.kv_bytes_per_token, p.kv_block_size, (long long)p.kv_blocks,
+		       p.kv_bytes, (long long)kv_tokens, p.scratch_bytes, p.logits_bytes, p.total, p.n_ctx,
+		       (int)cfg.max_running, p.max_batch_tokens,
+		       (long long)(kv_tokens < p.n_ctx ? kv_tokens : p.n_ctx), fits ? "true" : "false");
+		llm_model_close(&m);
+		return fits ? 0 : 1;
+	}
+	llm_model_close(&m);
+	if (!fits)
+		return 1;
+	char *tmpl = NULL;
+	if (cfg.chat_template) {
+		size_t len;
+		if (llm_read_file(cfg.chat_template, &tmpl, &len))
+			llm_die("%s", llm_errmsg());
+		so.chat_template = tmpl;
+	}
+	so.eng = eo;
+
+	/* signals go to sigwait below, not to the server's threads */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct llm_server *srv;
+	if (llm_server_start(&srv, &so))
+		llm_die("%s", llm_errmsg());
+	int port = llm_server_port(srv);
+	LLM_INFO("llm-serve: listening on http://%s:%d (loading %s)\n", cfg.host, port, cfg.model);
+	if (cfg.port_file) {
+		char line[32];
+		int n = snprintf(line, sizeof line, "%d\n", port);
+		if (llm_write_file_atomic(cfg.port_file, line, (size_t)n)) {
+			llm_server_stop(srv);
+			llm_die("%s", llm_errmsg());
+		}
+	}
+	int announced = 0, sig = 0;
+	struct timespec tick = { 0, 100 * 1000 * 1000 };
+	for (;;) {
+		const char *err;
+		enum llm_server_state st = llm_server_state(srv, &err);
+		if (st == LLM_SERVER_FAILED) {
+			char msg[600];
+			snprintf(msg, sizeof msg, "%s", err);
+			llm_server_stop(srv);
+			free(tmpl);
+			llm_die("%s", msg);
+		}
+		if (st == LLM_SERVER_READY && !announced) {
+			LLM_INFO("llm-serve: ready\n");
+			announced = 1;
+		}
+		sig = sigtimedwait(&set, NULL, &tick);
+		if (sig == SIGTERM || sig == SIGINT)
+			break;
+	}
+	LLM_INFO("llm-serve: %s: draining (%d in flight, up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+	         llm_server_in_flight(srv), cfg.drain_timeout);
+	llm_server_drain(srv);
+	double t0 = llm_now();
+	while (llm_server_in_flight(srv) > 0 && llm_now() - t0 < cfg.drain_timeout) {
+		if (sigtimedwait(&set, NULL, &tick) > 0)
+			break;           /* a second signal: stop now */
+	}
+	int left = llm_server_in_flight(srv);
+	if (left)
+		llm_warn("%d requests still running after the drain; cancelled", left);
+	llm_server_stop(srv);
+	free(tmpl);
+	LLM_INFO("llm-serve: stopped\n");
+	return 0;
+}

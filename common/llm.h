@@ -16,6 +16,10 @@
 #include "model.h"
 #include "sampler.h"
 #include "generate.h"
+#include "partition.h"
+#include "comm.h"
+#include "lora.h"
+#include "train.h"
 
 #include "banned.h"
 #endif

@@ -1,0 +1,646 @@
+/* common/lora.c: LoRA adapter layout, initialization, the inference hook,
+ * PEFT adapter files and merging into a checkpoint (see lora.h). */
+#define _GNU_SOURCE
+#include "lora.h"
+#include "model.h"
+#include "fileio.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "banned.h"
+
+#define LORA_MAX_RANK 4096
+
+static const char *const target_names[LLM_LORA_N] = {
+	"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+};
+static const char *const target_short[LLM_LORA_N] = { "q", "k", "v", "o", "gate", "up", "down" };
+
+const char *llm_lora_target_name(int t) { return t >= 0 && t < LLM_LORA_N ? target_names[t] : "?"; }
+const char *llm_lora_target_parent(int t) { return t <= LLM_LORA_O ? "self_attn" : "mlp"; }
+
+static int target_parse1(const char *s, size_t n)
+{
+	for (int t = 0; t < LLM_LORA_N; t++)
+		if ((strlen(target_short[t]) == n && !strncmp(s, target_short[t], n)) ||
+		    (strlen(target_names[t]) == n && !strncmp(s, target_names[t], n)))
+			return t;
+	return -1;
+}
+
+enum llm_status llm_lora_parse_targets(const char *s, unsigned *mask)
+{
+	*mask = 0;
+	if (!strcmp(s, "all")) {
+		*mask = LLM_LORA_ALL;
+		return LLM_OK;
+	}
+	while (*s) {
+		const char *e = strchr(s, ',');
+		size_t n = e ? (size_t)(e - s) : strlen(s);
+		int t = target_parse1(s, n);
+		if (t < 0)
+			return llm_fail(LLM_ERR_USAGE, "target '%.*s' is not one of q,k,v,o,gate,up,down", (int)n, s);
+		*mask |= 1u << t;
+		s += n + (e ? 1 : 0);
+	}
+	if (!*mask)
+		return llm_fail(LLM_ERR_USAGE, "no LoRA target given");
+	return LLM_OK;
+}
+
+/* ---- layout ------------------------------------------------------------- */
+
+static enum llm_status layout(struct llm_lora *lo, const struct llm_config *c, int rank, float alpha,
+                              float dropout, unsigned targets)
+{
+	memset(lo, 0, sizeof *lo);
+	if (rank < 1 || rank > LORA_MAX_RANK)
+		return llm_fail(LLM_ERR_USAGE, "LoRA rank %d is outside [1, %d]", rank, LORA_MAX_RANK);
+	if (!(dropout >= 0.0f && dropout < 1.0f))
+		return llm_fail(LLM_ERR_USAGE, "LoRA dropout %g is outside [0, 1)", (double)dropout);
+	if (!(targets & LLM_LORA_ALL))
+		return llm_fail(LLM_ERR_USAGE, "no LoRA target given");
+	lo->rank = rank;
+	lo->alpha = alpha;
+	lo->dropout = dropout;
+	lo->targets = targets & LLM_LORA_ALL;
+	lo->scale = alpha / (float)rank;
+	lo->n_layer = c->n_layer;
+	int64_t dq = (int64_t)c->n_head * c->d_head, dkv = (int64_t)c->n_kv_head * c->d_head;
+	int64_t din[LLM_LORA_N] = { c->d_model, c->d_model, c->d_model, dq, c->d_model, c->d_model, c->d_ff };
+	int64_t dout[LLM_LORA_N] = { dq, dkv, dkv, c->d_model, c->d_ff, c->d_ff, c->d_model };
+	memcpy(lo->d_in, din, sizeof din);
+	memcpy(lo->d_out, dout, sizeof dout);
+	lo->off = malloc((size_t)c->n_layer * LLM_LORA_N * sizeof *lo->off);
+	if (!lo->off)
+		return llm_fail(LLM_ERR_NOMEM, "LoRA: out of memory");
+	size_t n = 0;
+	for (int l = 0; l < c->n_layer; l++)
+		for (int t = 0; t < LLM_LORA_N; t++) {
+			if (!(lo->targets >> t & 1)) {
+				lo->off[(size_t)l * LLM_LORA_N + (size_t)t] = (size_t)-1;
+				continue;
+			}
+			lo->off[(size_t)l * LLM_LORA_N + (size_t)t] = n;
+			n += (size_t)rank * (size_t)(din[t] + dout[t]);
+		}
+	lo->n_params = n;
+	if (!(lo->params = calloc(n ? n : 1, sizeof(float)))) {
+		llm_lora_free(lo);
+		return llm_fail(LLM_ERR_NOMEM, "LoRA: cannot allocate %zu parameters", n);
+	}
+	return LLM_OK;
+}
+
+/* splitmix64: the seeded stream of the A initialization */
+static uint64_t mix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+enum llm_status llm_lora_init(struct llm_lora *lo, const struct llm_config *c, int rank,
+                              float alpha, float dropout, unsigned targets, uint64_t seed)
+{
+	LLM_TRY(layout(lo, c, rank, alpha, dropout, targets));
+	uint64_t st = seed;
+	for (int l = 0; l < lo->n_layer; l++)
+		for (int t = 0; t < LLM_LORA_N; t++) {
+			if (!llm_lora_has(lo, l, t))
+				continue;
+			float *a = llm_lora_a(lo, l, t);
+			double bound = 1.0 / sqrt((double)lo->d_in[t]);
+			for (int64_t i = 0; i < (int64_t)rank * lo->d_in[t]; i++) {
+				double u = (double)(mix64(&st) >> 11) * 0x1.0p-53;   /* [0, 1) */
+				a[i] = (float)((2.0 * u - 1.0) * bound);
+			}
+		}
+	return LLM_OK;
+}
+
+void llm_lora_free(struct llm_lora *lo)
+{
+	free(lo->off);
+	free(lo->params);
+	free(lo->base_model);
+	memset(lo, 0, sizeof *lo);
+}
+
+void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
+                    const float *x, int64_t x_stride, int64_t n_tok)
+{
+	if (!llm_lora_has(lo, layer, t))
+		return;
+	const float *A = llm_lora_a(lo, layer, t), *B = llm_lora_b(lo, layer, t);
+	int64_t r = lo->rank, din = lo->d_in[t], dout = lo->d_out[t];
+	float u[LORA_MAX_RANK];
+	for (int64_t i = 0; i < n_tok; i++) {
+		const float *xr = x + i * x_stride;
+		float *yr = y + i * y_stride;
+		for (int64_t k = 0; k < r; k++) {
+			float s = 0.0f;
+			for (int64_t c = 0; c < din; c++)
+				s += A[k * din + c] * xr[c];
+			u[k] = lo->scale * s;
+		}
+		for (int64_t o = 0; o < dout; o++) {
+			float s = 0.0f;
+			for (int64_t k = 0; k < r; k++)
+				s += B[o * r + k] * u[k];
+			yr[o] += s;
+		}
+	}
+}
+
+/* ---- PEFT files --------------------------------------------------------- */
+
+static void tensor_name(char *buf, size_t n, int layer, int t, int is_b)
+{
+	snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer,
+	         llm_lora_target_parent(t), llm_lora_target_name(t), is_b ? 'B' : 'A');
+}
+
+static enum llm_status mkdir_p1(const char *dir)
+{
+	if (mkdir(dir, 0755) && errno != EEXIST)
+		return llm_fail(LLM_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+	if (!llm_is_dir(dir))
+		return llm_fail(LLM_ERR_IO, "%s: exists and is not a directory", dir);
+	return LLM_OK;
+}
+
+enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int force)
+{
+	LLM_TRY(mkdir_p1(dir));
+	char *st = llm_path_join(dir, "adapter_model.safetensors");
+	char *cj = llm_path_join(dir, "adapter_config.json");
+	size_t n = 0;
+	for (int l = 0; l < lo->n_layer; l++)
+		for (int t = 0; t < LLM_LORA_N; t++)
+			n += llm_lora_has(lo, l, t) ? 2 : 0;
+	struct llm_tensor *d = calloc(n ? n : 1, sizeof *d);
+	const float **src = calloc(n ? n : 1, sizeof *src);
+	enum llm_status s = LLM_OK;
+	struct llm_ckpt_writer *w = NULL;
+	json_t *root = NULL, *tm = NULL;
+	char *js = NULL;
+	if (!st || !cj || !d || !src) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	if (!force && (llm_exists(st) || llm_exists(cj))) {
+		s = llm_fail(LLM_ERR_EXISTS, "%s: holds an adapter already (--force replaces it)", dir);
+		goto out;
+	}
+	size_t k = 0;
+	for (int l = 0; l < lo->n_layer; l++)
+		for (int t = 0; t < LLM_LORA_N; t++) {
+			if (!llm_lora_has(lo, l, t))
+				continue;
+			for (int b = 0; b < 2; b++, k++) {
+				char name[160];
+				tensor_name(name, sizeof name, l, t, b);
+				d[k].name = llm_strdup(name);
+				d[k].dtype = LLM_DTYPE_F32;
+				d[k].n_dim = 2;
+				d[k].shape[0] = b ? lo->d_out[t] : lo->rank;
+				d[k].shape[1] = b ? lo->rank : lo->d_in[t];
+				d[k].nbytes = (size_t)(d[k].shape[0] * d[k].shape[1]) * sizeof(float);
+				src[k] = b ? llm_lora_b(lo, l, t) : llm_lora_a(lo, l, t);
+				if (!d[k].name) {
+					s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+					goto out;
+				}
+			}
+		}
+	struct llm_ckpt_write_opts wo = { .force = 1 };
+	if ((s = llm_ckpt_write_begin(&w, st, d, n, NULL, 0, &wo)))
+		goto out;
+	long i;
+	while (!s && (i = llm_ckpt_write_next(w)) >= 0)
+		s = llm_ckpt_write_data(w, src[i], d[i].nbytes);
+	if (s)
+		goto out;
+	s = llm_ckpt_write_commit(w);
+	w = NULL;
+	if (s)
+		goto out;
+	/* adapter_config.json: the fields of PEFT's LoraConfig, sorted as
+	 * save_pretrained writes them (json.dumps(indent=2, sort_keys=True)) */
+	tm = json_array();
+	for (int t = 0; t < LLM_LORA_N; t++)
+		if (lo->targets >> t & 1)
+			json_array_append_new(tm, json_string(target_names[t]));
+	root = json_object();
+	json_object_set_new(root, "alpha_pattern", json_object());
+	json_object_set_new(root, "auto_mapping", json_null());
+	json_object_set_new(root, "base_model_name_or_path",
+	                    lo->base_model ? json_string(lo->base_model) : json_null());
+	json_object_set_new(root, "bias", json_string("none"));
+	json_object_set_new(root, "fan_in_fan_out", json_false());
+	json_object_set_new(root, "inference_mode", json_true());
+	json_object_set_new(root, "init_lora_weights", json_true());
+	json_object_set_new(root, "layers_pattern", json_null());
+	json_object_set_new(root, "layers_to_transform", json_null());
+	/* an integer alpha is written as an integer, as Python would */
+	if (lo->alpha == floorf(lo->alpha) && fabsf(lo->alpha) < 1e9f)
+		json_object_set_new(root, "lora_alpha", json_integer((json_int_t)lo->alpha));
+	else
+		json_object_set_new(root, "lora_alpha", json_real(lo->alpha));
+	json_object_set_new(root, "lora_dropout", json_real((double)lo->dropout));
+	json_object_set_new(root, "modules_to_save", json_null());
+	json_object_set_new(root, "peft_type", json_string("LORA"));
+	json_object_set_new(root, "r", json_integer(lo->rank));
+	json_object_set_new(root, "rank_pattern", json_object());
+	json_object_set_new(root, "revision", json_null());
+	json_object_set_new(root, "target_modules", tm);
+	tm = NULL;
+	json_object_set_new(root, "task_type", json_string("CAUSAL_LM"));
+	json_object_set_new(root, "use_dora", json_false());
+	json_object_set_new(root, "use_rslora", json_false());
+	js = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
+	if (!js) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	size_t jl = strlen(js);
+	char *text = malloc(jl + 2);
+	if (!text) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	memcpy(text, js, jl);
+	text[jl] = '\n';
+	s = llm_write_file_atomic(cj, text, jl + 1);
+	free(text);
+out:
+	llm_ckpt_write_abort(w);
+	json_decref(root);
+	json_decref(tm);
+	free(js);
+	for (size_t j = 0; d && j < n; j++)
+		free(d[j].name);
+	free(d);
+	free(src);
+	free(st);
+	free(cj);
+	return s;
+}
+
+/* "base_model.model.model.layers.N.PARENT.TARGET.lora_X.weight" -> layer,
+ * target, X; 0 on success. */
+static int parse_tensor_name(const char *name, int *layer, int *t, int *is_b)
+{
+	const char *p = "base_model.model.model.layers.";
+	if (strncmp(name, p, strlen(p)))
+		return -1;
+	const char *s = name + strlen(p);
+	char *e;
+	errno = 0;
+	long l = strtol(s, &e, 10);
+	if (e == s || *e != '.' || l < 0 || l > 1 << 20 || errno)
+		return -1;
+	s = e + 1;
+	for (int k = 0; k < LLM_LORA_N; k++) {
+		char want[96];
+		snprintf(want, sizeof want, "%s.%s.lora_", llm_lora_target_parent(k), target_names[k]);
+		if (strncmp(s, want, strlen(want)))
+			continue;
+		s += strlen(want);
+		if ((s[0] != 'A' && s[0] != 'B') || strcmp(s + 1, ".weight"))
+			return -1;
+		*layer = (int)l;
+		*t = k;
+		*is_b = s[0] == 'B';
+		return 0;
+	}
+	return -1;
+}
+
+static enum llm_status load_config(const char *path, json_t *root, int *rank, float *alpha,
+                                   float *dropout, unsigned *targets)
+{
+	json_t *v;
+	const char *pt = json_string_value(json_object_get(root, "peft_type"));
+	if (!pt || strcmp(pt, "LORA"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: peft_type: %s is not LORA", path, pt ? pt : "missing");
+	v = json_object_get(root, "r");
+	if (!json_is_integer(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: r: missing or not an integer", path);
+	*rank = (int)json_integer_value(v);
+	v = json_object_get(root, "lora_alpha");
+	*alpha = v ? (float)json_number_value(v) : 8.0f;
+	if (v && !json_is_number(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: lora_alpha: not a number", path);
+	v = json_object_get(root, "lora_dropout");
+	*dropout = json_is_number(v) ? (float)json_number_value(v) : 0.0f;
+	static const char *const must_false[] = { "use_dora", "use_rslora", "fan_in_fan_out" };
+	for (size_t i = 0; i < sizeof must_false / sizeof *must_false; i++)
+		if (json_is_true(json_object_get(root, must_false[i])))
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: true is not supported", path, must_false[i]);
+	const char *bias = json_string_value(json_object_get(root, "bias"));
+	if (bias && strcmp(bias, "none"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: bias: '%s' is not supported (none)", path, bias);
+	static const char *const must_empty[] = { "rank_pattern", "alpha_pattern" };
+	for (size_t i = 0; i < 2; i++) {
+		v = json_object_get(root, must_empty[i]);
+		if (v && !json_is_null(v) && json_object_size(v))
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: per-module ranks are not supported", path, must_empty[i]);
+	}
+	v = json_object_get(root, "layers_to_transform");
+	if (v && !json_is_null(v))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: layers_to_transform: not supported", path);
+	v = json_object_get(root, "modules_to_save");
+	if (v && !json_is_null(v) && json_array_size(v))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: modules_to_save: not supported", path);
+	v = json_object_get(root, "target_modules");
+	*targets = 0;
+	if (json_is_array(v)) {
+		size_t i;
+		json_t *e;
+		json_array_foreach(v, i, e) {
+			const char *s = json_string_value(e);
+			int t = s ? target_parse1(s, strlen(s)) : -1;
+			if (t < 0)
+				return llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: '%s' is not a Llama projection",
+				                path, s ? s : "?");
+			*targets |= 1u << t;
+		}
+	} else if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
+		*targets = LLM_LORA_ALL;
+	} else if (json_is_string(v)) {
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: regex '%s' is not supported",
+		                path, json_string_value(v));
+	} else {
+		return llm_fail(LLM_ERR_FORMAT, "%s: target_modules: missing", path);
+	}
+	return LLM_OK;
+}
+
+enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct llm_config *c)
+{
+	memset(lo, 0, sizeof *lo);
+	char *cj = llm_path_join(dir, "adapter_config.json");
+	char *stp = llm_path_join(dir, "adapter_model.safetensors");
+	char *buf = NULL;
+	size_t len;
+	json_t *root = NULL;
+	struct llm_ckpt ck = { 0 };
+	int ck_open = 0;
+	unsigned char *seen = NULL;
+	enum llm_status s;
+	if (!cj || !stp) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	if ((s = llm_read_file(cj, &buf, &len)))
+		goto out;
+	json_error_t err;
+	if (!(root = json_loadb(buf, len, 0, &err)) || !json_is_object(root)) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: line %d: %s", cj, err.line, root ? "not an object" : err.text);
+		goto out;
+	}
+	int rank = 0;
+	float alpha = 0, dropout = 0;
+	unsigned targets = 0;
+	if ((s = load_config(cj, root, &rank, &alpha, &dropout, &targets)))
+		goto out;
+	if ((s = layout(lo, c, rank, alpha, dropout, targets))) {
+		s = llm_fail_prefix(s, "%s", cj);
+		goto out;
+	}
+	const char *bm = json_string_value(json_object_get(root, "base_model_name_or_path"));
+	lo->base_model = bm ? llm_strdup(bm) : NULL;
+	if ((s = llm_ckpt_open(&ck, stp)))
+		goto out;
+	ck_open = 1;
+	seen = calloc((size_t)c->n_layer * LLM_LORA_N * 2, 1);
+	if (!seen) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < ck.n_tensor; i++) {
+		const struct llm_tensor *tt = ck.tensors[i];
+		int l, t, b;
+		if (parse_tensor_name(tt->name, &l, &t, &b)) {
+			s = llm_fail(LLM_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA A/B of a Llama projection",
+			             stp, tt->name);
+			goto out;
+		}
+		if (l >= c->n_layer || !(targets >> t & 1)) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': %s", stp, tt->name,
+			             l >= c->n_layer ? "layer beyond the model" : "module not in target_modules");
+			goto out;
+		}
+		int64_t rows = b ? lo->d_out[t] : rank, cols = b ? rank : lo->d_in[t];
+		if (tt->n_dim != 2 || tt->shape[0] != rows || tt->shape[1] != cols) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape does not fit the model (want %lldx%lld)",
+			             stp, tt->name, (long long)rows, (long long)cols);
+			goto out;
+		}
+		if (tt->dtype != LLM_DTYPE_F32 && tt->dtype != LLM_DTYPE_F16 && tt->dtype != LLM_DTYPE_BF16) {
+			s = llm_fail(LLM_ERR_UNSUPPORTED, "%s: tensor '%s': dtype %s (F32, F16 or BF16)", stp,
+			             tt->name, llm_dtype_name(tt->dtype));
+			goto out;
+		}
+		llm_to_f32(b ? llm_lora_b(lo, l, t) : llm_lora_a(lo, l, t), tt->data, tt->dtype,
+		           (size_t)(rows * cols));
+		seen[((size_t)l * LLM_LORA_N + (size_t)t) * 2 + (size_t)b] = 1;
+	}
+	/* PEFT adapts every layer of each target module: all must be there */
+	for (int l = 0; l < c->n_layer; l++)
+		for (int t = 0; t < LLM_LORA_N; t++)
+			for (int b = 0; b < 2 && (targets >> t & 1); b++)
+				if (!seen[((size_t)l * LLM_LORA_N + (size_t)t) * 2 + (size_t)b]) {
+					char name[160];
+					tensor_name(name, sizeof name, l, t, b);
+					s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is missing", stp, name);
+					goto out;
+				}
+out:
+	if (ck_open)
+		llm_ckpt_close(&ck);
+	free(seen);
+	json_decref(root);
+	free(buf);
+	free(cj);
+	free(stp);
+	if (s)
+		llm_lora_free(lo);
+	return s;
+}
+
+/* ---- merge -------------------------------------------------------------- */
+
+/* "model.layers.N.PARENT.TARGET.weight" -> layer and target; 0 on success */
+static int parse_base_name(const char *name, int *layer, int *t)
+{
+	const char *p = "model.layers.";
+	if (strncmp(name, p, strlen(p)))
+		return -1;
+	char *e;
+	long l = strtol(name + strlen(p), &e, 10);
+	if (*e != '.' || l < 0 || l > 1 << 20)
+		return -1;
+	for (int k = 0; k < LLM_LORA_N; k++) {
+		char want[96];
+		snprintf(want, sizeof want, ".%s.%s.weight", llm_lora_target_parent(k), target_names[k]);
+		if (!strcmp(e, want)) {
+			*layer = (int)l;
+			*t = k;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* Whether NAME is the scale of an E4M3 weight of CK (dropped by the merge). */
+static int is_fp8_scale(const struct llm_ckpt *ck, const char *name)
+{
+	static const char *const suf[] = { "_scale_inv", "_scale" };
+	for (int i = 0; i < 2; i++) {
+		size_t n = strlen(name), k = strlen(suf[i]);
+		if (n <= k || strcmp(name + n - k, suf[i]))
+			continue;
+		char w[512];
+		if (n - k >= sizeof w)
+			return 0;
+		memcpy(w, name, n - k);
+		w[n - k] = 0;
+		const struct llm_tensor *t = llm_ckpt_find(ck, w);
+		if (t && t->dtype == LLM_DTYPE_E4M3)
+			return 1;
+	}
+	return 0;
+}
+
+enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, const char *out,
+                               const struct llm_ckpt_write_opts *wo)
+{
+	struct llm_ckpt ck;
+	LLM_TRY(llm_ckpt_open(&ck, base));
+	enum llm_status s = LLM_OK;
+	struct llm_tensor *d = calloc(ck.n_tensor + 1, sizeof *d);
+	const struct llm_tensor **src = calloc(ck.n_tensor + 1, sizeof *src);
+	struct llm_aux *aux = calloc(ck.n_aux + 1, sizeof *aux);
+	char *cfg_new = NULL;
+	float *row = NULL, *u = NULL;
+	void *conv = NULL;
+	struct llm_ckpt_writer *w = NULL;
+	if (!d || !src || !aux) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	const struct llm_aux *cj = llm_ckpt_aux(&ck, "config.json");
+	struct llm_config c;
+	if (!cj) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: no config.json", base);
+		goto out;
+	}
+	if ((s = llm_config_parse(&c, cj->data, cj->len, base)))
+		goto out;
+	if (c.n_layer != lo->n_layer || c.d_model != lo->d_in[LLM_LORA_Q] || c.d_ff != lo->d_out[LLM_LORA_UP]) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: the adapter was made for another model shape", base);
+		goto out;
+	}
+	size_t n = 0;
+	int64_t maxcol = 1;
+	for (size_t i = 0; i < ck.n_tensor; i++) {
+		const struct llm_tensor *t = ck.tensors[i];
+		if (is_fp8_scale(&ck, t->name))
+			continue;
+		d[n] = *t;
+		d[n].data = NULL;
+		if (t->dtype == LLM_DTYPE_E4M3) {
+			d[n].dtype = LLM_DTYPE_F32;
+			d[n].nbytes = (size_t)llm_tensor_numel(t) * sizeof(float);
+		}
+		if (t->n_dim == 2 && t->shape[1] > maxcol)
+			maxcol = t->shape[1];
+		src[n++] = t;
+	}
+	/* side files; config.json loses quantization_config when FP8 goes away */
+	for (size_t i = 0; i < ck.n_aux; i++)
+		aux[i] = ck.aux[i];
+	if (llm_ckpt_is_fp8(&ck)) {
+		json_t *root = json_loadb(cj->data, cj->len, JSON_PRESERVE_ORDER, NULL);
+		if (root) {
+			json_object_del(root, "quantization_config");
+			json_object_set_new(root, "torch_dtype", json_string("float32"));
+			cfg_new = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+			json_decref(root);
+		}
+		if (!cfg_new) {
+			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		for (size_t i = 0; i < ck.n_aux; i++)
+			if (!strcmp(aux[i].name, "config.json")) {
+				aux[i].data = cfg_new;
+				aux[i].len = strlen(cfg_new);
+			}
+	}
+	row = malloc((size_t)maxcol * sizeof(float));
+	u = malloc((size_t)lo->rank * sizeof(float));
+	conv = malloc((size_t)maxcol * sizeof(float));
+	if (!row || !u || !conv) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	if ((s = llm_ckpt_write_begin(&w, out, d, n, aux, ck.n_aux, wo)))
+		goto out;
+	long i;
+	while (!s && (i = llm_ckpt_write_next(w)) >= 0) {
+		const struct llm_tensor *t = src[i];
+		int l = 0, tg = 0;
+		int adapted = !parse_base_name(t->name, &l, &tg) && l < lo->n_layer && llm_lora_has(lo, l, tg);
+		if (!adapted && t->dtype != LLM_DTYPE_E4M3) {
+			s = llm_ckpt_write_data(w, t->data, t->nbytes);
+			continue;
+		}
+		struct llm_weight wt;
+		if ((s = llm_ckpt_weight(&ck, t->name, &wt)))
+			break;
+		if (adapted && (wt.rows != lo->d_out[tg] || wt.cols != lo->d_in[tg])) {
+			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' does not fit the adapter", base, t->name);
+			break;
+		}
+		/* row r of W + scale * B A: B row r times A, in f32 */
+		for (int64_t r = 0; !s && r < wt.rows; r++) {
+			llm_weight_row_f32(&wt, r, row);
+			if (adapted) {
+				const float *A = llm_lora_a(lo, l, tg), *B = llm_lora_b(lo, l, tg);
+				for (int64_t c = 0; c < wt.cols; c++) {
+					float acc = 0.0f;
+					for (int k = 0; k < lo->rank; k++)
+						acc += B[r * lo->rank + k] * A[(int64_t)k * wt.cols + c];
+					row[c] += lo->scale * acc;
+				}
+			}
+			llm_from_f32(conv, d[i].dtype, row, (size_t)wt.cols);
+			s = llm_ckpt_write_data(w, conv, (size_t)wt.cols * llm_dtype_size(d[i].dtype));
+		}
+	}
+	if (!s) {
+		s = llm_ckpt_write_commit(w);
+		w = NULL;
+	}
+out:
+	llm_ckpt_write_abort(w);
+	free(d);
+	free(src);
+	free(aux);
+	free(cfg_new);
+	free(row);
+	free(u);
+	free(conv);
+	llm_ckpt_close(&ck);
+	return s;
+}

@@ -1,0 +1,105 @@
+/* common/lora.h: LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation
+ * of Large Language Models") on the linear layers of a Llama decoder, and
+ * their files in the layout Hugging Face PEFT writes and loads.
+ *
+ * An adapted linear layer computes y = W x + (alpha / r) B (A drop(x)),
+ * W (d_out, d_in) frozen, A (r, d_in), B (d_out, r); drop() is inverted
+ * dropout with probability `dropout` during training only. A starts
+ * Kaiming-uniform (bound 1/sqrt(d_in), as PEFT's kaiming_uniform_(a=sqrt(5)))
+ * and B at zero, so a fresh adapter leaves the model unchanged.
+ *
+ * Files (PEFT, save_pretrained of a LoraConfig with task_type CAUSAL_LM):
+ *   adapter_config.json          peft_type LORA, r, lora_alpha, lora_dropout,
+ *                                target_modules, bias "none", fan_in_fan_out
+ *                                false, task_type CAUSAL_LM, ...
+ *   adapter_model.safetensors    F32 tensors named
+ *     base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight (r, d_in)
+ *     base_model.model.model.layers.N.self_attn.q_proj.lora_B.weight (d_out, r)
+ *   (mlp.gate_proj, mlp.up_proj, mlp.down_proj likewise).
+ * Reference: peft/tuners/lora/{config,layer}.py, peft/utils/save_and_load.py. */
+#ifndef LLM_LORA_H
+#define LLM_LORA_H
+
+#include "status.h"
+#include "ckpt.h"
+
+struct llm_config;
+
+enum llm_lora_target {
+	LLM_LORA_Q, LLM_LORA_K, LLM_LORA_V, LLM_LORA_O,
+	LLM_LORA_GATE, LLM_LORA_UP, LLM_LORA_DOWN, LLM_LORA_N
+};
+#define LLM_LORA_ALL ((1u << LLM_LORA_N) - 1)
+
+/* "q_proj", "k_proj", ... "down_proj" (the Hugging Face module names). */
+const char *llm_lora_target_name(int t);
+/* "self_attn" or "mlp": the module that holds target T. */
+const char *llm_lora_target_parent(int t);
+/* Parse a comma list of q,k,v,o,gate,up,down (or q_proj ... down_proj, or
+ * "all") into a bit mask (1 << LLM_LORA_Q | ...). LLM_ERR_USAGE naming the
+ * unknown item. */
+enum llm_status llm_lora_parse_targets(const char *s, unsigned *mask);
+
+struct llm_lora {
+	int rank;                   /* r */
+	float alpha;                /* lora_alpha */
+	float dropout;              /* lora_dropout, in [0, 1) */
+	unsigned targets;           /* bit mask of enum llm_lora_target */
+	float scale;                /* alpha / rank */
+	int n_layer;
+	int64_t d_in[LLM_LORA_N], d_out[LLM_LORA_N];
+	/* (n_layer * LLM_LORA_N) offset into params of A (rank, d_in), followed
+	 * by B (d_out, rank); SIZE_MAX where the layer is not adapted. */
+	size_t *off;
+	size_t n_params;
+	float *params;              /* (n_params) every A and B, f32 */
+	char *base_model;           /* base_model_name_or_path, may be NULL */
+};
+
+/* A fresh adapter for a model of config C: A seeded Kaiming-uniform, B zero.
+ * LLM_ERR_USAGE for rank < 1, dropout outside [0, 1) or no target. */
+enum llm_status llm_lora_init(struct llm_lora *lo, const struct llm_config *c, int rank,
+                              float alpha, float dropout, unsigned targets, uint64_t seed);
+void llm_lora_free(struct llm_lora *lo);
+
+static inline int llm_lora_has(const struct llm_lora *lo, int layer, int t)
+{
+	return lo && (lo->targets >> t & 1) && lo->off[(size_t)layer * LLM_LORA_N + (size_t)t] != (size_t)-1;
+}
+/* A (rank, d_in) and B (d_out, rank) of (LAYER, T); only when llm_lora_has. */
+static inline float *llm_lora_a(const struct llm_lora *lo, int layer, int t)
+{
+	return lo->params + lo->off[(size_t)layer * LLM_LORA_N + (size_t)t];
+}
+static inline float *llm_lora_b(const struct llm_lora *lo, int layer, int t)
+{
+	return llm_lora_a(lo, layer, t) + (size_t)lo->rank * (size_t)lo->d_in[t];
+}
+
+/* The inference hook: Y (n_tok rows of d_out, row stride Y_STRIDE) +=
+ * scale * (X A^T) B^T for X (n_tok rows of d_in, stride X_STRIDE), the
+ * adapter of (LAYER, T); nothing when that layer is not adapted. F32,
+ * single-threaded, each output row from its own input row (batch invariant).
+ * The engine calls it right after the frozen matmul of that projection. */
+void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
+                    const float *x, int64_t x_stride, int64_t n_tok);
+
+/* Write the adapter as PEFT does into directory DIR (created if needed):
+ * adapter_config.json and adapter_model.safetensors, each atomically.
+ * LLM_ERR_EXISTS when DIR already holds an adapter and FORCE is 0. */
+enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int force);
+/* Read a PEFT LoRA adapter directory for a model of config C. Refused with
+ * the field named: use_dora, use_rslora, fan_in_fan_out, bias other than
+ * "none", rank_pattern/alpha_pattern, layers_to_transform, modules outside
+ * the seven projections, shapes that do not fit C. Tensors F32, F16 or BF16. */
+enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct llm_config *c);
+
+/* Write checkpoint OUT = BASE with W + scale * B A in every adapted weight
+ * (the atomic checkpoint writer; side files copied). F32, F16 and BF16
+ * weights keep their dtype; FP8 E4M3 weights are written dequantized as F32
+ * (and config.json loses quantization_config), since re-quantizing would
+ * change the merged weights. */
+enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, const char *out,
+                               const struct llm_ckpt_write_opts *w);
+
+#endif

@@ -1,0 +1,470 @@
+/* common/train.c: the LoRA trainer (see train.h): a thread pool, the
+ * helpers the kernels share, and the forward/backward pass of
+ * train_impl.h instantiated for float (training) and double (the gradient
+ * check). */
+#define _GNU_SOURCE
+#include "train.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "banned.h"
+
+#define MMT_TILE 32           /* rows of W dequantized at once by the dx kernel */
+#define DEFAULT_CHUNK 64
+
+/* ---- thread pool ------------------------------------------------------------- */
+
+struct pool {
+	int n;                    /* threads including the caller */
+	pthread_t *th;
+	pthread_mutex_t mu;
+	pthread_cond_t go, done;
+	uint64_t gen;
+	int pending, stop;
+	void (*fn)(void *, int, int);
+	void *ctx;
+};
+
+struct pool_arg { struct pool *p; int ith; };
+
+static void *pool_main(void *arg)
+{
+	struct pool_arg a = *(struct pool_arg *)arg;
+	free(arg);
+	struct pool *p = a.p;
+	uint64_t seen = 0;
+	pthread_mutex_lock(&p->mu);
+	for (;;) {
+		while (p->gen == seen && !p->stop)
+			pthread_cond_wait(&p->go, &p->mu);
+		if (p->stop)
+			break;
+		seen = p->gen;
+		pthread_mutex_unlock(&p->mu);
+		p->fn(p->ctx, a.ith, p->n);
+		pthread_mutex_lock(&p->mu);
+		if (--p->pending == 0)
+			pthread_cond_signal(&p->done);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+static void pool_free(struct pool *p)
+{
+	if (!p->th)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = 1;
+	pthread_cond_broadcast(&p->go);
+	pthread_mutex_unlock(&p->mu);
+	for (int i = 1; i < p->n; i++)
+		pthread_join(p->th[i], NULL);
+	free(p->th);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->go);
+	pthread_cond_destroy(&p->done);
+	p->th = NULL;
+}
+
+static enum llm_status pool_init(struct pool *p, int n)
+{
+	memset(p, 0, sizeof *p);
+	p->n = n;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->go, NULL);
+	pthread_cond_init(&p->done, NULL);
+	if (!(p->th = calloc((size_t)n, sizeof *p->th)))
+		return llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
+	for (int i = 1; i < n; i++) {
+		struct pool_arg *a = malloc(sizeof *a);
+		if (a) {
+			a->p = p;
+			a->ith = i;
+		}
+		if (!a || pthread_create(&p->th[i], NULL, pool_main, a)) {
+			free(a);
+			p->n = i;
+			pool_free(p);
+			return llm_fail(LLM_ERR_NOMEM, "trainer: cannot start thread %d", i);
+		}
+	}
+	return LLM_OK;
+}
+
+/* ---- the trainer ----------------------------------------------------------------- */
+
+struct llm_trainer {
+	const struct llm_model *m;
+	struct llm_lora *lo;
+	struct llm_train_opts o;
+	struct llm_layer_source src;
+	enum llm_cpu_isa isa;
+	int nth;
+	int chunk;                /* logit rows per lm_head chunk */
+	struct pool pool;
+	void *st;                 /* struct state_f32 or state_f64 */
+	int32_t *lg_idx, *lg_tgt; /* (chunk) */
+	double *lg_loss;          /* (chunk) */
+	uint64_t drop_key;
+	uint32_t drop_thresh;     /* a column is dropped when hash < thresh (of 2^32) */
+};
+
+/* Run FN on the pool when WORK (multiply-adds) is worth it. */
+static void par(struct llm_trainer *t, double work, void (*fn)(void *, int, int), void *ctx)
+{
+	struct pool *p = &t->pool;
+	if (t->nth <= 1 || work < 32768.0) {
+		fn(ctx, 0, 1);
+		return;
+	}
+	pthread_mutex_lock(&p->mu);
+	p->fn = fn;
+	p->ctx = ctx;
+	p->pending = p->n - 1;
+	p->gen++;
+	pthread_cond_broadcast(&p->go);
+	pthread_mutex_unlock(&p->mu);
+	fn(ctx, 0, p->n);
+	pthread_mutex_lock(&p->mu);
+	while (p->pending > 0)
+		pthread_cond_wait(&p->done, &p->mu);
+	pthread_mutex_unlock(&p->mu);
+}
+
+static void split(int64_t n, int ith, int nth, int64_t align, int64_t *b, int64_t *e)
+{
+	int64_t per = (n + nth - 1) / nth;
+	per = (per + align - 1) / align * align;
+	*b = (int64_t)ith * per;
+	*e = *b + per;
+	if (*b > n)
+		*b = n;
+	if (*e > n)
+		*e = n;
+}
+
+/* Columns [c0, c1) of row r of W as f32 (FP8: code times its block scale). */
+static void weight_slice(const struct llm_weight *w, int64_t r, int64_t c0, int64_t c1, float *out)
+{
+	size_t base = (size_t)r * (size_t)w->cols;
+	switch (w->dtype) {
+	case LLM_DTYPE_F32:
+		memcpy(out, (const float *)w->data + base + c0, (size_t)(c1 - c0) * sizeof(float));
+		break;
+	case LLM_DTYPE_F16:
+		llm_to_f32(out, (const uint16_t *)w->data + base + c0, LLM_DTYPE_F16, (size_t)(c1 - c0));
+		break;
+	case LLM_DTYPE_BF16:
+		llm_to_f32(out, (const uint16_t *)w->data + base + c0, LLM_DTYPE_BF16, (size_t)(c1 - c0));
+		break;
+	case LLM_DTYPE_E4M3: {
+		const uint8_t *q = (const uint8_t *)w->data + base;
+		const float *sc = w->scale + (r / w->block_rows) * w->scale_cols;
+		for (int64_t c = c0; c < c1; c++)
+			out[c - c0] = llm_e4m3_table[q[c]] * sc[c / w->block_cols];
+		break;
+	}
+	default:
+		for (int64_t c = c0; c < c1; c++)
+			out[c - c0] = NAN;
+	}
+}
+
+static uint64_t hash64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Whether column c of token i survives the dropout of (layer, target). */
+static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i, int64_t c, int64_t din)
+{
+	uint64_t h = hash64(t->drop_key ^ hash64(((uint64_t)layer << 3 | (uint64_t)tg) + 0x9e3779b97f4a7c15ull)
+	                    ^ (uint64_t)(i * din + c) * 0xd1342543de82ef95ull);
+	return (uint32_t)(h >> 32) >= t->drop_thresh;
+}
+
+static const struct llm_layer *fetch_layer(struct llm_trainer *t, int l)
+{
+	return t->src.fetch ? t->src.fetch(t->src.ctx, l) : &t->m->layers[l];
+}
+
+static void release_layer(struct llm_trainer *t, int l)
+{
+	if (t->src.release)
+		t->src.release(t->src.ctx, l);
+}
+
+static size_t maxdim(const struct llm_config *c)
+{
+	size_t d = (size_t)c->d_model, q = (size_t)c->n_head * (size_t)c->d_head;
+	size_t m = d > q ? d : q;
+	return m > (size_t)c->d_ff ? m : (size_t)c->d_ff;
+}
+
+/* Per-thread scratch in elements of ES bytes: the larger of the attention
+ * rows (2 L), a dropped-out input row, a dequantized weight row and a dx
+ * tile (MMT_TILE rows of one thread's column band, in f32). */
+static size_t tscr_elems(const struct llm_config *c, size_t L, size_t R, size_t es, int nth)
+{
+	size_t md = maxdim(c);
+	size_t band = (md + (size_t)nth - 1) / (size_t)nth;
+	band = (band + 15) / 16 * 16;
+	size_t f32 = MMT_TILE * band;
+	if (f32 < md)
+		f32 = md;
+	size_t n = (f32 * sizeof(float) + es - 1) / es;
+	if (n < 2 * L)
+		n = 2 * L;
+	if (n < md)
+		n = md;
+	(void)R;
+	return (n + 15) / 16 * 16;
+}
+
+#define REAL float
+#define F(name) name##_f32
+#define TRAIN_F64 0
+#include "train_impl.h"
+#undef REAL
+#undef F
+#undef TRAIN_F64
+
+#define REAL double
+#define F(name) name##_f64
+#define TRAIN_F64 1
+#include "train_impl.h"
+#undef REAL
+#undef F
+#undef TRAIN_F64
+
+/* ---- plan -------------------------------------------------------------------------- */
+
+void llm_train_plan(const struct llm_config *c, size_t n_params, int rank, int n_targets,
+                    const struct llm_train_opts *o, int n_threads, struct llm_train_plan *p)
+{
+	memset(p, 0, sizeof *p);
+	size_t es = o->f64 ? sizeof(double) : sizeof(float);
+	size_t n = (size_t)o->n_seq * (size_t)o->seq_len, D = (size_t)c->d_model;
+	size_t Q = (size_t)c->n_head * (size_t)c->d_head, KV = (size_t)c->n_kv_head * (size_t)c->d_head;
+	size_t FF = (size_t)c->d_ff, H = (size_t)c->n_head, R = (size_t)rank;
+	size_t C = (size_t)(o->logit_chunk > 0 ? o->logit_chunk : DEFAULT_CHUNK);
+	size_t V = (size_t)c->n_vocab, L = (size_t)o->seq_len, half = (size_t)c->d_head / 2;
+	p->params = n_params * es;
+	p->grads = n_params * es;
+	p->optimizer = o->f64 ? 0 : 2 * n_params * sizeof(float);
+	p->checkpoints = ((size_t)c->n_layer + 1) * n * D * es;
+	size_t per_layer = n * (3 * D + 2 + 2 * Q + 2 * KV + H + 3 * FF + (size_t)n_targets * R);
+	p->layer_acts = (o->checkpoint ? 1 : (size_t)c->n_layer) * per_layer * es;
+	p->workspace = (n * (D + 1) + n * (3 * D + 2 * Q + 2 * KV + 3 * FF + R) + D + 2 * L * half) * es;
+	p->logits = (C * (2 * D + V)) * es + C * (2 * sizeof(int32_t) + sizeof(double));
+	p->threads = (size_t)n_threads * tscr_elems(c, L, R, es, n_threads) * es;
+	p->total = p->params + p->grads + p->optimizer + p->checkpoints + p->layer_acts +
+	           p->workspace + p->logits + p->threads;
+}
+
+static int online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model *m,
+                                 struct llm_lora *lo, const struct llm_train_opts *o,
+                                 const struct llm_layer_source *src)
+{
+	*tp = NULL;
+	const struct llm_config *c = &m->cfg;
+	if (o->seq_len < 1 || o->n_seq < 1 || (int64_t)o->seq_len * o->n_seq > (1 << 24))
+		return llm_fail(LLM_ERR_USAGE, "trainer: %d sequences of %d tokens", o->n_seq, o->seq_len);
+	if (o->seq_len > c->max_ctx)
+		return llm_fail(LLM_ERR_USAGE, "trainer: sequence length %d exceeds the model context %d",
+		                o->seq_len, c->max_ctx);
+	if (lo->n_layer != c->n_layer || lo->d_in[LLM_LORA_Q] != c->d_model || lo->d_out[LLM_LORA_UP] != c->d_ff)
+		return llm_fail(LLM_ERR_USAGE, "trainer: the adapter does not fit the model");
+	struct llm_trainer *t = calloc(1, sizeof *t);
+	if (!t)
+		return llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
+	t->m = m;
+	t->lo = lo;
+	t->o = *o;
+	if (src)
+		t->src = *src;
+	t->isa = llm_cpu_isa_detect();
+	t->nth = o->f64 ? 1 : o->n_threads > 0 ? o->n_threads : online_cpus();
+	t->chunk = o->logit_chunk > 0 ? o->logit_chunk : DEFAULT_CHUNK;
+	double thr = (double)lo->dropout * 4294967296.0;
+	t->drop_thresh = thr >= 4294967295.0 ? 0xffffffffu : (uint32_t)thr;
+	enum llm_status s = LLM_OK;
+	t->lg_idx = malloc((size_t)t->chunk * sizeof(int32_t));
+	t->lg_tgt = malloc((size_t)t->chunk * sizeof(int32_t));
+	t->lg_loss = malloc((size_t)t->chunk * sizeof(double));
+	if (!t->lg_idx || !t->lg_tgt || !t->lg_loss)
+		s = llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
+	if (!s && t->nth > 1)
+		s = pool_init(&t->pool, t->nth);
+	if (!s)
+		s = o->f64 ? open_f64(t) : open_f32(t);
+	if (!s) {
+		/* the plan and the allocation are one computation */
+		int nt = 0;
+		for (int k = 0; k < LLM_LORA_N; k++)
+			nt += lo->targets >> k & 1;
+		struct llm_train_plan p;
+		llm_train_plan(c, lo->n_params, lo->rank, nt, o, t->nth, &p);
+		size_t es = o->f64 ? sizeof(double) : sizeof(float);
+		size_t got = (o->f64 ? carve_f64(t, NULL) : carve_f32(t, NULL)) * es;
+		size_t want = p.total - p.optimizer - (o->f64 ? 0 : p.params) -
+		              (size_t)t->chunk * (2 * sizeof(int32_t) + sizeof(double));
+		if (got != want)
+			s = llm_fail(LLM_ERR_INTERNAL, "trainer: allocated %zu bytes, the plan says %zu", got, want);
+	}
+	if (s) {
+		llm_trainer_close(t);
+		return s;
+	}
+	*tp = t;
+	return LLM_OK;
+}
+
+void llm_trainer_close(struct llm_trainer *t)
+{
+	if (!t)
+		return;
+	if (t->o.f64)
+		close_f64(t);
+	else
+		close_f32(t);
+	pool_free(&t->pool);
+	free(t->lg_idx);
+	free(t->lg_tgt);
+	free(t->lg_loss);
+	free(t);
+}
+
+static enum llm_status check_batch(const struct llm_trainer *t, const struct llm_train_batch *b)
+{
+	const struct llm_config *c = &t->m->cfg;
+	if (b->n_seq < 1 || b->seq_len < 1 || b->n_seq > t->o.n_seq || b->seq_len > t->o.seq_len ||
+	    (int64_t)b->n_seq * b->seq_len > (int64_t)t->o.n_seq * t->o.seq_len)
+		return llm_fail(LLM_ERR_USAGE, "trainer: batch of %d x %d tokens exceeds %d x %d",
+		                b->n_seq, b->seq_len, t->o.n_seq, t->o.seq_len);
+	for (int r = 0; r < b->n_seq; r++)
+		for (int i = 0; i < b->seq_len; i++) {
+			int64_t k = (int64_t)r * b->seq_len + i;
+			if (b->tok[k] < 0 || b->tok[k] >= c->n_vocab)
+				return llm_fail(LLM_ERR_RANGE, "batch row %d slot %d: token %d is not in the vocabulary [0, %d)",
+				                r, i, b->tok[k], c->n_vocab);
+			if (b->tgt[k] >= c->n_vocab)
+				return llm_fail(LLM_ERR_RANGE, "batch row %d slot %d: target %d is not in the vocabulary",
+				                r, i, b->tgt[k]);
+			if (b->start[k] < 0 || b->start[k] > i || b->pos[k] != i - b->start[k] || b->pos[k] >= c->max_ctx)
+				return llm_fail(LLM_ERR_USAGE, "batch row %d slot %d: start %d and position %d do not fit",
+				                r, i, b->start[k], b->pos[k]);
+		}
+	return LLM_OK;
+}
+
+enum llm_status llm_trainer_step(struct llm_trainer *t, const struct llm_train_batch *b,
+                                 double gscale, uint64_t dropout_key, int flags,
+                                 double *loss_sum, int64_t *n_count)
+{
+	LLM_TRY(check_batch(t, b));
+	t->drop_key = hash64(dropout_key + 0x632be59bd9b4e019ull);
+	int grad = flags & LLM_TRAIN_GRAD, drop = (flags & LLM_TRAIN_DROPOUT) != 0;
+	return t->o.f64 ? step_f64(t, b, gscale, grad, drop, loss_sum, n_count)
+	                : step_f32(t, b, gscale, grad, drop, loss_sum, n_count);
+}
+
+void *llm_trainer_params(struct llm_trainer *t)
+{
+	return t->o.f64 ? (void *)((struct state_f64 *)t->st)->params : (void *)((struct state_f32 *)t->st)->params;
+}
+
+void *llm_trainer_grads(struct llm_trainer *t)
+{
+	return t->o.f64 ? (void *)((struct state_f64 *)t->st)->grads : (void *)((struct state_f32 *)t->st)->grads;
+}
+
+size_t llm_trainer_n_params(const struct llm_trainer *t) { return t->lo->n_params; }
+
+void llm_trainer_zero_grad(struct llm_trainer *t)
+{
+	memset(llm_trainer_grads(t), 0, t->lo->n_params * (t->o.f64 ? sizeof(double) : sizeof(float)));
+}
+
+enum llm_status llm_trainer_greedy(struct llm_trainer *t, const int32_t *prompt, int n_prompt,
+                                   int n_new, int32_t *out, int *n_out)
+{
+	*n_out = 0;
+	int L = t->o.seq_len;
+	if (n_prompt < 1 || n_prompt > L)
+		return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens (1 to %d)", n_prompt, L);
+	int32_t *tok = calloc((size_t)L * 4, sizeof(int32_t));
+	if (!tok)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	int32_t *tgt = tok + L, *pos = tgt + L, *start = pos + L;
+	for (int i = 0; i < L; i++) {
+		tgt[i] = -1;
+		pos[i] = i;
+	}
+	memcpy(tok, prompt, (size_t)n_prompt * sizeof(int32_t));
+	int n = n_prompt;
+	enum llm_status s = LLM_OK;
+	while (*n_out < n_new && n < L) {
+		struct llm_train_batch b = { 1, n, tok, tgt, pos, start };
+		if ((s = check_batch(t, &b)))
+			break;
+		int32_t id = t->o.f64 ? argmax_last_f64(t, &b, n - 1) : argmax_last_f32(t, &b, n - 1);
+		out[(*n_out)++] = id;
+		tok[n++] = id;
+		int eos = 0;
+		for (int k = 0; k < t->m->cfg.n_eos; k++)
+			eos |= id == t->m->cfg.eos_id[k];
+		if (eos)
+			break;
+	}
+	free(tok);
+	return s;
+}
+
+/* ---- single ops for the tests ------------------------------------------------ */
+
+void llm_train_rmsnorm_f64(double *y, double *rstd, const double *x, const struct llm_weight *w,
+                           int64_t n, int64_t d, float eps)
+{
+	double *wv = malloc((size_t)d * sizeof(double));
+	float *tmp = malloc((size_t)d * sizeof(float));
+	if (!wv || !tmp)
+		goto out;
+	llm_weight_row_f32(w, 0, tmp);
+	for (int64_t i = 0; i < d; i++)
+		wv[i] = tmp[i];
+	struct norm_job_f64 j = { y, rstd, x, wv, NULL, NULL, n, d, eps };
+	norm_task_f64(&j, 0, 1);
+out:
+	free(wv);
+	free(tmp);
+}
+
+void llm_train_rmsnorm_bwd_f64(double *dx, const double *dy, const double *x, const double *rstd,
+                               const struct llm_weight *w, int64_t n, int64_t d)
+{
+	double *wv = malloc((size_t)d * sizeof(double));
+	float *tmp = malloc((size_t)d * sizeof(float));
+	if (!wv || !tmp)
+		goto out;
+	llm_weight_row_f32(w, 0, tmp);
+	for (int64_t i = 0; i < d; i++)
+		wv[i] = tmp[i];
+	struct norm_job_f64 j = { NULL, (double *)rstd, x, wv, dy, dx, n, d, 0 };
+	norm_bwd_task_f64(&j, 0, 1);
+out:
+	free(wv);
+	free(tmp);
+}

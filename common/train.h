@@ -1,0 +1,222 @@
+/* common/train.h: LoRA fine-tuning on a frozen base: the training forward
+ * and backward pass (train.c), the optimizer (optim.c) and the training data
+ * (dataset.c).
+ *
+ * The forward pass is the one of model.c (Hugging Face LlamaForCausalLM):
+ * per layer h = x + o(attn(rope(q(n)), rope(k(n)), v(n))), n = rmsnorm(x);
+ * x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h); logits =
+ * lm_head(rmsnorm(x)); loss = mean over counted tokens of -log softmax.
+ * Every projection may carry a LoRA adapter (lora.h). The backward pass
+ * goes through all of it (RMSNorm, RoPE, grouped-query causal attention,
+ * SwiGLU, tied or untied lm_head, cross-entropy) and produces the gradient
+ * of the LoRA parameters only: the base weights are frozen and read in place
+ * from the checkpoint mapping (F32, F16, BF16 or FP8 E4M3 dequantized per
+ * block inside the kernels, as inference does; no dequantized copy of a
+ * matrix exists). Activations and math are F32 (the reference); a double
+ * precision instance of the same code serves the gradient check.
+ *
+ * Memory: the residual stream at every layer boundary is kept; with
+ * activation checkpointing the rest of a layer's activations are recomputed
+ * in the backward pass from it, one layer at a time, so one layer's worth is
+ * held instead of n_layer. Logits exist only for a chunk of the counted
+ * tokens at a time. Everything is allocated at open (llm_train_plan()).
+ *
+ * Determinism: every output element is computed by one thread with a fixed
+ * reduction order, so results do not depend on the thread count, and a
+ * resumed run reproduces an uninterrupted one bit for bit. */
+#ifndef LLM_TRAIN_H
+#define LLM_TRAIN_H
+
+#include "status.h"
+#include "model.h"
+#include "lora.h"
+
+struct llm_tokenizer;
+
+/* ---- batches -------------------------------------------------------------- */
+
+/* N_SEQ rows of SEQ_LEN token slots. Each row packs whole samples; a token
+ * attends to the tokens of its own sample only ([start, t] of its row), at
+ * RoPE positions counted from its sample's start, so a packed sample trains
+ * exactly as it would alone. */
+struct llm_train_batch {
+	int n_seq, seq_len;
+	const int32_t *tok;     /* (n_seq, seq_len) input ids */
+	const int32_t *tgt;     /* (n_seq, seq_len) next-token target; -1: not counted */
+	const int32_t *pos;     /* (n_seq, seq_len) position within its sample */
+	const int32_t *start;   /* (n_seq, seq_len) slot of its sample's first token */
+};
+
+/* ---- trainer -------------------------------------------------------------- */
+
+struct llm_train_opts {
+	int seq_len, n_seq;     /* the largest batch: n_seq rows of seq_len */
+	int checkpoint;         /* activation checkpointing per layer */
+	int n_threads;          /* 0: every online CPU (F32 only; F64 runs on one) */
+	int f64;                /* double precision (the gradient check) */
+	int logit_chunk;        /* counted tokens per lm_head chunk (0: 64) */
+};
+
+/* Bytes the trainer allocates (besides the mapped base weights and the
+ * adapter parameters it is given), per category. */
+struct llm_train_plan {
+	size_t params;          /* the LoRA parameters (owned by struct llm_lora) */
+	size_t grads;           /* their gradient */
+	size_t optimizer;       /* AdamW m and v (optim.c, not the trainer) */
+	size_t checkpoints;     /* residual stream at the n_layer + 1 layer boundaries */
+	size_t layer_acts;      /* saved layer activations: n_layer layers, or 1 with checkpointing */
+	size_t workspace;       /* backward gradients of one layer, final norm */
+	size_t logits;          /* one chunk of logits and its gathered rows */
+	size_t threads;         /* per-thread scratch */
+	size_t total;           /* the sum of all the above */
+};
+/* What llm_trainer_open(C, LO, O) allocates, without allocating; LO gives the
+ * parameter count (n_params) and rank. N_THREADS as resolved (>= 1). */
+void llm_train_plan(const struct llm_config *c, size_t n_params, int rank, int n_targets,
+                    const struct llm_train_opts *o, int n_threads, struct llm_train_plan *p);
+
+struct llm_trainer;
+
+/* Frozen weights of one layer, fetched just before the layer runs and
+ * released right after (the hook for sharded or off-loaded base weights).
+ * NULL fetch: the model's own layers. */
+struct llm_layer_source {
+	const struct llm_layer *(*fetch)(void *ctx, int layer);
+	void (*release)(void *ctx, int layer);
+	void *ctx;
+};
+
+/* Build a trainer for model M (borrowed, with its mapping) and adapter LO
+ * (borrowed: F32 trains LO->params in place; F64 trains its own double
+ * copy, llm_trainer_params()). LLM_ERR_USAGE for bad sizes, LLM_ERR_NOMEM. */
+enum llm_status llm_trainer_open(struct llm_trainer **t, const struct llm_model *m,
+                                 struct llm_lora *lo, const struct llm_train_opts *o,
+                                 const struct llm_layer_source *src);
+void llm_trainer_close(struct llm_trainer *t);
+
+/* What llm_trainer_step() does besides the forward pass and the loss. */
+enum {
+	LLM_TRAIN_GRAD = 1,       /* backward: add the gradient */
+	LLM_TRAIN_DROPOUT = 2,    /* apply the LoRA dropout (training mode) */
+};
+
+/* Forward (and with LLM_TRAIN_GRAD, backward) over batch B: *LOSS_SUM gets
+ * the sum over counted tokens of -log p(target) in nats, *N_COUNT their
+ * number, and the gradient buffer gets GSCALE * d(loss_sum)/d(params) added
+ * (so accumulate micro-batches with GSCALE = 1 / tokens of the whole step).
+ * With LLM_TRAIN_DROPOUT, DROPOUT_KEY selects the dropout masks (a
+ * counter-based hash of key, layer, target, token and column: the same key
+ * gives the same masks, also when a checkpointed layer is recomputed).
+ * LLM_ERR_RANGE for a token id outside the vocabulary, LLM_ERR_USAGE for a
+ * batch larger than opened for or inconsistent positions. */
+enum llm_status llm_trainer_step(struct llm_trainer *t, const struct llm_train_batch *b,
+                                 double gscale, uint64_t dropout_key, int flags,
+                                 double *loss_sum, int64_t *n_count);
+/* The parameters trained and their gradient: float * (F32) or double *
+ * (F64), llm_trainer_n_params() elements in the layout of struct llm_lora. */
+void *llm_trainer_params(struct llm_trainer *t);
+void *llm_trainer_grads(struct llm_trainer *t);
+size_t llm_trainer_n_params(const struct llm_trainer *t);
+void llm_trainer_zero_grad(struct llm_trainer *t);
+/* Greedy continuation of PROMPT (N_PROMPT ids) by up to N_NEW tokens,
+ * stopping after an EOS id of the model; OUT gets the new ids, *N_OUT their
+ * count. Recomputes the whole sequence per token (a check, not a server). */
+enum llm_status llm_trainer_greedy(struct llm_trainer *t, const int32_t *prompt, int n_prompt,
+                                   int n_new, int32_t *out, int *n_out);
+
+/* ---- exposed for the tests: one op forward and backward, double ---------- */
+
+/* RMSNorm of N rows of D: y = w * x / sqrt(mean(x^2) + eps); backward gives
+ * dx from dy (w from the F32 vector W). */
+void llm_train_rmsnorm_f64(double *y, double *rstd, const double *x, const struct llm_weight *w,
+                           int64_t n, int64_t d, float eps);
+void llm_train_rmsnorm_bwd_f64(double *dx, const double *dy, const double *x, const double *rstd,
+                               const struct llm_weight *w, int64_t n, int64_t d);
+
+/* ---- optimizer (optim.c) --------------------------------------------------- */
+
+struct llm_adamw_opts {
+	double lr;              /* peak learning rate */
+	double min_lr_ratio;    /* cosine decays to lr * min_lr_ratio */
+	int64_t warmup;         /* linear warmup steps (from lr / warmup) */
+	int64_t total;          /* steps in the run (the cosine period ends here) */
+	double beta1, beta2, eps;
+	double weight_decay;    /* decoupled (AdamW), on every LoRA parameter */
+	double clip;            /* global gradient-norm clip; 0: none */
+};
+
+struct llm_adamw {
+	struct llm_adamw_opts o;
+	size_t n;
+	float *m, *v;           /* (n) first and second moments */
+	int64_t step;           /* updates done */
+};
+
+/* Learning rate of update STEP (0-based): linear warmup over `warmup` steps
+ * to lr, then cosine from lr to lr * min_lr_ratio at step `total`. */
+double llm_lr_at(const struct llm_adamw_opts *o, int64_t step);
+enum llm_status llm_adamw_init(struct llm_adamw *a, size_t n, const struct llm_adamw_opts *o);
+void llm_adamw_free(struct llm_adamw *a);
+/* L2 norm of G (accumulated in double, in order). */
+double llm_grad_norm(const float *g, size_t n);
+/* One update of P from gradient G with learning rate LR: G is scaled by
+ * clip / norm when NORM exceeds the clip, then Adam with bias correction
+ * and decoupled weight decay. Increments a->step. */
+void llm_adamw_update(struct llm_adamw *a, float *p, const float *g, double norm, double lr);
+
+/* ---- data (dataset.c) ------------------------------------------------------ */
+
+/* One tokenized sample: ids[0..n) with loss[i] = 1 where predicting ids[i]
+ * counts (completion tokens, or every token after the first with
+ * train_on_prompt). */
+struct llm_sample {
+	int32_t *ids;
+	uint8_t *loss;
+	int n;
+	int line;               /* 1-based line of the JSONL file */
+};
+
+struct llm_dataset {
+	struct llm_sample *s;
+	int n;
+	int n_skipped;          /* bad lines skipped (skip_bad) */
+	int64_t n_tok, n_loss_tok;
+};
+
+struct llm_data_opts {
+	int seq_len;            /* a sample needs at most seq_len + 1 tokens */
+	int train_on_prompt;    /* count the prompt tokens too */
+	int skip_bad;           /* skip and count bad lines instead of failing */
+	const char *chat_template;   /* overrides the tokenizer's (chat format) */
+};
+
+/* Read JSONL file PATH: each line an object, either
+ *   {"instruction": ..., "input": ... (optional), "output": ...}: the prompt
+ *   is the instruction, a newline and the input if any, then a newline; the
+ *   completion is the output followed by EOS; BOS first when the tokenizer
+ *   adds one; or
+ *   {"messages": [{"role": ..., "content": ...}, ...]}: rendered with the
+ *   chat template; the tokens of each assistant message (what the template
+ *   adds after the generation prompt) are the completion.
+ * Blank lines are ignored. A bad line (not JSON, neither format, an empty
+ * completion, longer than seq_len + 1 tokens) is LLM_ERR_FORMAT
+ * "PATH:LINE: reason", or with skip_bad counted in n_skipped (a message for
+ * each through llm_warn's caller: see *WARN). No sample at all is an error. */
+enum llm_status llm_dataset_load(struct llm_dataset *d, const char *path,
+                                 const struct llm_tokenizer *tk, const struct llm_data_opts *o,
+                                 void (*warn)(const char *msg));
+void llm_dataset_free(struct llm_dataset *d);
+
+/* Samples shuffled by (SEED, EPOCH) (Fisher-Yates) and packed first-fit in
+ * order into rows of SEQ_LEN slots (PACK 0: one sample per row); a sample
+ * of n tokens takes n - 1 slots. Free slots hold token 0 with target -1. */
+struct llm_packed {
+	int n_row, seq_len;
+	int32_t *tok, *tgt, *pos, *start;   /* (n_row, seq_len) */
+	int64_t n_count;                    /* counted targets */
+};
+enum llm_status llm_dataset_pack(const struct llm_dataset *d, int seq_len, int pack, uint64_t seed,
+                                 int64_t epoch, struct llm_packed *p);
+void llm_packed_free(struct llm_packed *p);
+
+#endif

@@ -1,0 +1,457 @@
+/* tests/test_train.c: the LoRA training backward pass against finite
+ * differences, in double precision, on tiny random models built in memory;
+ * then the F32 trainer against the F64 one, checkpointing on/off, thread
+ * count invariance, packing, the optimizer schedule and the adapter files.
+ *
+ * Gradient check: central differences (L(p + h) - L(p - h)) / 2h with
+ * h = 1e-5 in double have truncation error O(h^2 L''') ~ 1e-10 and rounding
+ * error ~ 1e-16 |L| / h ~ 1e-11, so analytic and numeric agree to
+ * |a - n| <= 1e-7 + 1e-5 |n| when the backward pass is right; a wrong term
+ * shows as O(1) relative error. Each adapted projection (q, k, v, o, gate,
+ * up, down; A and B), in the first and the last layer, is checked, so each
+ * op's backward (RMSNorm, RoPE, grouped-query attention over packed
+ * samples, SwiGLU, lm_head tied and untied, cross-entropy) lies on a checked
+ * path; RMSNorm is also checked alone. */
+#define _GNU_SOURCE
+#include "llm.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a tiny random model in memory --------------------------------------------- */
+
+struct tiny {
+	struct llm_model m;
+	float *mem;
+	size_t used, cap;
+	uint8_t *codes;            /* FP8 variant */
+	float *scales;
+	size_t codes_used, scales_used;
+};
+
+static uint64_t rng_state;
+static double urand(void)      /* [0, 1) */
+{
+	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (double)(rng_state >> 11) * 0x1.0p-53;
+}
+static double nrand(void) { return (urand() + urand() + urand() - 1.5) * 2.0; }
+
+static float *take(struct tiny *t, size_t n)
+{
+	float *p = t->mem + t->used;
+	t->used += n;
+	return p;
+}
+
+/* W (rows, cols) random with scale s (norm vectors: 1 + s * noise); FP8:
+ * quantized with 4x4 blocks through llm_quantize_band. */
+static void mkweight(struct tiny *t, struct llm_weight *w, int64_t rows, int64_t cols, double s,
+                     int is_norm, int fp8)
+{
+	float *p = take(t, (size_t)(rows * cols));
+	for (int64_t i = 0; i < rows * cols; i++)
+		p[i] = (float)(is_norm ? 1.0 + s * nrand() : s * nrand());
+	memset(w, 0, sizeof *w);
+	w->dtype = LLM_DTYPE_F32;
+	w->rows = rows;
+	w->cols = cols;
+	w->data = p;
+	if (!fp8 || is_norm)
+		return;
+	int64_t br = 4, bc = 4, sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+	uint8_t *codes = t->codes + t->codes_used;
+	float *scales = t->scales + t->scales_used;
+	t->codes_used += (size_t)(rows * cols);
+	t->scales_used += (size_t)(sr * sc);
+	for (int64_t r = 0; r < rows; r += br) {
+		int64_t n = rows - r < br ? rows - r : br;
+		llm_quantize_band(p + r * cols, n, cols, bc, codes + r * cols, scales + (r / br) * sc);
+	}
+	w->dtype = LLM_DTYPE_E4M3;
+	w->data = codes;
+	w->scale = scales;
+	w->scale_rows = sr;
+	w->scale_cols = sc;
+	w->block_rows = br;
+	w->block_cols = bc;
+}
+
+static void tiny_init(struct tiny *t, int n_layer, int d_model, int n_head, int n_kv, int d_ff,
+                      int n_vocab, int tied, int fp8, uint64_t seed)
+{
+	memset(t, 0, sizeof *t);
+	rng_state = seed;
+	struct llm_config *c = &t->m.cfg;
+	c->n_layer = n_layer;
+	c->d_model = d_model;
+	c->n_head = n_head;
+	c->n_kv_head = n_kv;
+	c->d_head = d_model / n_head;
+	c->d_ff = d_ff;
+	c->n_vocab = n_vocab;
+	c->max_ctx = 256;
+	c->rms_eps = 1e-5f;
+	c->rope_theta = 10000.0f;
+	c->tied = tied;
+	c->bos_id = 1;
+	c->n_eos = 1;
+	c->eos_id[0] = 2;
+	int64_t dq = (int64_t)n_head * c->d_head, dkv = (int64_t)n_kv * c->d_head;
+	size_t per = (size_t)(2 * d_model + 2 * dq * d_model + 2 * dkv * d_model + 3 * (int64_t)d_ff * d_model);
+	t->cap = (size_t)n_layer * per + 3 * (size_t)n_vocab * d_model + (size_t)d_model;
+	t->mem = calloc(t->cap, sizeof(float));
+	t->codes = calloc(t->cap, 1);
+	t->scales = calloc(t->cap, sizeof(float));
+	t->m.layers = calloc((size_t)n_layer, sizeof *t->m.layers);
+	t->m.inv_freq = malloc((size_t)(c->d_head / 2) * sizeof(float));
+	for (int j = 0; j < c->d_head / 2; j++)
+		t->m.inv_freq[j] = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->d_head);
+	double s = 1.0 / sqrt((double)d_model);
+	mkweight(t, &t->m.embed, n_vocab, d_model, 1.0, 0, 0);
+	for (int l = 0; l < n_layer; l++) {
+		struct llm_layer *L = &t->m.layers[l];
+		mkweight(t, &L->attn_norm, 1, d_model, 0.1, 1, 0);
+		mkweight(t, &L->wq, dq, d_model, s * 2, 0, fp8);
+		mkweight(t, &L->wk, dkv, d_model, s * 2, 0, fp8);
+		mkweight(t, &L->wv, dkv, d_model, s, 0, fp8);
+		mkweight(t, &L->wo, d_model, dq, s, 0, fp8);
+		mkweight(t, &L->ffn_norm, 1, d_model, 0.1, 1, 0);
+		mkweight(t, &L->w_gate, d_ff, d_model, s, 0, fp8);
+		mkweight(t, &L->w_up, d_ff, d_model, s, 0, fp8);
+		mkweight(t, &L->w_down, d_model, d_ff, 1.0 / sqrt((double)d_ff), 0, fp8);
+	}
+	mkweight(t, &t->m.norm, 1, d_model, 0.1, 1, 0);
+	if (tied)
+		t->m.lm_head = t->m.embed;
+	else
+		mkweight(t, &t->m.lm_head, n_vocab, d_model, s, 0, 0);
+}
+
+static void tiny_free(struct tiny *t)
+{
+	free(t->mem);
+	free(t->codes);
+	free(t->scales);
+	free(t->m.layers);
+	free(t->m.inv_freq);
+}
+
+/* A batch of 2 rows x L slots: row 0 packs two samples (slots [0, L/2) and
+ * [L/2, L)), row 1 one; every third target is not counted. */
+struct tbatch { int32_t tok[256], tgt[256], pos[256], start[256]; struct llm_train_batch b; };
+
+static void mkbatch(struct tbatch *tb, int L, int n_vocab)
+{
+	for (int r = 0; r < 2; r++)
+		for (int i = 0; i < L; i++) {
+			int k = r * L + i, s0 = (r == 0 && i >= L / 2) ? L / 2 : 0;
+			tb->tok[k] = (int32_t)(urand() * n_vocab);
+			tb->tgt[k] = (k % 3 == 2) ? -1 : (int32_t)(urand() * n_vocab);
+			tb->start[k] = s0;
+			tb->pos[k] = i - s0;
+		}
+	struct llm_train_batch b = { 2, L, tb->tok, tb->tgt, tb->pos, tb->start };
+	tb->b = b;
+}
+
+/* ---- the gradient check -------------------------------------------------------- */
+
+static double loss_at(struct llm_trainer *tr, const struct llm_train_batch *b, int flags)
+{
+	double loss = 0;
+	int64_t n = 0;
+	if (llm_trainer_step(tr, b, 1.0, 7, flags & ~LLM_TRAIN_GRAD, &loss, &n))
+		return NAN;
+	return loss;
+}
+
+static void gradcheck(const char *label, int tied, int fp8, int n_kv, float dropout, int checkpoint)
+{
+	struct tiny t;
+	tiny_init(&t, 2, 16, 4, n_kv, 24, 32, tied, fp8, 42 + (uint64_t)tied);
+	struct llm_lora lo;
+	if (llm_lora_init(&lo, &t.m.cfg, 2, 4.0f, dropout, LLM_LORA_ALL, 1)) {
+		check(0, "%s: lora init: %s", label, llm_errmsg());
+		return;
+	}
+	for (size_t i = 0; i < lo.n_params; i++)        /* B nonzero, so A has a gradient */
+		lo.params[i] = (float)(0.3 * nrand());
+	struct llm_train_opts o = { .seq_len = 8, .n_seq = 2, .checkpoint = checkpoint, .f64 = 1, .logit_chunk = 5 };
+	struct llm_trainer *tr;
+	if (llm_trainer_open(&tr, &t.m, &lo, &o, NULL)) {
+		check(0, "%s: trainer open: %s", label, llm_errmsg());
+		llm_lora_free(&lo);
+		return;
+	}
+	struct tbatch tb;
+	mkbatch(&tb, 8, 32);
+	int flags = LLM_TRAIN_GRAD | (dropout > 0 ? LLM_TRAIN_DROPOUT : 0);
+	double loss;
+	int64_t cnt;
+	llm_trainer_zero_grad(tr);
+	enum llm_status s = llm_trainer_step(tr, &tb.b, 1.0, 7, flags, &loss, &cnt);
+	check(s == LLM_OK && isfinite(loss) && cnt > 0, "%s: forward and backward run (loss %.4f over %lld tokens)",
+	      label, loss, (long long)cnt);
+	double *p = llm_trainer_params(tr), *g = llm_trainer_grads(tr);
+	const double h = 1e-5;
+	for (int tg = 0; tg < LLM_LORA_N; tg++) {
+		double worst = 0, worst_a = 0, worst_n = 0;
+		int bad = 0, n_checked = 0, nonzero = 0;
+		for (int l = 0; l < 2; l++)
+			for (int isb = 0; isb < 2; isb++) {
+				size_t off = lo.off[(size_t)l * LLM_LORA_N + (size_t)tg];
+				size_t n = (size_t)lo.rank * (size_t)(isb ? lo.d_out[tg] : lo.d_in[tg]);
+				if (isb)
+					off += (size_t)lo.rank * (size_t)lo.d_in[tg];
+				for (int k = 0; k < 6; k++) {
+					size_t i = off + (size_t)(urand() * (double)n);
+					double save = p[i];
+					p[i] = save + h;
+					double lp = loss_at(tr, &tb.b, flags);
+					p[i] = save - h;
+					double lm = loss_at(tr, &tb.b, flags);
+					p[i] = save;
+					double num = (lp - lm) / (2 * h), err = fabs(g[i] - num);
+					n_checked++;
+					nonzero += fabs(num) > 1e-6;
+					if (!(err <= 1e-7 + 1e-5 * fabs(num)))
+						bad++;
+					if (err > worst || isnan(err)) {
+						worst = err;
+						worst_a = g[i];
+						worst_n = num;
+					}
+				}
+			}
+		check(bad == 0 && nonzero > n_checked / 3, "%s: %s A and B gradients equal finite differences "
+		      "(%d of %d, worst |a - n| %.2e: %.9f vs %.9f)", label, llm_lora_target_name(tg),
+		      n_checked - bad, n_checked, worst, worst_a, worst_n);
+	}
+	llm_trainer_close(tr);
+	llm_lora_free(&lo);
+	tiny_free(&t);
+}
+
+static void rmsnorm_check(void)
+{
+	struct tiny t;
+	tiny_init(&t, 1, 16, 4, 2, 8, 8, 1, 0, 5);
+	double x[3 * 16], y[3 * 16], r[3], dy[3 * 16], dx[3 * 16];
+	for (int i = 0; i < 48; i++) {
+		x[i] = nrand();
+		dy[i] = nrand();
+	}
+	const struct llm_weight *w = &t.m.layers[0].attn_norm;
+	llm_train_rmsnorm_f64(y, r, x, w, 3, 16, 1e-5f);
+	llm_train_rmsnorm_bwd_f64(dx, dy, x, r, w, 3, 16);
+	int bad = 0;
+	for (int i = 0; i < 48; i++) {
+		double s = x[i], lp = 0, lm = 0;
+		x[i] = s + 1e-6;
+		llm_train_rmsnorm_f64(y, r, x, w, 3, 16, 1e-5f);
+		for (int k = 0; k < 48; k++)
+			lp += y[k] * dy[k];
+		x[i] = s - 1e-6;
+		llm_train_rmsnorm_f64(y, r, x, w, 3, 16, 1e-5f);
+		for (int k = 0; k < 48; k++)
+			lm += y[k] * dy[k];
+		x[i] = s;
+		double num = (lp - lm) / 2e-6;
+		bad += !(fabs(num - dx[i]) <= 1e-7 + 1e-6 * fabs(num));
+	}
+	check(bad == 0, "rmsnorm: input gradient equals finite differences (%d of 48 off)", bad);
+	tiny_free(&t);
+}
+
+/* ---- F32 trainer: against F64, checkpointing, threads --------------------------- */
+
+struct run { double loss; float *grad; size_t n; };
+
+static int run_f32(struct tiny *t, struct llm_lora *lo, int checkpoint, int threads, int f64,
+                   const struct llm_train_batch *b, struct run *out)
+{
+	struct llm_train_opts o = { .seq_len = b->seq_len, .n_seq = b->n_seq, .checkpoint = checkpoint,
+	                            .n_threads = threads, .f64 = f64 };
+	struct llm_trainer *tr;
+	if (llm_trainer_open(&tr, &t->m, lo, &o, NULL))
+		return -1;
+	int64_t cnt;
+	llm_trainer_zero_grad(tr);
+	enum llm_status s = llm_trainer_step(tr, b, 0.01, 3, LLM_TRAIN_GRAD | LLM_TRAIN_DROPOUT, &out->loss, &cnt);
+	out->n = lo->n_params;
+	out->grad = malloc(out->n * sizeof(float));
+	for (size_t i = 0; i < out->n; i++)
+		out->grad[i] = f64 ? (float)((double *)llm_trainer_grads(tr))[i] : ((float *)llm_trainer_grads(tr))[i];
+	llm_trainer_close(tr);
+	return s ? -1 : 0;
+}
+
+static void f32_checks(void)
+{
+	struct tiny t;
+	tiny_init(&t, 2, 64, 4, 2, 96, 128, 0, 0, 9);
+	struct llm_lora lo;
+	llm_lora_init(&lo, &t.m.cfg, 4, 8.0f, 0.1f, LLM_LORA_ALL, 3);
+	for (size_t i = 0; i < lo.n_params; i++)
+		lo.params[i] = (float)(0.05 * nrand());
+	struct tbatch tb;
+	mkbatch(&tb, 32, 128);
+	struct run a = { 0 }, b = { 0 }, c = { 0 }, d = { 0 };
+	int ok = !run_f32(&t, &lo, 0, 1, 0, &tb.b, &a) && !run_f32(&t, &lo, 1, 1, 0, &tb.b, &b) &&
+	         !run_f32(&t, &lo, 0, 2, 0, &tb.b, &c) && !run_f32(&t, &lo, 0, 1, 1, &tb.b, &d);
+	check(ok, "f32 trainer runs with checkpointing on/off, 1 and 2 threads");
+	if (ok) {
+		check(a.loss == b.loss && !memcmp(a.grad, b.grad, a.n * sizeof(float)),
+		      "activation checkpointing gives the same loss and gradient, bit for bit");
+		check(a.loss == c.loss && !memcmp(a.grad, c.grad, a.n * sizeof(float)),
+		      "1 and 2 threads give the same loss and gradient, bit for bit");
+		check(fabs(a.loss - d.loss) <= 1e-5 * fabs(d.loss), "f32 loss equals f64 loss to 1e-5 (%.8f vs %.8f)",
+		      a.loss, d.loss);
+		/* f32 accumulation over ~1e3-term sums: errors ~1e-6 relative to the
+		 * gradient scale, so compare against the largest component */
+		double gmax = 0;
+		for (size_t i = 0; i < d.n; i++)
+			gmax = fmax(gmax, fabs(d.grad[i]));
+		check_close("f32 gradient vs f64", a.grad, d.grad, a.n, 1e-4 * gmax, 1e-3);
+	}
+	free(a.grad);
+	free(b.grad);
+	free(c.grad);
+	free(d.grad);
+
+	/* a sample packed with another trains exactly as alone: same loss */
+	struct tbatch p, q;
+	mkbatch(&p, 32, 128);
+	q = p;
+	for (int i = 0; i < 32; i++) {   /* row 0 of q: the second sample of p moved to the front */
+		int src = i < 16 ? i + 16 : i - 16;
+		q.tok[i] = p.tok[src];
+		q.tgt[i] = p.tgt[src];
+		q.start[i] = i < 16 ? 0 : 16;
+		q.pos[i] = i < 16 ? i : i - 16;
+	}
+	struct llm_train_batch bp = { 1, 32, p.tok, p.tgt, p.pos, p.start }, bq = { 1, 32, q.tok, q.tgt, q.pos, q.start };
+	struct llm_train_opts o = { .seq_len = 32, .n_seq = 1, .f64 = 1 };
+	struct llm_trainer *tr;
+	double lp = 0, lq = 0;
+	int64_t n1, n2;
+	if (!llm_trainer_open(&tr, &t.m, &lo, &o, NULL)) {
+		llm_trainer_step(tr, &bp, 1, 0, 0, &lp, &n1);
+		llm_trainer_step(tr, &bq, 1, 0, 0, &lq, &n2);
+		llm_trainer_close(tr);
+	}
+	check(fabs(lp - lq) <= 1e-12 * fabs(lp) && n1 == n2 && lp > 0,
+	      "packed samples do not see each other: reordering them keeps the loss (%.12f, %.12f)", lp, lq);
+	/* a bad batch is refused */
+	p.tok[3] = 128;
+	struct llm_train_batch bb = { 1, 32, p.tok, p.tgt, p.pos, p.start };
+	if (!llm_trainer_open(&tr, &t.m, &lo, &o, NULL)) {
+		check(llm_trainer_step(tr, &bb, 1, 0, 0, &lp, &n1) == LLM_ERR_RANGE,
+		      "a token outside the vocabulary is LLM_ERR_RANGE (%s)", llm_errmsg());
+		llm_trainer_close(tr);
+	}
+	llm_lora_free(&lo);
+	tiny_free(&t);
+}
+
+/* ---- optimizer ------------------------------------------------------------------- */
+
+static void optim_checks(void)
+{
+	struct llm_adamw_opts o = { .lr = 1e-3, .min_lr_ratio = 0.1, .warmup = 10, .total = 110,
+	                            .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .clip = 1.0 };
+	check(fabs(llm_lr_at(&o, 0) - 1e-4) < 1e-12 && fabs(llm_lr_at(&o, 9) - 1e-3) < 1e-12,
+	      "warmup: linear from lr/warmup to lr");
+	check(fabs(llm_lr_at(&o, 60) - (1e-4 + 0.5 * 9e-4)) < 1e-12 && fabs(llm_lr_at(&o, 110) - 1e-4) < 1e-12,
+	      "cosine: half way at the middle, lr * min_lr_ratio at the end");
+	/* one Adam step moves each parameter by lr * sign(g) (bias-corrected) */
+	struct llm_adamw a;
+	float p[4] = { 1, 1, 1, 1 }, g[4] = { 0.1f, -0.2f, 0.3f, -0.4f };
+	llm_adamw_init(&a, 4, &o);
+	double norm = llm_grad_norm(g, 4);
+	llm_adamw_update(&a, p, g, norm, 1e-3);
+	int ok = 1;
+	for (int i = 0; i < 4; i++)
+		ok &= fabs((1.0 - p[i]) - (g[i] > 0 ? 1e-3 : -1e-3)) < 1e-6;
+	check(ok && a.step == 1, "AdamW: the first step moves every parameter by lr against its gradient");
+	/* clipping: a gradient 10x over the clip behaves as the clipped one */
+	float p2[4] = { 1, 1, 1, 1 }, p3[4] = { 1, 1, 1, 1 }, g2[4], g3[4];
+	for (int i = 0; i < 4; i++) {
+		g2[i] = g[i] * 100;
+		g3[i] = g[i] * 100 / (float)(norm * 100);
+	}
+	struct llm_adamw a2, a3;
+	struct llm_adamw_opts o2 = o;
+	o2.clip = 0;
+	llm_adamw_init(&a2, 4, &o);
+	llm_adamw_init(&a3, 4, &o2);
+	for (int k = 0; k < 3; k++) {
+		llm_adamw_update(&a2, p2, g2, llm_grad_norm(g2, 4), 1e-3);
+		llm_adamw_update(&a3, p3, g3, llm_grad_norm(g3, 4), 1e-3);
+	}
+	ok = 1;
+	for (int i = 0; i < 4; i++)
+		ok &= fabsf(p2[i] - p3[i]) < 1e-7f;
+	check(ok, "gradient clipping scales the gradient to the clip norm");
+	llm_adamw_free(&a);
+	llm_adamw_free(&a2);
+	llm_adamw_free(&a3);
+}
+
+/* ---- adapter files ------------------------------------------------------------------ */
+
+static void adapter_checks(void)
+{
+	struct tiny t;
+	tiny_init(&t, 2, 16, 4, 2, 24, 32, 1, 0, 11);
+	struct llm_lora lo, back;
+	unsigned tg, tg2;
+	check(llm_lora_parse_targets("q,v,down", &tg) == LLM_OK &&
+	      tg == (1u << LLM_LORA_Q | 1u << LLM_LORA_V | 1u << LLM_LORA_DOWN), "targets parse");
+	check(llm_lora_parse_targets("q,zz", &tg2) == LLM_ERR_USAGE && strstr(llm_errmsg(), "zz"),
+	      "an unknown target is refused by name");
+	llm_lora_init(&lo, &t.m.cfg, 3, 6.0f, 0.05f, tg, 5);
+	for (size_t i = 0; i < lo.n_params; i++)
+		lo.params[i] = (float)nrand();
+	char dir[1024];
+	snprintf(dir, sizeof dir, "%s/adapter", test_tmpdir());
+	check(llm_lora_save(&lo, dir, 0) == LLM_OK, "adapter saves (%s)", llm_errmsg());
+	check(llm_lora_save(&lo, dir, 0) == LLM_ERR_EXISTS, "saving over an adapter without force is refused");
+	enum llm_status s = llm_lora_load(&back, dir, &t.m.cfg);
+	check(s == LLM_OK && back.rank == 3 && back.alpha == 6.0f && back.targets == tg &&
+	      back.n_params == lo.n_params && !memcmp(back.params, lo.params, lo.n_params * sizeof(float)),
+	      "adapter loads back identical (%s)", s ? llm_errmsg() : "");
+	if (!s)
+		llm_lora_free(&back);
+	/* the inference hook equals the trainer's forward: y += scale B A x */
+	float x[16], y[16] = { 0 }, ref[16] = { 0 };
+	for (int i = 0; i < 16; i++)
+		x[i] = (float)nrand();
+	llm_lora_apply(&lo, 1, LLM_LORA_V, y, 8, x, 16, 1);
+	const float *A = llm_lora_a(&lo, 1, LLM_LORA_V), *B = llm_lora_b(&lo, 1, LLM_LORA_V);
+	for (int o = 0; o < 8; o++)
+		for (int k = 0; k < 3; k++) {
+			double u = 0;
+			for (int c = 0; c < 16; c++)
+				u += A[k * 16 + c] * x[c];
+			ref[o] += (float)(2.0 * B[o * 3 + k] * u);
+		}
+	check_close("llm_lora_apply", y, ref, 8, 1e-5, 1e-5);
+	llm_lora_free(&lo);
+	tiny_free(&t);
+}
+
+int main(void)
+{
+	rmsnorm_check();
+	gradcheck("tied lm_head, GQA", 1, 0, 2, 0.0f, 0);
+	gradcheck("untied lm_head, MHA, checkpointing", 0, 0, 4, 0.0f, 1);
+	gradcheck("FP8 base, dropout 0.3", 0, 1, 2, 0.3f, 0);
+	f32_checks();
+	optim_checks();
+	adapter_checks();
+	return check_done();
+}

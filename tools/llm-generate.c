@@ -452,6 +452,9 @@ static enum llm_status job_prompt(struct job *j, struct llm_tokenizer *tk, const
 				return llm_fail(LLM_ERR_USAGE, "stdin: line %d: prompt_ids is empty", line);
 			return LLM_OK;
 		}
+		if (!tk)
+			return llm_fail(LLM_ERR_USAGE, "%s: no tokenizer files: only prompt_ids can be generated from (stdin line %d)",
+			                cfg.model, line);
 		if (json_is_string(pr)) {
 			text = json_string_value(pr);
 		} else if (json_is_array(msg)) {
@@ -475,6 +478,9 @@ static enum llm_status job_prompt(struct job *j, struct llm_tokenizer *tk, const
 			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"prompt\" (a string), \"prompt_ids\" or \"messages\" (arrays)", line);
 		}
 	}
+	if (!tk)
+		return llm_fail(LLM_ERR_USAGE, "%s: no tokenizer files: a text prompt needs tokenizer.json (prompt_ids work without)",
+		                cfg.model);
 	enum llm_status s = llm_tokenizer_encode(tk, text, strlen(text), special, &j->prompt, &j->n_prompt);
 	free(rendered);
 	if (!s && !j->n_prompt) {
@@ -876,11 +882,20 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--skip-special goes with --detokenize");
 	if (cfg.chat_template && mode->run != run_apply_template && mode != &generate)
 		return llm_args_usage_error(&cli, "--chat-template goes with --apply-template or generation");
-	struct llm_tokenizer *tk;
-	if (open_tokenizer(cfg.model, &tk))
-		llm_die("%s", llm_errmsg());
+	struct llm_tokenizer *tk = NULL;
+	if (open_tokenizer(cfg.model, &tk)) {
+		/* generation from prompt_ids needs no tokenizer: a checkpoint
+		 * without tokenizer files (random weights) still runs */
+		char *tj = llm_path_join(cfg.model, "tokenizer.json");
+		int absent = tj && !llm_exists(tj) && llm_is_dir(cfg.model);
+		free(tj);
+		if (mode != &generate || !absent || cfg.prompt || cfg.prompt_file)
+			llm_die("%s", llm_errmsg());
+		tk = NULL;
+	}
 	enum llm_status s = mode->run(tk);
-	llm_tokenizer_close(tk);
+	if (tk)
+		llm_tokenizer_close(tk);
 	if (s)
 		llm_die("%s", llm_errmsg());
 	return 0;

@@ -11,6 +11,10 @@
 #include <string.h>
 #include "banned.h"
 
+#ifdef LLM_CUDA
+int llm_cuda_device_count(void);   /* kernels/cuda_ops.c: 0 without a device or driver */
+#endif
+
 static const char *isa_names[LLM_ISA_COUNT] = {
 	[LLM_ISA_SCALAR] = "scalar", [LLM_ISA_AVX2] = "avx2",
 	[LLM_ISA_AVX512] = "avx512", [LLM_ISA_AVX512BF16] = "avx512bf16",
@@ -84,7 +88,7 @@ enum llm_status llm_backend_open(const char *spec, const struct llm_backend_opts
 #endif
 	} else if (!strcmp(spec, "auto")) {
 #ifdef LLM_CUDA
-		ops = &llm_cuda_ops;
+		ops = llm_cuda_device_count() > 0 ? &llm_cuda_ops : &llm_cpu_ops;
 #else
 		ops = &llm_cpu_ops;
 #endif

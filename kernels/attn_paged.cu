@@ -1,0 +1,143 @@
+/* kernels/attn_paged.cu: the paged KV cache on the GPU: store K/V rows of a
+ * batch, and causal attention over each token's own sequence (decode tokens
+ * and prefill chunks alike; grouped-query heads).
+ *
+ * Reference: cpu_kv_store and cpu_attention (common/backend_cpu.c) and the
+ * layout of common/kvcache.h: k, v (n_layer, n_block, block_size, kv_dim),
+ * position p of a sequence in block tab[p / block_size], slot
+ * p % block_size. BF16 caches round to nearest even (llm_f32_to_bf16), so
+ * the stored bits equal the CPU's. Attention: scores q.k / sqrtf(d_head) in
+ * f32, softmax computed online (running max and sum, rescaled per chunk of
+ * 32 positions, as in FlashAttention) instead of the CPU's two passes: the
+ * same function, rounding differs by a few ulp. */
+#include "cuda_device.h"
+
+#define ATTN_WARPS 4
+#define ATTN_MAX_D 256
+
+static __device__ __forceinline__ int64_t kv_row(const struct llm_cuda_kvgeom &g, int layer,
+                                                 const int32_t *tab, int32_t p)
+{
+	int32_t blk = tab[p / g.block_size];
+	return (((int64_t)layer * g.n_block + blk) * g.block_size + p % g.block_size) * g.kv_dim;
+}
+
+static __device__ __forceinline__ float kv_at(const void *base, int bf16, int64_t i)
+{
+	return bf16 ? __bfloat162float(((const __nv_bfloat16 *)base)[i]) : ((const float *)base)[i];
+}
+
+/* One thread per (token, element). */
+__global__ void kv_store_kernel(struct llm_cuda_kvgeom g, int layer, struct llm_cuda_kvmeta m,
+                                const float *k, int64_t ks, const float *v, int64_t vs)
+{
+	int64_t n = (int64_t)m.n_tok * g.kv_dim;
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+		int t = (int)(i / g.kv_dim), c = (int)(i % g.kv_dim);
+		int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t]) + c;
+		float kv_k = k[(int64_t)t * ks + c], kv_v = v[(int64_t)t * vs + c];
+		if (g.bf16) {
+			((__nv_bfloat16 *)g.k)[off] = __float2bfloat16_rn(kv_k);
+			((__nv_bfloat16 *)g.v)[off] = __float2bfloat16_rn(kv_v);
+		} else {
+			((float *)g.k)[off] = kv_k;
+			((float *)g.v)[off] = kv_v;
+		}
+	}
+}
+
+/* One warp per (token, head). Positions go in chunks of 32, one per lane for
+ * the score (the lane reads its whole K row); then the chunk's weights are
+ * broadcast and every lane accumulates its own output elements
+ * (lane + 32 r) over the chunk's V rows, coalesced. */
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
+                           struct llm_cuda_kvgeom g, int layer, struct llm_cuda_kvmeta m, int n_head)
+{
+	__shared__ float qsh[ATTN_WARPS][ATTN_MAX_D];
+	const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	const int64_t item = (int64_t)blockIdx.x * ATTN_WARPS + wid;
+	if (item >= (int64_t)m.n_tok * n_head)
+		return;                      /* whole warps leave; no block barrier below */
+	const int t = (int)(item / n_head), h = (int)(item % n_head);
+	const int d = g.d_head, group = n_head / g.n_kv_head;
+	const int64_t hoff = (int64_t)(h / group) * d;
+	const int32_t pos = m.pos[t];
+	const int32_t *tab = m.tab + m.tab_off[t];
+	const float scale = sqrtf((float)d);
+	float *qw = qsh[wid];
+	for (int i = lane; i < d; i += 32)
+		qw[i] = q[(int64_t)t * qs + (int64_t)h * d + i];
+	__syncwarp();
+
+	float m_run = -INFINITY, l_run = 0.0f;
+	float acc[ATTN_MAX_D / 32];
+#pragma unroll
+	for (int r = 0; r < ATTN_MAX_D / 32; r++)
+		acc[r] = 0.0f;
+	for (int32_t c0 = 0; c0 <= pos; c0 += 32) {
+		const int32_t p = c0 + lane;
+		float s = -INFINITY;
+		if (p <= pos) {
+			int64_t kr = kv_row(g, layer, tab, p) + hoff;
+			float dot = 0.0f;
+			for (int i = 0; i < d; i++)
+				dot = fmaf(qw[i], kv_at(g.k, g.bf16, kr + i), dot);
+			s = dot / scale;
+		}
+		float m_new = fmaxf(m_run, warp_max(s));   /* finite: position c0 <= pos */
+		float corr = expf(m_run - m_new);          /* 0 on the first chunk */
+		float e = p <= pos ? expf(s - m_new) : 0.0f;
+		l_run = l_run * corr + warp_sum(e);
+#pragma unroll
+		for (int r = 0; r < ATTN_MAX_D / 32; r++)
+			acc[r] *= corr;
+		const int nv = pos - c0 + 1 < 32 ? pos - c0 + 1 : 32;
+		for (int j = 0; j < nv; j++) {
+			float ej = __shfl_sync(0xffffffffu, e, j);
+			int64_t vr = kv_row(g, layer, tab, c0 + j) + hoff;
+#pragma unroll
+			for (int r = 0; r < ATTN_MAX_D / 32; r++) {
+				int i = lane + 32 * r;
+				if (i < d)
+					acc[r] = fmaf(ej, kv_at(g.v, g.bf16, vr + i), acc[r]);
+			}
+		}
+		m_run = m_new;
+	}
+	float inv = 1.0f / l_run;
+	float *o = out + (int64_t)t * os + (int64_t)h * d;
+#pragma unroll
+	for (int r = 0; r < ATTN_MAX_D / 32; r++) {
+		int i = lane + 32 * r;
+		if (i < d)
+			o[i] = acc[r] * inv;
+	}
+}
+
+extern "C" cudaError_t llm_cuda_kv_store(const struct llm_cuda_kvgeom *g, int layer,
+                                         const struct llm_cuda_kvmeta *m, const float *k, int64_t ks,
+                                         const float *v, int64_t vs, cudaStream_t stream)
+{
+	int64_t n = (int64_t)m->n_tok * g->kv_dim;
+	if (n < 1)
+		return cudaSuccess;
+	kv_store_kernel<<<llm_grid_1d(n, 256), 256, 0, stream>>>(*g, layer, *m, k, ks, v, vs);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t llm_cuda_attention(float *out, int64_t os, const float *q, int64_t qs,
+                                          const struct llm_cuda_kvgeom *g, int layer,
+                                          const struct llm_cuda_kvmeta *m, int n_head, cudaStream_t stream)
+{
+	if (g->d_head < 1 || g->d_head > ATTN_MAX_D || n_head < 1 || n_head % g->n_kv_head)
+		return cudaErrorInvalidValue;
+	int64_t items = (int64_t)m->n_tok * n_head;
+	if (items < 1)
+		return cudaSuccess;
+	int64_t blocks = (items + ATTN_WARPS - 1) / ATTN_WARPS;
+	if (blocks > INT32_MAX)
+		return cudaErrorInvalidValue;
+	attention_paged_f32_kernel<<<(unsigned)blocks, ATTN_WARPS * 32, 0, stream>>>(out, os, q, qs, *g, layer, *m, n_head);
+	return cudaGetLastError();
+}

@@ -1,0 +1,655 @@
+/* tests/test_cuda.c: every op of the CUDA backend against the CPU backend
+ * (the reference), on seeded random inputs and on crafted inputs whose
+ * result is exact; plus the registry's behaviour without a device.
+ *
+ * Built in every build. Without CUDA support (make CUDA=0), or with it but
+ * no device, each GPU check prints "ok - ... # SKIP <reason>", and the
+ * checks that need no device still run (the "cuda" and "auto" specs).
+ *
+ * Tolerance table (op: bound, the reason):
+ * - matmul E4M3, tensor-core tiles: |gpu - cpu| <= 2^-7 sum_c |x_c w_c|:
+ *   x and code * scale are each rounded to bf16 (relative 2^-9 each, so a
+ *   product is off by at most ~2^-8 of its magnitude), the sums are f32.
+ * - matmul E4M3 GEMV and generic, F32, F16: |gpu - cpu| <= K 2^-23 sum|x w|:
+ *   the same f32 products (code * scale rounded once, as the CPU), only the
+ *   summation order differs (n 2^-24 is the worst case of reordering; the
+ *   factor 2 covers fma against separate rounding).
+ * - matmul BF16 (cuBLAS): 2^-7 sum|x w|: x is rounded to bf16.
+ * - exact inputs (small integers, power-of-two scales): every path equals
+ *   the CPU bit for bit, since every product and partial sum is exact.
+ * - batch invariance (backend.h): a token alone or in a batch of 130 gives
+ *   the same bits (the tile table switches tiles with M).
+ * - rmsnorm, add_rmsnorm: atol 1e-6, rtol 1e-5 (f32 sum of squares, tree
+ *   order against sequential).
+ * - rope: atol 1e-5, rtol 1e-5 (CUDA cosf/sinf are within 2 ulp).
+ * - swiglu: atol 1e-7, rtol 4e-6 (CUDA expf within 2 ulp, one division).
+ * - add, gather, embed, kv_store (f32 and bf16 cache): exact.
+ * - attention: atol 1e-5, rtol 1e-4 (online softmax against two-pass;
+ *   scores through another dot order).
+ * - argmax with repetition penalty: the same ids. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "backend.h"
+#include "kvcache.h"
+#include "dtype.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef LLM_CUDA
+#include "../kernels/llm_cuda.h"
+#include "../kernels/cuda_kernels.h"
+#endif
+
+/* Every GPU check by name, for the skip lines. */
+static const char *const gpu_checks[] = {
+	"matmul E4M3 every tile configuration against the CPU (bound table)",
+	"matmul E4M3 exact inputs: every configuration equals the CPU bit for bit",
+	"matmul E4M3 all 254 non-NaN codes decode exactly on every configuration",
+	"matmul E4M3 batch invariance: a token alone or in a batch of 130, same bits",
+	"matmul E4M3 block sizes the tiles cannot take fall back to the generic kernel",
+	"matmul BF16 (cuBLAS), F16, F32 against the CPU",
+	"matmul into host memory (the logits)",
+	"rmsnorm and add_rmsnorm against the CPU",
+	"rope (llama3-scaled inv_freq) against the CPU",
+	"swiglu, add, gather, embed against the CPU",
+	"kv_store f32 and bf16 caches equal the CPU's bytes",
+	"attention decode + prefill chunks, GQA, d_head 8/64/128 against the CPU",
+	"argmax with repetition penalty equals the CPU's choice",
+};
+
+static void skip_all(const char *reason)
+{
+	for (size_t i = 0; i < sizeof gpu_checks / sizeof *gpu_checks; i++)
+		check_skip(reason, "cuda: %s", gpu_checks[i]);
+}
+
+#ifdef LLM_CUDA
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double urand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (double)(rng >> 11) * 0x1.0p-53;
+}
+static float frand(void) { return (float)(urand() * 2 - 1); }
+
+static struct llm_backend *cpu, *gpu;
+
+/* A device copy of N host floats. */
+static float *dev_f32(const float *h, size_t n)
+{
+	void *p = NULL;
+	if (gpu->ops->alloc(gpu, n * sizeof(float), &p) || (h && gpu->ops->copy_in(gpu, p, h, n * sizeof(float)))) {
+		check(0, "device buffer of %zu floats: %s", n, llm_errmsg());
+		exit(1);
+	}
+	return p;
+}
+
+static void host_of(float *h, const float *d, size_t n)
+{
+	if (llm_cuda_copy_out(gpu, h, d, n * sizeof(float))) {
+		check(0, "copy out: %s", llm_errmsg());
+		exit(1);
+	}
+}
+
+struct wbuf {
+	struct llm_weight w;
+	void *data;
+	float *scale;
+};
+
+/* Random weight of DT (rows, cols); E4M3 blocks br x bc (0: whole dim).
+ * EXACT: small integer values and power-of-two scales. */
+static void make_weight(struct wbuf *b, enum llm_dtype dt, int64_t rows, int64_t cols,
+                        int64_t br, int64_t bc, int exact)
+{
+	memset(b, 0, sizeof *b);
+	size_t n = (size_t)(rows * cols);
+	b->data = malloc(n * llm_dtype_size(dt));
+	b->w.name = "test";
+	b->w.dtype = dt;
+	b->w.rows = rows;
+	b->w.cols = cols;
+	b->w.data = b->data;
+	if (dt == LLM_DTYPE_E4M3) {
+		br = br ? br : rows;
+		bc = bc ? bc : cols;
+		b->w.block_rows = br;
+		b->w.block_cols = bc;
+		b->w.scale_rows = (rows + br - 1) / br;
+		b->w.scale_cols = (cols + bc - 1) / bc;
+		b->scale = malloc((size_t)(b->w.scale_rows * b->w.scale_cols) * sizeof(float));
+		for (int64_t i = 0; i < b->w.scale_rows * b->w.scale_cols; i++)
+			b->scale[i] = exact ? ldexpf(1.0f, (int)(urand() * 6) - 3) : (float)(urand() * 0.01 + 1e-4);
+		b->w.scale = b->scale;
+	}
+	for (size_t i = 0; i < n; i++) {
+		float v = exact ? (float)((int)(urand() * 9) - 4) : frand();
+		switch (dt) {
+		case LLM_DTYPE_F32: ((float *)b->data)[i] = v; break;
+		case LLM_DTYPE_F16: ((uint16_t *)b->data)[i] = llm_f32_to_f16(v); break;
+		case LLM_DTYPE_BF16: ((uint16_t *)b->data)[i] = llm_f32_to_bf16(v); break;
+		default: {
+			uint8_t c = exact ? llm_f32_to_e4m3(v) : (uint8_t)(urand() * 256);
+			if ((c & 0x7f) == 0x7f)
+				c = 0x3f;          /* no NaN codes */
+			((uint8_t *)b->data)[i] = c;
+		}
+		}
+	}
+}
+
+static void free_weight(struct wbuf *b)
+{
+	free(b->data);
+	free(b->scale);
+	memset(b, 0, sizeof *b);
+}
+
+/* y = x . W^T on both backends; returns the worst |gpu - cpu| / bound with
+ * bound = f * sum|x w| (+ tiny), and the number of elements over 1. With
+ * EXACT, counts elements whose bits differ instead. GOT_OUT (may be NULL)
+ * receives the GPU result. */
+static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, double f, int exact,
+                          double *worst, float *got_out)
+{
+	int64_t n = b->w.rows, k = b->w.cols;
+	float *ref = malloc((size_t)(m * n) * sizeof(float)), *got = malloc((size_t)(m * n) * sizeof(float));
+	float *row = malloc((size_t)k * sizeof(float));
+	float *dx = dev_f32(x, (size_t)(m * k)), *dy = dev_f32(NULL, (size_t)(m * n));
+	int64_t bad = 0;
+	*worst = 0;
+	if (cpu->ops->matmul(cpu, llm_view_f32(ref, m, n), llm_view_f32((float *)x, m, k), &b->w)
+	    || gpu->ops->matmul(gpu, llm_view_f32(dy, m, n), llm_view_f32(dx, m, k), &b->w)
+	    || gpu->ops->sync(gpu)) {
+		check_diag("matmul failed: %s", llm_errmsg());
+		bad = m * n;
+		goto out;
+	}
+	host_of(got, dy, (size_t)(m * n));
+	for (int64_t r = 0; r < n; r++) {
+		llm_weight_row_f32(&b->w, r, row);
+		for (int64_t t = 0; t < m; t++) {
+			float g = got[t * n + r], c = ref[t * n + r];
+			if (exact) {
+				if (llm_f32_bits(g) != llm_f32_bits(c))
+					bad++;
+				continue;
+			}
+			double mag = 0;
+			for (int64_t j = 0; j < k; j++)
+				mag += fabs((double)x[t * k + j] * row[j]);
+			double e = fabs((double)g - c) / (f * mag + 1e-30);
+			if (!(e <= 1.0))
+				bad++;
+			if (e > *worst || isnan(e))
+				*worst = e;
+		}
+	}
+	if (got_out)
+		memcpy(got_out, got, (size_t)(m * n) * sizeof(float));
+out:
+	gpu->ops->release(gpu, dx);
+	gpu->ops->release(gpu, dy);
+	free(ref);
+	free(got);
+	free(row);
+	return bad;
+}
+
+static float *rand_x(int64_t m, int64_t k, int exact)
+{
+	float *x = malloc((size_t)(m * k) * sizeof(float));
+	for (int64_t i = 0; i < m * k; i++)
+		x[i] = exact ? (float)((int)(urand() * 7) - 3) : frand();
+	return x;
+}
+
+static void test_matmul_e4m3(void)
+{
+	static const struct { int64_t n, k, br, bc; } shapes[] = {
+		{ 200, 256, 128, 128 },     /* N not a tile multiple, DeepSeek-style blocks */
+		{ 96, 512, 1, 0 },          /* per output channel */
+		{ 130, 96, 0, 0 },          /* per tensor */
+		{ 64, 160, 32, 32 },
+	};
+	static const int64_t ms[] = { 1, 3, 8, 17, 70, 130 };
+	int bad_total = 0;
+	double worst_all = 0;
+	for (int cfg = 0; cfg < LLM_GEMM_CFG_COUNT; cfg++) {
+		llm_cuda_gemm_force(gpu, cfg);
+		for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+			struct wbuf b;
+			make_weight(&b, LLM_DTYPE_E4M3, shapes[s].n, shapes[s].k, shapes[s].br, shapes[s].bc, 0);
+			for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
+				float *x = rand_x(ms[i], shapes[s].k, 0);
+				int mma = cfg >= LLM_GEMM_MMA_16x64 && cfg <= LLM_GEMM_MMA_128x128;
+				double worst;
+				int64_t bad = matmul_cmp(&b, x, ms[i], mma ? 0x1.0p-7 : (double)shapes[s].k * 0x1.0p-23,
+				                         0, &worst, NULL);
+				if (bad) {
+					check_diag("%s %lldx%lld blocks %lldx%lld M %lld: %lld over the bound, worst %.3g",
+					           llm_cuda_gemm_cfg_name(cfg), (long long)shapes[s].n, (long long)shapes[s].k,
+					           (long long)shapes[s].br, (long long)shapes[s].bc, (long long)ms[i],
+					           (long long)bad, worst);
+					bad_total++;
+				}
+				if (worst > worst_all)
+					worst_all = worst;
+				free(x);
+			}
+			llm_cuda_weights_drop(gpu);
+			free_weight(&b);
+		}
+	}
+	llm_cuda_gemm_force(gpu, -1);
+	check(!bad_total, "cuda: %s (worst %.3f of the bound)", gpu_checks[0], worst_all);
+
+	/* exact inputs */
+	bad_total = 0;
+	for (int cfg = 0; cfg < LLM_GEMM_CFG_COUNT; cfg++) {
+		llm_cuda_gemm_force(gpu, cfg);
+		struct wbuf b;
+		make_weight(&b, LLM_DTYPE_E4M3, 72, 256, 32, 64, 1);
+		for (int64_t m = 1; m <= 33; m += 8) {
+			float *x = rand_x(m, 256, 1);
+			double worst;
+			int64_t bad = matmul_cmp(&b, x, m, 0, 1, &worst, NULL);
+			if (bad) {
+				check_diag("%s M %lld: %lld elements differ", llm_cuda_gemm_cfg_name(cfg), (long long)m, (long long)bad);
+				bad_total++;
+			}
+			free(x);
+		}
+		llm_cuda_weights_drop(gpu);
+		free_weight(&b);
+	}
+	check(!bad_total, "cuda: %s", gpu_checks[1]);
+
+	/* every code: W (256, 32), row r = code r at column 0; x = e_0 */
+	bad_total = 0;
+	{
+		uint8_t *codes = calloc(256 * 32, 1);
+		float scale = 0.125f, x[32] = { 1.0f }, *got = malloc(256 * sizeof(float));
+		for (int r = 0; r < 256; r++)
+			codes[r * 32] = (uint8_t)((r & 0x7f) == 0x7f ? 0 : r);
+		struct llm_weight w = { "codes", LLM_DTYPE_E4M3, 256, 32, codes, &scale, 1, 1, 256, 32 };
+		struct wbuf b = { w, NULL, NULL };
+		for (int cfg = 0; cfg < LLM_GEMM_CFG_COUNT; cfg++) {
+			llm_cuda_gemm_force(gpu, cfg);
+			double worst;
+			int64_t bad = matmul_cmp(&b, x, 1, 0, 1, &worst, got);
+			for (int r = 0; r < 256 && !bad; r++)
+				if (got[r] != llm_e4m3_table[codes[r * 32]] * scale)
+					bad++;
+			if (bad) {
+				check_diag("%s: %lld codes wrong", llm_cuda_gemm_cfg_name(cfg), (long long)bad);
+				bad_total++;
+			}
+			llm_cuda_weights_drop(gpu);
+		}
+		free(codes);
+		free(got);
+	}
+	llm_cuda_gemm_force(gpu, -1);
+	check(!bad_total, "cuda: %s", gpu_checks[2]);
+
+	/* batch invariance through the table */
+	{
+		struct wbuf b;
+		int64_t n = 192, k = 384, m = 130;
+		make_weight(&b, LLM_DTYPE_E4M3, n, k, 128, 128, 0);
+		float *x = rand_x(m, k, 0), *all = malloc((size_t)(m * n) * sizeof(float));
+		float *one = malloc((size_t)n * sizeof(float));
+		double worst;
+		matmul_cmp(&b, x, m, 0x1.0p-7, 0, &worst, all);
+		int same = 1;
+		for (int64_t t = 0; t < m; t += 13) {
+			matmul_cmp(&b, x + t * k, 1, 0x1.0p-7, 0, &worst, one);
+			if (memcmp(one, all + t * n, (size_t)n * sizeof(float)))
+				same = 0;
+		}
+		check(same, "cuda: %s", gpu_checks[3]);
+		llm_cuda_weights_drop(gpu);
+		free(x);
+		free(all);
+		free(one);
+		free_weight(&b);
+	}
+
+	/* shapes only the generic kernel takes */
+	{
+		struct wbuf b;
+		make_weight(&b, LLM_DTYPE_E4M3, 50, 200, 7, 50, 0);
+		float *x = rand_x(5, 200, 0);
+		double worst;
+		int64_t bad = matmul_cmp(&b, x, 5, 200 * 0x1.0p-23, 0, &worst, NULL);
+		check(!bad, "cuda: %s (worst %.3f)", gpu_checks[4], worst);
+		llm_cuda_weights_drop(gpu);
+		free(x);
+		free_weight(&b);
+	}
+}
+
+static void test_matmul_other(void)
+{
+	static const enum llm_dtype dts[] = { LLM_DTYPE_BF16, LLM_DTYPE_F16, LLM_DTYPE_F32 };
+	int bad_total = 0;
+	double worst_all = 0;
+	for (size_t d = 0; d < 3; d++)
+		for (int64_t m = 1; m <= 40; m += 13) {
+			struct wbuf b;
+			make_weight(&b, dts[d], 100, 192, 0, 0, 0);
+			float *x = rand_x(m, 192, 0);
+			double worst;
+			int64_t bad = matmul_cmp(&b, x, m, dts[d] == LLM_DTYPE_BF16 ? 0x1.0p-7 : 192 * 0x1.0p-23, 0,
+			                         &worst, NULL);
+			if (bad) {
+				check_diag("%s M %lld: %lld over the bound", llm_dtype_name(dts[d]), (long long)m, (long long)bad);
+				bad_total++;
+			}
+			if (worst > worst_all)
+				worst_all = worst;
+			llm_cuda_weights_drop(gpu);
+			free(x);
+			free_weight(&b);
+		}
+	check(!bad_total, "cuda: %s (worst %.3f of the bound)", gpu_checks[5], worst_all);
+
+	/* output straight into host memory, with a row stride */
+	struct wbuf b;
+	make_weight(&b, LLM_DTYPE_E4M3, 300, 128, 128, 128, 0);
+	float *x = rand_x(3, 128, 0), *dx = dev_f32(x, 3 * 128);
+	float ref[3 * 300], got[3 * 310];
+	for (int i = 0; i < 3 * 310; i++)
+		got[i] = -7.0f;
+	cpu->ops->matmul(cpu, llm_view_f32(ref, 3, 300), llm_view_f32(x, 3, 128), &b.w);
+	struct llm_view y = { got, LLM_DTYPE_F32, 3, 300, 310 };
+	enum llm_status s = gpu->ops->matmul(gpu, y, llm_view_f32(dx, 3, 128), &b.w);
+	int ok = s == LLM_OK;
+	for (int t = 0; t < 3 && ok; t++) {
+		if (got[t * 310 + 305] != -7.0f)
+			ok = 0;
+		for (int r = 0; r < 300; r++)
+			if (fabsf(got[t * 310 + r] - ref[t * 300 + r]) > 1e-2f * (1 + fabsf(ref[t * 300 + r])))
+				ok = 0;
+	}
+	check(ok, "cuda: %s", gpu_checks[6]);
+	gpu->ops->release(gpu, dx);
+	llm_cuda_weights_drop(gpu);
+	free(x);
+	free_weight(&b);
+}
+
+/* Compare a device result of N floats with a host reference. */
+static int close_dev(const char *name, const float *d, const float *ref, size_t n, double atol, double rtol)
+{
+	float *h = malloc(n * sizeof(float));
+	host_of(h, d, n);
+	int ok = check_close(name, h, ref, n, atol, rtol);
+	free(h);
+	return ok;
+}
+
+static void test_rowwise(void)
+{
+	enum { T = 5, D = 576, H = 9, DH = 64, F = 1536, V = 300 };
+	float *x = rand_x(T, D, 0), *y = rand_x(T, D, 0), out[T * D], xr[T * D];
+	struct wbuf nw;
+	make_weight(&nw, LLM_DTYPE_BF16, 1, D, 0, 0, 0);
+	float *dx = dev_f32(x, T * D), *dy = dev_f32(y, T * D), *dout = dev_f32(NULL, T * D);
+	int ok = 1;
+	/* rmsnorm */
+	cpu->ops->rmsnorm(cpu, llm_view_f32(out, T, D), llm_view_f32(x, T, D), &nw.w, 1e-5f);
+	ok &= gpu->ops->rmsnorm(gpu, llm_view_f32(dout, T, D), llm_view_f32(dx, T, D), &nw.w, 1e-5f) == LLM_OK;
+	ok &= close_dev("rmsnorm", dout, out, T * D, 1e-6, 1e-5);
+	/* in place */
+	ok &= gpu->ops->rmsnorm(gpu, llm_view_f32(dx, T, D), llm_view_f32(dx, T, D), &nw.w, 1e-5f) == LLM_OK;
+	ok &= close_dev("rmsnorm in place", dx, out, T * D, 1e-6, 1e-5);
+	/* fused add + rmsnorm against add then rmsnorm */
+	gpu->ops->copy_in(gpu, dx, x, sizeof xr);
+	memcpy(xr, x, sizeof xr);
+	cpu->ops->add(cpu, llm_view_f32(xr, T, D), llm_view_f32(y, T, D));
+	cpu->ops->rmsnorm(cpu, llm_view_f32(out, T, D), llm_view_f32(xr, T, D), &nw.w, 1e-5f);
+	ok &= llm_cuda_add_rmsnorm(gpu, llm_view_f32(dout, T, D), llm_view_f32(dx, T, D), llm_view_f32(dy, T, D),
+	                           &nw.w, 1e-5f) == LLM_OK;
+	ok &= close_dev("add_rmsnorm: x", dx, xr, T * D, 0, 0);
+	ok &= close_dev("add_rmsnorm: out", dout, out, T * D, 1e-6, 1e-5);
+	check(ok, "cuda: %s", gpu_checks[7]);
+
+	/* rope: llama3-scaled frequencies (theta 500000, factor 8, low 1, high 4, 8192) */
+	float inv[DH / 2];
+	for (int j = 0; j < DH / 2; j++) {
+		double f = pow(500000.0, -2.0 * j / DH), wl = 2 * M_PI / f;
+		if (wl > 8192 / 1.0)
+			f /= 8;
+		else if (wl >= 8192 / 4.0) {
+			double sm = (8192 / wl - 1) / (4 - 1);
+			f = (1 - sm) * f / 8 + sm * f;
+		}
+		inv[j] = (float)f;
+	}
+	int32_t pos[T] = { 0, 1, 17, 4095, 131071 };
+	float *q = rand_x(T, H * DH, 0), qr[T * H * DH];
+	float *dq = dev_f32(q, T * H * DH);
+	memcpy(qr, q, sizeof qr);
+	cpu->ops->rope(cpu, llm_view_f32(qr, T, H * DH), pos, H, DH, inv);
+	ok = gpu->ops->rope(gpu, llm_view_f32(dq, T, H * DH), pos, H, DH, inv) == LLM_OK;
+	ok &= close_dev("rope", dq, qr, T * H * DH, 1e-5, 1e-5);
+	check(ok, "cuda: %s", gpu_checks[8]);
+
+	/* swiglu, add, gather, embed */
+	float *g = rand_x(T, F, 0), *u = rand_x(T, F, 0), sw[T * F];
+	for (int i = 0; i < T * F; i++)
+		g[i] *= 12;              /* reach the tails of silu */
+	float *dg = dev_f32(g, T * F), *du = dev_f32(u, T * F);
+	cpu->ops->swiglu(cpu, llm_view_f32(sw, T, F), llm_view_f32(g, T, F), llm_view_f32(u, T, F));
+	ok = gpu->ops->swiglu(gpu, llm_view_f32(dg, T, F), llm_view_f32(dg, T, F), llm_view_f32(du, T, F)) == LLM_OK;
+	ok &= close_dev("swiglu", dg, sw, T * F, 1e-7, 4e-6);
+	gpu->ops->copy_in(gpu, dx, x, sizeof xr);
+	memcpy(xr, x, sizeof xr);
+	cpu->ops->add(cpu, llm_view_f32(xr, T, D), llm_view_f32(y, T, D));
+	ok &= gpu->ops->add(gpu, llm_view_f32(dx, T, D), llm_view_f32(dy, T, D)) == LLM_OK;
+	ok &= close_dev("add", dx, xr, T * D, 0, 0);
+	int32_t idx[3] = { 4, 0, 2 };
+	cpu->ops->gather(cpu, llm_view_f32(out, 3, D), llm_view_f32(xr, T, D), idx);
+	ok &= gpu->ops->gather(gpu, llm_view_f32(dout, 3, D), llm_view_f32(dx, T, D), idx) == LLM_OK;
+	ok &= close_dev("gather", dout, out, 3 * D, 0, 0);
+	static const enum llm_dtype edt[] = { LLM_DTYPE_BF16, LLM_DTYPE_E4M3, LLM_DTYPE_F32 };
+	int32_t tok[T] = { 0, 299, 17, 17, 150 };
+	for (int e = 0; e < 3; e++) {
+		struct wbuf emb;
+		make_weight(&emb, edt[e], V, D, 1, 128, 0);
+		cpu->ops->embed(cpu, llm_view_f32(out, T, D), tok, &emb.w);
+		ok &= gpu->ops->embed(gpu, llm_view_f32(dout, T, D), tok, &emb.w) == LLM_OK;
+		ok &= close_dev("embed", dout, out, T * D, 0, 0);
+		llm_cuda_weights_drop(gpu);
+		free_weight(&emb);
+	}
+	int32_t badtok = V;
+	ok &= gpu->ops->embed(gpu, llm_view_f32(dout, 1, D), &badtok, &nw.w) == LLM_ERR_RANGE;
+	check(ok, "cuda: %s", gpu_checks[9]);
+
+	void *bufs[] = { dx, dy, dout, dq, dg, du };
+	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+		gpu->ops->release(gpu, bufs[i]);
+	llm_cuda_weights_drop(gpu);
+	free_weight(&nw);
+	free(x);
+	free(y);
+	free(q);
+	free(g);
+	free(u);
+}
+
+/* The same batches through both backends' caches: K/V bytes, then attention. */
+static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head, int *kv_same)
+{
+	struct llm_kv_opts ko = { 2, n_kv_head, d_head, kvdt, 16, 64, 4, 256 };
+	struct llm_kv kc, kg;
+	int ok = llm_kv_init(&kc, cpu, &ko) == LLM_OK && llm_kv_init(&kg, gpu, &ko) == LLM_OK;
+	if (!ok) {
+		check_diag("kv init: %s", llm_errmsg());
+		return 0;
+	}
+	int sa, sb, sc;
+	llm_kv_seq_new(&kc, &sa);
+	llm_kv_seq_new(&kc, &sb);
+	llm_kv_seq_new(&kc, &sc);
+	llm_kv_seq_new(&kg, &sa);
+	llm_kv_seq_new(&kg, &sb);
+	llm_kv_seq_new(&kg, &sc);
+	int dq = n_head * d_head, dkv = n_kv_head * d_head;
+	/* step 1: prefill A (37) and B (5); step 2: decode A, a chunk of B (3), prefill C (20) */
+	struct { int n; int32_t seq[64], pos[64]; } steps[2] = { { 0 }, { 0 } };
+	for (int i = 0; i < 37; i++, steps[0].n++) {
+		steps[0].seq[steps[0].n] = sa;
+		steps[0].pos[steps[0].n] = i;
+	}
+	for (int i = 0; i < 5; i++, steps[0].n++) {
+		steps[0].seq[steps[0].n] = sb;
+		steps[0].pos[steps[0].n] = i;
+	}
+	steps[1].seq[0] = sa;
+	steps[1].pos[0] = 37;
+	steps[1].n = 1;
+	for (int i = 0; i < 3; i++, steps[1].n++) {
+		steps[1].seq[steps[1].n] = sb;
+		steps[1].pos[steps[1].n] = 5 + i;
+	}
+	for (int i = 0; i < 20; i++, steps[1].n++) {
+		steps[1].seq[steps[1].n] = sc;
+		steps[1].pos[steps[1].n] = i;
+	}
+	int32_t tok[64] = { 0 };
+	for (int s = 0; s < 2 && ok; s++) {
+		int n = steps[s].n;
+		struct llm_batch b = { n, tok, steps[s].pos, steps[s].seq, NULL };
+		ok &= llm_kv_prepare(&kc, &b) == LLM_OK && llm_kv_prepare(&kg, &b) == LLM_OK;
+		float *q = rand_x(n, dq, 0), *k = rand_x(n, dkv, 0), *v = rand_x(n, dkv, 0);
+		float *dqb = dev_f32(q, (size_t)n * dq), *dk = dev_f32(k, (size_t)n * dkv), *dv = dev_f32(v, (size_t)n * dkv);
+		float *ref = malloc((size_t)n * dq * sizeof(float)), *dout = dev_f32(NULL, (size_t)n * dq);
+		for (int l = 0; l < 2 && ok; l++) {
+			ok &= cpu->ops->kv_store(cpu, &kc, l, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv)) == LLM_OK;
+			ok &= gpu->ops->kv_store(gpu, &kg, l, &b, llm_view_f32(dk, n, dkv), llm_view_f32(dv, n, dkv)) == LLM_OK;
+			ok &= cpu->ops->attention(cpu, llm_view_f32(ref, n, dq), llm_view_f32(q, n, dq), &kc, l, &b, n_head) == LLM_OK;
+			ok &= gpu->ops->attention(gpu, llm_view_f32(dout, n, dq), llm_view_f32(dqb, n, dq), &kg, l, &b, n_head) == LLM_OK;
+			if (!ok)
+				check_diag("attention: %s", llm_errmsg());
+			char name[96];
+			snprintf(name, sizeof name, "attention %s %d/%d heads d %d step %d layer %d",
+			         llm_dtype_name(kvdt), n_head, n_kv_head, d_head, s, l);
+			ok &= close_dev(name, dout, ref, (size_t)n * dq, 1e-5, 1e-4);
+		}
+		free(q);
+		free(k);
+		free(v);
+		free(ref);
+		gpu->ops->release(gpu, dqb);
+		gpu->ops->release(gpu, dk);
+		gpu->ops->release(gpu, dv);
+		gpu->ops->release(gpu, dout);
+	}
+	/* the caches: same block assignment on both sides, so the same bytes */
+	size_t bytes = (size_t)ko.n_layer * (size_t)ko.n_block * (size_t)ko.block_size * (size_t)dkv * kc.elt;
+	char *hk = malloc(bytes), *hv = malloc(bytes);
+	llm_cuda_copy_out(gpu, hk, kg.k, bytes);
+	llm_cuda_copy_out(gpu, hv, kg.v, bytes);
+	if (memcmp(hk, kc.k, bytes) || memcmp(hv, kc.v, bytes))
+		*kv_same = 0;
+	free(hk);
+	free(hv);
+	llm_kv_free(&kc);
+	llm_kv_free(&kg);
+	return ok;
+}
+
+static void test_attention(void)
+{
+	static const struct { int h, kvh, d; } cases[] = { { 8, 4, 8 }, { 9, 3, 64 }, { 8, 2, 128 }, { 4, 4, 96 } };
+	int ok = 1, kv_same = 1;
+	for (int dt = 0; dt < 2; dt++)
+		for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+			ok &= attn_case(dt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32, cases[i].h, cases[i].kvh, cases[i].d, &kv_same);
+	check(kv_same, "cuda: %s", gpu_checks[10]);
+	check(ok, "cuda: %s", gpu_checks[11]);
+}
+
+static void test_argmax(void)
+{
+	enum { R = 3, NV = 49152 };
+	float *l = rand_x(R, NV, 0);
+	uint8_t *seen = calloc(R * NV, 1);
+	l[0 * NV + 777] = 5.0f;                 /* row 0: a clear winner */
+	l[1 * NV + 100] = l[1 * NV + 40000] = 4.0f;   /* row 1: a tie: the lowest id */
+	l[2 * NV + 5] = 6.0f;                   /* row 2: penalized below the runner-up */
+	l[2 * NV + 9] = 3.5f;
+	seen[2 * NV + 5] = 1;
+	float *dl = dev_f32(l, R * NV);
+	uint8_t *dseen;
+	gpu->ops->alloc(gpu, R * NV, (void **)&dseen);
+	gpu->ops->copy_in(gpu, dseen, seen, R * NV);
+	int32_t ids[R] = { -1, -1, -1 };
+	int ok = llm_cuda_argmax(gpu, ids, llm_view_f32(dl, R, NV), dseen, 2.0f) == LLM_OK;
+	check(ok && ids[0] == 777 && ids[1] == 100 && ids[2] == 9,
+	      "cuda: %s (got %d %d %d, want 777 100 9)", gpu_checks[12], ids[0], ids[1], ids[2]);
+	gpu->ops->release(gpu, dl);
+	gpu->ops->release(gpu, dseen);
+	free(l);
+	free(seen);
+}
+
+#endif /* LLM_CUDA */
+
+int main(void)
+{
+	struct llm_backend *be = NULL;
+#ifndef LLM_CUDA
+	enum llm_status s = llm_backend_open("cuda", NULL, &be);
+	check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "built without CUDA support"),
+	      "backend cuda in a CPU-only build is a clear error: %s", llm_errmsg());
+	s = llm_backend_open("auto", NULL, &be);
+	check(s == LLM_OK && !strcmp(be->ops->name, "cpu"), "backend auto opens the CPU in a CPU-only build");
+	llm_backend_close(be);
+	skip_all("built without CUDA support (make CUDA=0)");
+	return check_done();
+#else
+	int n_dev = llm_cuda_device_count();
+	enum llm_status s = llm_backend_open("auto", NULL, &be);
+	check(s == LLM_OK && !strcmp(be->ops->name, n_dev ? "cuda" : "cpu"),
+	      "backend auto opens %s with %d CUDA device(s) (%s)", n_dev ? "cuda" : "the CPU", n_dev,
+	      be ? be->ops->name : llm_errmsg());
+	llm_backend_close(be);
+	be = NULL;
+	if (!n_dev) {
+		s = llm_backend_open("cuda", NULL, &be);
+		check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "no CUDA device"),
+		      "backend cuda without a device is a clear error: %s", llm_errmsg());
+		s = llm_backend_open("cuda:3", NULL, &be);
+		check(s == LLM_ERR_UNSUPPORTED, "backend cuda:3 without a device: %s", llm_errmsg());
+		skip_all("no CUDA device");
+		return check_done();
+	}
+	s = llm_backend_open("cuda:1023", NULL, &be);
+	check(s == LLM_ERR_USAGE, "backend cuda:1023 names a device that is not there: %s", llm_errmsg());
+	struct llm_backend_opts co = LLM_BACKEND_OPTS_DEFAULT;
+	if (llm_backend_open("cpu", &co, &cpu) || llm_backend_open("cuda", NULL, &gpu)) {
+		check(0, "open the cpu and cuda backends: %s", llm_errmsg());
+		return check_done();
+	}
+	test_matmul_e4m3();
+	test_matmul_other();
+	test_rowwise();
+	test_attention();
+	test_argmax();
+	llm_backend_close(gpu);
+	llm_backend_close(cpu);
+	return check_done();
+#endif
+}

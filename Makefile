@@ -24,7 +24,8 @@ NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2
 CUDA     ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra -iquote common
+# nvcc has no -iquote: kernels/ include common/ headers by relative path
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra
 
 TOOLS     = llm-quantize llm-repartition llm-generate llm-serve llm-finetune llm-bench
 LIB_SRC   = $(wildcard common/*.c)
@@ -36,7 +37,7 @@ TEST_SRC  = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
 ifeq ($(CUDA),1)
-CFLAGS   += -DLLM_CUDA -I$(CUDA_HOME)/include
+override CFLAGS += -DLLM_CUDA -I$(CUDA_HOME)/include
 NVCCFLAGS += -DLLM_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 endif

@@ -18,10 +18,6 @@
 #include "generate.h"
 #include "lora.h"
 #include "train.h"
-#include "partition.h"
-#include "comm.h"
-#include "lora.h"
-#include "train.h"
 
 #include "banned.h"
 #endif

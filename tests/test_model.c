@@ -575,6 +575,97 @@ static void test_quantized(void)
 	}
 }
 
+/* A random Llama 3 style model (llm-quantize --random): untied lm_head,
+ * GQA, explicit head_dim, rope_scaling llama3. Checks the scaled RoPE
+ * frequencies band by band (Hugging Face _compute_llama3_parameters) and
+ * batch invariance on its F32 and FP8 forms. */
+static void test_llama3_random(void)
+{
+	const char *bin = getenv("LLM_BIN");
+	char q[1200], cfg[1300], out[1300], cmd[4000];
+	snprintf(q, sizeof q, "%s/llm-quantize", bin && *bin ? bin : "bin");
+	if (access(q, X_OK)) {
+		check_skip("no llm-quantize built", "random llama3 model");
+		return;
+	}
+	snprintf(cfg, sizeof cfg, "%s/l3.json", test_tmpdir());
+	FILE *f = fopen(cfg, "w");
+	fputs("{\"model_type\": \"llama\", \"hidden_size\": 96, \"intermediate_size\": 160,"
+	      " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 1,"
+	      " \"head_dim\": 32, \"vocab_size\": 300, \"max_position_embeddings\": 512,"
+	      " \"rope_theta\": 500000.0, \"rms_norm_eps\": 1e-05, \"hidden_act\": \"silu\","
+	      " \"tie_word_embeddings\": false, \"bos_token_id\": 1, \"eos_token_id\": [2, 3],"
+	      " \"rope_scaling\": {\"factor\": 32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+	      " \"original_max_position_embeddings\": 64, \"rope_type\": \"llama3\"}}", f);
+	fclose(f);
+	static const char *dt[2] = { "f32", "fp8" };
+	for (int k = 0; k < 2; k++) {
+		snprintf(out, sizeof out, "%s/l3-%s", test_tmpdir(), dt[k]);
+		snprintf(cmd, sizeof cmd, "%s --random %s --dtype %s --seed 5 %s 2>&1", q, cfg, dt[k], out);
+		if (!check(system(cmd) == 0, "llm-quantize --random (llama3 rope, untied, %s)", dt[k]))
+			continue;
+		struct llm_model m;
+		if (!check(llm_model_open(&m, out) == LLM_OK, "open the random %s model", dt[k])) {
+			check_diag("%s", llm_errmsg());
+			continue;
+		}
+		int bands[3] = { 0 }, bad = 0;
+		for (int j = 0; j < 16; j++) {
+			double f0 = 1.0 / pow(500000.0, 2.0 * j / 32.0), wl = 2 * M_PI / f0, got = m.inv_freq[j];
+			if (wl < 64 / 4.0) {
+				bands[0]++;
+				bad += fabs(got - f0) > 1e-6 * f0;
+			} else if (wl > 64 / 1.0) {
+				bands[1]++;
+				bad += fabs(got - f0 / 32) > 1e-6 * f0 / 32;
+			} else {
+				bands[2]++;
+				bad += !(got >= f0 / 32 * (1 - 1e-6) && got <= f0 * (1 + 1e-6));
+			}
+		}
+		check(!bad && bands[0] && bands[1] && bands[2], "llama3 rope: %d high-frequency kept, %d low divided by 32, "
+		      "%d smoothed in between", bands[0], bands[1], bands[2]);
+		check(m.lm_head.data != m.embed.data && m.cfg.n_eos == 2, "untied lm_head, two EOS ids");
+		llm_model_close(&m);
+		/* batch invariance on this model: 3 prompts alone and together */
+		struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+		o.n_threads = 2;
+		o.max_batch_tokens = 16;
+		struct llm_engine *e;
+		if (!check(llm_engine_open(&e, out, &o) == LLM_OK, "engine on the random %s model", dt[k]))
+			continue;
+		int32_t pr[3][40];
+		for (int i = 0; i < 3; i++)
+			for (int t = 0; t < 40; t++)
+				pr[i][t] = t ? 4 + (i * 37 + t * 11) % 290 : 1;
+		struct collect c1[3], c3[3];
+		struct llm_sample_params sp = LLM_SAMPLE_DEFAULT;
+		sp.temperature = 0;
+		sp.max_tokens = 30;
+		sp.ignore_eos = 1;
+		for (int i = 0; i < 3; i++) {
+			memset(&c1[i], 0, sizeof c1[i]);
+			struct llm_request r = { pr[i], 10 + 15 * i, sp, on_token, &c1[i] };
+			int id;
+			llm_engine_submit(e, &r, &id);
+			llm_engine_run(e);
+		}
+		for (int i = 0; i < 3; i++) {
+			memset(&c3[i], 0, sizeof c3[i]);
+			struct llm_request r = { pr[i], 10 + 15 * i, sp, on_token, &c3[i] };
+			int id;
+			llm_engine_submit(e, &r, &id);
+		}
+		llm_engine_run(e);
+		int same = 1;
+		for (int i = 0; i < 3; i++)
+			same &= c1[i].n == 30 && c3[i].n == 30 && !memcmp(c1[i].ids, c3[i].ids, 30 * 4)
+			        && !memcmp(c1[i].lp, c3[i].lp, 30 * 4);
+		check(same, "random %s model: 3 prompts alone and together, same ids and log-probs", dt[k]);
+		llm_engine_close(e);
+	}
+}
+
 int main(void)
 {
 	const char *models = test_models_dir(), *ref = test_ref_dir();
@@ -607,5 +698,6 @@ int main(void)
 	test_bad_input();
 	test_bf16();
 	test_quantized();
+	test_llama3_random();
 	return check_done();
 }

@@ -3,7 +3,7 @@
  *
  * A spec names one backend; nothing falls back silently: "cuda" in a build
  * without CUDA fails with "built without CUDA support". "auto" is the one
- * spec that chooses: CUDA when built with it, else the CPU. */
+ * spec that chooses: CUDA when built with it and a device opens, else the CPU. */
 #include "backend.h"
 
 #include "args.h"
@@ -100,6 +100,12 @@ enum llm_status llm_backend_open(const char *spec, const struct llm_backend_opts
 		return llm_fail(LLM_ERR_NOMEM, "backend: out of memory");
 	be->ops = ops;
 	enum llm_status s = ops->init(be, &opts);
+	if (s && !strcmp(spec, "auto") && ops != &llm_cpu_ops) {
+		/* auto: CUDA when a device answers, else the CPU */
+		memset(be, 0, sizeof *be);
+		be->ops = &llm_cpu_ops;
+		s = llm_cpu_ops.init(be, &opts);
+	}
 	if (s) {
 		free(be);
 		return s;

@@ -43,7 +43,21 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas
 endif
 $(info cuda: $(if $(filter 1,$(CUDA)),yes ($(NVCC)),no))
 
-all: $(TOOL_BINS) $(TEST_BINS)
+# MPI (OpenMPI from Debian: libopenmpi-dev) when mpicc is found; make MPI=0
+# builds the single-process communication layer only. The flags come from
+# the wrapper itself, so no MPI path is hard-coded.
+MPICC    ?= $(shell command -v mpicc 2>/dev/null)
+MPI      ?= $(if $(MPICC),1,0)
+ifeq ($(MPI),1)
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile)
+MPI_LIBS   := $(shell $(MPICC) --showme:link)
+override CFLAGS += -DLLM_MPI
+LDLIBS   += $(MPI_LIBS)
+$(B)/common/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
+endif
+$(info mpi: $(if $(filter 1,$(MPI)),yes ($(MPICC)),no))
+
+all: $(TOOL_BINS) $(TEST_BINS) $(B)/tests/mpi_check
 
 # Changed flags force a rebuild: objects depend on a file holding them.
 $(B)/flags: FORCE

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "ckpt.h"
 #include "fileio.h"
+#include "partition.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -177,7 +178,19 @@ out:
 	return s;
 }
 
-enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
+/* Side files of a partitioned directory: all but the record itself. */
+static void drop_aux(struct llm_ckpt *ck, const char *name)
+{
+	for (size_t i = 0; i < ck->n_aux; i++)
+		if (!strcmp(ck->aux[i].name, name)) {
+			free(ck->aux[i].name);
+			free(ck->aux[i].data);
+			ck->aux[i] = ck->aux[--ck->n_aux];
+			return;
+		}
+}
+
+static enum llm_status open_ckpt(struct llm_ckpt *ck, const char *path, int assemble)
 {
 	memset(ck, 0, sizeof *ck);
 	ck->path = llm_strdup(path);
@@ -185,7 +198,9 @@ enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
 	if (strcmp(path, "-") && llm_is_dir(path)) {
 		ck->is_dir = 1;
 		char *ipath = llm_path_join(path, INDEX_NAME), *single = llm_path_join(path, "model.safetensors");
-		if (llm_exists(ipath))
+		if (llm_partition_is_dir(path))
+			s = llm_partition_open_view(ck, path, assemble);
+		else if (llm_exists(ipath))
 			s = open_index(ck, path);
 		else if (llm_exists(single))
 			s = open_file(ck, single);
@@ -195,6 +210,8 @@ enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
 		free(single);
 		if (!s)
 			s = read_dir_aux(ck, path);
+		if (!s && ck->part)
+			drop_aux(ck, LLM_PART_FILE);
 	} else {
 		s = open_file(ck, path);
 		/* side files ride in the metadata, keyed by file name */
@@ -204,6 +221,9 @@ enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
 				continue;        /* "format" and other plain keys */
 			s = add_aux(ck, k, llm_strdup(ck->files[0].meta_val[i]), strlen(ck->files[0].meta_val[i]));
 		}
+		/* one rank's file of a partitioned checkpoint: its record */
+		if (!s && llm_st_meta(&ck->files[0], LLM_PART_META))
+			s = llm_partition_from_meta(&ck->part, &ck->files[0]);
 	}
 	if (s) {
 		llm_ckpt_close(ck);
@@ -237,6 +257,53 @@ enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
 	return LLM_OK;
 }
 
+enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path)
+{
+	return open_ckpt(ck, path, 1);
+}
+
+enum llm_status llm_ckpt_open_lazy(struct llm_ckpt *ck, const char *path)
+{
+	return open_ckpt(ck, path, 0);
+}
+
+enum llm_status llm_ckpt_open_rank(struct llm_ckpt *ck, const char *dir, int rank)
+{
+	struct llm_partition *p;
+	memset(ck, 0, sizeof *ck);
+	LLM_TRY(llm_partition_load(&p, dir));
+	if (rank < 0 || rank >= p->n_rank) {
+		enum llm_status s = llm_fail(LLM_ERR_RANGE, "%s: no rank %d: partitioned for --tp %d x --pp %d = %d ranks",
+		                             dir, rank, p->tp, p->pp, p->n_rank);
+		llm_partition_free(p);
+		return s;
+	}
+	char *file = llm_path_join(dir, p->ranks[rank].file);
+	enum llm_status s = llm_ckpt_open(ck, file);
+	free(file);
+	if (s) {
+		llm_partition_free(p);
+		return s;
+	}
+	s = llm_partition_attach(ck, p, rank);
+	/* the side files of the directory replace the copies in the metadata */
+	for (size_t i = 0; !s && i < ck->n_aux; i++) {
+		free(ck->aux[i].name);
+		free(ck->aux[i].data);
+	}
+	if (!s) {
+		ck->n_aux = 0;
+		s = read_dir_aux(ck, dir);
+	}
+	if (!s) {
+		drop_aux(ck, LLM_PART_FILE);
+		qsort(ck->aux, ck->n_aux, sizeof *ck->aux, cmp_aux_name);
+	}
+	if (s)
+		llm_ckpt_close(ck);
+	return s;
+}
+
 void llm_ckpt_close(struct llm_ckpt *ck)
 {
 	for (size_t i = 0; i < ck->n_file; i++)
@@ -251,6 +318,7 @@ void llm_ckpt_close(struct llm_ckpt *ck)
 	for (size_t i = 0; i < ck->n_scale_copies; i++)
 		free(ck->scale_copies[i]);
 	free(ck->scale_copies);
+	llm_partition_free(ck->part);
 	free(ck->path);
 	memset(ck, 0, sizeof *ck);
 }

@@ -24,6 +24,8 @@ struct llm_aux {
 	size_t len;
 };
 
+struct llm_partition;             /* partition.h */
+
 struct llm_ckpt {
 	char *path;
 	int is_dir;
@@ -35,6 +37,7 @@ struct llm_ckpt {
 	struct llm_aux *aux;
 	float **scale_copies;          /* f32 copies of non-f32 scales */
 	size_t n_scale_copies;
+	struct llm_partition *part;    /* a partitioned checkpoint's record, else NULL */
 };
 
 /* Open a checkpoint: directory, .safetensors file or "-". Validates every
@@ -43,6 +46,21 @@ struct llm_ckpt {
  * metadata. */
 enum llm_status llm_ckpt_open(struct llm_ckpt *ck, const char *path);
 void llm_ckpt_close(struct llm_ckpt *ck);
+
+/* Partitioned checkpoints (llm-repartition; partition.h, llm-checkpoint(5)).
+ * llm_ckpt_open on such a directory gives the merged view: the whole tensors
+ * of the original model, in its order, ck->part set (split tensors are
+ * assembled into heap copies; tensors some rank holds whole point into its
+ * mapping). llm_ckpt_open on one rank's file gives that rank's slices, with
+ * ck->part holding its record. */
+/* As llm_ckpt_open, but split tensors of a partitioned checkpoint keep data
+ * NULL: read them a range at a time with llm_partition_read (streaming). */
+enum llm_status llm_ckpt_open_lazy(struct llm_ckpt *ck, const char *path);
+/* Open only rank RANK's file of the partitioned checkpoint DIR (what one
+ * process of a distributed run maps): its slices, the side files of DIR,
+ * ck->part with the whole record (rank, stages, slices). LLM_ERR_RANGE when
+ * the checkpoint has no such rank. */
+enum llm_status llm_ckpt_open_rank(struct llm_ckpt *ck, const char *dir, int rank);
 const struct llm_tensor *llm_ckpt_find(const struct llm_ckpt *ck, const char *name);
 /* A side file by name ("config.json"), or NULL. */
 const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name);

@@ -16,6 +16,8 @@
 #include "model.h"
 #include "sampler.h"
 #include "generate.h"
+#include "partition.h"
+#include "comm.h"
 #include "lora.h"
 #include "train.h"
 

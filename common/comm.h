@@ -1,0 +1,127 @@
+/* common/comm.h: the communication layer of distributed runs: one interface,
+ * three implementations (single process, MPI for CPU ranks, NCCL for GPU
+ * ranks bootstrapped over MPI), never a home-made transport.
+ *
+ * Guarantees: every call either completes on every rank of the communicator
+ * or the job ends: a rank that fails calls llm_comm_abort (or exits, or
+ * crashes) and the whole job comes down with a message naming the rank,
+ * never a hang. Collectives are deterministic: the same inputs give the same
+ * bits on every rank (MPI's reductions are in a fixed order for a fixed
+ * communicator size). Byte counters per communicator let the engine report
+ * what crossed each link (-v).
+ *
+ * Launch: mpirun -np T*P bin/llm-generate ...; llm_comm_init sees the MPI
+ * launcher's environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK) and
+ * starts MPI; otherwise, or with LLM_COMM=single, it is a one-rank world.
+ * The reference for the semantics is the MPI standard (MPI_Allreduce,
+ * MPI_Allgather(v), MPI_Bcast, MPI_Send/Recv, MPI_Comm_split, MPI_Abort). */
+#ifndef LLM_COMM_H
+#define LLM_COMM_H
+
+#include "status.h"
+
+struct llm_comm;
+
+/* Traffic through one communicator, as seen by this rank. */
+struct llm_comm_stats {
+	uint64_t sent, recvd;        /* point-to-point payload bytes */
+	uint64_t coll;               /* payload bytes this rank handed to collectives */
+	uint64_t n_send, n_recv, n_coll;
+};
+
+struct llm_comm_ops {
+	const char *name;            /* "single", "mpi", "nccl" */
+	enum llm_status (*split)(struct llm_comm *c, int color, int key, struct llm_comm **out);
+	/* in place, buf (n) f32 summed over the ranks */
+	enum llm_status (*allreduce_sum_f32)(struct llm_comm *c, float *buf, size_t n);
+	/* in place, (n) pairs (value, index): the largest value, lowest index on ties */
+	enum llm_status (*argmax_f32)(struct llm_comm *c, float *val, int32_t *idx, size_t n);
+	/* recv (size * n bytes) = the n bytes of every rank in rank order */
+	enum llm_status (*allgather)(struct llm_comm *c, const void *send, size_t n, void *recv);
+	/* recv = counts[r] bytes of each rank r, in rank order; n = counts[rank] */
+	enum llm_status (*allgatherv)(struct llm_comm *c, const void *send, size_t n, void *recv,
+	                              const size_t *counts);
+	enum llm_status (*bcast)(struct llm_comm *c, void *buf, size_t n, int root);
+	enum llm_status (*send)(struct llm_comm *c, const void *buf, size_t n, int dst, int tag);
+	enum llm_status (*recv)(struct llm_comm *c, void *buf, size_t n, int src, int tag);
+	enum llm_status (*barrier)(struct llm_comm *c);
+	void (*abort)(struct llm_comm *c, int code);          /* does not return */
+	void (*free)(struct llm_comm *c);
+	enum llm_status (*finalize)(struct llm_comm *c);     /* world only */
+};
+
+struct llm_comm {
+	const struct llm_comm_ops *ops;
+	int rank, size;              /* in this communicator */
+	int world_rank, world_size;  /* of this process in the job */
+	void *priv;                  /* the implementation's handle */
+	struct llm_comm_stats stats;
+};
+
+/* The world: MPI when launched by an MPI launcher (and built with MPI),
+ * else a single process. Call once, first thing in main (before threads);
+ * ARGC/ARGV may be NULL. Under MPI it registers an exit hook: a rank that
+ * exits before llm_comm_finalize (llm_die, exit(1)) aborts the job naming
+ * itself, so the other ranks never wait for it. A build without MPI
+ * launched with more than one rank fails with LLM_ERR_UNSUPPORTED ("built
+ * without MPI support"). */
+enum llm_status llm_comm_init(struct llm_comm **world, int *argc, char ***argv);
+/* Finalize the world and free it (other communicators first). */
+enum llm_status llm_comm_finalize(struct llm_comm *world);
+/* The world of this process (NULL before llm_comm_init). */
+struct llm_comm *llm_comm_world(void);
+
+/* Ranks with the same COLOR form a new communicator, ordered by KEY.
+ * Collective over C. */
+enum llm_status llm_comm_split(struct llm_comm *c, int color, int key, struct llm_comm **out);
+void llm_comm_free(struct llm_comm *c);
+
+enum llm_status llm_comm_allreduce_sum_f32(struct llm_comm *c, float *buf, size_t n);
+enum llm_status llm_comm_argmax_f32(struct llm_comm *c, float *val, int32_t *idx, size_t n);
+enum llm_status llm_comm_allgather(struct llm_comm *c, const void *send, size_t n, void *recv);
+enum llm_status llm_comm_allgatherv(struct llm_comm *c, const void *send, void *recv, const size_t *counts);
+enum llm_status llm_comm_bcast(struct llm_comm *c, void *buf, size_t n, int root);
+/* Blocking point-to-point; TAG >= 0 tells messages of one pair apart. */
+enum llm_status llm_comm_send(struct llm_comm *c, const void *buf, size_t n, int dst, int tag);
+enum llm_status llm_comm_recv(struct llm_comm *c, void *buf, size_t n, int src, int tag);
+enum llm_status llm_comm_barrier(struct llm_comm *c);
+
+/* Print "PROG: rank R of N: message" on stderr and end the whole job with
+ * CODE (MPI_Abort; exit in a single process). */
+_Noreturn void llm_comm_abort(struct llm_comm *c, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* For tools: llm_comm_abort on the world with exit code 1 (or llm_die
+ * before llm_comm_init). */
+_Noreturn void llm_comm_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- the tensor x pipeline grid --------------------------------------- */
+
+/* Rank r = stage * tp + tp_rank (partition.h). */
+struct llm_grid {
+	struct llm_comm *world;
+	struct llm_comm *tp;         /* the T ranks of this stage, by tp_rank */
+	struct llm_comm *pp;         /* the P ranks with this tp_rank, by stage */
+	int n_tp, n_pp, tp_rank, stage;
+	int prev, next;              /* pp ranks of the neighbouring stages, -1 at the ends */
+};
+/* Build the grid over WORLD (collective). LLM_ERR_USAGE when world size is
+ * not TP * PP, naming both. */
+enum llm_status llm_grid_init(struct llm_grid *g, struct llm_comm *world, int tp, int pp);
+void llm_grid_free(struct llm_grid *g);
+
+/* ---- implementations --------------------------------------------------- */
+
+extern const struct llm_comm_ops llm_comm_single_ops;
+#ifdef LLM_MPI
+extern const struct llm_comm_ops llm_comm_mpi_ops;        /* comm_mpi.c */
+enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv);
+#endif
+#ifdef LLM_NCCL
+/* kernels/comm_nccl.c (issue 6, part 2): a NCCL communicator over the ranks
+ * of MPI communicator MPI_COMM (its ncclUniqueId broadcast over MPI), on
+ * CUDA device DEVICE; buffers are device pointers. */
+extern const struct llm_comm_ops llm_comm_nccl_ops;
+enum llm_status llm_comm_nccl_open(struct llm_comm *mpi_comm, int device, struct llm_comm **out);
+#endif
+
+#endif

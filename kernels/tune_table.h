@@ -21,9 +21,9 @@
  * (each output is one accumulator fed the same mma.sync k-steps in the same
  * order), so the table may switch among them with M. GEMV (f32 activations
  * and sums) and GENERIC round differently: a table must never mix them with
- * the MMA tiles for one (n, k), so the default uses no GEMV row; the sweep
- * times GEMV for M <= 8 and reports it, and only writes it for a shape
- * whose every M row is GEMV or GENERIC.
+ * the MMA tiles for one (n, k), so the table has no GEMV row (the sweep
+ * never writes one; llm_cuda_bench_gemm() with cfg = LLM_GEMM_GEMV times
+ * it, to show what a decode kernel of the MMA family must reach).
  * Rows are tried in order; the first whose n and k match (0 = any) and whose
  * m_max >= M, and whose configuration can run the weight
  * (llm_cuda_gemm_cfg_ok), wins; otherwise the generic kernel runs. */

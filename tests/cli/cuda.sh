@@ -1,0 +1,73 @@
+# tests/cli/cuda.sh: the CUDA backend through the tools, and the GPU test
+# program under compute-sanitizer. Without a device (or without CUDA
+# support) the device checks are skipped with the reason, and what needs no
+# device still runs: --backend cuda is a clear error, never a fallback.
+. tests/lib/tap.sh
+T=$TMPD
+TC=${LLM_TESTBIN:-build/tests}/test_cuda
+reason=""
+if [ ! -x "$TC" ]; then
+	reason="no $TC"
+elif "$TC" | grep -q "# SKIP built without CUDA"; then
+	reason="built without CUDA support"
+elif "$TC" | grep -q "# SKIP no CUDA device"; then
+	reason="no CUDA device"
+fi
+M=$(stories)
+REF=$LLM_TEST_REF/stories260K/greedy.jsonl
+
+if [ -n "$reason" ]; then
+	if have_stories; then
+		llm-generate -m "$M" --backend cuda -p "Once" -n 4 --temp 0 >"$T/out" 2>"$T/err"; rc=$?
+		check "llm-generate --backend cuda without a device is an error, not a fallback (exit $rc: $(head -c 120 "$T/err"))" \
+			[ "$rc" = 1 ] && grep -q -e "no CUDA device" -e "built without CUDA support" "$T/err"
+	else
+		skip "llm-generate --backend cuda without a device is an error" "no stories260K in \$LLM_TEST_MODELS"
+	fi
+	skip "compute-sanitizer memcheck clean on test_cuda" "$reason"
+	skip "llm-generate --backend cuda: greedy tokens on stories260K equal the reference" "$reason"
+	skip "llm-generate --backend cuda and --backend cpu give the same greedy tokens" "$reason"
+	tap_done
+fi
+
+if command -v compute-sanitizer >/dev/null 2>&1; then
+	compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check full "$TC" >"$T/san" 2>&1; rc=$?
+	check "compute-sanitizer memcheck clean on test_cuda (exit $rc)" [ "$rc" = 0 ]
+	[ "$rc" = 0 ] || grep -E "ERROR SUMMARY|Invalid|not ok" "$T/san" | head -10 | sed 's/^/#   /'
+else
+	skip "compute-sanitizer memcheck clean on test_cuda" "compute-sanitizer not in PATH"
+fi
+
+if ! have_stories || [ ! -f "$REF" ]; then
+	skip "llm-generate --backend cuda: greedy tokens on stories260K equal the reference" "no stories260K model or reference"
+	skip "llm-generate --backend cuda and --backend cpu give the same greedy tokens" "no stories260K model"
+	tap_done
+fi
+python3 - "$REF" "$T" <<'PY'
+import json, sys
+ref, t = sys.argv[1], sys.argv[2]
+with open(t + "/ids.jsonl", "w") as a:
+    for l in open(ref):
+        r = json.loads(l)
+        a.write(json.dumps({"prompt_ids": r["prompt_ids"], "max_tokens": r["n"], "temperature": 0}) + "\n")
+PY
+llm-generate -m "$M" --backend cuda --json --parallel 8 <"$T/ids.jsonl" >"$T/cuda.jsonl" 2>"$T/err"
+check "llm-generate --backend cuda runs the reference prompts (exit 0)" [ $? = 0 ]
+llm-generate -m "$M" --backend cpu --json --parallel 8 <"$T/ids.jsonl" >"$T/cpu.jsonl" 2>/dev/null
+python3 - "$REF" "$T/cuda.jsonl" <<'PY' >"$T/cmp"
+import json, sys
+refs = [json.loads(l) for l in open(sys.argv[1])]
+outs = [json.loads(l) for l in open(sys.argv[2])]
+bad = 0
+for r, o in zip(refs, outs):   # ids equal up to the first margin < 1e-3 (the reference rule)
+    n = next((i for i, m in enumerate(r["margins"]) if m < 1e-3), r["n"])
+    if o["ids"][:n] != r["ids"][:n]:
+        bad += 1; print("# %s: ids differ before position %d" % (r["id"], n))
+print("bad %d of %d" % (bad, len(refs)) if len(outs) == len(refs) else "bad: %d outputs" % len(outs))
+PY
+grep "^#" "$T/cmp"
+check "llm-generate --backend cuda: greedy tokens on stories260K equal the reference ($(tail -n 1 "$T/cmp"))" \
+	grep -q "^bad 0 of" "$T/cmp"
+check "llm-generate --backend cuda and --backend cpu give the same greedy tokens" \
+	python3 -c 'import json,sys; a=[json.loads(l)["ids"] for l in open(sys.argv[1])]; b=[json.loads(l)["ids"] for l in open(sys.argv[2])]; sys.exit(a!=b)' "$T/cuda.jsonl" "$T/cpu.jsonl"
+tap_done

@@ -8,7 +8,7 @@ G=llm-generate
 
 # Usage errors need nothing.
 "$G" --tokenize >/dev/null 2>&1; check "no -m is a usage error (exit 2)" [ $? = 2 ]
-"$G" -m . >/dev/null 2>&1; check "no mode is a usage error (exit 2)" [ $? = 2 ]
+"$G" -m . -p hi --tokenize >/dev/null 2>&1; check "-p with a tokenizer mode is a usage error (exit 2)" [ $? = 2 ]
 "$G" -m . --tokenize --detokenize >/dev/null 2>&1; check "two modes are a usage error (exit 2)" [ $? = 2 ]
 "$G" -m . --detokenize --no-special >/dev/null 2>&1; check "--no-special without --tokenize is a usage error" [ $? = 2 ]
 

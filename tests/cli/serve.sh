@@ -178,7 +178,7 @@ for i in 1 2 3 4 5; do
 done
 wait $(jobs -p | grep -v "^$SP$") 2>/dev/null
 n200=$(cat "$T"/q*.code | grep -c 200); n429=$(cat "$T"/q*.code | grep -c 429)
-check "queue overflow (16 running, --max-queue 1, n: 16): 1 answered, 4 refused with 429 ($n200 + $n429)" [ "$n200" = 1 ] && [ "$n429" = 4 ]
+check "queue overflow (16 running, --max-queue 1, n: 16): 1 answered, 4 refused with 429 ($n200 + $n429)" sh -c "[ '$n200' = 1 ] && [ '$n429' = 4 ]"
 check "a 429 carries Retry-After" sh -c "grep -il '^retry-after: 1' '$T'/q*.h | grep -q ."
 check "the answered ones are complete" sh -c "grep -l '\"completion_tokens\":6400' '$T'/q*.json | wc -l | grep -qx 1"
 
@@ -203,5 +203,5 @@ cp=$!
 for i in $(seq 1 50); do grep -q 'data: {' "$T/cutd.sse" 2>/dev/null && break; sleep 0.05; done
 t0=$(date +%s%N); stop; t1=$(date +%s%N)
 wait $cp
-check "--drain-timeout: exit 0 within the timeout (+ margin)" [ "$RC" = 0 ] && [ $(( (t1 - t0) / 1000000 )) -lt 3000 ]
+check "--drain-timeout: exit 0 within the timeout (+ margin)" sh -c "[ '$RC' = 0 ] && [ $(( (t1 - t0) / 1000000 )) -lt 3000 ]"
 tap_done

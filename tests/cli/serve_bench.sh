@@ -1,0 +1,59 @@
+# tests/cli/serve_bench.sh: llm-bench against llm-serve on loopback (rates,
+# concurrency, formats, the plot, a trace, the gate) and on a model; usage
+# errors. Bounded: a dozen short requests per run. Checks shapes and the
+# correctness counts, never speed.
+. tests/lib/tap.sh
+T=$TMPD
+B=llm-bench
+check "--help exits 0 and prints the usage line" sh -c "$B --help | grep -q '^usage: llm-bench '"
+check_fails "no arguments is a usage error" 2 $B
+check_fails "an unknown mode is a usage error" 2 $B frob x
+check_fails "a bad --format is a usage error" 2 $B --format xml serve http://127.0.0.1:1
+check_fails "--rate with --concurrency is a usage error" 2 $B --rate 1 --concurrency 2 serve http://127.0.0.1:1
+check_fails "a bad rate list is a usage error" 2 $B --rate 1,x serve http://127.0.0.1:1
+check_fails "a server that is not there is a runtime error" 1 $B serve http://127.0.0.1:1
+check_fails "an https URL is refused" 1 $B serve https://127.0.0.1:1
+if ! have_stories; then skip "llm-bench against stories260K" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 2>"$T/server.log" & SP=$!
+for i in $(seq 1 150); do
+	[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
+	sleep 0.1
+done
+URL=http://127.0.0.1:$(cat "$T/port")
+$B serve "$URL" --rate 40,inf --requests 12 --input-len 32 --output-len 16 --format csv --plot "$T/rates.svg" >"$T/csv" 2>"$T/err"
+rc=$?
+check "serve --rate: exit 0" [ $rc = 0 ]
+check "serve --rate: # header lines, names and units rows, 2 rows, # summary" python3 -c "
+import csv
+lines = open('$T/csv').read().splitlines()
+assert lines[0].startswith('# llm-bench serve') and any(l.startswith('# definitions: TTFT') for l in lines)
+rows = [l for l in lines if not l.startswith('#')]
+assert rows[0].startswith('rate,conc,sent,done,429,#wrong') and rows[1].startswith('(req/s)'), rows[:2]
+data = list(csv.reader(rows[2:]))
+assert len(data) == 2 and lines[-1].startswith('# summary: 2 runs'), lines
+for d in data:
+    assert d[2] == '12' and d[3] == '12' and d[5] == '0', d     # sent, done, #wrong
+    assert float(d[7]) > 0 and float(d[9]) > 0 and float(d[12]) >= 0, d"
+check "--plot draws an SVG and keeps the numbers" sh -c "grep -q '<svg' '$T/rates.svg' && [ \$(grep -vc '^#' '$T/rates.svg.dat') = 2 ]"
+$B serve "$URL/v1" --concurrency 1,4 --requests 8 --input-len 16 --output-len 8 --format jsonl >"$T/jsonl"
+check "serve --concurrency (URL with /v1): JSONL rows with every request right" python3 -c "
+import json
+rows = [json.loads(l) for l in open('$T/jsonl') if l.startswith('{')]
+assert [r['concurrency'] for r in rows] == [1, 4], rows
+assert all(r['completed'] == 8 and r['wrong'] == 0 and r['ttft_p99_ms'] >= r['ttft_p50_ms'] > 0 for r in rows), rows"
+printf '%s\n' '{"prompt": "Once upon a time", "output_len": 5}' '{"prompt": [1, 403, 407], "output_len": 7}' >"$T/trace.jsonl"
+check "serve --trace: text and id prompts, all right" sh -c "$B serve '$URL' --trace '$T/trace.jsonl' --requests 4 --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6 | grep -qx '4,4,0,0'"
+printf 'nope\n' >"$T/bad.jsonl"
+check_fails "a malformed trace is a runtime error naming the line" 1 $B serve "$URL" --trace "$T/bad.jsonl"
+$B serve "$URL" --requests 2 --input-len 8 --output-len 4 --min-tok-s 1e12 >/dev/null 2>&1
+check "--min-tok-s turns the run into a gate: exit 3" [ $? = 3 ]
+kill -TERM $SP; wait $SP
+$B model "$(stories)" -p 32 -n 8 -b 1,2 -r 2 -t 1 --format csv >"$T/model.csv"
+check "model: pp and tg rows per batch size, none wrong" python3 -c "
+import csv
+rows = list(csv.reader(l for l in open('$T/model.csv') if not l.startswith('#')))
+assert rows[0] == ['backend', 'threads', 'batch', 'test', 'tok_s', 'sd', 'wrong'], rows
+tests = [(r[2], r[3]) for r in rows[1:]]
+assert tests == [('1', 'pp32'), ('1', 'tg8 x1'), ('2', 'tg8 x2')], tests
+assert all(float(r[4]) > 0 and r[6] == '0' for r in rows[1:])"
+tap_done

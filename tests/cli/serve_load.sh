@@ -1,0 +1,81 @@
+# tests/cli/serve_load.sh: a bounded load test of llm-serve on loopback:
+# 40 requests (half streamed) against 8 running slots, a queue of 16, a KV
+# cache too small for all of them (preemption) and a step budget of 32
+# tokens (chunked prefill). Every request must end with a complete answer or
+# a 429, none lost; every greedy answer must equal the stories260K reference
+# (llama2.c run.c) ids; afterwards every KV block is free again.
+. tests/lib/tap.sh
+T=$TMPD
+if ! have_stories; then skip "the load test" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
+REF=$LLM_TEST_REF/stories260K/greedy.jsonl
+IDS="s02 s03 s04 s06 s08 s09 s12 s13"
+N=40 NEW=100
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 --max-running 8 --max-queue 16 \
+	--max-kv-tokens 768 --max-batch-tokens 32 --prefix-cache 2 2>"$T/server.log" & SP=$!
+for i in $(seq 1 150); do
+	[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
+	sleep 0.1
+done
+URL=http://127.0.0.1:$(cat "$T/port")
+python3 - "$T" "$REF" $N $NEW $IDS <<'PY'
+import json, sys
+T, ref, n, new, ids = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+P = {o['id']: o['prompt_ids'] for o in map(json.loads, open(ref))}
+for i in range(n):
+    rid, stream = ids[i % len(ids)], i % 2 == 1
+    open(f'{T}/r{i}.meta', 'w').write(f'{rid} {str(stream).lower()}\n')
+    json.dump({'prompt': P[rid], 'max_tokens': new, 'temperature': 0, 'ignore_eos': True, 'stream': stream},
+              open(f'{T}/r{i}.json', 'w'))
+PY
+for i in $(seq 0 $((N - 1))); do
+	curl -s -N -m 120 -o "$T/r$i.out" -w '%{http_code}\n' "$URL/v1/completions" -d @"$T/r$i.json" >"$T/r$i.code" &
+done
+wait $(jobs -p | grep -v "^$SP$") 2>/dev/null
+python3 - "$T" "$REF" $N $NEW >"$T/verdict" <<'PY'
+import json, sys
+T, ref, n, new = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+R = {o['id']: o['ids'][:new] for o in map(json.loads, open(ref))}
+ok = rej = lost = bad = 0
+for i in range(n):
+    rid, stream = open(f'{T}/r{i}.meta').read().split()
+    code = open(f'{T}/r{i}.code').read().strip()
+    body = open(f'{T}/r{i}.out').read() if code else ''
+    if code == '429':
+        rej += 1; continue
+    if code != '200':
+        lost += 1; print(f'# request {i}: HTTP {code!r}'); continue
+    if stream == 'true':
+        ev = [json.loads(l[6:]) for l in body.splitlines() if l.startswith('data: {')]
+        ids = [t for e in ev for c in e['choices'] for t in c['token_ids']]
+        done = body.rstrip().endswith('data: [DONE]')
+    else:
+        ids = json.loads(body)['choices'][0]['token_ids']; done = True
+    if not done or len(ids) != new:
+        lost += 1; print(f'# request {i}: incomplete ({len(ids)} ids)'); continue
+    if ids != R[rid]:
+        bad += 1; print(f'# request {i} ({rid}): differs from the reference')
+    ok += 1
+print(f'{ok} {rej} {lost} {bad}')
+PY
+read nok nrej nlost nbad < <(tail -n 1 "$T/verdict")
+grep '^#' "$T/verdict" | head -5
+diag "$nok complete, $nrej refused (429), $nlost lost, $nbad different"
+check "every request ended with a complete answer or a 429 ($nok + $nrej of $N)" sh -c "[ $((nok + nrej)) = $N ] && [ $nlost = 0 ]"
+check "some requests were served and the queue limit refused some" sh -c "[ $nok -ge 24 ] && [ $nrej -ge 1 ]"
+check "every greedy answer under load equals the reference ids" [ "$nbad" = 0 ]
+metric() { curl -s -m 5 "$URL/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
+for i in $(seq 1 20); do [ "$(metric llm_requests_running)" = 0 ] && break; sleep 0.1; done
+check "after the run all KV blocks are free again" [ "$(metric llm_kv_blocks_used)" = 0 ]
+check "nothing is running or waiting" sh -c "[ '$(metric llm_requests_running)' = 0 ] && [ '$(metric llm_requests_waiting)' = 0 ]"
+p=$(metric llm_preemptions_total); diag "preemptions: $p, prefix-cache hit tokens: $(metric llm_prefix_cache_hit_tokens_total)"
+check "the small KV cache forced preemptions, and the answers still matched" [ "${p:-0}" -gt 0 ]
+# llm-generate has no generation mode yet (only --tokenize/--detokenize/
+# --apply-template); the reference ids above come from llama2.c run.c
+if llm-generate --help 2>/dev/null | grep -q -- '--prompt'; then
+	skip "greedy answers equal llm-generate's" "llm-generate's generation output is not wired into this test yet"
+else
+	skip "greedy answers equal llm-generate's" "llm-generate does not generate yet (compared with the run.c reference above)"
+fi
+kill -TERM $SP; wait $SP
+check "the server exits 0" [ $? = 0 ]
+tap_done

@@ -155,15 +155,17 @@ int64_t llm_kv_blocks_needed(const struct llm_kv *kv, int seq, int32_t n)
 	return k;
 }
 
-static void block_copy(struct llm_kv *kv, int32_t dst, int32_t src)
+/* Through the backend: the blocks live in its memory (device memory on CUDA). */
+static enum llm_status block_copy(struct llm_kv *kv, int32_t dst, int32_t src)
 {
 	size_t blk = (size_t)kv->block_size * (size_t)kv->kv_dim * kv->elt;
 	for (int l = 0; l < kv->n_layer; l++) {
 		size_t off_d = ((size_t)l * (size_t)kv->n_block + (size_t)dst) * blk;
 		size_t off_s = ((size_t)l * (size_t)kv->n_block + (size_t)src) * blk;
-		memcpy((char *)kv->k + off_d, (char *)kv->k + off_s, blk);
-		memcpy((char *)kv->v + off_d, (char *)kv->v + off_s, blk);
+		LLM_TRY(kv->be->ops->copy_in(kv->be, (char *)kv->k + off_d, (char *)kv->k + off_s, blk));
+		LLM_TRY(kv->be->ops->copy_in(kv->be, (char *)kv->v + off_d, (char *)kv->v + off_s, blk));
 	}
+	return LLM_OK;
 }
 
 enum llm_status llm_kv_reserve(struct llm_kv *kv, int seq, int32_t n)
@@ -181,11 +183,12 @@ enum llm_status llm_kv_reserve(struct llm_kv *kv, int seq, int32_t n)
 	if (s->len % kv->block_size) {
 		int32_t i = s->len / kv->block_size, old = s->blk[i];
 		if (kv->ref[old] > 1) {             /* copy on write */
-			int32_t b = kv->free_list[--kv->n_free];
-			kv->ref[b] = 1;
+			int32_t b = kv->free_list[kv->n_free - 1];
 			if (kv->be->ops->sync)
 				kv->be->ops->sync(kv->be);
-			block_copy(kv, b, old);
+			LLM_TRY(block_copy(kv, b, old));
+			kv->n_free--;
+			kv->ref[b] = 1;
 			block_unref(kv, old);
 			s->blk[i] = b;
 		}

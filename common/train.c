@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include "banned.h"
 
 #define MMT_TILE 32           /* rows of W dequantized at once by the dx kernel */
@@ -227,6 +230,96 @@ static size_t tscr_elems(const struct llm_config *c, size_t L, size_t R, size_t 
 	return (n + 15) / 16 * 16;
 }
 
+/* ---- vector helpers (F32) ------------------------------------------------------
+ * y += a * x over n floats, and the four-row form y += a0 x0 + a1 x1 + a2 x2
+ * + a3 x3 (each element summed in that order). AVX2 + FMA when the CPU has
+ * it (fused multiply-adds round once: results differ from the scalar form in
+ * the last bits, but not between runs or thread counts on one machine). */
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma")))
+static void axpy4_avx2(float *y, const float *a, const float *const *x, int64_t n)
+{
+	__m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]);
+	__m256 a2 = _mm256_set1_ps(a[2]), a3 = _mm256_set1_ps(a[3]);
+	int64_t c = 0;
+	for (; c + 8 <= n; c += 8) {
+		__m256 d = _mm256_loadu_ps(y + c);
+		d = _mm256_fmadd_ps(a0, _mm256_loadu_ps(x[0] + c), d);
+		d = _mm256_fmadd_ps(a1, _mm256_loadu_ps(x[1] + c), d);
+		d = _mm256_fmadd_ps(a2, _mm256_loadu_ps(x[2] + c), d);
+		d = _mm256_fmadd_ps(a3, _mm256_loadu_ps(x[3] + c), d);
+		_mm256_storeu_ps(y + c, d);
+	}
+	for (; c < n; c++)
+		y[c] = fmaf(a[3], x[3][c], fmaf(a[2], x[2][c], fmaf(a[1], x[1][c], fmaf(a[0], x[0][c], y[c]))));
+}
+
+__attribute__((target("avx2,fma")))
+static void axpy_avx2(float *y, float a, const float *x, int64_t n)
+{
+	__m256 av = _mm256_set1_ps(a);
+	int64_t c = 0;
+	for (; c + 8 <= n; c += 8)
+		_mm256_storeu_ps(y + c, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + c), _mm256_loadu_ps(y + c)));
+	for (; c < n; c++)
+		y[c] = fmaf(a, x[c], y[c]);
+}
+#endif
+
+static void axpy4_f32(enum llm_cpu_isa isa, float *y, const float *a, const float *const *x, int64_t n)
+{
+#if defined(__x86_64__)
+	if (isa >= LLM_ISA_AVX2) {
+		axpy4_avx2(y, a, x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int64_t c = 0; c < n; c++)
+		y[c] = y[c] + a[0] * x[0][c] + a[1] * x[1][c] + a[2] * x[2][c] + a[3] * x[3][c];
+}
+
+static void axpy_f32(enum llm_cpu_isa isa, float *y, float a, const float *x, int64_t n)
+{
+#if defined(__x86_64__)
+	if (isa >= LLM_ISA_AVX2) {
+		axpy_avx2(y, a, x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int64_t c = 0; c < n; c++)
+		y[c] += a * x[c];
+}
+
+static void axpy4_f64(enum llm_cpu_isa isa, double *y, const double *a, const float *const *x, int64_t n)
+{
+	(void)isa;
+	for (int64_t c = 0; c < n; c++)
+		y[c] = y[c] + a[0] * x[0][c] + a[1] * x[1][c] + a[2] * x[2][c] + a[3] * x[3][c];
+}
+
+static void axpy_f64(enum llm_cpu_isa isa, double *y, double a, const double *x, int64_t n)
+{
+	(void)isa;
+	for (int64_t c = 0; c < n; c++)
+		y[c] += a * x[c];
+}
+
+static float dot_f32(enum llm_cpu_isa isa, const float *a, const float *b, int64_t n)
+{
+	return llm_cpu_dot(isa, a, b, n);
+}
+
+static double dot_f64(enum llm_cpu_isa isa, const double *a, const double *b, int64_t n)
+{
+	(void)isa;
+	double s = 0;
+	for (int64_t i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
 #define REAL float
 #define F(name) name##_f32
 #define TRAIN_F64 0
@@ -296,6 +389,10 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	if (src)
 		t->src = *src;
 	t->isa = llm_cpu_isa_detect();
+	const char *isa_env = getenv("LLM_CPU_ISA");      /* caps the level, as the backend does */
+	int isa_cap = isa_env ? llm_cpu_isa_parse(isa_env) : -1;
+	if (isa_cap >= 0 && isa_cap < (int)t->isa)
+		t->isa = (enum llm_cpu_isa)isa_cap;
 	t->nth = o->f64 ? 1 : o->n_threads > 0 ? o->n_threads : online_cpus();
 	t->chunk = o->logit_chunk > 0 ? o->logit_chunk : DEFAULT_CHUNK;
 	double thr = (double)lo->dropout * 4294967296.0;

@@ -200,23 +200,80 @@ struct llm_data_opts {
  *   adds after the generation prompt) are the completion.
  * Blank lines are ignored. A bad line (not JSON, neither format, an empty
  * completion, longer than seq_len + 1 tokens) is LLM_ERR_FORMAT
- * "PATH:LINE: reason", or with skip_bad counted in n_skipped (a message for
- * each through llm_warn's caller: see *WARN). No sample at all is an error. */
+ * "PATH:LINE: reason", or with skip_bad counted in n_skipped and that
+ * message passed to WARN (may be NULL). No sample at all is an error. */
 enum llm_status llm_dataset_load(struct llm_dataset *d, const char *path,
                                  const struct llm_tokenizer *tk, const struct llm_data_opts *o,
                                  void (*warn)(const char *msg));
 void llm_dataset_free(struct llm_dataset *d);
 
-/* Samples shuffled by (SEED, EPOCH) (Fisher-Yates) and packed first-fit in
- * order into rows of SEQ_LEN slots (PACK 0: one sample per row); a sample
- * of n tokens takes n - 1 slots. Free slots hold token 0 with target -1. */
+/* Samples shuffled by (SEED, EPOCH) (Fisher-Yates) and packed in that order
+ * into rows of SEQ_LEN slots, a new row when the next sample does not fit
+ * (PACK 0: one sample per row); a sample of n tokens takes n - 1 slots
+ * (inputs ids[0..n-1), targets ids[1..n)). Free slots hold token 0 with
+ * target -1, each a sample of its own. */
 struct llm_packed {
 	int n_row, seq_len;
 	int32_t *tok, *tgt, *pos, *start;   /* (n_row, seq_len) */
+	int32_t *used;                      /* (n_row) slots holding sample tokens */
 	int64_t n_count;                    /* counted targets */
 };
 enum llm_status llm_dataset_pack(const struct llm_dataset *d, int seq_len, int pack, uint64_t seed,
                                  int64_t epoch, struct llm_packed *p);
 void llm_packed_free(struct llm_packed *p);
+
+/* ---- a fine-tuning run (finetune.c) ---------------------------------------- */
+
+struct llm_finetune_opts {
+	const char *model;          /* base checkpoint */
+	const char *data;           /* JSONL */
+	const char *out;            /* adapter directory */
+	const char *adapter;        /* start from this adapter (NULL: a fresh one) */
+	int rank;
+	double alpha, dropout;
+	unsigned targets;
+	struct llm_data_opts data_o;   /* seq_len is taken from seq_len below */
+	int pack;
+	int seq_len, micro_batch, grad_accum;
+	int64_t epochs, steps;      /* steps 0: as many as EPOCHS passes take */
+	struct llm_adamw_opts adam; /* total is set from the step count */
+	uint64_t seed;
+	int checkpoint, n_threads;
+	int64_t save_every;         /* 0: never */
+	int resume, force;
+	const char *log;            /* CSV of the loss curve, NULL: none */
+	int plot;                   /* an ASCII plot of the loss on stderr at the end */
+};
+
+struct llm_finetune_result {
+	int64_t steps, start_step;  /* the run's step count; where it resumed */
+	double first_loss, last_loss;   /* mean over the first and last step of this run */
+	double tokens_per_s;        /* sample tokens (not padding) per second, this run */
+	int64_t tokens;
+	size_t peak_rss;            /* bytes, getrusage */
+	struct llm_train_plan plan; /* what the trainer and optimizer allocated */
+	size_t weight_bytes;        /* the base weights (mapped) */
+	int n_skipped;              /* bad lines skipped */
+	int n_samples;
+};
+
+/* Train a LoRA adapter on O->data and write it to O->out (PEFT layout), with
+ * progress on stderr (llm_log level 1), the training state in
+ * OUT/training_state.bin every save_every steps (written atomically;
+ * removed when the run completes), resumable with resume (the options must
+ * match: LLM_ERR_USAGE otherwise) to the same adapter bit for bit.
+ * LLM_ERR_EXISTS when OUT holds an adapter and neither force nor resume. */
+enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finetune_result *r);
+
+/* Greedy continuation of TEXT (encoded with BOS as the tokenizer adds it)
+ * by model MODEL with the adapter in directory ADAPTER (NULL: the base
+ * alone); *OUT (malloc'ed) gets the decoded new text. */
+enum llm_status llm_finetune_sample(const char *model, const char *adapter, const char *text,
+                                    int n_new, int n_threads, char **out);
+
+/* The tokenizer of a checkpoint: its directory's files, or the side files
+ * carried in a single .safetensors (M's mapping). */
+enum llm_status llm_finetune_tokenizer(const struct llm_model *m, const char *path,
+                                       struct llm_tokenizer **tk);
 
 #endif

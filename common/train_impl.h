@@ -112,10 +112,16 @@ static void F(mmt_task)(void *ctx, int ith, int nth)
 		for (int64_t i = 0; i < j->n; i++) {
 			const REAL *dy = j->dy + i * rows;
 			REAL *dx = j->dx + i * cols + c0;
-			for (int64_t r = r0; r < r1; r++) {
-				REAL a = dy[r];
-				if (a == 0)
+			int64_t r = r0;
+			for (; r + 4 <= r1; r += 4) {
+				if (dy[r] == 0 && dy[r + 1] == 0 && dy[r + 2] == 0 && dy[r + 3] == 0)
 					continue;
+				const float *x4[4] = { tile + (r - r0) * nc, tile + (r + 1 - r0) * nc,
+				                       tile + (r + 2 - r0) * nc, tile + (r + 3 - r0) * nc };
+				F(axpy4)(j->t->isa, dx, dy + r, x4, nc);
+			}
+			for (; r < r1; r++) {
+				REAL a = dy[r];
 				const float *tr = tile + (r - r0) * nc;
 				for (int64_t c = 0; c < nc; c++)
 					dx[c] += a * (REAL)tr[c];
@@ -162,13 +168,8 @@ static void F(lora_fwd_task)(void *ctx, int ith, int nth)
 			x = xd;
 		}
 		REAL *lu = j->lu + i * j->R;
-		for (int64_t k = 0; k < j->R; k++) {
-			const REAL *a = j->A + k * j->din;
-			REAL s = 0;
-			for (int64_t c = 0; c < j->din; c++)
-				s += a[c] * x[c];
-			lu[k] = s;
-		}
+		for (int64_t k = 0; k < j->R; k++)
+			lu[k] = F(dot)(j->t->isa, j->A + k * j->din, x, j->din);
 		REAL *y = j->y + i * j->dout;
 		for (int64_t o = 0; o < j->dout; o++) {
 			const REAL *bb = j->B + o * j->R;
@@ -224,42 +225,50 @@ static void F(lora_dlu_task)(void *ctx, int ith, int nth)
 	}
 }
 
-/* dA += dlu^T drop(x) (threads over input columns) */
+/* dA += dlu^T drop(x) (threads over bands of input columns; per token, each
+ * row of dA gets dlu[k] times the token's band) */
 static void F(lora_da_task)(void *ctx, int ith, int nth)
 {
 	struct F(lora_job) *j = ctx;
+	struct F(state) *st = j->t->st;
+	REAL *xd = st->tscr + (size_t)ith * st->tscr_per;
 	int64_t c0, c1;
-	split(j->din, ith, nth, 8, &c0, &c1);
+	split(j->din, ith, nth, 16, &c0, &c1);
+	if (c0 >= c1)
+		return;
 	for (int64_t i = 0; i < j->n; i++) {
-		const REAL *x = j->x + i * j->din, *dlu = j->dlu + i * j->R;
-		for (int64_t c = c0; c < c1; c++) {
-			REAL xv = x[c];
-			if (j->drop)
-				xv = keep(j->t, j->layer, j->tg, i, c, j->din) ? xv * j->inv_keep : 0;
-			if (xv == 0)
-				continue;
-			for (int64_t k = 0; k < j->R; k++)
-				j->dA[k * j->din + c] += dlu[k] * xv;
+		const REAL *x = j->x + i * j->din + c0, *dlu = j->dlu + i * j->R;
+		if (j->drop) {
+			for (int64_t c = c0; c < c1; c++)
+				xd[c - c0] = keep(j->t, j->layer, j->tg, i, c, j->din) ? x[c - c0] * j->inv_keep : 0;
+			x = xd;
 		}
+		for (int64_t k = 0; k < j->R; k++)
+			if (dlu[k] != 0)
+				F(axpy)(j->t->isa, j->dA + k * j->din + c0, dlu[k], x, c1 - c0);
 	}
 }
 
-/* dx += drop'(dlu A) (threads over tokens) */
+/* dx += drop'(dlu A) (threads over tokens; the row dlu A summed over k in
+ * order, then masked) */
 static void F(lora_dx_task)(void *ctx, int ith, int nth)
 {
 	struct F(lora_job) *j = ctx;
+	struct F(state) *st = j->t->st;
+	REAL *tmp = st->tscr + (size_t)ith * st->tscr_per;
 	int64_t b, e;
 	split(j->n, ith, nth, 1, &b, &e);
 	for (int64_t i = b; i < e; i++) {
 		const REAL *dlu = j->dlu + i * j->R;
 		REAL *dx = j->dx + i * j->din;
+		memset(tmp, 0, (size_t)j->din * sizeof(REAL));
+		for (int64_t k = 0; k < j->R; k++)
+			F(axpy)(j->t->isa, tmp, dlu[k], j->A + k * j->din, j->din);
 		for (int64_t c = 0; c < j->din; c++) {
-			if (j->drop && !keep(j->t, j->layer, j->tg, i, c, j->din))
-				continue;
-			REAL s = 0;
-			for (int64_t k = 0; k < j->R; k++)
-				s += dlu[k] * j->A[k * j->din + c];
-			dx[c] += j->drop ? s * j->inv_keep : s;
+			if (!j->drop)
+				dx[c] += tmp[c];
+			else if (keep(j->t, j->layer, j->tg, i, c, j->din))
+				dx[c] += tmp[c] * j->inv_keep;
 		}
 	}
 }

@@ -1,0 +1,141 @@
+# tests/cli/finetune.sh: llm-finetune from the shell: usage errors, --plan,
+# and on stories260K with tests/data/finetune: the loss falls, the adapter
+# has PEFT's layout and changes generations as trained, --merge then
+# llm-generate equals --sample with the adapter, checkpointing and FP8 give
+# the stated loss curves, SIGKILL + --resume gives the same adapter, bad
+# data is named by line or skipped.
+. tests/lib/tap.sh
+FT=llm-finetune
+T=$TMPD
+D=tests/data/finetune
+
+check "--help exits 0 and prints the usage line" sh -c "$FT --help | grep -q '^usage: llm-finetune '"
+check_fails "no -m is a usage error" 2 $FT --data $D/train.jsonl -o "$T/x"
+check_fails "an unknown --targets item is a usage error" 2 $FT -m m --targets q,zz --data $D/train.jsonl -o "$T/x"
+check_fails "--json without --plan is a usage error" 2 $FT -m m --json
+check_fails "--shard-base for training is a usage error (plan only)" 2 $FT -m m --shard-base --data $D/train.jsonl -o "$T/x"
+check_fails "a missing model is a runtime error" 1 $FT -m "$T/nope" --data $D/train.jsonl -o "$T/x"
+
+# --plan on a random checkpoint: needs no data, reads no weights
+llm-quantize -q --random configs/tiny-check.json --seed 1 "$T/tiny" 2>/dev/null
+$FT -m "$T/tiny" --plan --seq-len 128 --micro-batch 2 >"$T/plan.txt"
+check "--plan prints a table with a total" grep -q '^total ' "$T/plan.txt"
+$FT -m "$T/tiny" --plan --json --seq-len 128 >"$T/p0.json" &&
+	$FT -m "$T/tiny" --plan --json --seq-len 128 --checkpoint-activations >"$T/p1.json" &&
+	$FT -m "$T/tiny" --plan --json --seq-len 128 --ranks 2 --shard-base >"$T/p2.json"
+check "--plan --json: checkpointing shrinks activations, --shard-base halves the frozen weights" python3 -c "
+import json
+a, b, c = (json.load(open('$T/p%d.json' % i))['bytes_per_rank'] for i in range(3))
+assert b['layer_activations'] * 2 == a['layer_activations'], (a, b)
+assert b['total'] < a['total']
+assert abs(c['frozen_weights'] * 2 - a['frozen_weights']) <= 2 and c['gather_buffer'] > 0, (a, c)
+"
+
+if ! have_stories; then
+	skip "llm-finetune on stories260K" "no stories260K in \$LLM_TEST_MODELS"
+	tap_done
+fi
+S=$(stories)
+# ~0.3 s each in a normal build: 24 samples, rows of 64 tokens
+TR="--data $D/train.jsonl --seq-len 64 --micro-batch 2 --lr 2e-2 --seed 3 -q"
+P='Tell me a story about a cat.
+'
+$FT -m "$S" $TR --steps 30 -o "$T/a" --log "$T/a.csv"
+check "training writes an adapter and a loss log" test -f "$T/a/adapter_model.safetensors" -a -f "$T/a/adapter_config.json" -a -f "$T/a.csv"
+check "the loss falls (mean of the last 5 steps under half the first)" python3 -c "
+import csv
+l = [float(r['loss']) for r in csv.DictReader(open('$T/a.csv'))]
+assert len(l) == 30 and sum(l[-5:]) / 5 < l[0] / 2, l
+"
+check "no training state is left after a finished run" test ! -e "$T/a/training_state.bin"
+check "the adapter has PEFT's layout (adapter_config.json fields, tensor names and shapes)" python3 -c "
+import json, struct, re
+c = json.load(open('$T/a/adapter_config.json'))
+assert c['peft_type'] == 'LORA' and c['task_type'] == 'CAUSAL_LM' and c['bias'] == 'none', c
+assert c['r'] == 8 and c['lora_alpha'] == 16 and abs(c['lora_dropout'] - 0.05) < 1e-9, c
+assert c['fan_in_fan_out'] is False and c['use_dora'] is False and c['use_rslora'] is False, c
+assert sorted(c['target_modules']) == sorted(['q_proj','k_proj','v_proj','o_proj','gate_proj','up_proj','down_proj']), c
+assert c['base_model_name_or_path'], c
+f = open('$T/a/adapter_model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+assert h.pop('__metadata__') == {'format': 'pt'}
+dims = {'q_proj': (64, 64), 'k_proj': (64, 32), 'v_proj': (64, 32), 'o_proj': (64, 64),
+        'gate_proj': (64, 172), 'up_proj': (64, 172), 'down_proj': (172, 64)}   # (in, out)
+pat = re.compile(r'base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight$')
+assert len(h) == 5 * 7 * 2, len(h)
+for k, v in h.items():
+    m = pat.match(k); assert m, k
+    i, o = dims[m.group(3)]
+    assert v['dtype'] == 'F32' and v['shape'] == ([8, i] if m.group(4) == 'A' else [o, 8]), (k, v)
+    assert (m.group(2) == 'mlp') == (m.group(3) in ('gate_proj', 'up_proj', 'down_proj')), k
+"
+base=$($FT -m "$S" --sample "$P" --sample-tokens 8)
+tuned=$($FT -m "$S" --adapter "$T/a" --sample "$P" --sample-tokens 8)
+diag "base: $base | tuned: $tuned"
+check "the trained adapter changes generations as trained (Bob the frog)" sh -c "case '$tuned' in 'Bob the frog'*) true;; *) false;; esac && case '$base' in 'Bob the frog'*) false;; *) true;; esac"
+check_fails "an existing adapter is not overwritten without --force" 1 $FT -m "$S" $TR --steps 1 -o "$T/a"
+$FT -m "$S" --merge "$T/a" -o "$T/merged"
+check "--merge writes a checkpoint" test -f "$T/merged/model.safetensors"
+gen=$(llm-generate -m "$T/merged" -p "$P" -n 8 --temp 0 2>/dev/null)
+diag "llm-generate on the merged checkpoint: $gen"
+check "--merge then llm-generate equals --sample with the adapter" [ -n "$gen" ] && [ "$gen" = "$tuned" ]
+
+# the same training with each optimization on and off (a gentler lr: at
+# 2e-2 the trajectories are chaotic and any rounding difference grows)
+CMP="--data $D/train.jsonl --seq-len 64 --micro-batch 2 --lr 3e-3 --seed 3 -q"
+$FT -m "$S" $CMP --steps 12 -o "$T/c0" --log "$T/c0.csv"
+$FT -m "$S" $CMP --steps 12 -o "$T/c1" --log "$T/c1.csv" --checkpoint-activations
+check "activation checkpointing: the same loss curve and adapter, bit for bit" sh -c \
+	"cut -d, -f1-4 '$T/c0.csv' >'$T/c0.cut' && cut -d, -f1-4 '$T/c1.csv' >'$T/c1.cut' && cmp -s '$T/c0.cut' '$T/c1.cut' && cmp -s '$T/c0/adapter_model.safetensors' '$T/c1/adapter_model.safetensors'"
+llm-quantize -q "$S" "$T/s8"
+$FT -m "$T/s8" $CMP --steps 12 -o "$T/c8" --log "$T/c8.csv"
+# FP8 E4M3 with 128x128 block scales moves each weight by up to ~6% (3
+# mantissa bits); measured on this model and data the per-step loss differs
+# by at most 2.2% (1.1% at lr 1e-3). Tolerance: 5% at every step.
+check "FP8 base vs F32 base: loss curves agree within 5% at every step" python3 -c "
+import csv
+a = [float(r['loss']) for r in csv.DictReader(open('$T/c0.csv'))]
+b = [float(r['loss']) for r in csv.DictReader(open('$T/c8.csv'))]
+d = max(abs(x - y) / x for x, y in zip(a, b))
+print('# worst relative difference %.4f' % d)
+assert len(a) == len(b) == 12 and d <= 0.05
+"
+
+# SIGKILL mid-run, --resume: the same adapter as an uninterrupted run
+RS="$TR --steps 150 --micro-batch 1 --targets q,v"
+$FT -m "$S" $RS -o "$T/u"
+$FT -m "$S" $RS -o "$T/k" --save-every 1 --log "$T/k.csv" & pid=$!
+for i in $(seq 1 1000); do [ -f "$T/k.csv" ] && [ "$(wc -l <"$T/k.csv")" -ge 40 ] && break; sleep 0.01; done
+kill -STOP $pid 2>/dev/null; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+killed_at=$(($(wc -l <"$T/k.csv") - 1))
+if [ -e "$T/k/adapter_model.safetensors" ]; then
+	notok "SIGKILL mid-run: the run had already finished (make it longer)"
+else
+	ok "SIGKILL at step $killed_at of 150 leaves no adapter, a training state ($(test -f "$T/k/training_state.bin" && echo present || echo missing))"
+fi
+cp -r "$T/k" "$T/k2"
+check_fails "--resume with other options is refused" 1 $FT -m "$S" $RS --lr 1e-3 -o "$T/k2" --resume
+check "the message says to resume with the same options" grep -q "other options" "$T/err"
+check_fails "--resume without a saved state is refused" 1 $FT -m "$S" $RS -o "$T/k4" --resume
+$FT -m "$S" $RS -o "$T/k" --save-every 1 --log "$T/k.csv" --resume
+check "--resume ends with the uninterrupted run's adapter, byte for byte" cmp -s "$T/u/adapter_model.safetensors" "$T/k/adapter_model.safetensors"
+check "the resumed log has each step once" sh -c "[ \$(cut -d, -f1 '$T/k.csv' | sort -u | wc -l) = 151 ] && [ \$(wc -l <'$T/k.csv') = 151 ]"
+# bad data: the line is named, or --skip-bad counts it
+printf '%s\n' '{"instruction": "Say hi.", "output": "Hi."}' '{"instruction": "Oops", "output": ' >"$T/bad1.jsonl"
+check_fails "malformed JSON: exit 1, one line" 1 $FT -m "$S" --data "$T/bad1.jsonl" -o "$T/b1" -q
+check "the error names the file and line 2" grep -q "bad1.jsonl:2: not JSON" "$T/err"
+printf '%s\n' '{"instruction": "Say hi.", "output": "Hi."}' '' '{"instruction": "Say nothing.", "output": ""}' >"$T/bad2.jsonl"
+check_fails "an empty completion: exit 1" 1 $FT -m "$S" --data "$T/bad2.jsonl" -o "$T/b2" -q
+check "the error names line 3 and says empty completion" grep -q "bad2.jsonl:3: empty completion" "$T/err"
+check_fails "a sample longer than --seq-len: exit 1" 1 $FT -m "$S" --data $D/train.jsonl --seq-len 8 -o "$T/b3" -q
+check "the error names line 1 and the length" grep -q "train.jsonl:1: sample of [0-9]* tokens is longer than --seq-len 8" "$T/err"
+cat "$T/bad1.jsonl" "$T/bad2.jsonl" $D/train.jsonl >"$T/bad3.jsonl"
+$FT -m "$S" --data "$T/bad3.jsonl" --skip-bad --steps 2 --seq-len 64 -o "$T/b4" 2>"$T/skip.err"
+check "--skip-bad trains on the good lines and names each skipped one" sh -c \
+	"test -f '$T/b4/adapter_model.safetensors' && grep -q 'bad3.jsonl:2: not JSON' '$T/skip.err' && grep -q 'bad3.jsonl:5: empty completion' '$T/skip.err' && grep -q '2 bad lines skipped' '$T/skip.err'"
+
+# chat format through a chat template
+$FT -m "$S" --data $D/chat.jsonl --chat-template $D/chat_template.jinja --steps 3 --seq-len 128 -o "$T/ch" --log "$T/ch.csv" -q
+check "chat-format data trains through --chat-template" sh -c "test -f '$T/ch/adapter_model.safetensors' && [ \$(wc -l <'$T/ch.csv') = 4 ]"
+check_fails "chat-format data without a chat template: exit 1" 1 $FT -m "$S" --data $D/chat.jsonl --steps 1 -o "$T/ch2" -q
+check "the error names line 1 and asks for --chat-template" grep -q "chat.jsonl:1: .*--chat-template" "$T/err"
+tap_done

@@ -799,12 +799,6 @@ static enum llm_status find_scales(struct plan *pl)
 	return LLM_OK;
 }
 
-static const char *kind_what(enum kind k)
-{
-	return k == K_Q || k == K_O ? "attention heads" : k == K_KV ? "key-value heads" :
-	       k == K_FF || k == K_DOWN ? "intermediate_size" : "vocab_size";
-}
-
 /* The TP slice of weight I for TP rank T (the extent was checked). */
 static struct llm_slice tp_slice(const struct plan *pl, size_t i, int t)
 {
@@ -861,17 +855,26 @@ static enum llm_status scale_slice(const struct plan *pl, size_t i, const struct
 	return LLM_OK;
 }
 
-/* Heads, sizes and blocks allow --tp; names the first tensor that does not. */
+/* Heads, sizes and blocks allow --tp; names the first tensor that does not.
+ * The most basic reason is reported first: query heads, kv heads,
+ * intermediate size, vocabulary, then FP8 blocks (pass by pass). */
 static enum llm_status check_tp(struct plan *pl)
 {
 	int T = pl->o->tp;
 	const struct llm_config *g = &pl->cfg;
+	static const enum kind order[] = { K_Q, K_O, K_KV, K_FF, K_DOWN, K_EMBED, K_HEAD };
+	for (size_t i = 0; i < pl->n_w; i++)
+		if (pl->c[i].layer >= g->n_layer)
+			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': layer %d, but config.json has %d layers",
+			                pl->ck.path, pl->w[i]->name, pl->c[i].layer, g->n_layer);
+	for (size_t pass = 0; pass <= sizeof order / sizeof *order; pass++)
 	for (size_t i = 0; i < pl->n_w; i++) {
+		if (pass < sizeof order / sizeof *order && pl->c[i].k != order[pass])
+			continue;
+		if (pass == sizeof order / sizeof *order && pl->c[i].scale == SIZE_MAX)
+			continue;
 		const struct cls *c = &pl->c[i];
 		const struct llm_tensor *w = pl->w[i];
-		if (c->layer >= g->n_layer)
-			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': layer %d, but config.json has %d layers",
-			                pl->ck.path, w->name, c->layer, g->n_layer);
 		if (c->dim < 0 || c->k == K_SCALE)
 			continue;
 		int64_t want = c->k == K_Q || c->k == K_O ? (int64_t)g->n_head * g->d_head :
@@ -884,13 +887,16 @@ static enum llm_status check_tp(struct plan *pl)
 			continue;
 		int64_t n = c->k == K_Q || c->k == K_O ? g->n_head : c->k == K_KV ? g->n_kv_head :
 		            c->k == K_FF || c->k == K_DOWN ? g->d_ff : g->n_vocab;
-		if ((c->k == K_Q || c->k == K_O || c->k == K_FF || c->k == K_DOWN) && n % T)
-			return llm_fail(LLM_ERR_USAGE, "tensor '%s': %lld %s do not split evenly over --tp %d",
-			                w->name, (long long)n, kind_what(c->k), T);
+		if ((c->k == K_Q || c->k == K_O) && n % T)
+			return llm_fail(LLM_ERR_USAGE, "tensor '%s': %lld attention heads do not split evenly over --tp %d",
+			                w->name, (long long)n, T);
+		if ((c->k == K_FF || c->k == K_DOWN) && n % T)
+			return llm_fail(LLM_ERR_USAGE, "tensor '%s': intermediate_size %lld does not split evenly over --tp %d",
+			                w->name, (long long)n, T);
 		if (c->k == K_KV && (T <= n ? n % T : T % n))
 			return llm_fail(LLM_ERR_USAGE, "tensor '%s': %lld key-value heads cannot be shared by --tp %d ranks "
 			                "(T must divide them or be a multiple of them)", w->name, (long long)n, T);
-		if (c->scale != SIZE_MAX)
+		if (pass == sizeof order / sizeof *order)
 			for (int t = 0; t < T; t++) {
 				struct llm_slice ws = tp_slice(pl, i, t), ss;
 				LLM_TRY(scale_slice(pl, i, &ws, &ss));

@@ -1213,16 +1213,16 @@ static enum llm_status write_partitioned(struct plan *pl, const char *out, uint8
 	return LLM_OK;
 }
 
-static void print_plan(const struct plan *pl, const char *in)
+static void print_plan(const struct plan *pl, const char *in, FILE *out)
 {
-	printf("# llm-repartition %s: --tp %d x --pp %d = %d ranks, %d layers\n", in, pl->o->tp, pl->o->pp,
+	fprintf(out, "# llm-repartition %s: --tp %d x --pp %d = %d ranks, %d layers\n", in, pl->o->tp, pl->o->pp,
 	       pl->n_rank, pl->cfg.n_layer);
-	printf("%-6s %-6s %-3s %-10s %-8s %-14s %s\n", "rank", "stage", "tp", "layers", "tensors", "bytes", "file");
+	fprintf(out, "%-6s %-6s %-3s %-10s %-8s %-14s %s\n", "rank", "stage", "tp", "layers", "tensors", "bytes", "file");
 	for (int r = 0; r < pl->n_rank; r++) {
 		int p = r / pl->o->tp;
 		char ly[32], *f = rank_file(r, p, r % pl->o->tp);
 		snprintf(ly, sizeof ly, "%d-%d", pl->layer0[p], pl->layer0[p + 1] - 1);
-		printf("%-6d %-6d %-3d %-10s %-8zu %-14llu %s\n", r, p, r % pl->o->tp, ly, pl->rk[r].n,
+		fprintf(out, "%-6d %-6d %-3d %-10s %-8zu %-14llu %s\n", r, p, r % pl->o->tp, ly, pl->rk[r].n,
 		       (unsigned long long)pl->rk[r].bytes, pl->n_rank > 1 ? f : "(Hugging Face layout)");
 		free(f);
 	}
@@ -1286,11 +1286,11 @@ enum llm_status llm_repartition(const char *in, const char *out, const struct ll
 	for (int r = 0; r < pl.n_rank; r++)
 		pl.total += pl.rk[r].bytes;
 	if (o->dry_run) {
-		print_plan(&pl, in);
+		print_plan(&pl, in, stdout);
 		goto out;
 	}
-	if (llm_log_level >= 2)
-		print_plan(&pl, in);
+	if (llm_log_level >= 2)        /* -v: on stderr, OUT may be - */
+		print_plan(&pl, in, stderr);
 	pl.t0 = pl.last = llm_now();
 	if (pl.n_rank == 1) {               /* Hugging Face layout */
 		struct llm_aux *aux = calloc(pl.ck.n_aux + 1, sizeof *aux);

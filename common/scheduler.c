@@ -474,8 +474,10 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 	if (r->dt) {
 		const char *t;
 		size_t n;
-		if (s->o.detok.push(r->dt, so.token, &t, &n))
-			return llm_fail(LLM_ERR_INTERNAL, "request %d: detokenizer failed on id %d", r->id, so.token);
+		if (s->o.detok.push(r->dt, so.token, &t, &n)) {
+			t = "";             /* no text for it; the request goes on */
+			n = 0;
+		}
 		if (text_append(r, t, n))
 			return llm_fail(LLM_ERR_NOMEM, "request %d: out of memory", r->id);
 	}

@@ -197,7 +197,18 @@ static void *dt_open(void *ctx)
 		llm_detok_stream_init(d, ctx, true);
 	return d;
 }
-static int dt_push(void *st, int32_t id, const char **t, size_t *n) { return llm_detok_stream_push(st, id, t, n) ? -1 : 0; }
+/* An id the tokenizer does not know (a model vocabulary larger than its
+ * tokenizer's, as random checkpoints have) adds no text. */
+static int dt_push(void *st, int32_t id, const char **t, size_t *n)
+{
+	struct llm_detok_stream *d = st;
+	if (id < 0 || id >= llm_tokenizer_n_vocab(d->tk) || !llm_tokenizer_token(d->tk, id)) {
+		*t = "";
+		*n = 0;
+		return 0;
+	}
+	return llm_detok_stream_push(st, id, t, n) ? -1 : 0;
+}
 static int dt_flush(void *st, const char **t, size_t *n) { return llm_detok_stream_flush(st, t, n) ? -1 : 0; }
 static void dt_close(void *st)
 {

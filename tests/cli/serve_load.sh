@@ -3,7 +3,7 @@
 # cache too small for all of them (preemption) and a step budget of 32
 # tokens (chunked prefill). Every request must end with a complete answer or
 # a 429, none lost; every greedy answer must equal the stories260K reference
-# (llama2.c run.c) ids; afterwards every KV block is free again.
+# (llama2.c run.c) ids and llm-generate's; afterwards every KV block is free again.
 . tests/lib/tap.sh
 T=$TMPD
 if ! have_stories; then skip "the load test" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
@@ -69,13 +69,34 @@ check "after the run all KV blocks are free again" [ "$(metric llm_kv_blocks_use
 check "nothing is running or waiting" sh -c "[ '$(metric llm_requests_running)' = 0 ] && [ '$(metric llm_requests_waiting)' = 0 ]"
 p=$(metric llm_preemptions_total); diag "preemptions: $p, prefix-cache hit tokens: $(metric llm_prefix_cache_hit_tokens_total)"
 check "the small KV cache forced preemptions, and the answers still matched" [ "${p:-0}" -gt 0 ]
-# llm-generate has no generation mode yet (only --tokenize/--detokenize/
-# --apply-template); the reference ids above come from llama2.c run.c
-if llm-generate --help 2>/dev/null | grep -q -- '--prompt'; then
-	skip "greedy answers equal llm-generate's" "llm-generate's generation output is not wired into this test yet"
-else
-	skip "greedy answers equal llm-generate's" "llm-generate does not generate yet (compared with the run.c reference above)"
-fi
+# the same prompts through llm-generate (greedy, alone): its ids and the
+# server's answers under load (checked equal to the reference above) agree
+bad=0
+for id in $IDS; do
+	text=$(python3 -c "import json; [print(json.dumps(o['prompt'])) for o in map(json.loads, open('$REF')) if o['id'] == '$id']")
+	text=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]), end='')" "$text")
+	llm-generate -m "$(stories)" -p "$text" -n $NEW --temp 0 --ignore-eos --json -t 1 >"$T/gen_$id.json" 2>/dev/null
+	python3 - "$T" "$REF" "$id" $NEW <<'PY' || bad=$((bad+1))
+import itertools, json, sys
+T, ref, rid, new = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+g = json.loads(open(f'{T}/gen_{rid}.json').readline())
+o = [o for o in map(json.loads, open(ref)) if o['id'] == rid][0]
+served = None
+for i in itertools.count():
+    try: meta = open(f'{T}/r{i}.meta').read().split()
+    except FileNotFoundError: break
+    if meta[0] != rid or open(f'{T}/r{i}.code').read().strip() != '200': continue
+    body = open(f'{T}/r{i}.out').read()
+    if meta[1] == 'true':
+        served = [t for l in body.splitlines() if l.startswith('data: {') for c in json.loads(l[6:])['choices'] for t in c['token_ids']]
+    else:
+        served = json.loads(body)['choices'][0]['token_ids']
+    break
+assert g['prompt_ids'] == o['prompt_ids'], (g['prompt_ids'], o['prompt_ids'])
+assert served is not None and g['ids'] == served, rid
+PY
+done
+check "greedy answers under load equal llm-generate's for the same prompts (8 prompts)" [ $bad = 0 ]
 kill -TERM $SP; wait $SP
 check "the server exits 0" [ $? = 0 ]
 tap_done

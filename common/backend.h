@@ -47,8 +47,9 @@ enum llm_cpu_isa {
 	LLM_ISA_SCALAR = 0,   /* portable C: the reference */
 	LLM_ISA_AVX2,         /* AVX2 + FMA + F16C */
 	LLM_ISA_AVX512,       /* AVX-512 F/BW/VL */
-	LLM_ISA_AVX512BF16,   /* + AVX512_BF16 dot products for BF16 weights
-	                         (activations rounded to BF16 in those matmuls) */
+	LLM_ISA_AVX512BF16,   /* + AVX512_BF16 dot products for BF16 and E4M3
+	                         weights (activations rounded to BF16 in those
+	                         matmuls) */
 	LLM_ISA_COUNT
 };
 const char *llm_cpu_isa_name(enum llm_cpu_isa isa);
@@ -140,6 +141,14 @@ const char *llm_op_name(enum llm_op op);
 void llm_cpu_matmul_rows(enum llm_cpu_isa isa, float *y, int64_t y_stride,
                          const float *x, int64_t x_stride, int64_t n_tok,
                          const struct llm_weight *w, int64_t r0, int64_t r1);
+/* At level LLM_ISA_AVX512BF16 (BF16 and E4M3 weights) the kernels read x
+ * rounded to bf16: llm_cpu_x_to_bf16 rounds (nearest even) n_tok rows once,
+ * llm_cpu_matmul_rows_bf16x multiplies them (same results as
+ * llm_cpu_matmul_rows at that level, which rounds internally). */
+void llm_cpu_x_to_bf16(uint16_t *dst, int64_t dst_stride, const float *x, int64_t x_stride,
+                       int64_t n_tok, int64_t cols);
+void llm_cpu_matmul_rows_bf16x(float *y, int64_t y_stride, const uint16_t *xb, int64_t xb_stride,
+                               int64_t n_tok, const struct llm_weight *w, int64_t r0, int64_t r1);
 /* The level that llm_cpu_matmul_rows(ISA, ...) really uses for dtype T. */
 enum llm_cpu_isa llm_cpu_matmul_isa(enum llm_cpu_isa isa, enum llm_dtype t);
 /* Row r of W dequantized to f32 (cols floats). */

@@ -176,6 +176,8 @@ struct cpu_be {
 	enum llm_cpu_isa isa;
 	float *scratch;        /* (4 n_threads, scratch_per) per chunk: attention scores + k/v row */
 	size_t scratch_per;
+	uint16_t *xbf;         /* (xbf_cap) matmul input rounded to bf16 */
+	size_t xbf_cap;
 };
 
 static struct cpu_be *cpu(struct llm_backend *be) { return be->priv; }
@@ -297,14 +299,23 @@ static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
 	return LLM_OK;
 }
 
-struct mm_job { struct llm_view y, x; const struct llm_weight *w; enum llm_cpu_isa isa; };
+struct mm_job {
+	struct llm_view y, x;
+	const struct llm_weight *w;
+	enum llm_cpu_isa isa;
+	const uint16_t *xb;          /* (x.rows, x.cols) x rounded to bf16, or NULL */
+};
 
 static void mm_task(void *ctx, int ith, int nth)
 {
 	struct mm_job *j = ctx;
 	int64_t b, e;
 	split(j->w->rows, ith, nth, 4, &b, &e);
-	if (b < e)
+	if (b >= e)
+		return;
+	if (j->xb)
+		llm_cpu_matmul_rows_bf16x(j->y.data, j->y.stride, j->xb, j->x.cols, j->x.rows, j->w, b, e);
+	else
 		llm_cpu_matmul_rows(j->isa, j->y.data, j->y.stride, j->x.data, j->x.stride,
 		                    j->x.rows, j->w, b, e);
 }
@@ -317,7 +328,22 @@ static enum llm_status cpu_matmul(struct llm_backend *be, struct llm_view y,
 		return llm_fail(LLM_ERR_INTERNAL, "matmul %s: shapes (%lld, %lld) x (%lld, %lld)^T -> (%lld, %lld)",
 		                w->name ? w->name : "?", (long long)x.rows, (long long)x.cols,
 		                (long long)w->rows, (long long)w->cols, (long long)y.rows, (long long)y.cols);
-	struct mm_job j = { y, x, w, cpu(be)->isa };
+	struct cpu_be *c = cpu(be);
+	struct mm_job j = { y, x, w, c->isa, NULL };
+	if (llm_cpu_matmul_isa(c->isa, w->dtype) == LLM_ISA_AVX512BF16) {
+		/* x rounded to bf16 once, not once per row tile */
+		size_t need = (size_t)x.rows * (size_t)x.cols;
+		if (c->xbf_cap < need) {     /* grows to the largest batch, then stays */
+			uint16_t *p = malloc(need * sizeof *p);
+			if (!p)
+				return llm_fail(LLM_ERR_NOMEM, "matmul: bf16 activations of %zu elements", need);
+			free(c->xbf);
+			c->xbf = p;
+			c->xbf_cap = need;
+		}
+		llm_cpu_x_to_bf16(c->xbf, x.cols, x.data, x.stride, x.rows, x.cols);
+		j.xb = c->xbf;
+	}
 	double work = (double)x.rows * (double)w->rows * (double)w->cols;
 	pool_run(&cpu(be)->pool, nth_for(be, work), mm_task, &j);
 	return LLM_OK;
@@ -560,6 +586,7 @@ static void cpu_fini(struct llm_backend *be)
 		return;
 	pool_free(&c->pool);
 	free(c->scratch);
+	free(c->xbf);
 	free(c);
 	be->priv = NULL;
 }

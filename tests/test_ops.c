@@ -7,6 +7,14 @@
  *   dequantized and scaled identically on every level). The worst-case
  *   bound of reordering n f32 additions is about n * 2^-24 * sum|x w|, so
  *   the test requires |simd - scalar| <= n * 2^-24 * sum_c |x_c w_c|.
+ * - matmul at avx512bf16 (BF16 and E4M3 weights): x is rounded to bf16, so
+ *   the scalar reference runs on the same rounded x. E4M3 there sums each
+ *   scale block of bk columns unscaled (exact products) and adds
+ *   block_sum * scale once per block (an fma), where the scalar multiplies
+ *   every element by the scale first (one rounding per element) and sums all
+ *   n in one chain: error to the exact sum at most about (bk + n_blk + 1) u
+ *   on one side and (2n) u on the other (u = 2^-24, relative to sum|x w|),
+ *   so the bound there is (n + bk + n_blk + 2) * 2^-24 * sum|x w|.
  * - crafted inputs whose products and sums are exact (small integers,
  *   power-of-two scales): every level must agree bit for bit.
  * - batch invariance: a row computed alone, in a batch of 7, or in a
@@ -119,6 +127,11 @@ static void matmul_case(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t rows, i
 		xr[i] = bfx ? llm_bf16_to_f32(llm_f32_to_bf16(x[i])) : x[i];
 	llm_cpu_matmul_rows(LLM_ISA_SCALAR, ref, rows, xr, cols, n_tok, &b.w, 0, rows);
 	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 0, rows);
+	double nfac = (double)cols;
+	if (bfx && dt == LLM_DTYPE_E4M3) {    /* block sums, then the scale (see the top) */
+		int64_t bk = b.w.block_cols;
+		nfac = (double)(cols + bk + (cols + bk - 1) / bk + 2);
+	}
 	double worst = 0;
 	int bad = 0;
 	for (int t = 0; t < n_tok; t++)
@@ -126,16 +139,16 @@ static void matmul_case(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t rows, i
 			double mag = 0;
 			for (int64_t c = 0; c < cols; c++)
 				mag += fabs((double)xr[t * cols + c] * b.deq[r * cols + c]);
-			double bound = (double)cols * 0x1.0p-24 * mag + 1e-30;
+			double bound = nfac * 0x1.0p-24 * mag + 1e-30;
 			double e = fabs((double)got[t * rows + r] - ref[t * rows + r]) / bound;
 			if (!(e <= 1.0))
 				bad++;
 			if (e > worst || isnan(e))
 				worst = e;
 		}
-	check(!bad, "matmul %s %s %lldx%lld, 7 tokens: |simd - scalar%s| <= n 2^-24 sum|xw| (worst %.3f of the bound)",
+	check(!bad, "matmul %s %s %lldx%lld, 7 tokens: |simd - scalar%s| <= %s 2^-24 sum|xw| (worst %.3f of the bound)",
 	      llm_cpu_isa_name(llm_cpu_matmul_isa(isa, dt)), wname(dt, br, bc), (long long)rows, (long long)cols,
-	      bfx ? " on bf16-rounded x" : "", worst);
+	      bfx ? " on bf16-rounded x" : "", nfac == (double)cols ? "n" : "(n + bk + n_blk + 2)", worst);
 	free(xr);
 	/* invariance: each token alone, and rows in odd ranges */
 	int same = 1;
@@ -217,15 +230,15 @@ static void test_matmul(enum llm_cpu_isa best)
 			continue;
 		}
 		for (size_t k = 0; k < sizeof w / sizeof *w; k++) {
-			if (isa == LLM_ISA_AVX512BF16 && w[k].dt != LLM_DTYPE_BF16)
-				continue;         /* the same kernels as avx512 */
+			if (llm_cpu_matmul_isa(isa, w[k].dt) != isa)
+				continue;         /* the same kernels as the level below */
 			for (size_t s = 0; s < sizeof shape / sizeof *shape; s++)
 				matmul_case(isa, w[k].dt, shape[s][0], shape[s][1], w[k].br, w[k].bc);
 			matmul_exact(isa, w[k].dt, w[k].br, w[k].bc);
 		}
+		e4m3_codes(isa);
 		if (isa == LLM_ISA_AVX512BF16)
 			continue;
-		e4m3_codes(isa);
 		/* the attention dot */
 		float a[77], b[77];
 		for (int i = 0; i < 77; i++) {
@@ -307,6 +320,26 @@ static void test_backend_ops(enum llm_cpu_isa best)
 		free(o2);
 		llm_kv_free(&ks);
 		llm_kv_free(&kvv);
+	}
+	/* matmul through the backend (x rounded to bf16 once per call at
+	 * avx512bf16, rows split among 2 threads) equals the kernel bit for bit */
+	static const enum llm_dtype mdt[] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
+	for (size_t k = 0; k < sizeof mdt / sizeof *mdt; k++) {
+		struct wbuf wb;
+		int64_t rows = 300, cols = 256, nt = 9;
+		make_weight(&wb, mdt[k], rows, cols, 128, 128, 0);
+		float *mx = malloc((size_t)(nt * cols) * 4), *my1 = malloc((size_t)(nt * rows) * 4);
+		float *my2 = malloc((size_t)(nt * rows) * 4);
+		for (int64_t i = 0; i < nt * cols; i++)
+			mx[i] = frand();
+		llm_cpu_matmul_rows(best, my1, rows, mx, cols, nt, &wb.w, 0, rows);
+		vb->ops->matmul(vb, llm_view_f32(my2, nt, rows), llm_view_f32(mx, nt, cols), &wb.w);
+		check(!memcmp(my1, my2, (size_t)(nt * rows) * 4), "matmul %s %s through the backend (2 threads): same bits as the kernel",
+		      llm_cpu_isa_name(llm_cpu_matmul_isa(best, mdt[k])), llm_dtype_name(mdt[k]));
+		free(mx);
+		free(my1);
+		free(my2);
+		free_weight(&wb);
 	}
 	/* rmsnorm through both backends (scalar op on both: must be identical) */
 	float x[3 * 50], w[50], o1[3 * 50], o2[3 * 50];

@@ -422,6 +422,11 @@ static void attn_task(void *ctx, int ith, int nth)
 			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
 			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
+			const void *kb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->k + base)
+			                                            : (const void *)((const uint16_t *)kv->k + base);
+			if (llm_cpu_attn_scores(j->c->isa, att + p0, q, kb, kv->dtype, kv->kv_dim,
+			                        pe - p0 + 1, d, scale))
+				continue;
 			for (int32_t p = p0; p <= pe; p++) {
 				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
 				const float *kr;
@@ -451,6 +456,10 @@ static void attn_task(void *ctx, int ith, int nth)
 			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
 			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
+			const void *vb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->v + base)
+			                                            : (const void *)((const uint16_t *)kv->v + base);
+			if (llm_cpu_attn_wsum(j->c->isa, o, att + p0, vb, kv->dtype, kv->kv_dim, pe - p0 + 1, d))
+				continue;
 			for (int32_t p = p0; p <= pe; p++) {
 				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
 				const float *vr;

@@ -679,3 +679,96 @@ float llm_cpu_dot(enum llm_cpu_isa isa, const float *a, const float *b, int64_t 
 		acc += a[i] * b[i];
 	return acc;
 }
+
+/* ---- attention over one KV block ---------------------------------------
+ * The scores and the weighted sum of values, a run of positions whose rows
+ * are KSTRIDE elements apart (F32 or BF16; bf16 -> f32 is exact). Numerics
+ * equal those of the per-position loops in backend_cpu.c bit for bit: a
+ * score is llm_cpu_dot(isa, q, k) / scale (four positions share the lane
+ * reduction, in the same pairs), and o[i] += a * v[i] is a product then a
+ * sum, never fused, positions in order. */
+
+T512 static INL __m512 kv_load_512(const void *base, enum llm_dtype dt, size_t off, __mmask16 m)
+{
+	if (dt == LLM_DTYPE_F32)
+		return _mm512_maskz_loadu_ps(m, (const float *)base + off);
+	__m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + off));
+	return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+T512 static void scores_512(float *att, const float *q, const void *k, enum llm_dtype dt,
+                            int64_t ks, int n_pos, int d, float scale)
+{
+	int p = 0;
+	for (; p + 4 <= n_pos; p += 4) {
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		size_t o = (size_t)p * (size_t)ks;
+		for (int c = 0; c < d; c += 16) {
+			int left = d - c;
+			__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+			__m512 qv = _mm512_maskz_loadu_ps(m, q + c);
+			a0 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + (size_t)c, m), a0);
+			a1 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + (size_t)ks + (size_t)c, m), a1);
+			a2 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + 2 * (size_t)ks + (size_t)c, m), a2);
+			a3 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + 3 * (size_t)ks + (size_t)c, m), a3);
+		}
+		/* reduce4_512 without the bf16 target: the same pairs */
+		__m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+		__m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+		__m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+		s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
+		s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
+		s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
+		_mm_storeu_ps(att + p, _mm_div_ps(_mm512_castps512_ps128(s), _mm_set1_ps(scale)));
+	}
+	for (; p < n_pos; p++) {
+		__m512 a0 = _mm512_setzero_ps();
+		size_t o = (size_t)p * (size_t)ks;
+		for (int c = 0; c < d; c += 16) {
+			int left = d - c;
+			__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+			a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), kv_load_512(k, dt, o + (size_t)c, m), a0);
+		}
+		att[p] = _mm512_reduce_add_ps(a0) / scale;
+	}
+}
+
+T512 static void wsum_512(float *out, const float *att, const void *v, enum llm_dtype dt,
+                          int64_t vs, int n_pos, int d)
+{
+	for (int c = 0; c < d; c += 64) {      /* 64 columns in registers */
+		__mmask16 m[4];
+		__m512 o[4];
+		for (int i = 0; i < 4; i++) {
+			int left = d - c - 16 * i;
+			m[i] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+			o[i] = _mm512_maskz_loadu_ps(m[i], out + c + 16 * i);
+		}
+		for (int p = 0; p < n_pos; p++) {
+			__m512 a = _mm512_set1_ps(att[p]);
+			size_t off = (size_t)p * (size_t)vs + (size_t)c;
+			for (int i = 0; i < 4; i++)
+				o[i] = _mm512_add_ps(o[i], _mm512_mul_ps(a, kv_load_512(v, dt, off + 16 * (size_t)i, m[i])));
+		}
+		for (int i = 0; i < 4; i++)
+			_mm512_mask_storeu_ps(out + c + 16 * i, m[i], o[i]);
+	}
+}
+
+bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, const float *q, const void *k,
+                         enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale)
+{
+	if (isa < LLM_ISA_AVX512)
+		return false;
+	scores_512(att, q, k, dt, k_stride, n_pos, d, scale);
+	return true;
+}
+
+bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, const float *att, const void *v,
+                       enum llm_dtype dt, int64_t v_stride, int n_pos, int d)
+{
+	if (isa < LLM_ISA_AVX512)
+		return false;
+	wsum_512(out, att, v, dt, v_stride, n_pos, d);
+	return true;
+}

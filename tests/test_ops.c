@@ -261,6 +261,51 @@ static void test_matmul(enum llm_cpu_isa best)
 	e4m3_codes(LLM_ISA_SCALAR);
 }
 
+/* The attention block helpers equal the per-position loops bit for bit:
+ * scores = llm_cpu_dot / scale, values summed as product then sum. */
+static void test_attn_block(enum llm_cpu_isa best)
+{
+	static const int dims[] = { 24, 64, 80 };
+	for (int kt = 0; kt < 2; kt++)
+		for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+			int d = dims[di], ks = 3 * d + 5, npos = 13, same = 1;
+			enum llm_dtype dt = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+			float q[80], kf[80], att[13], ref[13], o1[80], o2[80];
+			float *k = malloc((size_t)(npos * ks) * 4), *v = malloc((size_t)(npos * ks) * 4);
+			uint16_t *kh = malloc((size_t)(npos * ks) * 2), *vh = malloc((size_t)(npos * ks) * 2);
+			for (int i = 0; i < npos * ks; i++) {
+				kh[i] = llm_f32_to_bf16(frand());
+				vh[i] = llm_f32_to_bf16(frand());
+				k[i] = llm_bf16_to_f32(kh[i]);
+				v[i] = llm_bf16_to_f32(vh[i]);
+			}
+			for (int i = 0; i < d; i++)
+				q[i] = frand();
+			for (int n = 1; n <= npos; n++) {
+				if (!llm_cpu_attn_scores(best, att, q, kt ? (const void *)kh : k, dt, ks, n, d, 8.0f))
+					break;
+				for (int p = 0; p < n; p++) {
+					memcpy(kf, k + p * ks, (size_t)d * 4);
+					ref[p] = llm_cpu_dot(best, q, kf, d) / 8.0f;
+				}
+				same &= !memcmp(att, ref, (size_t)n * 4);
+				for (int i = 0; i < d; i++)
+					o1[i] = o2[i] = frand();
+				llm_cpu_attn_wsum(best, o1, att, kt ? (const void *)vh : v, dt, ks, n, d);
+				for (int p = 0; p < n; p++)
+					for (int i = 0; i < d; i++)
+						o2[i] += att[p] * v[p * ks + i];
+				same &= !memcmp(o1, o2, (size_t)d * 4);
+			}
+			check(same, "attention block helpers %s, %s KV, d_head %d, 1..13 positions: same bits as the loops",
+			      llm_cpu_isa_name(best), llm_dtype_name(dt), d);
+			free(k);
+			free(v);
+			free(kh);
+			free(vh);
+		}
+}
+
 /* ---- backend ops: scalar backend vs SIMD backend ------------------------ */
 
 static void test_backend_ops(enum llm_cpu_isa best)
@@ -433,6 +478,7 @@ int main(void)
 	check_diag("cpu: best level %s", llm_cpu_isa_name(best));
 	test_registry();
 	test_matmul(best);
+	test_attn_block(best);
 	test_backend_ops(best);
 	test_kv();
 	return check_done();

@@ -31,6 +31,7 @@ struct req {
 	int (*on_token)(void *, const struct llm_token_event *);
 	void *user;
 	int cancel;
+	int silent;                 /* a distributed rank other than 0: no events */
 	void *dt;                   /* detokenizer state */
 	char *text;                 /* decoded output not yet released */
 	size_t text_len, text_cap;
@@ -52,6 +53,11 @@ struct llm_engine {
 	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) the step's batch */
 	int8_t *b_logits;
 	struct req **b_req;         /* (max_logits) request of each logit row */
+	/* distributed: rank 0's decisions, broadcast each step */
+	struct llm_comm *world;     /* NULL: a single process */
+	int root;                   /* this rank samples and runs callbacks (rank 0, or alone) */
+	int32_t *b_sync;            /* (2 * max_logits) token and finished flag of each row */
+	int8_t *c_sync;             /* (cap_reqs) cancel flags of the live requests */
 };
 
 const char *llm_finish_name(enum llm_finish f)
@@ -90,8 +96,8 @@ static void resolve_opts(const struct llm_model *m, const struct llm_engine_opts
 
 static struct llm_kv_opts kv_opts(const struct llm_model *m, const struct llm_engine_opts *o, int n_ctx)
 {
-	struct llm_kv_opts k = {
-		.n_layer = m->cfg.n_layer, .n_kv_head = m->cfg.n_kv_head, .d_head = m->cfg.d_head,
+	struct llm_kv_opts k = {   /* this rank's layers and kv heads (all in one process) */
+		.n_layer = m->layer_end - m->layer_begin, .n_kv_head = m->n_kv_head_loc, .d_head = m->cfg.d_head,
 		.dtype = o->kv_dtype, .block_size = o->kv_block_size, .n_block = o->kv_blocks,
 		.max_seq = o->max_seqs + 2,   /* + 2 for llm_score / llm_perplexity */
 		.max_ctx = n_ctx,
@@ -127,9 +133,24 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	if (!e)
 		return llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
 	enum llm_status s;
-	if ((s = llm_model_open(&e->model, path)))
+	struct llm_comm *w = in && in->comm ? in->comm : llm_comm_world();
+	e->root = 1;
+	if (w && w->size > 1) {
+		if (!llm_model_is_partitioned(path)) {
+			s = llm_fail(LLM_ERR_USAGE, "%s: a run over %d ranks needs a checkpoint partitioned by "
+			             "llm-repartition --tp T --pp P (T x P = %d)", path, w->size, w->size);
+			goto fail;
+		}
+		if ((s = llm_model_open_dist(&e->model, path, w)))
+			goto fail;
+		e->world = w;
+		e->root = w->rank == 0;
+	} else if ((s = llm_model_open(&e->model, path))) {
 		goto fail;
+	}
 	resolve_opts(&e->model, in, &e->o, &e->n_ctx);
+	if (e->world && !strcmp(e->o.backend, "auto"))
+		e->o.backend = "cpu";
 	if (e->o.kv_dtype != LLM_DTYPE_F32 && e->o.kv_dtype != LLM_DTYPE_BF16) {
 		s = llm_fail(LLM_ERR_USAGE, "kv dtype: %s (f32 or bf16)", llm_dtype_name(e->o.kv_dtype));
 		goto fail;
@@ -157,7 +178,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	e->b_seq = malloc(nb * sizeof(int32_t));
 	e->b_logits = malloc(nb);
 	e->b_req = malloc((size_t)e->o.max_logits * sizeof *e->b_req);
-	if (!e->logits || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits || !e->b_req) {
+	e->b_sync = malloc(2 * (size_t)e->o.max_logits * sizeof *e->b_sync);
+	if (!e->logits || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits || !e->b_req || !e->b_sync) {
 		s = llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
 		goto fail;
 	}
@@ -196,6 +218,8 @@ void llm_engine_close(struct llm_engine *e)
 	free(e->b_seq);
 	free(e->b_logits);
 	free(e->b_req);
+	free(e->b_sync);
+	free(e->c_sync);
 	llm_scratch_free(&e->scratch);
 	if (e->kv.ref)
 		llm_kv_free(&e->kv);
@@ -269,6 +293,7 @@ enum llm_status llm_engine_submit(struct llm_engine *e, const struct llm_request
 	r->p = rq->params;
 	r->on_token = rq->on_token;
 	r->user = rq->user;
+	r->silent = !e->root;
 	r->seq = -1;
 	size_t total = 0;
 	for (int i = 0; i < r->p.n_stop; i++)
@@ -298,11 +323,14 @@ enum llm_status llm_engine_submit(struct llm_engine *e, const struct llm_request
 	if (e->n_reqs == e->cap_reqs) {
 		int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
 		struct req **n = realloc(e->reqs, (size_t)cap * sizeof *n);
-		if (!n) {
+		if (n)
+			e->reqs = n;
+		int8_t *cs = n ? realloc(e->c_sync, (size_t)cap) : NULL;
+		if (!cs) {
 			s = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
 			goto fail;
 		}
-		e->reqs = n;
+		e->c_sync = cs;
 		e->cap_reqs = cap;
 	}
 	r->id = e->next_id++;
@@ -458,16 +486,17 @@ static void release_tail(struct llm_engine *e, struct req *r, struct llm_token_e
 
 static int emit(struct req *r, struct llm_token_event *ev)
 {
-	if (!r->on_token)
+	if (!r->on_token || r->silent)
 		return 0;
 	return r->on_token(r->user, ev);
 }
 
 /* Handle the sampled token of R: checks, event, state. */
-static enum llm_status take_token(struct llm_engine *e, struct req *r, const float *logits)
+static enum llm_status take_token(struct llm_engine *e, struct req *r, const float *logits, int32_t *tok)
 {
 	struct llm_sample_out so;
 	llm_sampler_sample(&r->smp, logits, &so);
+	*tok = so.token;
 	struct llm_token_event ev = {
 		.req = r->id, .index = r->n_gen, .token = so.token, .logprob = so.logprob,
 		.n_top = so.n_top, .top = so.top, .text = "", .stop_index = -1,
@@ -543,8 +572,36 @@ static void reap(struct llm_engine *e)
 	e->n_reqs = k;
 }
 
+/* Distributed: rank 0's cancel flags of the live requests (the same list,
+ * in the same order, on every rank). */
+static enum llm_status sync_cancels(struct llm_engine *e)
+{
+	if (!e->world || !e->n_reqs)
+		return LLM_OK;
+	for (int i = 0; e->root && i < e->n_reqs; i++)
+		e->c_sync[i] = (int8_t)(e->reqs[i]->cancel != 0);
+	LLM_TRY(llm_comm_bcast(e->world, e->c_sync, (size_t)e->n_reqs, 0));
+	for (int i = 0; i < e->n_reqs; i++)
+		e->reqs[i]->cancel = e->c_sync[i];
+	return LLM_OK;
+}
+
+/* A rank other than 0 takes the token rank 0 sampled for R (DONE: R
+ * finished, for whatever reason rank 0 found). */
+static void follow_token(struct llm_engine *e, struct req *r, int32_t tok, int done)
+{
+	r->n_gen++;
+	if (done) {
+		finish(e, r);
+		return;
+	}
+	r->ids[r->n_ids++] = tok;
+	r->state = REQ_DECODE;
+}
+
 enum llm_status llm_engine_step(struct llm_engine *e, int *n_pending)
 {
+	LLM_TRY(sync_cancels(e));
 	/* cancellations first */
 	for (int i = 0; i < e->n_reqs; i++) {
 		struct req *r = e->reqs[i];
@@ -566,8 +623,16 @@ enum llm_status llm_engine_step(struct llm_engine *e, int *n_pending)
 		if (n_out != rows)
 			return llm_fail(LLM_ERR_INTERNAL, "engine: %d logit rows, planned %d", n_out, rows);
 		size_t nv = (size_t)e->model.cfg.n_vocab;
-		for (int i = 0; i < rows; i++)
-			LLM_TRY(take_token(e, e->b_req[i], e->logits + (size_t)i * nv));
+		for (int i = 0; e->root && i < rows; i++) {
+			struct req *r = e->b_req[i];
+			LLM_TRY(take_token(e, r, e->logits + (size_t)i * nv, &e->b_sync[2 * i]));
+			e->b_sync[2 * i + 1] = r->state == REQ_DONE;
+		}
+		if (e->world) {
+			LLM_TRY(llm_comm_bcast(e->world, e->b_sync, 2 * (size_t)rows * sizeof *e->b_sync, 0));
+			for (int i = 0; !e->root && i < rows; i++)
+				follow_token(e, e->b_req[i], e->b_sync[2 * i], e->b_sync[2 * i + 1]);
+		}
 		reap(e);
 	} else if (e->n_reqs > 0) {
 		return llm_fail(LLM_ERR_INTERNAL, "engine: %d requests but nothing to run", e->n_reqs);
@@ -607,7 +672,7 @@ static enum llm_status feed(struct llm_engine *e, int seq, const int32_t *tok, i
 		struct llm_batch b = { m, e->b_tok, e->b_pos, e->b_seq, e->b_logits };
 		int n_out;
 		LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, &b, e->logits, &n_out));
-		for (int j = 0; target && j < m; j++) {
+		for (int j = 0; target && e->root && j < m; j++) {   /* logits: rank 0 only */
 			const float *l = e->logits + (size_t)j * nv;
 			int32_t t = target[i0 + j];
 			double v = llm_logprob(l, (int)nv, t);

@@ -17,7 +17,21 @@
  * A scheduler of its own (the server's Dynamic SplitFuse) can skip
  * submit/step and drive llm_engine_forward() directly with the engine's
  * cache (llm_engine_kv()). The library never prints; errors are statuses
- * with llm_errmsg(). An engine is used from one thread at a time. */
+ * with llm_errmsg(). An engine is used from one thread at a time.
+ *
+ * Distributed runs (mpirun -np T*P over a checkpoint partitioned by
+ * llm-repartition --tp T --pp P; partition.h): when the communicator has
+ * more than one rank, open maps this rank's file and every call below that
+ * computes is collective: each rank makes the same calls with the same
+ * requests in the same order (the tool broadcasts its input), so every
+ * rank's engine plans the same steps. Logits reach world rank 0 only; rank
+ * 0 samples, and the tokens and finished requests it decides (and its
+ * cancellations) are broadcast each step, so every rank's cache and
+ * requests advance identically. Callbacks run on rank 0 only; results of
+ * llm_score, llm_perplexity and llm_engine_forward's logits are valid on
+ * rank 0 only. Distributed ranks compute on the CPU backend ("auto" means
+ * cpu there). Greedy tokens equal the single-process run; logits agree
+ * within f32 rounding (the all-reduce sums in another order). */
 #ifndef LLM_GENERATE_H
 #define LLM_GENERATE_H
 
@@ -59,6 +73,8 @@ struct llm_engine_opts {
 	struct llm_detok detok;     /* optional */
 	int n_eos;                  /* 0: eos_token_id of config.json */
 	int32_t eos_ids[16];        /* ids that finish with LLM_FINISH_EOS */
+	struct llm_comm *comm;      /* the ranks of a distributed run; NULL: llm_comm_world()
+	                               (NULL before llm_comm_init: one process) */
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
 	.kv_dtype = LLM_DTYPE_F32, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }

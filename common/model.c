@@ -9,6 +9,7 @@
  * are in Hugging Face layout: RoPE pairs (j, j + d_head/2). */
 #define _GNU_SOURCE
 #include "model.h"
+#include "partition.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -204,55 +205,143 @@ static enum llm_status weight(struct llm_model *m, struct llm_weight *w, int64_t
 	return LLM_OK;
 }
 
+/* Parse the checkpoint's config.json into m->cfg. */
+static enum llm_status open_config(struct llm_model *m, const char *path)
+{
+	const struct llm_aux *cj = llm_ckpt_aux(&m->ck, "config.json");
+	if (!cj)
+		return llm_fail(LLM_ERR_FORMAT, "%s: no config.json", path);
+	char cpath[1024];
+	snprintf(cpath, sizeof cpath, "%s%sconfig.json", path, m->ck.is_dir || m->ck.part ? "/" : ": ");
+	return llm_config_parse(&m->cfg, cj->data, cj->len, cpath);
+}
+
+/* Resolve this process's weights (layers [layer_begin, layer_end), local
+ * head, FFN and vocabulary counts; the embedding when the first layer is
+ * ours, norm and lm_head when the last is), checking shapes. */
+static enum llm_status resolve(struct llm_model *m, const char *path)
+{
+	const struct llm_config *c = &m->cfg;
+	enum llm_status s;
+	int64_t dq = (int64_t)m->n_head_loc * c->d_head, dkv = (int64_t)m->n_kv_head_loc * c->d_head;
+	int64_t ff = m->d_ff_loc, nv = m->n_vocab_loc;
+	m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+	m->inv_freq = malloc((size_t)(c->d_head / 2) * sizeof(float));
+	if (!m->layers || !m->inv_freq)
+		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+	rope_freqs(c, m->inv_freq);
+	int first = m->layer_begin == 0, last = m->layer_end == c->n_layer;
+	if (first && (s = weight(m, &m->embed, nv, c->d_model, "model.embed_tokens.weight")))
+		return s;
+	for (int l = m->layer_begin; l < m->layer_end; l++) {
+		struct llm_layer *L = &m->layers[l];
+		const char *p = "model.layers";
+		LLM_TRY(weight(m, &L->attn_norm, 1, c->d_model, "%s.%d.input_layernorm.weight", p, l));
+		LLM_TRY(weight(m, &L->wq, dq, c->d_model, "%s.%d.self_attn.q_proj.weight", p, l));
+		LLM_TRY(weight(m, &L->wk, dkv, c->d_model, "%s.%d.self_attn.k_proj.weight", p, l));
+		LLM_TRY(weight(m, &L->wv, dkv, c->d_model, "%s.%d.self_attn.v_proj.weight", p, l));
+		LLM_TRY(weight(m, &L->wo, c->d_model, dq, "%s.%d.self_attn.o_proj.weight", p, l));
+		LLM_TRY(weight(m, &L->ffn_norm, 1, c->d_model, "%s.%d.post_attention_layernorm.weight", p, l));
+		LLM_TRY(weight(m, &L->w_gate, ff, c->d_model, "%s.%d.mlp.gate_proj.weight", p, l));
+		LLM_TRY(weight(m, &L->w_up, ff, c->d_model, "%s.%d.mlp.up_proj.weight", p, l));
+		LLM_TRY(weight(m, &L->w_down, c->d_model, ff, "%s.%d.mlp.down_proj.weight", p, l));
+		if (l == m->layer_begin)
+			m->wdtype = L->wq.dtype;
+	}
+	if (!last)
+		return LLM_OK;
+	LLM_TRY(weight(m, &m->norm, 1, c->d_model, "model.norm.weight"));
+	if (!c->tied || llm_ckpt_find(&m->ck, "lm_head.weight"))
+		return weight(m, &m->lm_head, nv, c->d_model, "lm_head.weight");
+	if (first) {
+		m->lm_head = m->embed;
+		return LLM_OK;
+	}
+	/* tied, on a last stage without the embedding: its lm_head slice */
+	return weight(m, &m->lm_head, nv, c->d_model, "model.embed_tokens.weight");
+}
+
+static void share_all(struct llm_model *m)
+{
+	const struct llm_config *c = &m->cfg;
+	m->layer_begin = 0;
+	m->layer_end = c->n_layer;
+	m->n_head_loc = c->n_head;
+	m->n_kv_head_loc = c->n_kv_head;
+	m->d_ff_loc = c->d_ff;
+	m->vocab_begin = 0;
+	m->n_vocab_loc = c->n_vocab;
+}
+
 enum llm_status llm_model_open(struct llm_model *m, const char *path)
 {
 	memset(m, 0, sizeof *m);
 	LLM_TRY(llm_ckpt_open(&m->ck, path));
-	enum llm_status s;
-	const struct llm_aux *cj = llm_ckpt_aux(&m->ck, "config.json");
-	if (!cj) {
-		s = llm_fail(LLM_ERR_FORMAT, "%s: no config.json", path);
+	enum llm_status s = open_config(m, path);
+	if (!s) {
+		share_all(m);
+		s = resolve(m, path);
+	}
+	if (s)
+		llm_model_close(m);
+	return s;
+}
+
+int llm_model_is_partitioned(const char *path)
+{
+	return llm_partition_is_dir(path);
+}
+
+enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct llm_comm *world)
+{
+	memset(m, 0, sizeof *m);
+	struct llm_model_dist *d = m->dist = calloc(1, sizeof *m->dist);
+	if (!d)
+		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", dir);
+	struct llm_partition *rec;
+	enum llm_status s = llm_partition_load(&rec, dir);
+	if (s)
+		goto fail;
+	int T = rec->tp, P = rec->pp;
+	s = llm_partition_check_world(rec, world->size, dir);
+	llm_partition_free(rec);
+	/* the one collective, before anything a single rank can fail at (its
+	 * own file), so a failing rank never leaves the others inside it */
+	if (s || (s = llm_grid_init(&d->grid, world, T, P)))
+		goto fail;
+	if ((s = llm_ckpt_open_rank(&m->ck, dir, world->rank)) || (s = open_config(m, dir)))
+		goto fail;
+	const struct llm_config *c = &m->cfg;
+	const struct llm_partition *p = m->ck.part;
+	const struct llm_part_rank *me = &p->ranks[world->rank];
+	int t = me->tp_rank;
+	if (p->tp != T || p->pp != P || me->stage != d->grid.stage || t != d->grid.tp_rank ||
+	    p->n_layer != c->n_layer || c->n_head % T || c->d_ff % T || (c->n_kv_head % T && T % c->n_kv_head)) {
+		s = llm_fail(LLM_ERR_FORMAT, "%s: %s (--tp %d x --pp %d, %d layers) does not fit the grid or "
+		             "config.json (%d layers, %d heads, %d kv heads, intermediate_size %d)", dir, me->file,
+		             p->tp, p->pp, p->n_layer, c->n_layer, c->n_head, c->n_kv_head, c->d_ff);
 		goto fail;
 	}
-	char cpath[1024];
-	snprintf(cpath, sizeof cpath, "%s%sconfig.json", path, m->ck.is_dir ? "/" : ": ");
-	struct llm_config *c = &m->cfg;
-	if ((s = llm_config_parse(c, cj->data, cj->len, cpath)))
-		goto fail;
-	int64_t dq = (int64_t)c->n_head * c->d_head, dkv = (int64_t)c->n_kv_head * c->d_head;
-	m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-	m->inv_freq = malloc((size_t)(c->d_head / 2) * sizeof(float));
-	if (!m->layers || !m->inv_freq) {
-		s = llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+	m->layer_begin = me->layer_begin;
+	m->layer_end = me->layer_end;
+	m->n_head_loc = c->n_head / T;
+	m->n_kv_head_loc = T <= c->n_kv_head ? c->n_kv_head / T : 1;
+	m->d_ff_loc = c->d_ff / T;
+	llm_part_range(c->n_vocab, T, t, &m->vocab_begin, &m->n_vocab_loc);
+	d->v0 = malloc(((size_t)T + 1) * sizeof *d->v0);
+	d->counts = malloc((size_t)T * sizeof *d->counts);
+	if (!d->v0 || !d->counts) {
+		s = llm_fail(LLM_ERR_NOMEM, "%s: out of memory", dir);
 		goto fail;
 	}
-	rope_freqs(c, m->inv_freq);
-	if ((s = weight(m, &m->embed, c->n_vocab, c->d_model, "model.embed_tokens.weight")))
+	for (int r = 0; r <= T; r++)
+		d->v0[r] = (int64_t)c->n_vocab * r / T;
+	d->first = m->layer_begin == 0;
+	d->last = m->layer_end == c->n_layer;
+	char rpath[1200];
+	snprintf(rpath, sizeof rpath, "%s/%s", dir, me->file);
+	if ((s = resolve(m, rpath)))
 		goto fail;
-	for (int l = 0; l < c->n_layer; l++) {
-		struct llm_layer *L = &m->layers[l];
-		const char *p = "model.layers";
-		if ((s = weight(m, &L->attn_norm, 1, c->d_model, "%s.%d.input_layernorm.weight", p, l)) ||
-		    (s = weight(m, &L->wq, dq, c->d_model, "%s.%d.self_attn.q_proj.weight", p, l)) ||
-		    (s = weight(m, &L->wk, dkv, c->d_model, "%s.%d.self_attn.k_proj.weight", p, l)) ||
-		    (s = weight(m, &L->wv, dkv, c->d_model, "%s.%d.self_attn.v_proj.weight", p, l)) ||
-		    (s = weight(m, &L->wo, c->d_model, dq, "%s.%d.self_attn.o_proj.weight", p, l)) ||
-		    (s = weight(m, &L->ffn_norm, 1, c->d_model, "%s.%d.post_attention_layernorm.weight", p, l)) ||
-		    (s = weight(m, &L->w_gate, c->d_ff, c->d_model, "%s.%d.mlp.gate_proj.weight", p, l)) ||
-		    (s = weight(m, &L->w_up, c->d_ff, c->d_model, "%s.%d.mlp.up_proj.weight", p, l)) ||
-		    (s = weight(m, &L->w_down, c->d_model, c->d_ff, "%s.%d.mlp.down_proj.weight", p, l)))
-			goto fail;
-		if (l == 0)
-			m->wdtype = L->wq.dtype;
-	}
-	if ((s = weight(m, &m->norm, 1, c->d_model, "model.norm.weight")))
-		goto fail;
-	if (!c->tied || llm_ckpt_find(&m->ck, "lm_head.weight")) {
-		if ((s = weight(m, &m->lm_head, c->n_vocab, c->d_model, "lm_head.weight")))
-			goto fail;
-	} else {
-		m->lm_head = m->embed;
-	}
 	return LLM_OK;
 fail:
 	llm_model_close(m);
@@ -261,6 +350,13 @@ fail:
 
 void llm_model_close(struct llm_model *m)
 {
+	if (m->dist) {
+		if (m->dist->grid.world)
+			llm_grid_free(&m->dist->grid);
+		free(m->dist->v0);
+		free(m->dist->counts);
+		free(m->dist);
+	}
 	free(m->layers);
 	free(m->inv_freq);
 	if (m->ck.path || m->ck.files)
@@ -270,10 +366,15 @@ void llm_model_close(struct llm_model *m)
 
 enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_backend *be)
 {
-	const struct llm_layer *L = &m->layers[0];
+	const struct llm_layer *L = &m->layers[m->layer_begin];
 	const struct llm_weight *ws[] = { &m->embed, &m->norm, &m->lm_head, &L->wq, &L->wk, &L->wv,
 	                                  &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->attn_norm };
+	if (m->dist && strcmp(be->ops->name, "cpu"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: distributed runs compute on the CPU backend "
+		                "(GPU ranks over NCCL are not implemented yet)", be->ops->name);
 	for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) {
+		if (!ws[i]->data)
+			continue;             /* not on this stage */
 		enum llm_op op = i == 0 ? LLM_OP_EMBED : i == 1 || i == 10 ? LLM_OP_RMSNORM : LLM_OP_MATMUL;
 		if (!be->ops->supports(op, ws[i]->dtype, LLM_DTYPE_F32))
 			return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: op %s on tensor '%s' (%s)",
@@ -322,7 +423,17 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 	s->hb2 = p; p += t * (size_t)c->d_ff;
 	s->xl = p;
 	s->rows = malloc((size_t)max_logits * sizeof(int32_t));
-	if (!s->rows) {
+	int dist_fail = 0;
+	if (m->dist) {
+		int64_t most = 0;
+		for (int r = 0; r < m->dist->grid.n_tp; r++)
+			if (m->dist->v0[r + 1] - m->dist->v0[r] > most)
+				most = m->dist->v0[r + 1] - m->dist->v0[r];
+		s->tok_loc = malloc((size_t)max_tok * sizeof(int32_t));
+		s->lbuf = malloc((size_t)max_logits * (size_t)most * sizeof(float));
+		dist_fail = !s->tok_loc || !s->lbuf;
+	}
+	if (!s->rows || dist_fail) {
 		llm_scratch_free(s);
 		return llm_fail(LLM_ERR_NOMEM, "scratch: out of memory");
 	}
@@ -334,10 +445,103 @@ void llm_scratch_free(struct llm_scratch *s)
 	if (s->be && s->x)
 		s->be->ops->release(s->be, s->x);
 	free(s->rows);
+	free(s->tok_loc);
+	free(s->lbuf);
 	memset(s, 0, sizeof *s);
 }
 
 /* ---- forward ----------------------------------------------------------- */
+
+/* Distributed pieces (partition.h, "Forward on rank (p, t)"). Buffers are
+ * host memory: distributed runs use the CPU backend. */
+
+/* All-reduce(sum) of BUF (n) f32 over the TP group of this stage. */
+static enum llm_status tp_sum(struct llm_model_dist *d, float *buf, size_t n)
+{
+	if (d->grid.n_tp == 1)
+		return LLM_OK;
+	d->stats.tp_allreduce += n * sizeof(float);
+	return llm_comm_allreduce_sum_f32(d->grid.tp, buf, n);
+}
+
+/* Stage 0 with T > 1: rows of tokens in this rank's vocabulary slice, zero
+ * rows elsewhere, summed over the TP group (exact: one non-zero addend). */
+static enum llm_status embed_dist(struct llm_model *m, struct llm_backend *be, struct llm_scratch *s,
+                                  const struct llm_batch *b)
+{
+	struct llm_model_dist *d = m->dist;
+	int64_t n = b->n_tok, dm = m->cfg.d_model;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t id = (int64_t)b->token[i] - m->vocab_begin;
+		s->tok_loc[i] = id >= 0 && id < m->n_vocab_loc ? (int32_t)id : 0;
+	}
+	LLM_TRY(be->ops->embed(be, llm_view_f32(s->x, n, dm), s->tok_loc, &m->embed));
+	for (int64_t i = 0; i < n; i++) {
+		int64_t id = (int64_t)b->token[i] - m->vocab_begin;
+		if (id < 0 || id >= m->n_vocab_loc)
+			memset(s->x + i * dm, 0, (size_t)dm * sizeof(float));
+	}
+	return tp_sum(d, s->x, (size_t)(n * dm));
+}
+
+/* Stage boundary: x (n, d_model) is the one tensor that crosses (the
+ * residual stream already holds the layer output: residual and hidden
+ * state fused). TP rank t sends elements [t*N/T, (t+1)*N/T) of the flat x
+ * (N = n * d_model) to its peer in the next stage, which all-gathers the T
+ * pieces inside its stage. */
+static enum llm_status stage_send(struct llm_model_dist *d, const float *x, int64_t n_el)
+{
+	int64_t a, len;
+	llm_part_range(n_el, d->grid.n_tp, d->grid.tp_rank, &a, &len);
+	d->stats.boundary_sent += (uint64_t)len * sizeof(float);
+	d->stats.boundary_unfused += 2 * (uint64_t)len * sizeof(float);
+	d->stats.boundary_whole += (uint64_t)n_el * sizeof(float);
+	return llm_comm_send(d->grid.pp, x + a, (size_t)len * sizeof(float), d->grid.next, 1);
+}
+
+static enum llm_status stage_recv(struct llm_model_dist *d, float *x, int64_t n_el)
+{
+	int T = d->grid.n_tp;
+	int64_t a, len;
+	llm_part_range(n_el, T, d->grid.tp_rank, &a, &len);
+	LLM_TRY(llm_comm_recv(d->grid.pp, x + a, (size_t)len * sizeof(float), d->grid.prev, 1));
+	d->stats.boundary_recvd += (uint64_t)len * sizeof(float);
+	if (T == 1)
+		return LLM_OK;
+	for (int r = 0; r < T; r++) {
+		int64_t ra, rl;
+		llm_part_range(n_el, T, r, &ra, &rl);
+		d->counts[r] = (size_t)rl * sizeof(float);
+	}
+	d->stats.tp_allgather += (uint64_t)len * sizeof(float);
+	return llm_comm_allgatherv(d->grid.tp, x + a, x, d->counts);   /* in place */
+}
+
+/* Last stage: the logits slices (n_out, V_t) of the TP ranks go to world
+ * rank 0, which puts them in vocabulary order into LOGITS (n_out, n_vocab). */
+static enum llm_status logits_to_root(struct llm_model *m, struct llm_scratch *s, float *logits, int n_out)
+{
+	struct llm_model_dist *d = m->dist;
+	struct llm_comm *w = d->grid.world;
+	int T = d->grid.n_tp, last0 = (d->grid.n_pp - 1) * T;   /* world rank of (P-1, 0) */
+	size_t nv = (size_t)m->cfg.n_vocab;
+	if (w->rank != 0) {
+		if (!d->last)
+			return LLM_OK;
+		size_t bytes = (size_t)n_out * (size_t)m->n_vocab_loc * sizeof(float);
+		d->stats.logits_sent += bytes;
+		return llm_comm_send(w, s->lbuf, bytes, 0, 2);
+	}
+	for (int t = 0; t < T; t++) {
+		int64_t v0 = d->v0[t], vl = d->v0[t + 1] - v0;
+		if (last0 + t != 0)
+			LLM_TRY(llm_comm_recv(w, s->lbuf, (size_t)n_out * (size_t)vl * sizeof(float), last0 + t, 2));
+		for (int i = 0; i < n_out; i++)
+			memcpy(logits + (size_t)i * nv + (size_t)v0, s->lbuf + (size_t)i * (size_t)vl,
+			       (size_t)vl * sizeof(float));
+	}
+	return LLM_OK;
+}
 
 static enum llm_status forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
                                struct llm_scratch *s, const struct llm_batch *b,
@@ -345,39 +549,59 @@ static enum llm_status forward(struct llm_model *m, struct llm_backend *be, stru
 {
 	const struct llm_config *c = &m->cfg;
 	const struct llm_backend_ops *op = be->ops;
-	int64_t n = b->n_tok, dq = (int64_t)c->n_head * c->d_head;
-	int64_t dkv = (int64_t)c->n_kv_head * c->d_head;
+	struct llm_model_dist *d = m->dist;
+	/* this rank's share; the whole model in a single process */
+	int64_t n = b->n_tok, dq = (int64_t)m->n_head_loc * c->d_head;
+	int64_t dkv = (int64_t)m->n_kv_head_loc * c->d_head, ff = m->d_ff_loc;
+	size_t n_el = (size_t)(n * c->d_model);
 	struct llm_view x = llm_view_f32(s->x, n, c->d_model), xb = llm_view_f32(s->xb, n, c->d_model);
 	struct llm_view q = llm_view_f32(s->q, n, dq), k = llm_view_f32(s->k, n, dkv);
 	struct llm_view v = llm_view_f32(s->v, n, dkv), att = llm_view_f32(s->att, n, dq);
-	struct llm_view hb = llm_view_f32(s->hb, n, c->d_ff), hb2 = llm_view_f32(s->hb2, n, c->d_ff);
-	LLM_TRY(op->embed(be, x, b->token, &m->embed));
-	for (int l = 0; l < c->n_layer; l++) {
+	struct llm_view hb = llm_view_f32(s->hb, n, ff), hb2 = llm_view_f32(s->hb2, n, ff);
+	if (d) {
+		d->stats.steps++;
+		d->stats.tokens += (uint64_t)n;
+	}
+	if (!d || (d->first && d->grid.n_tp == 1))
+		LLM_TRY(op->embed(be, x, b->token, &m->embed));
+	else if (d->first)
+		LLM_TRY(embed_dist(m, be, s, b));
+	else
+		LLM_TRY(stage_recv(d, s->x, (int64_t)n_el));
+	for (int l = m->layer_begin; l < m->layer_end; l++) {
 		const struct llm_layer *L = &m->layers[l];
+		int kl = l - m->layer_begin;            /* the cache holds this rank's layers */
 		LLM_TRY(op->rmsnorm(be, xb, x, &L->attn_norm, c->rms_eps));
 		LLM_TRY(op->matmul(be, q, xb, &L->wq));
 		LLM_TRY(op->matmul(be, k, xb, &L->wk));
 		LLM_TRY(op->matmul(be, v, xb, &L->wv));
-		LLM_TRY(op->rope(be, q, b->pos, c->n_head, c->d_head, m->inv_freq));
-		LLM_TRY(op->rope(be, k, b->pos, c->n_kv_head, c->d_head, m->inv_freq));
-		LLM_TRY(op->kv_store(be, kv, l, b, k, v));
-		LLM_TRY(op->attention(be, att, q, kv, l, b, c->n_head));
+		LLM_TRY(op->rope(be, q, b->pos, m->n_head_loc, c->d_head, m->inv_freq));
+		LLM_TRY(op->rope(be, k, b->pos, m->n_kv_head_loc, c->d_head, m->inv_freq));
+		LLM_TRY(op->kv_store(be, kv, kl, b, k, v));
+		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
 		LLM_TRY(op->matmul(be, xb, att, &L->wo));
+		if (d)                                  /* row-parallel: partial sums */
+			LLM_TRY(tp_sum(d, s->xb, n_el));
 		LLM_TRY(op->add(be, x, xb));
 		LLM_TRY(op->rmsnorm(be, xb, x, &L->ffn_norm, c->rms_eps));
 		LLM_TRY(op->matmul(be, hb, xb, &L->w_gate));
 		LLM_TRY(op->matmul(be, hb2, xb, &L->w_up));
 		LLM_TRY(op->swiglu(be, hb, hb, hb2));
 		LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
+		if (d)
+			LLM_TRY(tp_sum(d, s->xb, n_el));
 		LLM_TRY(op->add(be, x, xb));
 	}
+	if (d && !d->last)
+		return stage_send(d, s->x, (int64_t)n_el);
 	if (n_out == 0)
 		return LLM_OK;
 	/* only the rows that want logits go through the final norm and lm_head */
 	struct llm_view xl = llm_view_f32(s->xl, n_out, c->d_model);
+	float *out = d ? s->lbuf : logits;
 	LLM_TRY(op->gather(be, xl, x, s->rows));
 	LLM_TRY(op->rmsnorm(be, xl, xl, &m->norm, c->rms_eps));
-	LLM_TRY(op->matmul(be, llm_view_f32(logits, n_out, c->n_vocab), xl, &m->lm_head));
+	LLM_TRY(op->matmul(be, llm_view_f32(out, n_out, m->n_vocab_loc), xl, &m->lm_head));
 	if (op->sync)
 		LLM_TRY(op->sync(be));
 	return LLM_OK;
@@ -409,10 +633,12 @@ enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, s
 	}
 	if (no && !logits)
 		return llm_fail(LLM_ERR_USAGE, "forward: logits requested without an output buffer");
-	if (kv->n_layer != c->n_layer || kv->kv_dim != c->n_kv_head * c->d_head)
+	if (kv->n_layer != m->layer_end - m->layer_begin || kv->kv_dim != m->n_kv_head_loc * c->d_head)
 		return llm_fail(LLM_ERR_USAGE, "forward: kv cache geometry does not match the model");
 	LLM_TRY(llm_kv_prepare(kv, b));
 	enum llm_status st = forward(m, be, kv, s, b, logits, no);
+	if (!st && m->dist && no)
+		st = logits_to_root(m, s, logits, no);
 	if (st) {
 		llm_kv_unprepare(kv, b);
 		return st;

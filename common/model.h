@@ -16,6 +16,7 @@
 #include "ckpt.h"
 #include "backend.h"
 #include "kvcache.h"
+#include "comm.h"
 
 #define LLM_MAX_EOS 8
 
@@ -40,20 +41,64 @@ struct llm_layer {
 	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
 };
 
+/* What crossed the links of a distributed forward pass, on one rank
+ * (bytes; "per token" is over stats.tokens). The counterfactuals are what
+ * the same steps would have sent with the residual and the hidden state
+ * sent apart (unfused, 2x), and with every TP rank sending all of x to its
+ * peer instead of its 1/T slice (whole, T x). */
+struct llm_dist_stats {
+	uint64_t steps, tokens;     /* forward steps and tokens run */
+	uint64_t boundary_sent;     /* to the next stage (this rank's slice of x) */
+	uint64_t boundary_recvd;    /* from the previous stage */
+	uint64_t boundary_unfused;  /* counterfactual: residual + hidden state, sliced */
+	uint64_t boundary_whole;    /* counterfactual: fused, not sliced (all of x) */
+	uint64_t tp_allreduce;      /* handed to TP all-reduces (embedding, o_proj, down_proj) */
+	uint64_t tp_allgather;      /* handed to the in-stage all-gather of x */
+	uint64_t logits_sent;       /* vocabulary slices of logits sent to rank 0 */
+};
+
+/* A rank's share of a distributed model (partition.h, "The split"). */
+struct llm_model_dist {
+	struct llm_grid grid;       /* world, tp and pp communicators */
+	int first, last;            /* this rank is on the first / last stage */
+	int64_t *v0;                /* (tp + 1) vocabulary slice bounds of the TP ranks */
+	size_t *counts;             /* (tp) all-gather byte counts of the stage boundary */
+	struct llm_dist_stats stats;
+};
+
 struct llm_model {
 	struct llm_config cfg;
 	struct llm_ckpt ck;         /* the mapping the weights point into */
-	struct llm_weight embed, norm, lm_head;
-	struct llm_layer *layers;   /* (n_layer) */
+	struct llm_weight embed, norm, lm_head;   /* distributed: embed on the first stage,
+	                                             norm and lm_head on the last, else unset */
+	struct llm_layer *layers;   /* (n_layer) indexed by global layer; distributed:
+	                               only [layer_begin, layer_end) are set */
 	float *inv_freq;            /* (d_head / 2) RoPE frequencies, scaling applied */
 	enum llm_dtype wdtype;      /* dtype of the decoder linear weights */
-	size_t weight_bytes;        /* bytes of all weights and scales */
+	size_t weight_bytes;        /* bytes of all weights and scales (this rank's) */
+	/* This process's share of the model: the whole model in a single
+	 * process; a distributed rank's layers, heads, FFN columns and vocabulary
+	 * slice (partition.h). The KV cache holds these layers and kv heads. */
+	int layer_begin, layer_end;
+	int n_head_loc, n_kv_head_loc, d_ff_loc;
+	int64_t vocab_begin, n_vocab_loc;
+	struct llm_model_dist *dist;   /* NULL: a single process */
 };
 
 /* Open the checkpoint at PATH (directory, .safetensors or "-"), parse its
  * config.json and resolve every weight, checking shapes. */
 enum llm_status llm_model_open(struct llm_model *m, const char *path);
 void llm_model_close(struct llm_model *m);
+
+/* Open rank WORLD->rank's file of the partitioned checkpoint DIR for a
+ * distributed forward pass over WORLD (collective: builds the tp x pp grid
+ * first, so a rank that then fails on its own file leaves no other rank
+ * inside a collective). LLM_ERR_USAGE naming both counts when the checkpoint
+ * was partitioned for another number of ranks. llm_model_forward then runs this rank's share and
+ * exchanges activations (partition.h); logits land on world rank 0 only. */
+enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct llm_comm *world);
+/* Whether PATH is a partitioned checkpoint (a directory with partition.json). */
+int llm_model_is_partitioned(const char *path);
 
 /* Activation buffers for batches of up to max_tok tokens, of which up to
  * max_logits ask for logits; allocated once through the backend. */
@@ -63,6 +108,9 @@ struct llm_scratch {
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;   /* (max_tok, ...) */
 	float *xl;                  /* (max_logits, d_model) */
 	int32_t *rows;              /* (max_logits) batch rows that want logits */
+	/* distributed only (host memory: distributed runs use the CPU backend) */
+	int32_t *tok_loc;           /* (max_tok) token ids within this rank's vocabulary slice */
+	float *lbuf;                /* (max_logits, largest vocabulary slice) logits slices */
 };
 enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
                                  struct llm_backend *be, int max_tok, int max_logits);
@@ -72,7 +120,9 @@ size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits
 /* One forward step over batch B (see kvcache.h for its rules): writes K/V of
  * every token into KV and, for each token whose logits flag is set (in batch
  * order), one row of LOGITS (n_out, n_vocab) f32; *N_OUT (may be NULL) gets
- * the row count. Checks first, computes nothing on error: an unknown token
+ * the row count. Distributed (m->dist): collective over the world, every
+ * rank calls it with the same batch; only world rank 0 receives LOGITS (the
+ * other ranks' buffers are left as they were, *N_OUT is set everywhere). Checks first, computes nothing on error: an unknown token
  * id or a position past the context is LLM_ERR_RANGE, a bad sequence or
  * position order LLM_ERR_USAGE, more logit rows than the scratch holds
  * LLM_ERR_USAGE, a full cache LLM_ERR_NOMEM. */

@@ -4,7 +4,13 @@
  * libllm (generate.c: the engine with continuous batching; tokenizer.c,
  * jinja.c); main parses flags, picks one mode from the table below, turns
  * the input into requests and their events into output, and maps status to
- * the exit code (0 ok, 1 runtime error, 2 usage error). */
+ * the exit code (0 ok, 1 runtime error, 2 usage error).
+ *
+ * Distributed (mpirun -np T*P over a checkpoint partitioned by
+ * llm-repartition): every rank runs the same mode on the same input; rank 0
+ * reads standard input and broadcasts it, only rank 0 writes standard
+ * output; an error on any rank ends the whole job with a message naming
+ * the rank (generate.h: the engine's collective calls). */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <stdio.h>
@@ -125,6 +131,107 @@ static enum llm_status write_out(const char *s, size_t n)
 	if (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0)
 		return llm_fail(LLM_ERR_IO, "stdout: write failed");
 	return LLM_OK;
+}
+
+/* ---- distributed runs ---------------------------------------------------- */
+
+static struct llm_comm *world;    /* llm_comm_init: one rank unless under mpirun */
+
+static int dist(void) { return world && world->size > 1; }
+static int root(void) { return !world || world->rank == 0; }
+
+/* End the job with the last message: naming the rank when distributed. */
+static _Noreturn void die_msg(void)
+{
+	if (dist())
+		llm_comm_die("%s", llm_errmsg());
+	llm_die("%s", llm_errmsg());
+}
+
+/* Every rank reached this point with status S: when any failed, the lowest
+ * failing rank ends the job with its message (so an input error that every
+ * rank sees is reported once, by rank 0) and the others wait to be ended. */
+static void agree(enum llm_status s)
+{
+	if (!dist()) {
+		if (s)
+			die_msg();
+		return;
+	}
+	float *f = calloc((size_t)world->size, sizeof *f);
+	if (!f)
+		llm_comm_die("out of memory");
+	f[world->rank] = s ? 1.0f : 0.0f;
+	if (llm_comm_allreduce_sum_f32(world, f, (size_t)world->size))
+		die_msg();
+	int first = -1;
+	for (int r = world->size - 1; r >= 0; r--)
+		if (f[r] > 0)
+			first = r;
+	free(f);
+	if (first < 0)
+		return;
+	if (first == world->rank)
+		die_msg();
+	llm_comm_barrier(world);   /* never completes: rank FIRST ends the job */
+	exit(1);
+}
+
+/* Standard input: read by rank 0 and broadcast to every rank. */
+static enum llm_status read_stdin(char **buf, size_t *len)
+{
+	if (!dist())
+		return llm_read_file("-", buf, len);
+	uint64_t n = 0;
+	*buf = NULL;
+	if (root()) {
+		if (llm_read_file("-", buf, len))
+			die_msg();         /* the others are waiting in the broadcast */
+		n = *len;
+	}
+	LLM_TRY(llm_comm_bcast(world, &n, sizeof n, 0));
+	if (!root() && !(*buf = malloc(n + 1)))
+		llm_comm_die("stdin: out of memory for %llu bytes", (unsigned long long)n);
+	LLM_TRY(llm_comm_bcast(world, *buf, n, 0));
+	(*buf)[n] = 0;
+	*len = n;
+	return LLM_OK;
+}
+
+/* -v: each rank's traffic (model.h), gathered to rank 0 and printed there. */
+static void report_traffic(struct llm_engine *e)
+{
+	if (!dist() || llm_log_level < 2)
+		return;
+	const struct llm_model *m = llm_engine_model(e);
+	const struct llm_model_dist *d = m->dist;
+	struct llm_dist_stats *all = calloc((size_t)world->size, sizeof *all);
+	if (!all || llm_comm_allgather(world, &d->stats, sizeof d->stats, all))
+		die_msg();
+	int T = d->grid.n_tp, P = d->grid.n_pp;
+	for (int r = 0; root() && r < world->size; r++) {
+		const struct llm_dist_stats *st = &all[r];
+		double tok = st->tokens ? (double)st->tokens : 1;
+		fprintf(stderr, "%s: rank %d (stage %d, tp %d): %llu steps, %llu tokens; per token: stage boundary "
+		        "sent %.0f B (unfused %.0f, unsliced %.0f), received %.0f B; tp all-reduce %.0f B, "
+		        "all-gather %.0f B; logits to rank 0 %.0f B\n", llm_progname(), r, r / T, r % T,
+		        (unsigned long long)st->steps, (unsigned long long)st->tokens, st->boundary_sent / tok,
+		        st->boundary_unfused / tok, st->boundary_whole / tok, st->boundary_recvd / tok,
+		        st->tp_allreduce / tok, st->tp_allgather / tok, st->logits_sent / tok);
+	}
+	if (root() && P > 1) {
+		/* one boundary: stage 0 -> 1, summed over its T ranks */
+		double sent = 0, unf = 0, whole = 0, tok = all[0].tokens ? (double)all[0].tokens : 1;
+		for (int t = 0; t < T; t++) {
+			sent += (double)all[t].boundary_sent;
+			unf += (double)all[t].boundary_unfused;
+			whole += (double)all[t].boundary_whole;
+		}
+		fprintf(stderr, "%s: stage boundary 0->1 per token, all %d TP ranks: %.0f B sent (fused, 1/T each); "
+		        "%.0f B unfused (%.1fx); %.0f B unsliced (%.1fx)\n", llm_progname(), T, sent / tok, unf / tok,
+		        sent > 0 ? unf / sent : 0.0, whole / tok, sent > 0 ? whole / sent : 0.0);
+	}
+	free(all);
 }
 
 /* ---- modes: each reads stdin and writes stdout */
@@ -272,7 +379,8 @@ static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *
 	}
 	double t0 = llm_now();
 	LLM_TRY(llm_engine_open(e, cfg.model, &o));
-	LLM_DEBUG("%s: model loaded in %.0f ms\n", llm_progname(), (llm_now() - t0) * 1e3);
+	if (root())
+		LLM_DEBUG("%s: model loaded in %.0f ms\n", llm_progname(), (llm_now() - t0) * 1e3);
 	return LLM_OK;
 }
 
@@ -607,7 +715,7 @@ static enum llm_status read_jobs(struct llm_tokenizer *tk, struct job **jobs, si
 		*n_jobs = 1;
 		return LLM_OK;
 	}
-	LLM_TRY(llm_read_file("-", &buf, &len));
+	LLM_TRY(read_stdin(&buf, &len));
 	size_t cap = 16;
 	struct job *js = calloc(cap, sizeof *js);
 	int line = 0;
@@ -665,11 +773,12 @@ static enum llm_status read_jobs(struct llm_tokenizer *tk, struct job **jobs, si
 
 static enum llm_status run_generate(struct llm_tokenizer *tk)
 {
-	struct job *jobs;
-	size_t n;
-	LLM_TRY(read_jobs(tk, &jobs, &n));
+	struct job *jobs = NULL;
+	size_t n = 0;
+	agree(read_jobs(tk, &jobs, &n));
 	struct llm_engine *e = NULL;
-	enum llm_status s = engine_open(&e, tk, (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n));
+	agree(engine_open(&e, tk, (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n)));
+	enum llm_status s = LLM_OK;
 	int single = !cfg.prompt && !cfg.prompt_file ? 0 : 1;
 	for (size_t i = 0; !s && i < n; i++) {
 		struct llm_request r = { jobs[i].prompt, (int)jobs[i].n_prompt, jobs[i].p, on_token, &jobs[i] };
@@ -680,9 +789,10 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 		if (s && !single)
 			llm_fail_prefix(s, "prompt %zu", i + 1);
 	}
-	if (!s)
-		s = llm_engine_run(e);
-	for (size_t i = 0; !s && i < n; i++) {
+	agree(s);
+	if (llm_engine_run(e))
+		die_msg();             /* mid-step: the other ranks cannot agree any more */
+	for (size_t i = 0; root() && i < n; i++) {
 		if (cfg.json)
 			print_json(&jobs[i], (int)i);
 		else if (!single)
@@ -691,13 +801,14 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 			putchar('\n');
 	}
 	fflush(stdout);
-	for (size_t i = 0; !s && i < n && llm_log_level >= 2; i++) {
+	for (size_t i = 0; root() && i < n && llm_log_level >= 2; i++) {
 		const struct job *j = &jobs[i];
 		double ttft = j->t_first - j->t_submit, gen = j->t_end - j->t_first;
 		fprintf(stderr, "%s: prompt %zu: %zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; first token %.1f ms; %s\n",
 		        llm_progname(), i + 1, j->n_prompt, ttft > 0 ? j->n_prompt / ttft : 0.0, j->n,
 		        gen > 0 && j->n > 1 ? (j->n - 1) / gen : 0.0, ttft * 1e3, llm_finish_name(j->finish));
 	}
+	report_traffic(e);
 	for (size_t i = 0; i < n; i++)
 		job_free(&jobs[i]);
 	free(jobs);
@@ -712,9 +823,10 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 {
 	char *buf;
 	size_t len;
-	LLM_TRY(llm_read_file("-", &buf, &len));
+	LLM_TRY(read_stdin(&buf, &len));
 	struct llm_engine *e = NULL;
 	enum llm_status s = engine_open(&e, tk, 2);
+	agree(s);
 	int line = 0;
 	for (char *p = buf, *nl; !s && p < buf + len; p = nl + 1) {
 		nl = memchr(p, '\n', (size_t)(buf + len - p));
@@ -730,7 +842,7 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 			s = llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"context\" (a string) and \"continuations\" (a non-empty array of strings)%s%s",
 			             line, o ? "" : ": ", o ? "" : je.text);
 			json_decref(o);
-			break;
+			agree(s);
 		}
 		size_t nc = json_array_size(conts), n_ctx;
 		int32_t *cids = NULL, **cont = calloc(nc, sizeof *cont);
@@ -759,11 +871,14 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 			}
 			free(wids);
 		}
-		if (!s)
-			s = llm_score(e, cids, (int)n_ctx, (const int32_t *const *)cont, ncont, (int)nc, lp, greedy);
 		if (s)
 			llm_fail_prefix(s, "stdin: line %d", line);
-		if (!s) {
+		agree(s);
+		if (llm_score(e, cids, (int)n_ctx, (const int32_t *const *)cont, ncont, (int)nc, lp, greedy)) {
+			llm_fail_prefix(LLM_ERR_INTERNAL, "stdin: line %d", line);
+			die_msg();
+		}
+		if (root()) {
 			json_t *r = json_object(), *a = json_array(), *an = json_array(), *g = json_array(), *nt = json_array();
 			for (size_t i = 0; i < nc; i++) {
 				size_t chars = json_string_length(json_array_get(conts, i));
@@ -810,7 +925,7 @@ static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 	if (s)
 		return llm_fail_prefix(s, "%s", cfg.perplexity);
 	struct llm_engine *e = NULL;
-	s = engine_open(&e, tk, 1);
+	agree(engine_open(&e, tk, 1));
 	int32_t bos = llm_tokenizer_bos(tk);
 	int window = cfg.n_ctx ? (int)cfg.n_ctx : (e ? llm_engine_n_ctx(e) : 0);
 	int chunk = bos >= 0 ? window - 1 : window;
@@ -818,9 +933,10 @@ static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 	int64_t count = 0;
 	if (!s && chunk < 1)
 		s = llm_fail(LLM_ERR_USAGE, "--ctx-size %d leaves no room for a token", window);
-	if (!s)
-		s = llm_perplexity(e, ids, (int64_t)n, chunk, bos, &nll, &count, NULL);
-	if (!s) {
+	agree(s);
+	if (llm_perplexity(e, ids, (int64_t)n, chunk, bos, &nll, &count, NULL))
+		die_msg();
+	if (root()) {
 		double ppl = count ? exp(nll / (double)count) : NAN;
 		if (cfg.json)
 			printf("{\"file\":\"%s\",\"tokens\":%lld,\"window\":%d,\"nll\":%.6f,\"ppl\":%.6f}\n", cfg.perplexity,
@@ -882,6 +998,13 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--skip-special goes with --detokenize");
 	if (cfg.chat_template && mode->run != run_apply_template && mode != &generate)
 		return llm_args_usage_error(&cli, "--chat-template goes with --apply-template or generation");
+	if (llm_comm_init(&world, &argc, &argv))
+		llm_die("%s", llm_errmsg());
+	int tok_mode = mode->run == run_tokenize || mode->run == run_detokenize || mode->run == run_apply_template;
+	if (tok_mode && !root()) {      /* the tokenizer modes run on rank 0 alone */
+		llm_comm_finalize(world);
+		return 0;
+	}
 	struct llm_tokenizer *tk = NULL;
 	if (open_tokenizer(cfg.model, &tk)) {
 		/* generation from prompt_ids needs no tokenizer: a checkpoint
@@ -890,13 +1013,15 @@ int main(int argc, char **argv)
 		int absent = tj && !llm_exists(tj) && llm_is_dir(cfg.model);
 		free(tj);
 		if (mode != &generate || !absent || cfg.prompt || cfg.prompt_file)
-			llm_die("%s", llm_errmsg());
+			die_msg();
 		tk = NULL;
 	}
 	enum llm_status s = mode->run(tk);
 	if (tk)
 		llm_tokenizer_close(tk);
 	if (s)
+		die_msg();
+	if (llm_comm_finalize(world))
 		llm_die("%s", llm_errmsg());
 	return 0;
 }

@@ -50,14 +50,16 @@
  *             (silu(xb.Wg^T) * xb.Wu^T) . Wd_slice^T, all-reduce, x += .
  *   stage boundary: x is the one tensor sent (the residual stream already
  *             holds the layer output: "residual and hidden state fused").
- *             With T > 1, rank t sends only columns [t*d_model/T, ...) of x
- *             (needs T | d_model) to rank (p+1)*T + t, which all-gathers the
- *             T column blocks inside its stage: T times fewer bytes on the
+ *             With T > 1, rank t sends only elements [t*N/T, (t+1)*N/T) of
+ *             the flat x (N = n_tok * d_model; any T) to rank (p+1)*T + t,
+ *             which all-gathers the T pieces inside its stage (model.c
+ *             stage_send/stage_recv): T times fewer bytes on the
  *             link between stages.
  *   last stage: xn = rmsnorm(x); logits slice = xn . LM_slice^T (n_tok,
- *             V_t); all-gather-v over TP gives the logits in vocab order,
- *             or greedy argmax by llm_comm_argmax (ties: lowest id, as the
- *             single-process argmax).
+ *             V_t); the T slices go to world rank 0, which puts them in
+ *             vocabulary order and samples (a distributed greedy argmax by
+ *             llm_comm_argmax would give the same ids: ties to the lowest id,
+ *             as the single-process argmax).
  *   The sums of the all-reduce are in another order than the single-process
  *   dot products, so logits agree within f32 rounding, not bit for bit.
  */

@@ -1,0 +1,136 @@
+# tests/cli/mpi_generate.sh: the distributed forward pass (partition.h,
+# generate.h) through llm-generate under mpirun: tp2, pp2 and tp2 x pp2 on
+# stories260K (F32), tp3, pp2 and tp3 x pp2 on a random SmolLM2-135M-shape
+# checkpoint (BF16; 9 heads, 3 kv heads: --tp 3); greedy ids equal the
+# single-process run and log-probs agree within LP_TOL; only rank 0 writes
+# stdout; -v counts the stage-boundary bytes (fused: half the unfused,
+# sliced: 1/T of the unsliced); --perplexity and --score agree; a broken
+# rank file, a wrong -np and an unpartitioned checkpoint end the job with a
+# message naming the rank, never a hang.
+# Ranks are oversubscribed (CI has 2 cores), one thread each.
+. tests/lib/tap.sh
+T=$TMPD
+if ! command -v mpirun >/dev/null 2>&1; then
+	skip "llm-generate under mpirun" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+	tap_done
+fi
+if ! have_stories; then
+	skip "llm-generate under mpirun" "no stories260K in \$LLM_TEST_MODELS"
+	tap_done
+fi
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+# LeakSanitizer would report OpenMPI's own allocations (as in mpi.sh)
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+# f32 activations in every matmul (the avx512bf16 level rounds them to BF16
+# for BF16 weights, which moves log-probs by ~1e-2 when the all-reduce sums
+# in another order); ids are compared exactly either way
+if grep -q avx2 /proc/cpuinfo 2>/dev/null; then export LLM_CPU_ISA=avx2; else export LLM_CPU_ISA=scalar; fi
+LP_TOL=1e-4      # |log-prob difference|: f32 rounding of reordered sums
+mpigen() { local n=$1; shift; timeout 120 $MPIRUN -np "$n" -x LLM_CPU_ISA llm-generate -t 1 "$@"; }
+
+# same REF OUT: ids identical, log-probs (chosen and top) within LP_TOL
+same() {
+	python3 - "$1" "$2" "$LP_TOL" <<'EOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+assert len(a) == len(b) and a, (len(a), len(b))
+worst = 0.0
+for x, y in zip(a, b):
+    assert x['ids'] == y['ids'], (x['ids'], y['ids'])
+    for p, q in zip(x['logprobs'], y['logprobs']):
+        worst = max(worst, abs(p - q))
+    for tp, tq in zip(x['top_logprobs'], y['top_logprobs']):
+        assert [e['id'] for e in tp] == [e['id'] for e in tq]
+        for p, q in zip(tp, tq):
+            worst = max(worst, abs(p['logprob'] - q['logprob']))
+assert worst <= tol, worst
+print('%d prompts, %d tokens, max |dlogprob| %.2g' % (len(a), sum(len(x['ids']) for x in a), worst))
+EOF
+}
+
+# run_cmp DESC NP MODEL REF: generate PROMPTS distributed, compare with REF
+run_cmp() {
+	local d=$1 n=$2 m=$3 ref=$4 how
+	mpigen "$n" -m "$m" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/out.json" 2>"$T/err"; local rc=$?
+	if [ $rc = 0 ] && how=$(same "$ref" "$T/out.json" 2>&1); then ok "$d: greedy ids equal the single process ($how)"
+	else notok "$d: exit $rc: $how"; sed 's/^/#   /' "$T/err" | head -5; fi
+}
+
+S=$(stories)
+printf '%s\n' '{"prompt":"Once upon a time","max_tokens":16}' '{"prompt":"The cat sat","max_tokens":16}' \
+	'{"prompt":"Lily and Tom went to the park","max_tokens":16}' >"$T/prompts"
+llm-generate -t 1 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref.json"
+mpigen 2 -m "$S" -p x -n 1 >/dev/null 2>"$T/err"
+if grep -q "built without MPI" "$T/err"; then
+	skip "llm-generate under mpirun" "this build has no MPI (no mpicc when it was built)"
+	tap_done
+fi
+for g in "2 1" "1 2" "2 2"; do
+	set -- $g
+	llm-repartition -q "$S" "$T/s$1$2" --tp "$1" --pp "$2"
+	run_cmp "stories260K F32 tp$1 x pp$2 (mpirun -np $(($1 * $2)))" $(($1 * $2)) "$T/s$1$2" "$T/ref.json"
+done
+check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.json")" = 3 ]
+
+# -p streams the same text
+llm-generate -t 1 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"
+mpigen 4 -m "$T/s22" -p "Once upon a time" -n 24 --temp 0 >"$T/p4.txt" 2>"$T/err"
+check "-p under mpirun -np 4 streams the single-process text byte for byte" cmp -s "$T/p1.txt" "$T/p4.txt"
+
+# the stage-boundary bytes of -v: fused (half of residual + hidden state
+# sent apart) and sliced (1/T of every TP rank sending all of x)
+mpigen 4 -m "$T/s22" --json --temp 0 -v <"$T/prompts" >/dev/null 2>"$T/v.err"
+line=$(grep "stage boundary 0->1 per token" "$T/v.err")
+if echo "$line" | grep -q "256 B sent.* 512 B unfused (2.0x); 512 B unsliced (2.0x)"; then ok "-v: the boundary carries 256 B/token (d_model 64 f32), 2x less than unfused, 2x (T) less than unsliced"
+else notok "-v boundary line: '$line'"; sed 's/^/#   /' "$T/v.err" | head -8; fi
+check "-v: every rank's traffic is reported by rank 0" [ "$(grep -c '^llm-generate: rank [0-3] (stage' "$T/v.err")" = 4 ]
+
+# perplexity and scoring: the same numbers
+head -c 2000 "$S/stories260K.md" >"$T/text.txt" 2>/dev/null || printf 'Once upon a time there was a little girl named Lily. She liked to play in the park with her friends.\n' >"$T/text.txt"
+llm-generate -t 1 -m "$S" --perplexity "$T/text.txt" -c 64 --json >"$T/ppl1" 2>&1
+mpigen 4 -m "$T/s22" --perplexity "$T/text.txt" -c 64 --json >"$T/ppl4" 2>"$T/err"
+check "--perplexity under mpirun -np 4: the same nll within 1e-3" python3 -c "
+import json
+a, b = json.load(open('$T/ppl1')), json.load(open('$T/ppl4'))
+assert a['tokens'] == b['tokens'] and abs(a['nll'] - b['nll']) <= 1e-3 * max(1, abs(a['nll'])), (a, b)"
+echo '{"context":"Once upon a time","continuations":[" there was"," the cat"]}' >"$T/score"
+llm-generate -t 1 -m "$S" --score <"$T/score" >"$T/sc1"
+mpigen 2 -m "$T/s12" --score <"$T/score" >"$T/sc2" 2>"$T/err"
+check "--score under mpirun -np 2 (pp2): the same log-likelihoods within 1e-4" python3 -c "
+import json
+a, b = json.load(open('$T/sc1')), json.load(open('$T/sc2'))
+assert a['greedy'] == b['greedy'] and all(abs(x - y) <= 1e-4 for x, y in zip(a['logprobs'], b['logprobs'])), (a, b)"
+
+# failures: the job ends, naming the rank, within the timeout
+fails() {
+	local d=$1 pat=$2; shift 2
+	local start=$SECONDS
+	"$@" </dev/null >/dev/null 2>"$T/f.err"; local rc=$?
+	if [ $rc != 0 ] && [ $rc != 124 ] && grep -qE -- "$pat" "$T/f.err"; then ok "$d: exit $rc after $((SECONDS - start)) s: $(grep -E -- "$pat" "$T/f.err" | head -1 | cut -c1-140)"
+	else notok "$d: exit $rc (want /$pat/)"; sed 's/^/#   /' "$T/f.err" | head -5; fi
+}
+cp -r "$T/s21" "$T/bad"
+truncate -s 1000 "$T/bad/rank-00001-pp0-tp1.safetensors"
+fails "a truncated rank file ends the job" "rank 1 of 2: .*rank-00001-pp0-tp1.safetensors" mpigen 2 -m "$T/bad" -p x -n 4
+fails "mpirun -np 4 on a tp2 checkpoint is refused" "partitioned for --tp 2 x --pp 1 = 2 ranks, but 4 were launched" \
+	mpigen 4 -m "$T/s21" -p x -n 4
+fails "an unpartitioned checkpoint under mpirun -np 2 is refused" "needs a checkpoint partitioned by llm-repartition" \
+	mpigen 2 -m "$S" -p x -n 4
+fails "--backend cuda under mpirun is refused (the CPU computes distributed runs)" "distributed runs|CUDA|cuda" \
+	mpigen 2 -m "$T/s21" -p x -n 4 --backend cuda
+
+# a random SmolLM2-135M-shape checkpoint (BF16): 9 heads, 3 kv heads
+llm-quantize -q --random configs/smollm2-135m.json --dtype bf16 --seed 1 "$T/smol" 2>"$T/err" ||
+	{ notok "llm-quantize --random smollm2-135m"; sed 's/^/#   /' "$T/err" | head -3; tap_done; }
+printf '%s\n' '{"prompt_ids":[1,200,300,400],"max_tokens":8}' '{"prompt_ids":[1,5000,17,42,99,1000],"max_tokens":8}' >"$T/prompts"
+llm-generate -t 1 -m "$T/smol" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/sref.json"
+for g in "3 1" "1 2" "3 2"; do
+	set -- $g
+	llm-repartition -q "$T/smol" "$T/m$1$2" --tp "$1" --pp "$2"
+	run_cmp "SmolLM2-135M shape BF16 tp$1 x pp$2 (mpirun -np $(($1 * $2)))" $(($1 * $2)) "$T/m$1$2" "$T/sref.json"
+	rm -rf "$T/m$1$2"
+done
+tap_done

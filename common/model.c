@@ -338,6 +338,12 @@ enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct
 		d->v0[r] = (int64_t)c->n_vocab * r / T;
 	d->first = m->layer_begin == 0;
 	d->last = m->layer_end == c->n_layer;
+	/* micro-batches per pipeline step: 2P leaves a bubble of (P-1)/(3P-1) */
+	d->n_micro = 2 * P;
+	const char *mbs = getenv("LLM_PP_MICRO");
+	long nm = mbs && *mbs ? strtol(mbs, NULL, 10) : 0;
+	if (nm > 0 && nm <= 1024)
+		d->n_micro = (int)nm;
 	char rpath[1200];
 	snprintf(rpath, sizeof rpath, "%s/%s", dir, me->file);
 	if ((s = resolve(m, rpath)))
@@ -467,7 +473,7 @@ static enum llm_status tp_sum(struct llm_model_dist *d, float *buf, size_t n)
 /* Stage 0 with T > 1: rows of tokens in this rank's vocabulary slice, zero
  * rows elsewhere, summed over the TP group (exact: one non-zero addend). */
 static enum llm_status embed_dist(struct llm_model *m, struct llm_backend *be, struct llm_scratch *s,
-                                  const struct llm_batch *b)
+                                  const struct llm_batch *b, float *x)
 {
 	struct llm_model_dist *d = m->dist;
 	int64_t n = b->n_tok, dm = m->cfg.d_model;
@@ -475,13 +481,13 @@ static enum llm_status embed_dist(struct llm_model *m, struct llm_backend *be, s
 		int64_t id = (int64_t)b->token[i] - m->vocab_begin;
 		s->tok_loc[i] = id >= 0 && id < m->n_vocab_loc ? (int32_t)id : 0;
 	}
-	LLM_TRY(be->ops->embed(be, llm_view_f32(s->x, n, dm), s->tok_loc, &m->embed));
+	LLM_TRY(be->ops->embed(be, llm_view_f32(x, n, dm), s->tok_loc, &m->embed));
 	for (int64_t i = 0; i < n; i++) {
 		int64_t id = (int64_t)b->token[i] - m->vocab_begin;
 		if (id < 0 || id >= m->n_vocab_loc)
-			memset(s->x + i * dm, 0, (size_t)dm * sizeof(float));
+			memset(x + i * dm, 0, (size_t)dm * sizeof(float));
 	}
-	return tp_sum(d, s->x, (size_t)(n * dm));
+	return tp_sum(d, x, (size_t)(n * dm));
 }
 
 /* Stage boundary: x (n, d_model) is the one tensor that crosses (the
@@ -543,9 +549,19 @@ static enum llm_status logits_to_root(struct llm_model *m, struct llm_scratch *s
 	return LLM_OK;
 }
 
-static enum llm_status forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
-                               struct llm_scratch *s, const struct llm_batch *b,
-                               float *logits, int n_out)
+/* Fewest tokens in a pipeline micro-batch. A CPU matmul over few tokens
+ * costs about one pass over the weights whatever the token count (memory
+ * bound), so splitting a decode step of 8 tokens into 4 micro-batches
+ * reads the weights 4 times and was measured slower (SmolLM2-135M pp2:
+ * 7.5 vs 20.7 tok/s); a 512-token prefill step in 4 micro-batches took
+ * 750 ms instead of 1120 ms. */
+#define LLM_MICRO_MIN_TOK 32
+
+/* The decoder layers of this rank over batch B, whose residual stream is X
+ * (n_tok, d_model): from the embedding on the first stage, else received
+ * from the previous stage; sent on to the next unless this is the last. */
+static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
+                                      struct llm_scratch *s, const struct llm_batch *b, float *xp)
 {
 	const struct llm_config *c = &m->cfg;
 	const struct llm_backend_ops *op = be->ops;
@@ -554,20 +570,16 @@ static enum llm_status forward(struct llm_model *m, struct llm_backend *be, stru
 	int64_t n = b->n_tok, dq = (int64_t)m->n_head_loc * c->d_head;
 	int64_t dkv = (int64_t)m->n_kv_head_loc * c->d_head, ff = m->d_ff_loc;
 	size_t n_el = (size_t)(n * c->d_model);
-	struct llm_view x = llm_view_f32(s->x, n, c->d_model), xb = llm_view_f32(s->xb, n, c->d_model);
+	struct llm_view x = llm_view_f32(xp, n, c->d_model), xb = llm_view_f32(s->xb, n, c->d_model);
 	struct llm_view q = llm_view_f32(s->q, n, dq), k = llm_view_f32(s->k, n, dkv);
 	struct llm_view v = llm_view_f32(s->v, n, dkv), att = llm_view_f32(s->att, n, dq);
 	struct llm_view hb = llm_view_f32(s->hb, n, ff), hb2 = llm_view_f32(s->hb2, n, ff);
-	if (d) {
-		d->stats.steps++;
-		d->stats.tokens += (uint64_t)n;
-	}
 	if (!d || (d->first && d->grid.n_tp == 1))
 		LLM_TRY(op->embed(be, x, b->token, &m->embed));
 	else if (d->first)
-		LLM_TRY(embed_dist(m, be, s, b));
+		LLM_TRY(embed_dist(m, be, s, b, xp));
 	else
-		LLM_TRY(stage_recv(d, s->x, (int64_t)n_el));
+		LLM_TRY(stage_recv(d, xp, (int64_t)n_el));
 	for (int l = m->layer_begin; l < m->layer_end; l++) {
 		const struct llm_layer *L = &m->layers[l];
 		int kl = l - m->layer_begin;            /* the cache holds this rank's layers */
@@ -593,11 +605,40 @@ static enum llm_status forward(struct llm_model *m, struct llm_backend *be, stru
 		LLM_TRY(op->add(be, x, xb));
 	}
 	if (d && !d->last)
-		return stage_send(d, s->x, (int64_t)n_el);
-	if (n_out == 0)
+		return stage_send(d, xp, (int64_t)n_el);
+	return LLM_OK;
+}
+
+static enum llm_status forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
+                               struct llm_scratch *s, const struct llm_batch *b,
+                               float *logits, int n_out)
+{
+	const struct llm_config *c = &m->cfg;
+	const struct llm_backend_ops *op = be->ops;
+	struct llm_model_dist *d = m->dist;
+	int n = b->n_tok, n_mb = 1;
+	if (d) {
+		d->stats.steps++;
+		d->stats.tokens += (uint64_t)n;
+		/* pipeline micro-batches: consecutive token ranges; stage p runs
+		 * micro-batch i while stage p+1 runs i-1. A token's own sequence
+		 * only looks back (causal), at positions stored by an earlier
+		 * micro-batch or its own, so the result is that of one batch
+		 * (the ops are batch invariant). */
+		n_mb = d->grid.n_pp > 1 ? d->n_micro : 1;
+		if (n_mb > n / LLM_MICRO_MIN_TOK)
+			n_mb = n / LLM_MICRO_MIN_TOK > 0 ? n / LLM_MICRO_MIN_TOK : 1;
+		d->stats.micro += (uint64_t)n_mb;
+	}
+	for (int i = 0; i < n_mb; i++) {
+		int a = (int)((int64_t)n * i / n_mb), e = (int)((int64_t)n * (i + 1) / n_mb);
+		struct llm_batch mb = { e - a, b->token + a, b->pos + a, b->seq + a, b->logits ? b->logits + a : NULL };
+		LLM_TRY(forward_layers(m, be, kv, s, &mb, s->x + (size_t)a * (size_t)c->d_model));
+	}
+	if ((d && !d->last) || n_out == 0)
 		return LLM_OK;
 	/* only the rows that want logits go through the final norm and lm_head */
-	struct llm_view xl = llm_view_f32(s->xl, n_out, c->d_model);
+	struct llm_view x = llm_view_f32(s->x, n, c->d_model), xl = llm_view_f32(s->xl, n_out, c->d_model);
 	float *out = d ? s->lbuf : logits;
 	LLM_TRY(op->gather(be, xl, x, s->rows));
 	LLM_TRY(op->rmsnorm(be, xl, xl, &m->norm, c->rms_eps));

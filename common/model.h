@@ -48,6 +48,7 @@ struct llm_layer {
  * peer instead of its 1/T slice (whole, T x). */
 struct llm_dist_stats {
 	uint64_t steps, tokens;     /* forward steps and tokens run */
+	uint64_t micro;             /* pipeline micro-batches run (= steps without a pipeline) */
 	uint64_t boundary_sent;     /* to the next stage (this rank's slice of x) */
 	uint64_t boundary_recvd;    /* from the previous stage */
 	uint64_t boundary_unfused;  /* counterfactual: residual + hidden state, sliced */
@@ -61,6 +62,8 @@ struct llm_dist_stats {
 struct llm_model_dist {
 	struct llm_grid grid;       /* world, tp and pp communicators */
 	int first, last;            /* this rank is on the first / last stage */
+	int n_micro;                /* most pipeline micro-batches per step (P > 1): 2P, or
+	                               $LLM_PP_MICRO; each holds >= 32 tokens (model.c) */
 	int64_t *v0;                /* (tp + 1) vocabulary slice bounds of the TP ranks */
 	size_t *counts;             /* (tp) all-gather byte counts of the stage boundary */
 	struct llm_dist_stats stats;

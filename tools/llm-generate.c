@@ -212,10 +212,11 @@ static void report_traffic(struct llm_engine *e)
 	for (int r = 0; root() && r < world->size; r++) {
 		const struct llm_dist_stats *st = &all[r];
 		double tok = st->tokens ? (double)st->tokens : 1;
-		fprintf(stderr, "%s: rank %d (stage %d, tp %d): %llu steps, %llu tokens; per token: stage boundary "
+		fprintf(stderr, "%s: rank %d (stage %d, tp %d): %llu steps (%llu micro-batches), %llu tokens; per token: stage boundary "
 		        "sent %.0f B (unfused %.0f, unsliced %.0f), received %.0f B; tp all-reduce %.0f B, "
 		        "all-gather %.0f B; logits to rank 0 %.0f B\n", llm_progname(), r, r / T, r % T,
-		        (unsigned long long)st->steps, (unsigned long long)st->tokens, st->boundary_sent / tok,
+		        (unsigned long long)st->steps, (unsigned long long)st->micro, (unsigned long long)st->tokens,
+		        st->boundary_sent / tok,
 		        st->boundary_unfused / tok, st->boundary_whole / tok, st->boundary_recvd / tok,
 		        st->tp_allreduce / tok, st->tp_allgather / tok, st->logits_sent / tok);
 	}

@@ -60,8 +60,10 @@ run_cmp() {
 }
 
 S=$(stories)
+# the long prompt makes a first step of > 64 tokens: pipeline micro-batches
+long="Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, she saw a big, red ball in the park. She ran to the ball and kicked it very hard. The ball went up high"
 printf '%s\n' '{"prompt":"Once upon a time","max_tokens":16}' '{"prompt":"The cat sat","max_tokens":16}' \
-	'{"prompt":"Lily and Tom went to the park","max_tokens":16}' >"$T/prompts"
+	'{"prompt":"Lily and Tom went to the park","max_tokens":16}' "{\"prompt\":\"$long\",\"max_tokens\":16}" >"$T/prompts"
 llm-generate -t 1 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref.json"
 mpigen 2 -m "$S" -p x -n 1 >/dev/null 2>"$T/err"
 if grep -q "built without MPI" "$T/err"; then
@@ -73,7 +75,7 @@ for g in "2 1" "1 2" "2 2"; do
 	llm-repartition -q "$S" "$T/s$1$2" --tp "$1" --pp "$2"
 	run_cmp "stories260K F32 tp$1 x pp$2 (mpirun -np $(($1 * $2)))" $(($1 * $2)) "$T/s$1$2" "$T/ref.json"
 done
-check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.json")" = 3 ]
+check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.json")" = 4 ]
 
 # -p streams the same text
 llm-generate -t 1 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"
@@ -87,6 +89,8 @@ line=$(grep "stage boundary 0->1 per token" "$T/v.err")
 if echo "$line" | grep -q "256 B sent.* 512 B unfused (2.0x); 512 B unsliced (2.0x)"; then ok "-v: the boundary carries 256 B/token (d_model 64 f32), 2x less than unfused, 2x (T) less than unsliced"
 else notok "-v boundary line: '$line'"; sed 's/^/#   /' "$T/v.err" | head -8; fi
 check "-v: every rank's traffic is reported by rank 0" [ "$(grep -c '^llm-generate: rank [0-3] (stage' "$T/v.err")" = 4 ]
+check "-v: the long prefill step ran as pipeline micro-batches ($(grep -o '[0-9]* steps ([0-9]* micro-batches)' "$T/v.err" | head -1))" \
+	sh -c "grep '^llm-generate: rank 0 ' '$T/v.err' | grep -qE '([0-9]+) steps \(([0-9]+) micro' && [ \$(grep '^llm-generate: rank 0 ' '$T/v.err' | sed -E 's/.* ([0-9]+) steps \(([0-9]+) micro.*/\2 - \1/' | bc) -gt 0 ]"
 
 # perplexity and scoring: the same numbers
 head -c 2000 "$S/stories260K.md" >"$T/text.txt" 2>/dev/null || printf 'Once upon a time there was a little girl named Lily. She liked to play in the park with her friends.\n' >"$T/text.txt"

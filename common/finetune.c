@@ -10,12 +10,14 @@
 #include "train.h"
 #include "tokenizer.h"
 #include "fileio.h"
+#include "comm.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -260,9 +262,253 @@ static void plot(const double *loss, int64_t n)
 	}
 }
 
+/* ---- the frozen base: sharded and off-loaded layers (train.h) ---------------- */
+
+#define N_LW 9                  /* weights of a decoder layer */
+#define SEG_ALIGN 64
+
+static const struct llm_weight *layer_weight(const struct llm_layer *L, int i)
+{
+	const struct llm_weight *w[N_LW] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
+	                                     &L->w_gate, &L->w_up, &L->w_down };
+	return w[i];
+}
+
+/* Segment k of a layer: even k the data of weight k / 2, odd k its scales
+ * (E4M3 only; else empty). */
+static const void *seg_ptr(const struct llm_layer *L, int k)
+{
+	const struct llm_weight *w = layer_weight(L, k / 2);
+	return k % 2 ? (const void *)w->scale : w->data;
+}
+
+static size_t seg_len(const struct llm_layer *L, int k)
+{
+	const struct llm_weight *w = layer_weight(L, k / 2);
+	if (k % 2)
+		return w->dtype == LLM_DTYPE_E4M3 ? (size_t)(w->scale_rows * w->scale_cols) * sizeof(float) : 0;
+	return (size_t)(w->rows * w->cols) * llm_dtype_size(w->dtype);
+}
+
+/* The blob of layer L: OFF[k] of each segment, each SEG_ALIGN-aligned;
+ * returns the blob's size, *RAW the bytes without padding. */
+static size_t layer_layout(const struct llm_layer *L, size_t off[2 * N_LW], size_t *raw)
+{
+	size_t at = 0;
+	*raw = 0;
+	for (int k = 0; k < 2 * N_LW; k++) {
+		off[k] = at;
+		at += (seg_len(L, k) + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN;
+		*raw += seg_len(L, k);
+	}
+	return at;
+}
+
+/* A rank's share of a blob of B bytes: SEG_ALIGN-rounded ceil(B / N). */
+static size_t share_of(size_t b, int n)
+{
+	size_t c = (b + (size_t)n - 1) / (size_t)n;
+	return (c + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN;
+}
+
+void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double offload,
+                     struct llm_frozen_plan *p)
+{
+	memset(p, 0, sizeof *p);
+	int nl = m->cfg.n_layer;
+	p->n_offloaded = (int)llround(offload * nl);
+	if (p->n_offloaded > nl)
+		p->n_offloaded = nl;
+	for (int l = 0; l < nl; l++) {
+		size_t off[2 * N_LW], raw, blob = layer_layout(&m->layers[l], off, &raw);
+		size_t held = shard ? share_of(blob, ranks) : raw;
+		size_t buf = shard ? share_of(blob, ranks) * (size_t)ranks : blob;
+		p->decoder += raw;
+		if (l < p->n_offloaded)
+			p->offloaded += held;
+		else
+			p->resident += held;
+		if ((shard || l < p->n_offloaded) && buf > p->buffer)
+			p->buffer = buf;
+	}
+	p->other = m->weight_bytes - p->decoder;
+	p->resident += p->other;
+}
+
+struct frozen {
+	struct llm_model *m;
+	struct llm_comm *comm;
+	int shard, n_off;
+	size_t *off;                /* (n_layer, 2 N_LW) segment offsets in the blob */
+	size_t *share, *at;         /* (n_layer) this rank's share of the blob, its offset in shards */
+	uint8_t *shards;            /* this rank's share of every layer, back to back */
+	uint8_t *buf;               /* the working layer (gathered or copied in), SEG_ALIGN-aligned */
+	struct llm_layer view;      /* the layer as it lies in buf */
+	uint64_t gathered, copied;  /* bytes from other ranks; bytes copied in from host memory */
+};
+
+/* Drop the pages of [P, P + N) from this process when they lie in a
+ * mapping of CK's files (heap copies are left alone: they would be lost). */
+static void drop_pages(const struct llm_ckpt *ck, const void *p, size_t n)
+{
+	for (size_t i = 0; i < ck->n_file; i++) {
+		const struct llm_st_file *f = &ck->files[i];
+		const uint8_t *b = p;
+		if (f->mapped != 1 || b < f->base || b + n > f->base + f->size)
+			continue;
+		uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+		uintptr_t lo = ((uintptr_t)b + pg - 1) & ~(pg - 1), hi = ((uintptr_t)b + n) & ~(pg - 1);
+		if (hi > lo)
+			madvise((void *)lo, hi - lo, MADV_DONTNEED);
+	}
+}
+
+static void frozen_free(struct frozen *f)
+{
+	free(f->off);
+	free(f->share);
+	free(f->at);
+	free(f->shards);
+	free(f->buf);
+	memset(f, 0, sizeof *f);
+}
+
+/* Build the source for model M: with SHARD, copy this rank's share of each
+ * layer's blob (touching only those bytes of the mapping) and drop the
+ * layer's pages; N_OFF layers off-loaded. */
+static enum llm_status frozen_init(struct frozen *f, struct llm_model *m, struct llm_comm *comm, int shard,
+                                   int n_off, size_t buffer)
+{
+	memset(f, 0, sizeof *f);
+	int nl = m->cfg.n_layer, N = comm->size;
+	f->m = m;
+	f->comm = comm;
+	f->shard = shard;
+	f->n_off = n_off;
+	f->off = malloc((size_t)nl * 2 * N_LW * sizeof *f->off);
+	f->share = calloc((size_t)nl, sizeof *f->share);
+	f->at = calloc((size_t)nl, sizeof *f->at);
+	if (!f->off || !f->share || !f->at || posix_memalign((void **)&f->buf, SEG_ALIGN, buffer ? buffer : 1))
+		return llm_fail(LLM_ERR_NOMEM, "out of memory for the frozen-weight buffers");
+	size_t total = 0;
+	for (int l = 0; l < nl; l++) {
+		size_t raw, blob = layer_layout(&m->layers[l], f->off + (size_t)l * 2 * N_LW, &raw);
+		f->share[l] = shard ? share_of(blob, N) : 0;
+		f->at[l] = total;
+		total += f->share[l];
+	}
+	if (!shard)
+		return LLM_OK;
+	if (!(f->shards = calloc(total ? total : 1, 1)))
+		return llm_fail(LLM_ERR_NOMEM, "cannot allocate %zu bytes for this rank's shard of the base", total);
+	for (int l = 0; l < nl; l++) {
+		const struct llm_layer *L = &m->layers[l];
+		const size_t *off = f->off + (size_t)l * 2 * N_LW;
+		size_t lo = (size_t)comm->rank * f->share[l], hi = lo + f->share[l];
+		for (int k = 0; k < 2 * N_LW; k++) {
+			size_t a = off[k], b = off[k] + seg_len(L, k);
+			if (a < lo)
+				a = lo;
+			if (b > hi)
+				b = hi;
+			if (a < b)
+				memcpy(f->shards + f->at[l] + (a - lo), (const uint8_t *)seg_ptr(L, k) + (a - off[k]), b - a);
+		}
+		for (int k = 0; k < 2 * N_LW; k++)
+			if (seg_len(L, k))
+				drop_pages(&m->ck, seg_ptr(L, k), seg_len(L, k));
+	}
+	return LLM_OK;
+}
+
+/* struct llm_layer_source: the layer in place, or gathered / copied into buf. */
+static const struct llm_layer *frozen_fetch(void *ctx, int l)
+{
+	struct frozen *f = ctx;
+	const struct llm_layer *L = &f->m->layers[l];
+	const size_t *off = f->off + (size_t)l * 2 * N_LW;
+	if (f->shard) {
+		/* on a GPU: the shard is copied in from host memory when off-loaded,
+		 * then gathered from every rank into the device buffer */
+		if (llm_comm_allgather(f->comm, f->shards + f->at[l], f->share[l], f->buf))
+			return NULL;
+		f->gathered += f->share[l] * (size_t)(f->comm->size - 1);
+		if (l < f->n_off)
+			f->copied += f->share[l];
+	} else if (l < f->n_off) {
+		for (int k = 0; k < 2 * N_LW; k++) {
+			size_t n = seg_len(L, k);
+			if (n)
+				memcpy(f->buf + off[k], seg_ptr(L, k), n);
+			f->copied += n;
+		}
+	} else {
+		return L;
+	}
+	for (int i = 0; i < N_LW; i++) {
+		struct llm_weight *v = (struct llm_weight *)layer_weight(&f->view, i);
+		*v = *layer_weight(L, i);
+		v->data = f->buf + off[2 * i];
+		if (v->dtype == LLM_DTYPE_E4M3)
+			v->scale = (const float *)(void *)(f->buf + off[2 * i + 1]);
+	}
+	return &f->view;
+}
+
+/* Nothing to free: the next fetch overwrites the buffer. */
+static void frozen_release(void *ctx, int l)
+{
+	(void)ctx, (void)l;
+}
+
+/* ---- ranks ------------------------------------------------------------------- */
+
+/* Every rank reached this point with status S: OK when all are; else the
+ * lowest failing rank keeps its own status and message, the others get
+ * LLM_ERR_COMM and *PEER_FAILED (the lowest reports, once). */
+static enum llm_status agree(struct llm_comm *c, enum llm_status s, int *peer_failed)
+{
+	if (c->size == 1)
+		return s;
+	int32_t mine = (int32_t)s, *all = calloc((size_t)c->size, sizeof *all);
+	if (!all)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	enum llm_status cs = llm_comm_allgather(c, &mine, sizeof mine, all);
+	int first = -1;
+	for (int r = 0; !cs && r < c->size && first < 0; r++)
+		if (all[r])
+			first = r;
+	free(all);
+	if (cs)
+		return cs;
+	if (first < 0)
+		return LLM_OK;
+	if (first == c->rank)
+		return s;
+	*peer_failed = 1;
+	return llm_fail(LLM_ERR_COMM, "rank %d of %d failed", first, c->size);
+}
+
+/* LLM_FINETUNE_FAIL=RANK:STEP: rank RANK fails at the start of step STEP
+ * (1-based): the failure path of a multi-rank run, for the tests. */
+static int fail_here(int rank, int64_t step)
+{
+	const char *e = getenv("LLM_FINETUNE_FAIL");
+	long long r, st;
+	return e && sscanf(e, "%lld:%lld", &r, &st) == 2 && r == rank && st == step + 1;
+}
+
+static uint64_t params_hash(const float *p, size_t n)
+{
+	return fnv(0xcbf29ce484222325ull, p, n * sizeof *p);
+}
+
 enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finetune_result *r)
 {
 	memset(r, 0, sizeof *r);
+	struct llm_comm one = { &llm_comm_single_ops, 0, 1, 0, 1, NULL, { 0 } };
+	struct llm_comm *cm = o->comm ? o->comm : &one;
+	int N = cm->size, me = cm->rank, root = me == 0;
 	struct llm_model m;
 	struct llm_tokenizer *tk = NULL;
 	struct llm_dataset d = { 0 };
@@ -270,49 +516,64 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 	struct llm_trainer *tr = NULL;
 	struct llm_adamw a = { 0 };
 	struct stream st = { 0 };
+	struct frozen fz = { 0 };
 	FILE *logf = NULL;
 	double *losses = NULL;
 	int32_t *stage = NULL;
+	int64_t *row_id = NULL;
 	char *state_path = NULL;
+	int model_open = 0, use_src = 0;
+	uint64_t fp = 0;
+	int64_t step = 0, steps = o->steps, R = (int64_t)o->micro_batch * o->grad_accum;
 	enum llm_status s;
 	double t_load = llm_now();
-	LLM_TRY(llm_model_open(&m, o->model));
+	memset(&m, 0, sizeof m);
+	r->n_ranks = N;
+
+	/* ---- set-up: local work on every rank, then every rank agrees ---- */
+	if ((s = llm_model_open(&m, o->model)))
+		goto setup_done;
+	model_open = 1;
 	if ((s = llm_finetune_tokenizer(&m, o->model, &tk)))
-		goto out;
+		goto setup_done;
 	struct llm_data_opts dopt = o->data_o;
 	dopt.seq_len = o->seq_len;
-	if ((s = llm_dataset_load(&d, o->data, tk, &dopt, warn_line)))
-		goto out;
+	if ((s = llm_dataset_load(&d, o->data, tk, &dopt, root ? warn_line : NULL)))
+		goto setup_done;
 	r->n_skipped = d.n_skipped;
 	r->n_samples = d.n;
-	if (d.n_skipped)
+	if (d.n_skipped && root)
 		llm_warn("%s: %d bad line%s skipped", o->data, d.n_skipped, d.n_skipped > 1 ? "s" : "");
 	if (o->adapter) {
 		if ((s = llm_lora_load(&lo, o->adapter, &m.cfg)))
-			goto out;
+			goto setup_done;
 	} else if ((s = llm_lora_init(&lo, &m.cfg, o->rank, (float)o->alpha, (float)o->dropout, o->targets,
 	                              o->seed))) {
-		goto out;
+		goto setup_done;
 	}
 	free(lo.base_model);
 	lo.base_model = llm_strdup(o->model);
+	if (R % N) {
+		s = llm_fail(LLM_ERR_USAGE, "a step's %lld rows (--micro-batch x --grad-accum) do not split evenly "
+		             "over %d ranks", (long long)R, N);
+		goto setup_done;
+	}
 	/* the output: refuse to clobber an adapter before spending hours */
 	state_path = llm_path_join(o->out, STATE_NAME);
-	{
+	if (root) {
 		char *am = llm_path_join(o->out, "adapter_model.safetensors");
 		int exists = am && llm_exists(am);
 		free(am);
 		if (exists && !o->force && !o->resume) {
 			s = llm_fail(LLM_ERR_EXISTS, "%s: holds an adapter already (--force replaces it)", o->out);
-			goto out;
+			goto setup_done;
 		}
 		if (mkdir(o->out, 0755) && errno != EEXIST) {
 			s = llm_fail(LLM_ERR_IO, "%s: cannot create directory: %s", o->out, strerror(errno));
-			goto out;
+			goto setup_done;
 		}
 	}
 	/* steps: --steps, or enough for --epochs passes over the packed rows */
-	int64_t R = (int64_t)o->micro_batch * o->grad_accum, steps = o->steps;
 	st.d = &d;
 	st.seq_len = o->seq_len;
 	st.pack = o->pack;
@@ -322,55 +583,87 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 		for (int64_t e = 0; e < o->epochs; e++) {
 			struct llm_packed p;
 			if ((s = llm_dataset_pack(&d, o->seq_len, o->pack, o->seed, e, &p)))
-				goto out;
+				goto setup_done;
 			rows += p.n_row;
 			llm_packed_free(&p);
 		}
 		steps = (rows + R - 1) / R;
 	}
 	r->steps = steps;
+	/* the frozen base: in place, or sharded / off-loaded through a layer source */
+	llm_frozen_plan(&m, N, o->shard_base, o->offload_base, &r->frozen);
+	struct llm_layer_source src = { frozen_fetch, frozen_release, &fz };
+	use_src = o->shard_base || r->frozen.n_offloaded > 0;
+	if (use_src && (s = frozen_init(&fz, &m, cm, o->shard_base, r->frozen.n_offloaded, r->frozen.buffer)))
+		goto setup_done;
 	struct llm_train_opts to = { .seq_len = o->seq_len, .n_seq = o->micro_batch, .checkpoint = o->checkpoint,
 	                             .n_threads = o->n_threads };
-	if ((s = llm_trainer_open(&tr, &m, &lo, &to, NULL)))
-		goto out;
+	if ((s = llm_trainer_open(&tr, &m, &lo, &to, use_src ? &src : NULL)))
+		goto setup_done;
 	struct llm_adamw_opts ao = o->adam;
 	ao.total = steps;
 	if ((s = llm_adamw_init(&a, lo.n_params, &ao)))
-		goto out;
+		goto setup_done;
 	int nt = 0;
 	for (int k = 0; k < LLM_LORA_N; k++)
 		nt += lo.targets >> k & 1;
 	llm_train_plan(&m.cfg, lo.n_params, lo.rank, nt, &to, to.n_threads > 0 ? to.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN), &r->plan);
 	r->weight_bytes = m.weight_bytes;
-	uint64_t fp = fingerprint(o, &lo, &d, steps);
-	int64_t step = 0;
-	if (o->resume) {
+	fp = fingerprint(o, &lo, &d, steps);
+	if (o->resume && root) {
 		if (!llm_exists(state_path)) {
 			s = llm_fail(LLM_ERR_IO, "%s: no training state to resume from", state_path);
-			goto out;
+			goto setup_done;
 		}
 		if ((s = state_load(state_path, fp, &step, &lo, &a)))
-			goto out;
-		LLM_INFO("resuming at step %lld of %lld\n", (long long)step, (long long)steps);
+			goto setup_done;
 	}
-	r->start_step = step;
-	if (o->log && (s = log_open(o->log, o->resume, step, &logf)))
-		goto out;
+	if (root && o->log && (s = log_open(o->log, o->resume, step, &logf)))
+		goto setup_done;
 	losses = calloc((size_t)(steps > 0 ? steps : 1), sizeof *losses);
 	stage = malloc((size_t)4 * (size_t)o->micro_batch * (size_t)o->seq_len * sizeof *stage);
-	if (!losses || !stage) {
+	row_id = malloc((size_t)o->micro_batch * sizeof *row_id);
+	if (!losses || !stage || !row_id)
 		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+setup_done:
+	if ((s = agree(cm, s, &r->peer_failed)))
 		goto out;
+	/* a resumed state reaches every rank from rank 0 */
+	if (o->resume && N > 1) {
+		int64_t hdr[2] = { step, a.step };
+		size_t nb = lo.n_params * sizeof(float);
+		if ((s = llm_comm_bcast(cm, hdr, sizeof hdr, 0)) || (s = llm_comm_bcast(cm, lo.params, nb, 0)) ||
+		    (s = llm_comm_bcast(cm, a.m, nb, 0)) || (s = llm_comm_bcast(cm, a.v, nb, 0)))
+			goto out;
+		step = hdr[0];
+		a.step = hdr[1];
 	}
-	LLM_INFO("%s: %d samples (%lld tokens, %lld in completions), %lld steps of %lld rows x %d tokens, "
-	         "%zu LoRA parameters (rank %d), loaded in %.1f s\n", o->data, d.n, (long long)d.n_tok,
-	         (long long)d.n_loss_tok, (long long)steps, (long long)R, o->seq_len, lo.n_params, lo.rank,
-	         llm_now() - t_load);
+	if (o->resume && root)
+		LLM_INFO("resuming at step %lld of %lld\n", (long long)step, (long long)steps);
+	r->start_step = step;
+	if (root) {
+		LLM_INFO("%s: %d samples (%lld tokens, %lld in completions), %lld steps of %lld rows x %d tokens, "
+		         "%zu LoRA parameters (rank %d), loaded in %.1f s\n", o->data, d.n, (long long)d.n_tok,
+		         (long long)d.n_loss_tok, (long long)steps, (long long)R, o->seq_len, lo.n_params, lo.rank,
+		         llm_now() - t_load);
+		if (N > 1 || use_src)
+			LLM_INFO("%d rank%s, %lld rows each per step; frozen weights per rank: %.1f MiB resident, "
+			         "%.1f MiB off-loaded (%d layers), %.1f MiB layer buffer%s\n", N, N > 1 ? "s" : "",
+			         (long long)(R / N), (double)r->frozen.resident / 1048576.0,
+			         (double)r->frozen.offloaded / 1048576.0, r->frozen.n_offloaded,
+			         (double)r->frozen.buffer / 1048576.0, o->shard_base ? " (--shard-base)" : "");
+	}
+
+	/* ---- the steps: rank ME takes rows [k0, k1) of each step's R ---- */
 	double t0 = llm_now();
-	int64_t tokens = 0;
+	int64_t tokens = 0, k0 = R / N * me, k1 = k0 + R / N;
 	float *grads = llm_trainer_grads(tr);
 	for (; step < steps; step++) {
-		/* the step's rows and its counted targets */
+		if (fail_here(me, step)) {
+			s = llm_fail(LLM_ERR_INTERNAL, "step %lld: failure injected by LLM_FINETUNE_FAIL", (long long)step + 1);
+			goto out;
+		}
+		/* the step's counted targets, over all its rows (every rank) */
 		int64_t count = 0;
 		for (int64_t k = 0; k < R; k++) {
 			int row;
@@ -380,45 +673,68 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 				count += st.p.tgt[(size_t)row * o->seq_len + (size_t)i] >= 0;
 		}
 		llm_trainer_zero_grad(tr);
-		double loss = 0;
-		int64_t got = 0;
-		for (int mb = 0; mb < o->grad_accum; mb++) {
-			/* stage micro_batch rows, trimmed to the longest one */
-			int L = 1, rows[4096];
-			int nr = o->micro_batch;
-			for (int k = 0; k < nr; k++) {
-				if ((s = stream_row(&st, step * R + (int64_t)mb * nr + k, &rows[k])))
+		/* this rank's loss sum, counted targets and sample tokens */
+		double mine[3] = { 0, 0, 0 };
+		for (int64_t k = k0; k < k1; k += o->micro_batch) {
+			/* stage up to micro_batch rows, trimmed to the longest one */
+			int nr = (int)(k1 - k < o->micro_batch ? k1 - k : o->micro_batch), L = 1;
+			for (int j = 0; j < nr; j++) {
+				int row;
+				if ((s = stream_row(&st, step * R + k + j, &row)))
 					goto out;
-				if (st.p.used[rows[k]] > L)
-					L = st.p.used[rows[k]];
+				if (st.p.used[row] > L)
+					L = st.p.used[row];
 			}
 			int32_t *tok = stage, *tgt = tok + (size_t)nr * L, *pos = tgt + (size_t)nr * L,
 			        *start = pos + (size_t)nr * L;
-			for (int k = 0; k < nr; k++) {
+			for (int j = 0; j < nr; j++) {
 				int row;
-				if ((s = stream_row(&st, step * R + (int64_t)mb * nr + k, &row)))
+				if ((s = stream_row(&st, step * R + k + j, &row)))
 					goto out;
-				size_t src = (size_t)row * o->seq_len, dst = (size_t)k * L;
-				memcpy(tok + dst, st.p.tok + src, (size_t)L * sizeof *tok);
-				memcpy(tgt + dst, st.p.tgt + src, (size_t)L * sizeof *tgt);
-				memcpy(pos + dst, st.p.pos + src, (size_t)L * sizeof *pos);
-				memcpy(start + dst, st.p.start + src, (size_t)L * sizeof *start);
-				tokens += st.p.used[row];
+				size_t from = (size_t)row * o->seq_len, dst = (size_t)j * L;
+				memcpy(tok + dst, st.p.tok + from, (size_t)L * sizeof *tok);
+				memcpy(tgt + dst, st.p.tgt + from, (size_t)L * sizeof *tgt);
+				memcpy(pos + dst, st.p.pos + from, (size_t)L * sizeof *pos);
+				memcpy(start + dst, st.p.start + from, (size_t)L * sizeof *start);
+				row_id[j] = step * R + k + j;     /* the dropout masks follow the global row */
+				mine[2] += st.p.used[row];
 			}
-			struct llm_train_batch b = { nr, L, tok, tgt, pos, start };
+			struct llm_train_batch b = { nr, L, tok, tgt, pos, start, row_id };
 			double ls;
 			int64_t c;
-			uint64_t key = mix(o->seed ^ mix((uint64_t)step * 4096 + (uint64_t)mb));
+			uint64_t key = mix(o->seed ^ mix((uint64_t)step));
 			if ((s = llm_trainer_step(tr, &b, count ? 1.0 / (double)count : 0.0, key,
 			                          LLM_TRAIN_GRAD | LLM_TRAIN_DROPOUT, &ls, &c)))
 				goto out;
-			loss += ls;
-			got += c;
+			mine[0] += ls;
+			mine[1] += (double)c;
 		}
+		/* one flat all-reduce of the gradient (each rank's part already
+		 * divided by the step's global count), and the step's totals summed
+		 * in rank order, so every rank holds the same bits */
+		double tot[3] = { mine[0], mine[1], mine[2] };
+		if (N > 1) {
+			double *all = malloc((size_t)N * sizeof mine);
+			if (!all) {
+				s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+				goto out;
+			}
+			if (!(s = llm_comm_allreduce_sum_f32(cm, grads, lo.n_params)))
+				s = llm_comm_allgather(cm, mine, sizeof mine, all);
+			for (int q = 0; q < 3; q++) {
+				tot[q] = 0;
+				for (int k = 0; k < N; k++)
+					tot[q] += all[(size_t)k * 3 + (size_t)q];
+			}
+			free(all);
+			if (s)
+				goto out;
+		}
+		tokens += (int64_t)tot[2];
 		double norm = llm_grad_norm(grads, lo.n_params), lr = llm_lr_at(&a.o, step);
 		if (count)
 			llm_adamw_update(&a, lo.params, grads, norm, lr);
-		double mean = got ? loss / (double)got : 0.0;
+		double mean = tot[1] > 0 ? tot[0] / tot[1] : 0.0;
 		losses[step] = mean;
 		if (step == r->start_step)
 			r->first_loss = mean;
@@ -427,40 +743,81 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 		int64_t done = step + 1 - r->start_step;
 		char eta[32];
 		fmt_time(eta, sizeof eta, el / (double)done * (double)(steps - step - 1));
-		LLM_INFO("step %lld/%lld  loss %.4f  lr %.3e  |g| %.3f  %.0f tok/s  eta %s\n", (long long)(step + 1),
-		         (long long)steps, mean, lr, norm, tps, eta);
+		if (root)
+			LLM_INFO("step %lld/%lld  loss %.4f  lr %.3e  |g| %.3f  %.0f tok/s  eta %s\n", (long long)(step + 1),
+			         (long long)steps, mean, lr, norm, tps, eta);
 		if (logf) {
 			fprintf(logf, "%lld,%.6f,%.6e,%.6f,%lld,%.1f,%.3f\n", (long long)(step + 1), mean, lr, norm,
 			        (long long)tokens, tps, el);
 			fflush(logf);
 		}
-		if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < steps &&
+		if (root && o->save_every && (step + 1) % o->save_every == 0 && step + 1 < steps &&
 		    (s = state_save(state_path, fp, step + 1, &lo, &a)))
 			goto out;
 	}
 	double el = llm_now() - t0;
 	r->tokens = tokens;
 	r->tokens_per_s = el > 0 ? (double)tokens / el : 0;
-	if ((s = llm_lora_save(&lo, o->out, 1)))
+	r->gathered = fz.gathered;
+	r->copied_in = fz.copied;
+	/* every rank must hold the same adapter: the same bits in, the same
+	 * updates; a difference is a bug, not noise */
+	if (N > 1) {
+		uint64_t h = params_hash(lo.params, lo.n_params), *all = malloc((size_t)N * sizeof h);
+		if (!all) {
+			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		s = llm_comm_allgather(cm, &h, sizeof h, all);
+		for (int k = 1; !s && k < N; k++)
+			if (all[k] != all[0])
+				s = llm_fail(LLM_ERR_INTERNAL, "rank %d's adapter differs from rank 0's after %lld steps",
+				             k, (long long)steps);
+		free(all);
+		if (s)
+			goto out;
+	}
+	s = root ? llm_lora_save(&lo, o->out, 1) : LLM_OK;
+	if ((s = agree(cm, s, &r->peer_failed)))
 		goto out;
-	unlink(state_path);
-	llm_fsync_dir(o->out);
-	if (o->plot)
-		plot(losses, steps);
-	r->peak_rss = peak_rss();
+	if (root) {
+		unlink(state_path);
+		llm_fsync_dir(o->out);
+		if (o->plot)
+			plot(losses, steps);
+	}
+	r->peak_rss = r->peak_rss_max = peak_rss();
+	if (N > 1) {
+		uint64_t mine_rss = r->peak_rss, *all = malloc((size_t)N * sizeof mine_rss);
+		if (!all) {
+			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		if (!(s = llm_comm_allgather(cm, &mine_rss, sizeof mine_rss, all)))
+			for (int k = 0; k < N; k++) {
+				if (all[k] > r->peak_rss_max)
+					r->peak_rss_max = all[k];
+				if (root)
+					LLM_INFO("rank %d: peak RSS %.1f MiB\n", k, (double)all[k] / 1048576.0);
+			}
+		free(all);
+	}
 out:
 	if (logf)
 		fclose(logf);
 	free(losses);
 	free(stage);
+	free(row_id);
 	free(state_path);
 	llm_packed_free(&st.p);
 	llm_adamw_free(&a);
 	llm_trainer_close(tr);
+	frozen_free(&fz);
 	llm_lora_free(&lo);
 	llm_dataset_free(&d);
 	llm_tokenizer_close(tk);
-	llm_model_close(&m);
+	if (model_open)
+		llm_model_close(&m);
 	return s;
 }
 

@@ -113,6 +113,7 @@ struct llm_trainer {
 	int32_t *lg_idx, *lg_tgt; /* (chunk) */
 	double *lg_loss;          /* (chunk) */
 	uint64_t drop_key;
+	uint64_t *drop_tok;       /* (n_seq * seq_len) the token id the masks hash */
 	uint32_t drop_thresh;     /* a column is dropped when hash < thresh (of 2^32) */
 };
 
@@ -188,13 +189,19 @@ static uint64_t hash64(uint64_t z)
 static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i, int64_t c, int64_t din)
 {
 	uint64_t h = hash64(t->drop_key ^ hash64(((uint64_t)layer << 3 | (uint64_t)tg) + 0x9e3779b97f4a7c15ull)
-	                    ^ (uint64_t)(i * din + c) * 0xd1342543de82ef95ull);
+	                    ^ (t->drop_tok[i] * (uint64_t)din + (uint64_t)c) * 0xd1342543de82ef95ull);
 	return (uint32_t)(h >> 32) >= t->drop_thresh;
 }
 
 static const struct llm_layer *fetch_layer(struct llm_trainer *t, int l)
 {
 	return t->src.fetch ? t->src.fetch(t->src.ctx, l) : &t->m->layers[l];
+}
+
+/* A layer source that returned NULL (its message is set). */
+static enum llm_status fetch_failed(int l)
+{
+	return llm_fail_prefix(LLM_ERR_COMM, "layer %d", l);
 }
 
 static void release_layer(struct llm_trainer *t, int l)
@@ -354,7 +361,8 @@ void llm_train_plan(const struct llm_config *c, size_t n_params, int rank, int n
 	p->checkpoints = ((size_t)c->n_layer + 1) * n * D * es;
 	size_t per_layer = n * (3 * D + 2 + 2 * Q + 2 * KV + H + 3 * FF + (size_t)n_targets * R);
 	p->layer_acts = (o->checkpoint ? 1 : (size_t)c->n_layer) * per_layer * es;
-	p->workspace = (n * (D + 1) + n * (3 * D + 2 * Q + 2 * KV + 3 * FF + R) + D + 2 * L * half) * es;
+	p->workspace = (n * (D + 1) + n * (3 * D + 2 * Q + 2 * KV + 3 * FF + R) + D + 2 * L * half) * es +
+	               n * sizeof(uint64_t);   /* the dropout token ids */
 	p->logits = (C * (2 * D + V)) * es + C * (2 * sizeof(int32_t) + sizeof(double));
 	p->threads = (size_t)n_threads * tscr_elems(c, L, R, es, n_threads) * es;
 	p->total = p->params + p->grads + p->optimizer + p->checkpoints + p->layer_acts +
@@ -401,7 +409,8 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	t->lg_idx = malloc((size_t)t->chunk * sizeof(int32_t));
 	t->lg_tgt = malloc((size_t)t->chunk * sizeof(int32_t));
 	t->lg_loss = malloc((size_t)t->chunk * sizeof(double));
-	if (!t->lg_idx || !t->lg_tgt || !t->lg_loss)
+	t->drop_tok = malloc((size_t)o->n_seq * (size_t)o->seq_len * sizeof *t->drop_tok);
+	if (!t->lg_idx || !t->lg_tgt || !t->lg_loss || !t->drop_tok)
 		s = llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
 	if (!s && t->nth > 1)
 		s = pool_init(&t->pool, t->nth);
@@ -417,7 +426,8 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 		size_t es = o->f64 ? sizeof(double) : sizeof(float);
 		size_t got = (o->f64 ? carve_f64(t, NULL) : carve_f32(t, NULL)) * es;
 		size_t want = p.total - p.optimizer - (o->f64 ? 0 : p.params) -
-		              (size_t)t->chunk * (2 * sizeof(int32_t) + sizeof(double));
+		              (size_t)t->chunk * (2 * sizeof(int32_t) + sizeof(double)) -
+		              (size_t)o->n_seq * (size_t)o->seq_len * sizeof(uint64_t);
 		if (got != want)
 			s = llm_fail(LLM_ERR_INTERNAL, "trainer: allocated %zu bytes, the plan says %zu", got, want);
 	}
@@ -441,6 +451,7 @@ void llm_trainer_close(struct llm_trainer *t)
 	free(t->lg_idx);
 	free(t->lg_tgt);
 	free(t->lg_loss);
+	free(t->drop_tok);
 	free(t);
 }
 
@@ -473,6 +484,13 @@ enum llm_status llm_trainer_step(struct llm_trainer *t, const struct llm_train_b
 {
 	LLM_TRY(check_batch(t, b));
 	t->drop_key = hash64(dropout_key + 0x632be59bd9b4e019ull);
+	/* a row's tokens are (row id << 24) + slot: unique while rows are
+	 * shorter than 2^24 slots (llm_trainer_open's limit) */
+	for (int r = 0; r < b->n_seq; r++)
+		for (int i = 0; i < b->seq_len; i++) {
+			int64_t k = (int64_t)r * b->seq_len + i;
+			t->drop_tok[k] = b->row ? ((uint64_t)b->row[r] << 24) + (uint64_t)i : (uint64_t)k;
+		}
 	int grad = flags & LLM_TRAIN_GRAD, drop = (flags & LLM_TRAIN_DROPOUT) != 0;
 	return t->o.f64 ? step_f64(t, b, gscale, grad, drop, loss_sum, n_count)
 	                : step_f32(t, b, gscale, grad, drop, loss_sum, n_count);
@@ -514,10 +532,12 @@ enum llm_status llm_trainer_greedy(struct llm_trainer *t, const int32_t *prompt,
 	int n = n_prompt;
 	enum llm_status s = LLM_OK;
 	while (*n_out < n_new && n < L) {
-		struct llm_train_batch b = { 1, n, tok, tgt, pos, start };
+		struct llm_train_batch b = { 1, n, tok, tgt, pos, start, NULL };
 		if ((s = check_batch(t, &b)))
 			break;
-		int32_t id = t->o.f64 ? argmax_last_f64(t, &b, n - 1) : argmax_last_f32(t, &b, n - 1);
+		int32_t id;
+		if ((s = t->o.f64 ? argmax_last_f64(t, &b, n - 1, &id) : argmax_last_f32(t, &b, n - 1, &id)))
+			break;
 		out[(*n_out)++] = id;
 		tok[n++] = id;
 		int eos = 0;

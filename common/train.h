@@ -45,6 +45,10 @@ struct llm_train_batch {
 	const int32_t *tgt;     /* (n_seq, seq_len) next-token target; -1: not counted */
 	const int32_t *pos;     /* (n_seq, seq_len) position within its sample */
 	const int32_t *start;   /* (n_seq, seq_len) slot of its sample's first token */
+	/* (n_seq) or NULL: an id for each row, which makes the dropout masks a
+	 * function of (key, row id, slot) instead of (key, slot in this batch),
+	 * so the same row gets the same masks in any micro-batch on any rank */
+	const int64_t *row;
 };
 
 /* ---- trainer -------------------------------------------------------------- */
@@ -79,7 +83,8 @@ struct llm_trainer;
 
 /* Frozen weights of one layer, fetched just before the layer runs and
  * released right after (the hook for sharded or off-loaded base weights).
- * NULL fetch: the model's own layers. */
+ * NULL fetch: the model's own layers. A fetch that fails returns NULL with
+ * the message set; the step then returns LLM_ERR_COMM. */
 struct llm_layer_source {
 	const struct llm_layer *(*fetch)(void *ctx, int layer);
 	void (*release)(void *ctx, int layer);
@@ -222,6 +227,34 @@ enum llm_status llm_dataset_pack(const struct llm_dataset *d, int seq_len, int p
                                  int64_t epoch, struct llm_packed *p);
 void llm_packed_free(struct llm_packed *p);
 
+/* ---- the frozen base of a run: sharded or off-loaded (finetune.c) ----------- */
+
+/* ZeRO-3 style sharding (Rajbhandari et al. 2020, stage 3, for the frozen
+ * weights only): each decoder layer's weights and scales, laid out back to
+ * back (each piece 64-byte aligned) as the layer's blob, are split into N
+ * equal byte ranges; rank r keeps range r in its own memory and drops the
+ * checkpoint pages of the layer, and before each use of the layer (forward,
+ * backward, recomputation) the ranks all-gather the blob into one working
+ * buffer: the bytes are the checkpoint's exactly, so results do not change.
+ * The embeddings, final norm and lm_head are not sharded (every rank holds
+ * them). Off-loading keeps the first round(FRACTION x n_layer) decoder
+ * layers (their shards, when sharded) in host memory and copies a layer into
+ * the working buffer when it is used; on the CPU backend host memory is the
+ * only memory, so this is the bookkeeping (and the copy) a GPU backend
+ * needs, not a saving. */
+struct llm_frozen_plan {
+	size_t decoder;         /* bytes of all decoder layers' weights and scales (whole model) */
+	size_t other;           /* embeddings, final norm, lm_head (whole model, held by every rank) */
+	size_t resident;        /* per rank: frozen bytes held in (device) memory */
+	size_t offloaded;       /* per rank: frozen bytes held in host memory, copied in per use */
+	size_t buffer;          /* per rank: the working layer buffer (0: layers are used in place) */
+	int n_offloaded;        /* decoder layers [0, n_offloaded) are off-loaded */
+};
+/* The frozen-weight memory of one of RANKS ranks for model M (headers
+ * only: no weight is read), with SHARD and OFFLOAD in [0, 1]. */
+void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double offload,
+                     struct llm_frozen_plan *p);
+
 /* ---- a fine-tuning run (finetune.c) ---------------------------------------- */
 
 struct llm_finetune_opts {
@@ -243,6 +276,16 @@ struct llm_finetune_opts {
 	int resume, force;
 	const char *log;            /* CSV of the loss curve, NULL: none */
 	int plot;                   /* an ASCII plot of the loss on stderr at the end */
+	/* Several ranks (data parallel): every rank of COMM calls llm_finetune
+	 * with the same options; each step's micro_batch x grad_accum rows are
+	 * split into equal contiguous slices (the count must be a multiple of
+	 * the ranks), each rank computes its slice's gradient, one all-reduce
+	 * sums them, and every rank takes the same AdamW step. Rank 0 alone
+	 * writes the adapter, the log and the state, and prints progress.
+	 * NULL: one process. */
+	struct llm_comm *comm;
+	int shard_base;             /* shard the frozen decoder weights across the ranks */
+	double offload_base;        /* share of the decoder layers off-loaded to host memory */
 };
 
 struct llm_finetune_result {
@@ -255,14 +298,25 @@ struct llm_finetune_result {
 	size_t weight_bytes;        /* the base weights (mapped) */
 	int n_skipped;              /* bad lines skipped */
 	int n_samples;
+	int n_ranks;
+	size_t peak_rss_max;        /* the largest peak RSS of the ranks */
+	struct llm_frozen_plan frozen;   /* the frozen weights per rank */
+	uint64_t gathered, copied_in;    /* bytes all-gathered from other ranks, copied into the buffer */
+	int peer_failed;            /* another rank failed first and reports it: wait to be ended */
 };
 
 /* Train a LoRA adapter on O->data and write it to O->out (PEFT layout), with
  * progress on stderr (llm_log level 1), the training state in
  * OUT/training_state.bin every save_every steps (written atomically;
  * removed when the run completes), resumable with resume (the options must
- * match: LLM_ERR_USAGE otherwise) to the same adapter bit for bit.
- * LLM_ERR_EXISTS when OUT holds an adapter and neither force nor resume. */
+ * match: LLM_ERR_USAGE otherwise) to the same adapter bit for bit (with the
+ * same number of ranks; with another, up to the summation order).
+ * LLM_ERR_EXISTS when OUT holds an adapter and neither force nor resume.
+ * Several ranks: collective over O->comm. An error before the first step
+ * (options, data, files) is agreed on: the lowest failing rank returns it
+ * and the others return LLM_ERR_COMM with r->peer_failed set. An error
+ * during the steps returns on the failing rank alone, whose caller must end
+ * the job (llm_comm_die), since the others wait in a collective. */
 enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finetune_result *r);
 
 /* Greedy continuation of TEXT (encoded with BOS as the tokenizer adds it)

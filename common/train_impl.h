@@ -627,7 +627,7 @@ static struct F(act) *F(act_of)(struct llm_trainer *t, int l)
 }
 
 /* Embedding, every layer, final norm (into xf). */
-static void F(forward)(struct llm_trainer *t, const struct llm_train_batch *b, int train)
+static enum llm_status F(forward)(struct llm_trainer *t, const struct llm_train_batch *b, int train)
 {
 	struct F(state) *st = t->st;
 	const struct llm_config *c = &t->m->cfg;
@@ -640,11 +640,14 @@ static void F(forward)(struct llm_trainer *t, const struct llm_train_batch *b, i
 	}
 	for (int l = 0; l < c->n_layer; l++) {
 		const struct llm_layer *W = fetch_layer(t, l);
+		if (!W)
+			return fetch_failed(l);
 		F(layer_fwd)(t, l, W, F(act_of)(t, l), st->xres + (size_t)l * n * D,
 		             st->xres + (size_t)(l + 1) * n * D, b, train);
 		release_layer(t, l);
 	}
 	F(rmsnorm)(t, st->xf, st->rstdf, st->xres + (size_t)c->n_layer * n * D, &t->m->norm, n);
+	return LLM_OK;
 }
 
 struct F(ce_job) { struct llm_trainer *t; const int32_t *tgt; int64_t rows; double gscale; int backward; double *loss; };
@@ -682,7 +685,7 @@ static enum llm_status F(step)(struct llm_trainer *t, const struct llm_train_bat
 	struct F(state) *st = t->st;
 	const struct llm_config *c = &t->m->cfg;
 	int64_t n = (int64_t)b->n_seq * b->seq_len, D = c->d_model, C = t->chunk;
-	F(forward)(t, b, train);
+	LLM_TRY(F(forward)(t, b, train));
 	/* lm_head and cross-entropy over the counted tokens, a chunk at a time;
 	 * the gradient of xf gathers in dxn */
 	if (backward)
@@ -719,6 +722,8 @@ static enum llm_status F(step)(struct llm_trainer *t, const struct llm_train_bat
 	F(rmsnorm_bwd)(t, st->dres, st->dxn, st->xres + (size_t)c->n_layer * n * D, st->rstdf, &t->m->norm, n);
 	for (int l = c->n_layer - 1; l >= 0; l--) {
 		const struct llm_layer *W = fetch_layer(t, l);
+		if (!W)
+			return fetch_failed(l);
 		struct F(act) *a = F(act_of)(t, l);
 		const REAL *xin = st->xres + (size_t)l * n * D;
 		if (t->o.checkpoint)   /* recompute this layer's activations (same dropout masks) */
@@ -833,18 +838,20 @@ static void F(close)(struct llm_trainer *t)
 	t->st = NULL;
 }
 
-/* Greedy next token after the first N slots of row 0 (forward only). */
-static int32_t F(argmax_last)(struct llm_trainer *t, const struct llm_train_batch *b, int64_t last)
+/* Greedy next token after slot LAST of row 0 (forward only) into *ID. */
+static enum llm_status F(argmax_last)(struct llm_trainer *t, const struct llm_train_batch *b, int64_t last,
+                                      int32_t *id)
 {
 	struct F(state) *st = t->st;
 	const struct llm_config *c = &t->m->cfg;
-	F(forward)(t, b, 0);
+	LLM_TRY(F(forward)(t, b, 0));
 	F(mm)(t, st->lg, st->xf + last * c->d_model, 1, &t->m->lm_head);
 	int32_t best = 0;
 	for (int32_t v = 1; v < c->n_vocab; v++)
 		if (st->lg[v] > st->lg[best])
 			best = v;
-	return best;
+	*id = best;
+	return LLM_OK;
 }
 
 #undef SQRT_

@@ -153,7 +153,7 @@ static void mkbatch(struct tbatch *tb, int L, int n_vocab)
 			tb->start[k] = s0;
 			tb->pos[k] = i - s0;
 		}
-	struct llm_train_batch b = { 2, L, tb->tok, tb->tgt, tb->pos, tb->start };
+	struct llm_train_batch b = { 2, L, tb->tok, tb->tgt, tb->pos, tb->start, NULL };
 	tb->b = b;
 }
 
@@ -333,7 +333,7 @@ static void f32_checks(void)
 		q.start[i] = i < 16 ? 0 : 16;
 		q.pos[i] = i < 16 ? i : i - 16;
 	}
-	struct llm_train_batch bp = { 1, 32, p.tok, p.tgt, p.pos, p.start }, bq = { 1, 32, q.tok, q.tgt, q.pos, q.start };
+	struct llm_train_batch bp = { 1, 32, p.tok, p.tgt, p.pos, p.start, NULL }, bq = { 1, 32, q.tok, q.tgt, q.pos, q.start, NULL };
 	struct llm_train_opts o = { .seq_len = 32, .n_seq = 1, .f64 = 1 };
 	struct llm_trainer *tr;
 	double lp = 0, lq = 0;
@@ -347,12 +347,101 @@ static void f32_checks(void)
 	      "packed samples do not see each other: reordering them keeps the loss (%.12f, %.12f)", lp, lq);
 	/* a bad batch is refused */
 	p.tok[3] = 128;
-	struct llm_train_batch bb = { 1, 32, p.tok, p.tgt, p.pos, p.start };
+	struct llm_train_batch bb = { 1, 32, p.tok, p.tgt, p.pos, p.start, NULL };
 	if (!llm_trainer_open(&tr, &t.m, &lo, &o, NULL)) {
 		check(llm_trainer_step(tr, &bb, 1, 0, 0, &lp, &n1) == LLM_ERR_RANGE,
 		      "a token outside the vocabulary is LLM_ERR_RANGE (%s)", llm_errmsg());
 		llm_trainer_close(tr);
 	}
+	llm_lora_free(&lo);
+	tiny_free(&t);
+}
+
+/* ---- row ids and layer sources (the data-parallel and sharded paths) ---------------- */
+
+/* A layer source over the model's own layers that fails at layer FAIL_AT
+ * (-1: never) and counts its calls. */
+struct src_ctx { const struct llm_model *m; int fail_at, fetches, releases; };
+static const struct llm_layer *src_fetch(void *ctx, int l)
+{
+	struct src_ctx *c = ctx;
+	c->fetches++;
+	if (l == c->fail_at) {
+		llm_fail(LLM_ERR_COMM, "injected");
+		return NULL;
+	}
+	return &c->m->layers[l];
+}
+static void src_release(void *ctx, int l) { (void)l; ((struct src_ctx *)ctx)->releases++; }
+
+static void rows_checks(void)
+{
+	struct tiny t;
+	tiny_init(&t, 2, 32, 4, 2, 48, 64, 0, 0, 13);
+	struct llm_lora lo;
+	llm_lora_init(&lo, &t.m.cfg, 4, 8.0f, 0.3f, LLM_LORA_ALL, 3);
+	for (size_t i = 0; i < lo.n_params; i++)
+		lo.params[i] = (float)(0.05 * nrand());
+	struct tbatch tb;
+	mkbatch(&tb, 16, 64);
+	int64_t ids[2] = { 1000, 1001 };
+	struct llm_train_batch both = tb.b, r0 = tb.b, r1 = tb.b;
+	both.row = ids;
+	r0.n_seq = 1;
+	r0.row = ids;
+	r1.n_seq = 1;
+	r1.tok += 16, r1.tgt += 16, r1.pos += 16, r1.start += 16;
+	r1.row = ids + 1;
+	struct llm_train_opts o = { .seq_len = 16, .n_seq = 2, .f64 = 1 };
+	struct llm_trainer *tr;
+	double l2 = 0, la = 0, lb = 0, *g2 = malloc(lo.n_params * sizeof *g2);
+	int64_t n;
+	int ok = !llm_trainer_open(&tr, &t.m, &lo, &o, NULL);
+	if (ok) {
+		int fl = LLM_TRAIN_GRAD | LLM_TRAIN_DROPOUT;
+		llm_trainer_zero_grad(tr);
+		ok &= !llm_trainer_step(tr, &both, 1, 5, fl, &l2, &n);
+		memcpy(g2, llm_trainer_grads(tr), lo.n_params * sizeof *g2);
+		llm_trainer_zero_grad(tr);
+		ok &= !llm_trainer_step(tr, &r1, 1, 5, fl, &lb, &n);   /* the other order on purpose */
+		ok &= !llm_trainer_step(tr, &r0, 1, 5, fl, &la, &n);
+		const double *g1 = llm_trainer_grads(tr);
+		double worst = 0, gmax = 0;
+		for (size_t i = 0; i < lo.n_params; i++) {
+			worst = fmax(worst, fabs(g1[i] - g2[i]));
+			gmax = fmax(gmax, fabs(g2[i]));
+		}
+		/* the same masks: only the summation order differs (f64: ~1e-16) */
+		check(ok && fabs(l2 - (la + lb)) <= 1e-12 * l2 && worst <= 1e-12 * gmax && gmax > 0,
+		      "with row ids, two rows in one batch or one by one (either order) get the same dropout masks: "
+		      "same loss and gradient (worst %.2e of %.2e)", worst, gmax);
+		/* without row ids the masks follow the slot in the batch */
+		struct llm_train_batch r1n = r1;
+		r1n.row = NULL;
+		double lc = 0;
+		llm_trainer_step(tr, &r1n, 1, 5, LLM_TRAIN_DROPOUT, &lc, &n);
+		check(lc != lb, "without row ids the masks follow the batch slot (%.9f vs %.9f)", lc, lb);
+		llm_trainer_close(tr);
+	} else {
+		check(0, "trainer opens for the row-id check: %s", llm_errmsg());
+	}
+	/* a layer source: fetched and released once per layer in the forward
+	 * and again in the backward; a failing fetch is a status, not a crash */
+	struct src_ctx sc = { &t.m, -1, 0, 0 };
+	struct llm_layer_source src = { src_fetch, src_release, &sc };
+	o.f64 = 0;
+	o.checkpoint = 1;
+	if (!llm_trainer_open(&tr, &t.m, &lo, &o, &src)) {
+		enum llm_status s = llm_trainer_step(tr, &tb.b, 1, 5, LLM_TRAIN_GRAD, &la, &n);
+		check(!s && sc.fetches == 4 && sc.releases == 4, "a layer source is fetched and released per layer, "
+		      "forward and backward (%d fetches, %d releases)", sc.fetches, sc.releases);
+		sc.fail_at = 1;
+		s = llm_trainer_step(tr, &tb.b, 1, 5, LLM_TRAIN_GRAD, &la, &n);
+		check(s == LLM_ERR_COMM && strstr(llm_errmsg(), "layer 1") && strstr(llm_errmsg(), "injected"),
+		      "a fetch that fails ends the step with LLM_ERR_COMM naming the layer (%s)", llm_errmsg());
+		llm_trainer_close(tr);
+	}
+	free(g2);
 	llm_lora_free(&lo);
 	tiny_free(&t);
 }
@@ -451,6 +540,7 @@ int main(void)
 	gradcheck("untied lm_head, MHA, checkpointing", 0, 0, 4, 0.0f, 1);
 	gradcheck("FP8 base, dropout 0.3", 0, 1, 2, 0.3f, 0);
 	f32_checks();
+	rows_checks();
 	optim_checks();
 	adapter_checks();
 	return check_done();

@@ -12,14 +12,6 @@
 
 struct plan_row { const char *key, *label; size_t bytes; };
 
-static size_t weight_bytes(const struct llm_weight *w)
-{
-	size_t b = (size_t)(w->rows * w->cols) * llm_dtype_size(w->dtype);
-	if (w->dtype == LLM_DTYPE_E4M3)
-		b += (size_t)(w->scale_rows * w->scale_cols) * sizeof(float);
-	return b;
-}
-
 /* --plan: the memory of one rank, as a table (or JSON) on stdout. */
 static int print_plan(const char *model, const struct llm_finetune_opts *o, int64_t ranks, int shard,
                       double offload, int json)
@@ -37,26 +29,14 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
 	struct llm_train_opts to = { .seq_len = o->seq_len, .n_seq = o->micro_batch, .checkpoint = o->checkpoint };
 	struct llm_train_plan p;
 	llm_train_plan(&m.cfg, lo.n_params, lo.rank, nt, &to, nth, &p);
-	/* frozen weights: all of them per rank, or 1/N plus a gather buffer for
-	 * the largest unit gathered at once (a layer, or embeddings / lm_head) */
-	size_t layer = 0, unit;
-	const struct llm_layer *L = &m.layers[0];
-	const struct llm_weight *lw[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-	                                  &L->w_gate, &L->w_up, &L->w_down };
-	for (size_t i = 0; i < sizeof lw / sizeof *lw; i++)
-		layer += weight_bytes(lw[i]);
-	unit = layer;
-	if (weight_bytes(&m.embed) > unit)
-		unit = weight_bytes(&m.embed);
-	if (weight_bytes(&m.lm_head) > unit)
-		unit = weight_bytes(&m.lm_head);
-	size_t frozen = shard ? (m.weight_bytes + (size_t)ranks - 1) / (size_t)ranks : m.weight_bytes;
-	size_t gather = shard && ranks > 1 ? unit : 0;
-	size_t off = (size_t)((double)frozen * offload);
+	/* frozen weights: all per rank, or with --shard-base 1/N of the decoder
+	 * layers plus the buffer one layer is gathered into (finetune.c) */
+	struct llm_frozen_plan fz;
+	llm_frozen_plan(&m, (int)ranks, shard, offload, &fz);
 	struct plan_row rows[] = {
-		{ "frozen_weights", "frozen weights (resident)", frozen - off },
-		{ "frozen_offloaded", "frozen weights (off-loaded to host)", off },
-		{ "gather_buffer", "all-gathered layer buffer", gather },
+		{ "frozen_weights", "frozen weights (resident)", fz.resident },
+		{ "frozen_offloaded", "frozen weights (off-loaded to host)", fz.offloaded },
+		{ "gather_buffer", shard ? "all-gathered layer buffer" : "copied-in layer buffer", fz.buffer },
 		{ "lora_params", "LoRA parameters", p.params },
 		{ "gradients", "LoRA gradients", p.grads },
 		{ "optimizer_state", "AdamW state (m, v)", p.optimizer },
@@ -72,9 +52,10 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
 	if (json) {
 		printf("{\"model\": \"%s\", \"n_layer\": %d, \"d_model\": %d, \"seq_len\": %d, \"micro_batch\": %d, "
 		       "\"ranks\": %lld, \"shard_base\": %s, \"offload_base\": %g, \"checkpoint_activations\": %s, "
-		       "\"rank\": %d, \"lora_params\": %zu, \"bytes_per_rank\": {", model, m.cfg.n_layer, m.cfg.d_model,
+		       "\"rank\": %d, \"lora_params\": %zu, \"decoder_weights\": %zu, \"other_weights\": %zu, "
+		       "\"offloaded_layers\": %d, \"bytes_per_rank\": {", model, m.cfg.n_layer, m.cfg.d_model,
 		       o->seq_len, o->micro_batch, (long long)ranks, shard ? "true" : "false", offload,
-		       o->checkpoint ? "true" : "false", o->rank, lo.n_params);
+		       o->checkpoint ? "true" : "false", o->rank, lo.n_params, fz.decoder, fz.other, fz.n_offloaded);
 		for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
 			printf("\"%s\": %zu, ", rows[i].key, rows[i].bytes);
 		printf("\"total\": %zu}}\n", total);
@@ -94,6 +75,8 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
 	return 0;
 }
 
+static struct llm_comm *world;    /* one rank unless under mpirun */
+
 int main(int argc, char **argv)
 {
 	struct llm_finetune_opts o = {
@@ -103,7 +86,7 @@ int main(int argc, char **argv)
 	};
 	const char *model = NULL, *targets = "q,k,v,o,gate,up,down", *merge = NULL, *sample = NULL;
 	int64_t rank = 8, seq_len = 512, micro = 1, accum = 1, seed = 0, threads = 0, sample_tokens = 32;
-	int64_t warmup = 0, ranks = 1;
+	int64_t warmup = 0, ranks = 0;
 	int no_pack = 0, plan = 0, json = 0, shard = 0;
 	double offload = 0;
 	const struct llm_opt opts[] = {
@@ -144,15 +127,16 @@ int main(int argc, char **argv)
 		LLM_INT(0, "sample-tokens", "N", &sample_tokens, "tokens --sample generates", 1, 1 << 20),
 		LLM_FLAG(0, "plan", &plan, "print the memory per rank without loading the weights, then exit"),
 		LLM_FLAG(0, "json", &json, "with --plan: JSON instead of a table"),
-		LLM_INT(0, "ranks", "N", &ranks, "with --plan: ranks to plan for", 1, 1 << 20),
-		LLM_FLAG(0, "shard-base", &shard, "with --plan: frozen weights sharded across ranks (ZeRO-3)"),
-		LLM_FLOAT(0, "offload-base", "FRACTION", &offload, "with --plan: share of the frozen weights off-loaded to host", 0, 1),
+		LLM_INT(0, "ranks", "N", &ranks, "with --plan: ranks to plan for (default: as launched)", 1, 1 << 20),
+		LLM_FLAG(0, "shard-base", &shard, "each rank keeps 1/N of the frozen layers, all-gathered per use (ZeRO-3)"),
+		LLM_FLOAT(0, "offload-base", "FRACTION", &offload, "share of the frozen layers kept in host memory, copied in per use", 0, 1),
 		LLM_FLAG('f', "force", &o.force, "replace an existing adapter or checkpoint at -o"),
 	};
 	const struct llm_cli cli = {
 		.usage = "llm-finetune [options] -m CKPT --data FILE.jsonl -o ADAPTER_DIR",
-		.summary = "Train a LoRA adapter on a frozen base checkpoint (CPU) and write it in the PEFT layout;\n"
-		           "--merge folds an adapter into a checkpoint, --plan prints the memory a run needs.",
+		.summary = "Train a LoRA adapter on a frozen base checkpoint (CPU) and write it in the PEFT layout,\n"
+		           "data parallel under mpirun -np N; --merge folds an adapter into a checkpoint,\n"
+		           "--plan prints the memory a run needs per rank.",
 		.example = "llm-finetune -m models/stories260K --data tests/data/finetune/train.jsonl -o /tmp/ad --steps 50 --lr 1e-2",
 		.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 0, .max_pos = 0,
 	};
@@ -176,16 +160,31 @@ int main(int argc, char **argv)
 	o.adam.warmup = warmup;
 	if (json && !plan)
 		return llm_args_usage_error(&cli, "--json goes with --plan");
-	if (!plan && (ranks > 1 || shard || offload > 0))
-		return llm_args_usage_error(&cli, "--ranks, --shard-base and --offload-base plan only for now: "
-		                            "multi-rank training needs the MPI comm layer");
-	if (plan)
-		return print_plan(model, &o, ranks, shard, offload, json);
+	if (!plan && ranks)
+		return llm_args_usage_error(&cli, "--ranks goes with --plan (training takes its ranks from mpirun -np)");
+	if ((shard || offload > 0) && !plan && !o.data)
+		return llm_args_usage_error(&cli, "--shard-base and --offload-base go with training or --plan");
+	if (merge && (!o.out || o.data))
+		return llm_args_usage_error(&cli, o.out ? "--merge does not train: drop --data" : "--merge needs -o OUT");
+	if (!plan && !merge && !o.data && !sample)
+		return llm_args_usage_error(&cli, "--data FILE is required (or --merge, --plan, --sample)");
+	if (!plan && !merge && o.data && !o.out)
+		return llm_args_usage_error(&cli, "-o ADAPTER_DIR is required");
+	if (o.resume && o.force)
+		return llm_args_usage_error(&cli, "--resume and --force do not go together");
+	if (llm_comm_init(&world, &argc, &argv))
+		llm_die("%s", llm_errmsg());
+	/* --plan, --merge and --sample run on rank 0 alone */
+	if (world->rank != 0 && (plan || merge || !o.data)) {
+		llm_comm_finalize(world);
+		return 0;
+	}
+	if (plan) {
+		rc = print_plan(model, &o, ranks ? ranks : world->size, shard, offload, json);
+		llm_comm_finalize(world);
+		return rc;
+	}
 	if (merge) {
-		if (!o.out)
-			return llm_args_usage_error(&cli, "--merge needs -o OUT");
-		if (o.data)
-			return llm_args_usage_error(&cli, "--merge does not train: drop --data");
 		struct llm_model m;
 		struct llm_lora lo;
 		if (llm_model_open(&m, model) || llm_lora_load(&lo, merge, &m.cfg))
@@ -195,25 +194,43 @@ int main(int argc, char **argv)
 		if (llm_lora_merge(&lo, model, o.out, &wo))
 			llm_die("%s", llm_errmsg());
 		llm_lora_free(&lo);
+		llm_comm_finalize(world);
 		return 0;
 	}
-	if (!o.data && !sample)
-		return llm_args_usage_error(&cli, "--data FILE is required (or --merge, --plan, --sample)");
 	if (o.data) {
-		if (!o.out)
-			return llm_args_usage_error(&cli, "-o ADAPTER_DIR is required");
-		if (o.resume && o.force)
-			return llm_args_usage_error(&cli, "--resume and --force do not go together");
 		struct llm_finetune_result r;
-		if (llm_finetune(&o, &r))
+		o.comm = world;
+		o.shard_base = shard;
+		o.offload_base = offload;
+		/* ranks on one node share its cores (the results do not depend on it) */
+		if (!threads && world->size > 1) {
+			const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+			long local = ls ? strtol(ls, NULL, 10) : world->size, ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+			o.n_threads = (int)(local > 0 && ncpu / local > 1 ? ncpu / local : 1);
+		}
+		if (llm_finetune(&o, &r)) {
+			if (r.peer_failed) {          /* the failing rank reports and ends the job */
+				llm_comm_barrier(world);
+				exit(1);
+			}
+			if (world->size > 1)
+				llm_comm_die("%s", llm_errmsg());
 			llm_die("%s", llm_errmsg());
-		if (r.steps > r.start_step)
-			LLM_INFO("done: %lld steps, loss %.4f -> %.4f, %.0f tok/s, peak RSS %.1f MiB "
-			         "(plan %.1f MiB + mapped weights %.1f MiB)\n", (long long)r.steps, r.first_loss,
-			         r.last_loss, r.tokens_per_s, (double)r.peak_rss / 1048576.0,
-			         (double)r.plan.total / 1048576.0, (double)r.weight_bytes / 1048576.0);
+		}
+		if (r.steps > r.start_step && world->rank == 0) {
+			LLM_INFO("done: %lld steps, loss %.4f -> %.4f, %.0f tok/s, peak RSS %.1f MiB%s "
+			         "(plan %.1f MiB + frozen weights %.1f MiB + layer buffer %.1f MiB)\n", (long long)r.steps,
+			         r.first_loss, r.last_loss, r.tokens_per_s, (double)r.peak_rss_max / 1048576.0,
+			         world->size > 1 ? " (largest rank)" : "", (double)r.plan.total / 1048576.0,
+			         (double)(r.frozen.resident + r.frozen.offloaded) / 1048576.0,
+			         (double)r.frozen.buffer / 1048576.0);
+			if (r.gathered || r.copied_in)
+				LLM_INFO("frozen weights moved per rank: %.1f MiB all-gathered from other ranks, "
+				         "%.1f MiB copied in from host memory\n", (double)r.gathered / 1048576.0,
+				         (double)r.copied_in / 1048576.0);
+		}
 	}
-	if (sample) {
+	if (sample && world->rank == 0) {
 		char *text;
 		if (llm_finetune_sample(model, o.data ? o.out : o.adapter, sample, (int)sample_tokens,
 		                        (int)threads, &text))
@@ -221,5 +238,7 @@ int main(int argc, char **argv)
 		printf("%s\n", text);
 		free(text);
 	}
+	if (llm_comm_finalize(world))
+		llm_die("%s", llm_errmsg());
 	return 0;
 }

@@ -13,7 +13,7 @@ check "--help exits 0 and prints the usage line" sh -c "$FT --help | grep -q '^u
 check_fails "no -m is a usage error" 2 $FT --data $D/train.jsonl -o "$T/x"
 check_fails "an unknown --targets item is a usage error" 2 $FT -m m --targets q,zz --data $D/train.jsonl -o "$T/x"
 check_fails "--json without --plan is a usage error" 2 $FT -m m --json
-check_fails "--shard-base for training is a usage error (plan only)" 2 $FT -m m --shard-base --data $D/train.jsonl -o "$T/x"
+check_fails "--ranks for training is a usage error (mpirun -np sets the ranks)" 2 $FT -m m --ranks 2 --data $D/train.jsonl -o "$T/x"
 check_fails "a missing model is a runtime error" 1 $FT -m "$T/nope" --data $D/train.jsonl -o "$T/x"
 
 # --plan on a random checkpoint: needs no data, reads no weights
@@ -22,13 +22,20 @@ $FT -m "$T/tiny" --plan --seq-len 128 --micro-batch 2 >"$T/plan.txt"
 check "--plan prints a table with a total" grep -q '^total ' "$T/plan.txt"
 $FT -m "$T/tiny" --plan --json --seq-len 128 >"$T/p0.json" &&
 	$FT -m "$T/tiny" --plan --json --seq-len 128 --checkpoint-activations >"$T/p1.json" &&
-	$FT -m "$T/tiny" --plan --json --seq-len 128 --ranks 2 --shard-base >"$T/p2.json"
-check "--plan --json: checkpointing shrinks activations, --shard-base halves the frozen weights" python3 -c "
+	$FT -m "$T/tiny" --plan --json --seq-len 128 --ranks 2 --shard-base >"$T/p2.json" &&
+	$FT -m "$T/tiny" --plan --json --seq-len 128 --offload-base 0.5 >"$T/p3.json"
+check "--plan --json: checkpointing shrinks activations, --shard-base halves the decoder weights, --offload-base moves half the layers to host" python3 -c "
 import json
-a, b, c = (json.load(open('$T/p%d.json' % i))['bytes_per_rank'] for i in range(3))
+j = [json.load(open('$T/p%d.json' % i)) for i in range(4)]
+a, b, c, d = (x['bytes_per_rank'] for x in j)
+dec, oth, nl = j[0]['decoder_weights'], j[0]['other_weights'], j[0]['n_layer']
 assert b['layer_activations'] * 2 == a['layer_activations'], (a, b)
 assert b['total'] < a['total']
-assert abs(c['frozen_weights'] * 2 - a['frozen_weights']) <= 2 and c['gather_buffer'] > 0, (a, c)
+assert a['frozen_weights'] == dec + oth and a['gather_buffer'] == 0, a
+# each rank: the replicated embeddings and norm, half of each layer (64-byte pieces), one whole layer buffer
+assert 0 <= c['frozen_weights'] - (oth + dec / 2) <= 64 * 18 * nl and c['gather_buffer'] >= dec / nl, (c, dec, oth)
+k = j[3]['offloaded_layers']
+assert k == round(nl / 2) and d['frozen_offloaded'] == dec * k // nl and d['frozen_weights'] + d['frozen_offloaded'] == a['frozen_weights'], d
 "
 
 if ! have_stories; then
@@ -86,6 +93,13 @@ $FT -m "$S" $CMP --steps 12 -o "$T/c0" --log "$T/c0.csv"
 $FT -m "$S" $CMP --steps 12 -o "$T/c1" --log "$T/c1.csv" --checkpoint-activations
 check "activation checkpointing: the same loss curve and adapter, bit for bit" sh -c \
 	"cut -d, -f1-4 '$T/c0.csv' >'$T/c0.cut' && cut -d, -f1-4 '$T/c1.csv' >'$T/c1.cut' && cmp -s '$T/c0.cut' '$T/c1.cut' && cmp -s '$T/c0/adapter_model.safetensors' '$T/c1/adapter_model.safetensors'"
+# one rank: --shard-base (a shard of 1/1) and --offload-base 0.6 run each
+# layer from the working buffer instead of the mapping: the same bytes
+$FT -m "$S" $CMP --steps 12 -o "$T/c2" --log "$T/c2.csv" --shard-base --offload-base 0.6 -v 2>"$T/c2.err"
+check "--shard-base and --offload-base on one rank: the same loss curve and adapter, bit for bit" sh -c \
+	"cut -d, -f1-4 '$T/c2.csv' >'$T/c2.cut' && cmp -s '$T/c0.cut' '$T/c2.cut' && cmp -s '$T/c0/adapter_model.safetensors' '$T/c2/adapter_model.safetensors'"
+check "--offload-base 0.6 of 5 layers: 3 layers off-loaded, bytes copied in are reported" sh -c \
+	"grep -q 'off-loaded (3 layers)' '$T/c2.err' && grep -q 'MiB copied in from host memory' '$T/c2.err'"
 llm-quantize -q "$S" "$T/s8"
 $FT -m "$T/s8" $CMP --steps 12 -o "$T/c8" --log "$T/c8.csv"
 # FP8 E4M3 with 128x128 block scales moves each weight by up to ~6% (3

@@ -26,21 +26,11 @@
 #define STATE_MAGIC "LLMFTST1"
 #define STATE_NAME "training_state.bin"
 
-static const char *aux_get(void *ctx, const char *name, size_t *len)
-{
-	const struct llm_aux *a = llm_ckpt_aux(ctx, name);
-	if (!a)
-		return NULL;
-	*len = a->len;
-	return a->data;
-}
-
 enum llm_status llm_finetune_tokenizer(const struct llm_model *m, const char *path,
                                        struct llm_tokenizer **tk)
 {
 	if (llm_ckpt_aux(&m->ck, "tokenizer.json") && !m->ck.is_dir) {
-		struct llm_tok_files f = { aux_get, (void *)&m->ck };
-		return llm_tokenizer_open_mem(tk, path, &f);
+		return llm_tokenizer_open_ckpt(tk, path, &m->ck);
 	}
 	if (m->ck.is_dir)
 		return llm_tokenizer_open(tk, path);

@@ -1463,40 +1463,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- start / stop ------------------------------------------------------ */
 
-static const char *aux_get(void *ctx, const char *name, size_t *len)
-{
-	const struct llm_aux *a = llm_ckpt_aux(ctx, name);
-	if (!a)
-		return NULL;
-	*len = a->len;
-	return a->data;
-}
-
-/* The tokenizer of a checkpoint directory or single file. */
-static enum llm_status open_tokenizer(const char *model, struct llm_tokenizer **tk)
-{
-	struct stat st;
-	if (stat(model, &st) != 0)
-		return llm_fail(LLM_ERR_IO, "%s: no such file or directory", model);
-	if (S_ISDIR(st.st_mode))
-		return llm_tokenizer_open(tk, model);
-	struct llm_ckpt ck = { 0 };
-	LLM_TRY(llm_ckpt_open(&ck, model));
-	enum llm_status s;
-	if (llm_ckpt_aux(&ck, "tokenizer.json")) {
-		struct llm_tok_files files = { aux_get, &ck };
-		s = llm_tokenizer_open_mem(tk, model, &files);
-	} else {
-		char *dir = llm_strdup(model), *slash = dir ? strrchr(dir, '/') : NULL;
-		if (slash)
-			*slash = 0;
-		s = dir ? llm_tokenizer_open(tk, slash ? dir : ".") : llm_fail(LLM_ERR_NOMEM, "out of memory");
-		free(dir);
-	}
-	llm_ckpt_close(&ck);
-	return s;
-}
-
 enum llm_status llm_server_start(struct llm_server **out, const struct llm_server_opts *o)
 {
 	*out = NULL;
@@ -1524,7 +1490,7 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 			b--;
 		s->model_name = strndup(m + b, n - b);
 	}
-	if ((st = open_tokenizer(o->model, &s->tk)))
+	if ((st = llm_tokenizer_open_model(&s->tk, o->model)))
 		goto fail;
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
 	struct addrinfo *ai = NULL;

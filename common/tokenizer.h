@@ -48,6 +48,16 @@ enum llm_status llm_tokenizer_open(struct llm_tokenizer **tk, const char *dir);
  * required; the other files are optional. */
 enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **tk, const char *origin,
                                        const struct llm_tok_files *files);
+
+struct llm_ckpt;
+/* The tokenizer whose side files an open checkpoint carries (a single-file
+ * checkpoint's __metadata__, or a directory's files); ORIGIN names it in
+ * errors (tokenizer_ckpt.c). */
+enum llm_status llm_tokenizer_open_ckpt(struct llm_tokenizer **tk, const char *origin,
+                                        const struct llm_ckpt *ck);
+/* The tokenizer of the model at PATH: a directory, or a .safetensors file
+ * whose metadata carries tokenizer.json, else the directory holding it. */
+enum llm_status llm_tokenizer_open_model(struct llm_tokenizer **tk, const char *path);
 void llm_tokenizer_close(struct llm_tokenizer *tk);
 
 /* Encode LEN bytes of UTF-8 TEXT. ADD_SPECIAL applies the post-processor

@@ -91,41 +91,6 @@ static const struct llm_cli cli = {
 	.max_pos = 0,
 };
 
-/* ---- tokenizer from a directory or a single-file checkpoint */
-
-static const char *aux_get(void *ctx, const char *name, size_t *len)
-{
-	const struct llm_aux *a = llm_ckpt_aux(ctx, name);
-	if (!a)
-		return NULL;
-	*len = a->len;
-	return a->data;
-}
-
-static enum llm_status open_tokenizer(const char *model, struct llm_tokenizer **tk)
-{
-	struct stat st;
-	if (stat(model, &st) != 0)
-		return llm_fail(LLM_ERR_IO, "%s: no such file or directory", model);
-	if (S_ISDIR(st.st_mode))
-		return llm_tokenizer_open(tk, model);
-	struct llm_ckpt ck = { 0 };
-	LLM_TRY(llm_ckpt_open(&ck, model));
-	enum llm_status s;
-	if (llm_ckpt_aux(&ck, "tokenizer.json")) {
-		struct llm_tok_files files = { aux_get, &ck };
-		s = llm_tokenizer_open_mem(tk, model, &files);
-	} else {   /* a model.safetensors inside a model directory */
-		char *dir = llm_strdup(model), *slash = dir ? strrchr(dir, '/') : NULL;
-		if (slash)
-			*slash = 0;
-		s = dir ? llm_tokenizer_open(tk, slash ? dir : ".") : llm_fail(LLM_ERR_NOMEM, "out of memory");
-		free(dir);
-	}
-	llm_ckpt_close(&ck);
-	return s;
-}
-
 static enum llm_status write_out(const char *s, size_t n)
 {
 	if (fwrite(s, 1, n, stdout) != n || fflush(stdout) != 0)
@@ -1007,7 +972,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	struct llm_tokenizer *tk = NULL;
-	if (open_tokenizer(cfg.model, &tk)) {
+	if (llm_tokenizer_open_model(&tk, cfg.model)) {
 		/* generation from prompt_ids needs no tokenizer: a checkpoint
 		 * without tokenizer files (random weights) still runs */
 		char *tj = llm_path_join(cfg.model, "tokenizer.json");

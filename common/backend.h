@@ -84,6 +84,10 @@ struct llm_backend_ops {
 	/* y (n_tok, w->rows) = x (n_tok, w->cols) . W^T */
 	enum llm_status (*matmul)(struct llm_backend *be, struct llm_view y,
 	                          struct llm_view x, const struct llm_weight *w);
+	/* y[i] = x . w[i]^T for i < n (1..4) in one dispatch, each y[i] equal
+	 * to what matmul gives; NULL: the model calls matmul n times */
+	enum llm_status (*matmul_n)(struct llm_backend *be, int n, const struct llm_view *y,
+	                            struct llm_view x, const struct llm_weight *const *w);
 	/* In place on x (n_tok, n_head * d_head), Hugging Face rotate_half pairs
 	 * (j, j + d_head/2) rotated by pos[i] * inv_freq[j]; inv_freq (d_head/2). */
 	enum llm_status (*rope)(struct llm_backend *be, struct llm_view x, const int32_t *pos,
@@ -149,6 +153,10 @@ void llm_cpu_x_to_bf16(uint16_t *dst, int64_t dst_stride, const float *x, int64_
                        int64_t n_tok, int64_t cols);
 void llm_cpu_matmul_rows_bf16x(float *y, int64_t y_stride, const uint16_t *xb, int64_t xb_stride,
                                int64_t n_tok, const struct llm_weight *w, int64_t r0, int64_t r1);
+/* E4M3 weights at level LLM_ISA_AVX512BF16 take AVX512_VBMI byte permutes
+ * where the CPU has them, with the same results. ON 1 or 0 forces them on
+ * (if present) or off, -1 asks; returns whether they are used. */
+int llm_cpu_matmul_vbmi(int on);
 /* The level that llm_cpu_matmul_rows(ISA, ...) really uses for dtype T. */
 enum llm_cpu_isa llm_cpu_matmul_isa(enum llm_cpu_isa isa, enum llm_dtype t);
 /* Row r of W dequantized to f32 (cols floats). */

@@ -299,9 +299,15 @@ static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
 	return LLM_OK;
 }
 
+/* Y[i] = X . W[i]^T for i < n: one dispatch over the rows of every W
+ * (q, k and v, or gate and up, share their input), so small matrices still
+ * split across threads and the pool is woken once. */
+#define MM_MAX 4
 struct mm_job {
-	struct llm_view y, x;
-	const struct llm_weight *w;
+	int n;
+	struct llm_view y[MM_MAX], x;
+	const struct llm_weight *w[MM_MAX];
+	int64_t off[MM_MAX + 1];     /* first row of w[i] in the concatenation */
 	enum llm_cpu_isa isa;
 	const uint16_t *xb;          /* (x.rows, x.cols) x rounded to bf16, or NULL */
 };
@@ -310,27 +316,44 @@ static void mm_task(void *ctx, int ith, int nth)
 {
 	struct mm_job *j = ctx;
 	int64_t b, e;
-	split(j->w->rows, ith, nth, 4, &b, &e);
-	if (b >= e)
-		return;
-	if (j->xb)
-		llm_cpu_matmul_rows_bf16x(j->y.data, j->y.stride, j->xb, j->x.cols, j->x.rows, j->w, b, e);
-	else
-		llm_cpu_matmul_rows(j->isa, j->y.data, j->y.stride, j->x.data, j->x.stride,
-		                    j->x.rows, j->w, b, e);
+	split(j->off[j->n], ith, nth, 4, &b, &e);
+	for (int i = 0; i < j->n && b < e; i++) {
+		int64_t lo = b > j->off[i] ? b : j->off[i], hi = e < j->off[i + 1] ? e : j->off[i + 1];
+		if (lo >= hi)
+			continue;
+		const struct llm_weight *w = j->w[i];
+		lo -= j->off[i];
+		hi -= j->off[i];
+		if (j->xb && llm_cpu_matmul_isa(j->isa, w->dtype) == LLM_ISA_AVX512BF16)
+			llm_cpu_matmul_rows_bf16x(j->y[i].data, j->y[i].stride, j->xb, j->x.cols, j->x.rows, w, lo, hi);
+		else
+			llm_cpu_matmul_rows(j->isa, j->y[i].data, j->y[i].stride, j->x.data, j->x.stride,
+			                    j->x.rows, w, lo, hi);
+	}
 }
 
-static enum llm_status cpu_matmul(struct llm_backend *be, struct llm_view y,
-                                  struct llm_view x, const struct llm_weight *w)
+static enum llm_status cpu_matmul_n(struct llm_backend *be, int n, const struct llm_view *y,
+                                    struct llm_view x, const struct llm_weight *const *w)
 {
 	LLM_TRY(need_f32("matmul", x));
-	if (x.cols != w->cols || y.cols != w->rows || y.rows != x.rows)
-		return llm_fail(LLM_ERR_INTERNAL, "matmul %s: shapes (%lld, %lld) x (%lld, %lld)^T -> (%lld, %lld)",
-		                w->name ? w->name : "?", (long long)x.rows, (long long)x.cols,
-		                (long long)w->rows, (long long)w->cols, (long long)y.rows, (long long)y.cols);
 	struct cpu_be *c = cpu(be);
-	struct mm_job j = { y, x, w, c->isa, NULL };
-	if (llm_cpu_matmul_isa(c->isa, w->dtype) == LLM_ISA_AVX512BF16) {
+	if (n < 1 || n > MM_MAX)
+		return llm_fail(LLM_ERR_INTERNAL, "matmul: %d weights in one dispatch (1 to %d)", n, MM_MAX);
+	struct mm_job j = { .n = n, .x = x, .isa = c->isa };
+	int bfx = 0;
+	for (int i = 0; i < n; i++) {
+		if (x.cols != w[i]->cols || y[i].cols != w[i]->rows || y[i].rows != x.rows)
+			return llm_fail(LLM_ERR_INTERNAL,
+			                "matmul %s: shapes (%lld, %lld) x (%lld, %lld)^T -> (%lld, %lld)",
+			                w[i]->name ? w[i]->name : "?", (long long)x.rows, (long long)x.cols,
+			                (long long)w[i]->rows, (long long)w[i]->cols, (long long)y[i].rows,
+			                (long long)y[i].cols);
+		j.y[i] = y[i];
+		j.w[i] = w[i];
+		j.off[i + 1] = j.off[i] + w[i]->rows;
+		bfx |= llm_cpu_matmul_isa(c->isa, w[i]->dtype) == LLM_ISA_AVX512BF16;
+	}
+	if (bfx) {
 		/* x rounded to bf16 once, not once per row tile */
 		size_t need = (size_t)x.rows * (size_t)x.cols;
 		if (c->xbf_cap < need) {     /* grows to the largest batch, then stays */
@@ -344,9 +367,15 @@ static enum llm_status cpu_matmul(struct llm_backend *be, struct llm_view y,
 		llm_cpu_x_to_bf16(c->xbf, x.cols, x.data, x.stride, x.rows, x.cols);
 		j.xb = c->xbf;
 	}
-	double work = (double)x.rows * (double)w->rows * (double)w->cols;
-	pool_run(&cpu(be)->pool, nth_for(be, work), mm_task, &j);
+	double work = (double)x.rows * (double)j.off[n] * (double)x.cols;
+	pool_run(&c->pool, nth_for(be, work), mm_task, &j);
 	return LLM_OK;
+}
+
+static enum llm_status cpu_matmul(struct llm_backend *be, struct llm_view y,
+                                  struct llm_view x, const struct llm_weight *w)
+{
+	return cpu_matmul_n(be, 1, &y, x, &w);
 }
 
 static enum llm_status cpu_rope(struct llm_backend *be, struct llm_view x, const int32_t *pos,
@@ -611,6 +640,7 @@ const struct llm_backend_ops llm_cpu_ops = {
 	.embed = cpu_embed,
 	.rmsnorm = cpu_rmsnorm,
 	.matmul = cpu_matmul,
+	.matmul_n = cpu_matmul_n,
 	.rope = cpu_rope,
 	.kv_store = cpu_kv_store,
 	.attention = cpu_attention,

@@ -216,6 +216,52 @@ static void e4m3_codes(enum llm_cpu_isa isa)
 	check(!bad, "E4M3 decode on %s: all 254 non-NaN codes exact (%d wrong)", llm_cpu_isa_name(isa), bad);
 }
 
+/* E4M3 at avx512bf16: the AVX512_VBMI kernels (64 codes per step, byte
+ * permutes) give the same bits as the word-permute ones, for every code
+ * (NaN included), ragged widths and tails, 1 to 9 tokens (decode tiles and
+ * the bf16 copy of prefill) and block widths of 64 and more. */
+static void e4m3_vbmi(void)
+{
+	if (!llm_cpu_matmul_vbmi(-1)) {
+		check_skip("this CPU lacks AVX512_VBMI", "E4M3 matmul, VBMI kernels against the word-permute ones");
+		return;
+	}
+	static const int64_t shape[][4] = {   /* rows, cols, block rows, block cols */
+		{ 64, 576, 128, 128 }, { 37, 300, 1, 128 }, { 13, 200, 1, 0 }, { 9, 1000, 16, 64 },
+		{ 5, 70, 0, 0 }, { 130, 127, 128, 96 },
+	};
+	int same = 1, cases = 0;
+	for (size_t s = 0; s < sizeof shape / sizeof *shape; s++) {
+		struct wbuf wb;
+		int64_t rows = shape[s][0], cols = shape[s][1];
+		make_weight(&wb, LLM_DTYPE_E4M3, rows, cols, shape[s][2], shape[s][3], 0);
+		uint8_t *codes = wb.data;
+		for (int64_t i = 0; i < rows * cols; i += 97)
+			codes[i] = (uint8_t)(i & 1 ? 0xff : 0x7f);   /* NaN codes */
+		for (int c = 0; c < 256 && c < rows * cols; c++)
+			codes[c] = (uint8_t)c;                        /* every code */
+		for (int nt = 1; nt <= 9; nt += 4) {
+			float *x = malloc((size_t)(nt * cols) * 4), *y0 = malloc((size_t)(nt * rows) * 4);
+			float *y1 = malloc((size_t)(nt * rows) * 4);
+			for (int64_t i = 0; i < nt * cols; i++)
+				x[i] = frand();
+			llm_cpu_matmul_vbmi(0);
+			llm_cpu_matmul_rows(LLM_ISA_AVX512BF16, y0, rows, x, cols, nt, &wb.w, 0, rows);
+			llm_cpu_matmul_vbmi(1);
+			llm_cpu_matmul_rows(LLM_ISA_AVX512BF16, y1, rows, x, cols, nt, &wb.w, 0, rows);
+			same &= !memcmp(y0, y1, (size_t)(nt * rows) * 4);
+			cases++;
+			free(x);
+			free(y0);
+			free(y1);
+		}
+		free_weight(&wb);
+	}
+	llm_cpu_matmul_vbmi(1);
+	check(same, "E4M3 matmul: VBMI kernels = word-permute kernels bit for bit (%d cases, NaN codes, tails)",
+	      cases);
+}
+
 static void test_matmul(enum llm_cpu_isa best)
 {
 	static const struct { enum llm_dtype dt; int64_t br, bc; } w[] = {
@@ -237,8 +283,10 @@ static void test_matmul(enum llm_cpu_isa best)
 			matmul_exact(isa, w[k].dt, w[k].br, w[k].bc);
 		}
 		e4m3_codes(isa);
-		if (isa == LLM_ISA_AVX512BF16)
+		if (isa == LLM_ISA_AVX512BF16) {
+			e4m3_vbmi();
 			continue;
+		}
 		/* the attention dot */
 		float a[77], b[77];
 		for (int i = 0; i < 77; i++) {
@@ -385,6 +433,38 @@ static void test_backend_ops(enum llm_cpu_isa best)
 		free(my1);
 		free(my2);
 		free_weight(&wb);
+	}
+	/* several weights sharing x in one dispatch (q, k, v): each output the
+	 * same bits as its own kernel call, whatever thread got which rows */
+	if (vb->ops->matmul_n) {
+		static const enum llm_dtype ndt[] = { LLM_DTYPE_F32, LLM_DTYPE_E4M3 };
+		for (size_t k = 0; k < sizeof ndt / sizeof *ndt; k++) {
+			int64_t rows[3] = { 301, 97, 97 }, cols = 192, nt = 5;
+			struct wbuf wb[3];
+			struct llm_view ys[3];
+			const struct llm_weight *ws[3];
+			float *mx = malloc((size_t)(nt * cols) * 4), *ref[3];
+			for (int64_t i = 0; i < nt * cols; i++)
+				mx[i] = frand();
+			for (int i = 0; i < 3; i++) {
+				make_weight(&wb[i], ndt[k], rows[i], cols, 128, 64, 0);
+				ref[i] = malloc((size_t)(nt * rows[i]) * 4);
+				llm_cpu_matmul_rows(best, ref[i], rows[i], mx, cols, nt, &wb[i].w, 0, rows[i]);
+				ys[i] = llm_view_f32(malloc((size_t)(nt * rows[i]) * 4), nt, rows[i]);
+				ws[i] = &wb[i].w;
+			}
+			vb->ops->matmul_n(vb, 3, ys, llm_view_f32(mx, nt, cols), ws);
+			int same = 1;
+			for (int i = 0; i < 3; i++) {
+				same &= !memcmp(ref[i], ys[i].data, (size_t)(nt * rows[i]) * 4);
+				free(ref[i]);
+				free(ys[i].data);
+				free_weight(&wb[i]);
+			}
+			check(same, "matmul_n %s: 3 weights of 301, 97, 97 rows in one dispatch (2 threads), "
+			      "each the same bits as its own kernel call", llm_dtype_name(ndt[k]));
+			free(mx);
+		}
 	}
 	/* rmsnorm through both backends (scalar op on both: must be identical) */
 	float x[3 * 50], w[50], o1[3 * 50], o2[3 * 50];

@@ -8,6 +8,7 @@
  * KV blocks of a request's whole length (prompt + max new tokens), so a
  * running request never finds the cache full. */
 #include "generate.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -40,6 +41,7 @@ struct req {
 
 struct llm_engine {
 	struct llm_model model;
+	struct llm_lora lora;       /* with opts.lora_dir; model.lora points here */
 	struct llm_backend *be;
 	struct llm_kv kv;
 	struct llm_scratch scratch;
@@ -149,8 +151,13 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		goto fail;
 	}
 	resolve_opts(&e->model, in, &e->o, &e->n_ctx);
-	if (e->world && !strcmp(e->o.backend, "auto"))
-		e->o.backend = "cpu";
+	if (e->o.lora_dir) {
+		if ((s = llm_lora_load(&e->lora, e->o.lora_dir, &e->model.cfg)))
+			goto fail;
+		e->model.lora = &e->lora;
+	}
+	if ((e->world || e->o.lora_dir) && !strcmp(e->o.backend, "auto"))
+		e->o.backend = "cpu";       /* what these run on */
 	if (e->o.kv_dtype != LLM_DTYPE_F32 && e->o.kv_dtype != LLM_DTYPE_BF16) {
 		s = llm_fail(LLM_ERR_USAGE, "kv dtype: %s (f32 or bf16)", llm_dtype_name(e->o.kv_dtype));
 		goto fail;
@@ -225,6 +232,7 @@ void llm_engine_close(struct llm_engine *e)
 		llm_kv_free(&e->kv);
 	llm_backend_close(e->be);
 	llm_model_close(&e->model);
+	llm_lora_free(&e->lora);
 	free(e);
 }
 

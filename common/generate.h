@@ -75,6 +75,7 @@ struct llm_engine_opts {
 	int32_t eos_ids[16];        /* ids that finish with LLM_FINISH_EOS */
 	struct llm_comm *comm;      /* the ranks of a distributed run; NULL: llm_comm_world()
 	                               (NULL before llm_comm_init: one process) */
+	const char *lora_dir;       /* a PEFT LoRA adapter to apply (lora.h); NULL: none */
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
 	.kv_dtype = LLM_DTYPE_F32, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }

@@ -9,6 +9,7 @@
  * are in Hugging Face layout: RoPE pairs (j, j + d_head/2). */
 #define _GNU_SOURCE
 #include "model.h"
+#include "lora.h"
 #include "partition.h"
 
 #include <jansson.h>
@@ -378,6 +379,12 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 	if (m->dist && strcmp(be->ops->name, "cpu"))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: distributed runs compute on the CPU backend "
 		                "(GPU ranks over NCCL are not implemented yet)", be->ops->name);
+	if (m->lora && m->dist)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "a LoRA adapter on a distributed run is not supported: "
+		                "merge it into the checkpoint (llm-finetune --merge) and partition that");
+	if (m->lora && strcmp(be->ops->name, "cpu"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: a LoRA adapter is applied on the cpu backend "
+		                "only: use --backend cpu, or merge it (llm-finetune --merge)", be->ops->name);
 	for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) {
 		if (!ws[i]->data)
 			continue;             /* not on this stage */
@@ -549,6 +556,27 @@ static enum llm_status logits_to_root(struct llm_model *m, struct llm_scratch *s
 	return LLM_OK;
 }
 
+/* y[i] = x . w[i]^T for weights that share their input, in one dispatch
+ * where the backend has one. */
+static enum llm_status matmuls(struct llm_backend *be, int n, const struct llm_view *y,
+                               struct llm_view x, const struct llm_weight *const *w)
+{
+	if (be->ops->matmul_n)
+		return be->ops->matmul_n(be, n, y, x, w);
+	for (int i = 0; i < n; i++)
+		LLM_TRY(be->ops->matmul(be, y[i], x, w[i]));
+	return LLM_OK;
+}
+
+/* y += the adapter's low-rank term of projection T of layer L, from the
+ * projection's input x (host memory: llm_model_check_backend refuses an
+ * adapter on another backend) */
+static void lora(const struct llm_model *m, int l, int t, struct llm_view y, struct llm_view x)
+{
+	if (m->lora)
+		llm_lora_apply(m->lora, l, t, y.data, y.stride, x.data, x.stride, x.rows);
+}
+
 /* Fewest tokens in a pipeline micro-batch. A CPU matmul over few tokens
  * costs about one pass over the weights whatever the token count (memory
  * bound), so splitting a decode step of 8 tokens into 4 micro-batches
@@ -584,22 +612,33 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		const struct llm_layer *L = &m->layers[l];
 		int kl = l - m->layer_begin;            /* the cache holds this rank's layers */
 		LLM_TRY(op->rmsnorm(be, xb, x, &L->attn_norm, c->rms_eps));
-		LLM_TRY(op->matmul(be, q, xb, &L->wq));
-		LLM_TRY(op->matmul(be, k, xb, &L->wk));
-		LLM_TRY(op->matmul(be, v, xb, &L->wv));
+		{
+			struct llm_view ys[3] = { q, k, v };
+			const struct llm_weight *ws[3] = { &L->wq, &L->wk, &L->wv };
+			LLM_TRY(matmuls(be, 3, ys, xb, ws));
+			for (int t = LLM_LORA_Q; t <= LLM_LORA_V; t++)
+				lora(m, l, t, ys[t - LLM_LORA_Q], xb);
+		}
 		LLM_TRY(op->rope(be, q, b->pos, m->n_head_loc, c->d_head, m->inv_freq));
 		LLM_TRY(op->rope(be, k, b->pos, m->n_kv_head_loc, c->d_head, m->inv_freq));
 		LLM_TRY(op->kv_store(be, kv, kl, b, k, v));
 		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
 		LLM_TRY(op->matmul(be, xb, att, &L->wo));
+		lora(m, l, LLM_LORA_O, xb, att);
 		if (d)                                  /* row-parallel: partial sums */
 			LLM_TRY(tp_sum(d, s->xb, n_el));
 		LLM_TRY(op->add(be, x, xb));
 		LLM_TRY(op->rmsnorm(be, xb, x, &L->ffn_norm, c->rms_eps));
-		LLM_TRY(op->matmul(be, hb, xb, &L->w_gate));
-		LLM_TRY(op->matmul(be, hb2, xb, &L->w_up));
+		{
+			struct llm_view ys[2] = { hb, hb2 };
+			const struct llm_weight *ws[2] = { &L->w_gate, &L->w_up };
+			LLM_TRY(matmuls(be, 2, ys, xb, ws));
+			lora(m, l, LLM_LORA_GATE, hb, xb);
+			lora(m, l, LLM_LORA_UP, hb2, xb);
+		}
 		LLM_TRY(op->swiglu(be, hb, hb, hb2));
 		LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
+		lora(m, l, LLM_LORA_DOWN, xb, hb);
 		if (d)
 			LLM_TRY(tp_sum(d, s->xb, n_el));
 		LLM_TRY(op->add(be, x, xb));

@@ -86,6 +86,10 @@ struct llm_model {
 	int n_head_loc, n_kv_head_loc, d_ff_loc;
 	int64_t vocab_begin, n_vocab_loc;
 	struct llm_model_dist *dist;   /* NULL: a single process */
+	/* A LoRA adapter applied on top of the frozen projections (lora.h),
+	 * owned by the caller; NULL: none. Needs activations in host memory
+	 * (the CPU backend) and the whole model in this process. */
+	const struct llm_lora *lora;
 };
 
 /* Open the checkpoint at PATH (directory, .safetensors or "-"), parse its

@@ -29,7 +29,7 @@ struct generate_cfg {
 	int skip_special;             /* --detokenize: leave special tokens out */
 	const char *chat_template;    /* FILE overriding the model's template */
 	/* generation */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora;
 	struct llm_strlist stop;
 	int64_t n_predict, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
@@ -77,6 +77,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
+	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend)"),
 };
 
 static const struct llm_cli cli = {
@@ -331,6 +332,7 @@ static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *
 	if (kv != LLM_DTYPE_F32 && kv != LLM_DTYPE_BF16)
 		return llm_fail(LLM_ERR_USAGE, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
 	o.backend = cfg.backend;
+	o.lora_dir = cfg.lora;
 	o.n_threads = (int)cfg.threads;
 	o.kv_dtype = (enum llm_dtype)kv;
 	o.n_ctx = (int)cfg.n_ctx;

@@ -14,7 +14,7 @@
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype;
+	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
 	int64_t max_queue, threads, default_max_tokens;
 	size_t kv_memory, max_body;
@@ -50,6 +50,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
+	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR to every request (cpu backend)"),
 	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
 	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
 };
@@ -134,6 +135,7 @@ int main(int argc, char **argv)
 	};
 	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
 	eo.backend = cfg.backend;
+	eo.lora_dir = cfg.lora;
 	eo.n_threads = (int)cfg.threads;
 	eo.kv_dtype = (enum llm_dtype)kvd;
 	eo.kv_block_size = (int)cfg.kv_block_size;

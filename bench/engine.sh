@@ -8,12 +8,14 @@
 #
 # The weights come from ../shared/tools/mkrandom.py (one seeded random model
 # as Hugging Face BF16 safetensors and GGUF BF16/Q8_0; needs python3-numpy),
-# our FP8 checkpoint from llm-quantize of the same BF16 weights. llama.cpp is
-# timed by ../shared/tools/lbench.c (llama-bench's method) against the
-# prebuilt library of the npm package node-llama-cpp; see
-# ../shared/tools/README.md for building it. Ours: llm-generate --json
-# timings (pp = prompt tokens / time to first token, one forward step of
-# 512 tokens; tg = (tokens - 1) / time after the first), best of 2 runs.
+# our FP8 checkpoints from llm-quantize of the same BF16 weights: the default
+# (decoder projections in FP8, embeddings BF16) and "fp8+emb" (the embedding
+# and lm_head in FP8 too: the same tensors as llama.cpp's Q8_0 file).
+# llama.cpp is timed by ../shared/tools/lbench.c (llama-bench's method)
+# against the prebuilt library of the npm package node-llama-cpp; see
+# ../shared/tools/README.md for building it. Ours: llm-bench model (the same
+# method: pp = one 512-token forward step, tg = 128 tokens from an empty
+# context, one warm-up). Both: mean of 3 repetitions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=${1:-/tmp/llm-bench-engine}
@@ -25,18 +27,13 @@ mkdir -p "$W"
 echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), commit $(git rev-parse --short HEAD)"
 printf '%-16s %-22s %3s %10s %10s\n' model engine thr "pp512 t/s" "tg128 t/s"
 
-ours() {   # dir threads -> "pp tg" (best of 2)
-	local best_pp=0 best_tg=0
-	for r in 1 2; do
-		read -r pp tg < <($G -m "$1" -t "$2" --json --ignore-eos <"$W/p512.jsonl" |
-			$PY -c 'import json,sys; t=json.load(sys.stdin)["timings"]; print(t["prompt_tok_s"], t["gen_tok_s"])')
-		best_pp=$($PY -c "print(max($best_pp, $pp))"); best_tg=$($PY -c "print(max($best_tg, $tg))")
-	done
-	echo "$best_pp $best_tg"
+ours() {   # dir threads -> "pp tg"
+	bin/llm-bench model "$1" -t "$2" -r 3 --format jsonl 2>/dev/null | grep '^{' |
+		$PY -c 'import json,sys; r=[json.loads(l) for l in sys.stdin]; print(r[0]["tok_s"], r[1]["tok_s"])'
 }
-theirs() { # gguf threads -> "pp tg" (best of 2 repetitions)
-	"$LBENCH" "$LBENCH_LIB" "$1" "$2" 512 128 2 2>/dev/null | tail -1 |
-		$PY -c 'import json,sys; o=json.load(sys.stdin); print(max(o["pp_tps"]), max(o["tg_tps"]))'
+theirs() { # gguf threads -> "pp tg"
+	"$LBENCH" "$LBENCH_LIB" "$1" "$2" 512 128 3 2>/dev/null | tail -1 |
+		$PY -c 'import json,sys; o=json.load(sys.stdin); m=lambda v: sum(v)/len(v); print(m(o["pp_tps"]), m(o["tg_tps"]))'
 }
 for cfg in ${CONFIGS[@]}; do
 	name=$(basename "$cfg" .json)
@@ -45,13 +42,9 @@ for cfg in ${CONFIGS[@]}; do
 		$PY ../shared/tools/mkrandom.py --config "$cfg" --out "$d" --formats st-bf16,gguf-bf16,gguf-q8_0 --seed 1 >/dev/null
 	fi
 	[ -d "$d/fp8" ] || bin/llm-quantize -q "$d/hf-bf16" "$d/fp8"
-	vocab=$($PY -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
-	$PY -c "
-import json, random
-random.seed(1)
-print(json.dumps({'prompt_ids': [1] + [random.randrange(2, $vocab) for _ in range(511)], 'max_tokens': 128, 'temperature': 0}))" >"$W/p512.jsonl"
+	[ -d "$d/fp8+emb" ] || bin/llm-quantize -q --include 'proj\.weight$|embed_tokens|lm_head' "$d/hf-bf16" "$d/fp8+emb"
 	for t in 1 2; do
-		for run in ours:hf-bf16 theirs:model-bf16.gguf ours:fp8 theirs:model-q8_0.gguf; do
+		for run in ours:hf-bf16 theirs:model-bf16.gguf ours:fp8 ours:fp8+emb theirs:model-q8_0.gguf; do
 			eng=${run%%:*} m=${run#*:}
 			if [ "$eng" = ours ]; then r=$(ours "$d/$m" $t); label="llm-tools ${m/hf-/}"
 			else r=$(theirs "$d/$m" $t); label="llama.cpp ${m#model-}"; label=${label%.gguf}; fi

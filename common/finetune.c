@@ -325,6 +325,38 @@ void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double off
 	p->resident += p->other;
 }
 
+/* Linux maps up to fault_around_bytes (64 KiB by default, aligned) of a
+ * file's cached pages around a read fault */
+#define FAULT_WINDOW 65536
+
+size_t llm_embed_resident(const struct llm_model *m, const struct llm_dataset *d, size_t *table)
+{
+	const struct llm_weight *e = &m->embed;
+	size_t rb = (size_t)e->cols * llm_dtype_size(e->dtype), nb = rb * (size_t)e->rows;
+	*table = nb;
+	if (!d || !e->data || e->data == m->lm_head.data)
+		return nb;
+	size_t lead = (size_t)((uintptr_t)e->data % FAULT_WINDOW), nwin = (lead + nb + FAULT_WINDOW - 1) / FAULT_WINDOW;
+	uint8_t *hit = calloc(nwin, 1);
+	if (!hit)
+		return nb;
+	size_t n = 0;
+	for (int i = -1; i < d->n; i++)
+		for (int j = 0; j < (i < 0 ? 1 : d->s[i].n); j++) {
+			int64_t id = i < 0 ? 0 : d->s[i].ids[j];      /* 0: the pad of packed rows */
+			if (id < 0 || id >= e->rows)
+				continue;
+			for (size_t w = (lead + (size_t)id * rb) / FAULT_WINDOW;
+			     w <= (lead + (size_t)(id + 1) * rb - 1) / FAULT_WINDOW; w++)
+				if (!hit[w]) {
+					hit[w] = 1;
+					n++;
+				}
+		}
+	free(hit);
+	return n * FAULT_WINDOW < nb ? n * FAULT_WINDOW : nb;
+}
+
 struct frozen {
 	struct llm_model *m;
 	struct llm_comm *comm;
@@ -582,6 +614,10 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 	r->steps = steps;
 	/* the frozen base: in place, or sharded / off-loaded through a layer source */
 	llm_frozen_plan(&m, N, o->shard_base, o->offload_base, &r->frozen);
+	{       /* of an untied input embedding, the pages the data's rows use */
+		size_t table, emb = llm_embed_resident(&m, &d, &table);
+		r->frozen.resident = r->frozen.resident - table + emb;
+	}
 	struct llm_layer_source src = { frozen_fetch, frozen_release, &fz };
 	use_src = o->shard_base || r->frozen.n_offloaded > 0;
 	if (use_src && (s = frozen_init(&fz, &m, cm, o->shard_base, r->frozen.n_offloaded, r->frozen.buffer)))

@@ -254,6 +254,13 @@ struct llm_frozen_plan {
  * only: no weight is read), with SHARD and OFFLOAD in [0, 1]. */
 void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double offload,
                      struct llm_frozen_plan *p);
+/* The resident bytes of M's input embedding table in a run over the
+ * samples of D (pad id 0 included): a separate (untied) table is a file
+ * mapping of which only the rows the tokens use are read, each bringing in
+ * the fault-around window of the kernel (64 KiB, aligned) it lies in; a
+ * table tied to the lm_head is read whole. D NULL: the whole table. *TABLE:
+ * the table's bytes. */
+size_t llm_embed_resident(const struct llm_model *m, const struct llm_dataset *d, size_t *table);
 
 /* ---- a fine-tuning run (finetune.c) ---------------------------------------- */
 

@@ -33,6 +33,19 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
 	 * layers plus the buffer one layer is gathered into (finetune.c) */
 	struct llm_frozen_plan fz;
 	llm_frozen_plan(&m, (int)ranks, shard, offload, &fz);
+	/* with --data: of a separate input embedding, only the rows it uses */
+	struct llm_dataset d = { 0 };
+	struct llm_tokenizer *tk = NULL;
+	if (o->data) {
+		struct llm_data_opts dopt = o->data_o;
+		dopt.seq_len = o->seq_len;
+		if (llm_finetune_tokenizer(&m, model, &tk) || llm_dataset_load(&d, o->data, tk, &dopt, NULL))
+			llm_die("%s", llm_errmsg());
+	}
+	size_t table, emb = llm_embed_resident(&m, o->data ? &d : NULL, &table);
+	fz.resident = fz.resident - table + emb;
+	llm_dataset_free(&d);
+	llm_tokenizer_close(tk);
 	struct plan_row rows[] = {
 		{ "frozen_weights", "frozen weights (resident)", fz.resident },
 		{ "frozen_offloaded", "frozen weights (off-loaded to host)", fz.offloaded },
@@ -53,9 +66,11 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
 		printf("{\"model\": \"%s\", \"n_layer\": %d, \"d_model\": %d, \"seq_len\": %d, \"micro_batch\": %d, "
 		       "\"ranks\": %lld, \"shard_base\": %s, \"offload_base\": %g, \"checkpoint_activations\": %s, "
 		       "\"rank\": %d, \"lora_params\": %zu, \"decoder_weights\": %zu, \"other_weights\": %zu, "
-		       "\"offloaded_layers\": %d, \"bytes_per_rank\": {", model, m.cfg.n_layer, m.cfg.d_model,
+		       "\"offloaded_layers\": %d, \"embedding_table\": %zu, \"embedding_resident\": %zu, "
+		       "\"bytes_per_rank\": {", model, m.cfg.n_layer, m.cfg.d_model,
 		       o->seq_len, o->micro_batch, (long long)ranks, shard ? "true" : "false", offload,
-		       o->checkpoint ? "true" : "false", o->rank, lo.n_params, fz.decoder, fz.other, fz.n_offloaded);
+		       o->checkpoint ? "true" : "false", o->rank, lo.n_params, fz.decoder, fz.other, fz.n_offloaded,
+		       table, emb);
 		for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
 			printf("\"%s\": %zu, ", rows[i].key, rows[i].bytes);
 		printf("\"total\": %zu}}\n", total);
@@ -65,6 +80,9 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
 		printf("# seq_len %d, micro-batch %d, %lld rank%s%s, offload %.2f, activation checkpointing %s\n",
 		       o->seq_len, o->micro_batch, (long long)ranks, ranks > 1 ? "s" : "", shard ? ", --shard-base" : "",
 		       offload, o->checkpoint ? "on" : "off");
+		printf("# input embedding: %.1f of %.1f MiB resident (%s)\n", (double)emb / 1048576.0,
+		       (double)table / 1048576.0, m.embed.data == m.lm_head.data ? "tied to the lm_head: read whole"
+		       : o->data ? "the pages of the rows the --data tokens use" : "no --data: counted whole");
 		printf("%-38s %14s %10s\n", "per rank", "bytes", "MiB");
 		for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
 			printf("%-38s %14zu %10.1f\n", rows[i].label, rows[i].bytes, (double)rows[i].bytes / 1048576.0);

@@ -39,10 +39,29 @@ assert k == round(nl / 2) and d['frozen_offloaded'] == dec * k // nl and d['froz
 "
 
 if ! have_stories; then
+	skip "--plan --data: the input embedding rows the data uses" "no stories260K in \$LLM_TEST_MODELS"
 	skip "llm-finetune on stories260K" "no stories260K in \$LLM_TEST_MODELS"
 	tap_done
 fi
 S=$(stories)
+# an untied model with the stories tokenizer and a 2 MiB BF16 input embedding
+# (rows of 4 KiB): the plan counts the 64 KiB windows of the rows the data uses
+python3 -c "
+import json; c = json.load(open('configs/tiny-check.json'))
+c.update(hidden_size=2048, num_hidden_layers=1, intermediate_size=64, num_attention_heads=16, num_key_value_heads=16)
+json.dump(c, open('$T/wide.json', 'w'))"
+llm-quantize -q --random "$T/wide.json" --seed 1 --tokenizer "$S" "$T/wide" 2>/dev/null
+$FT -m "$T/wide" --plan --json --seq-len 64 >"$T/pw0.json" &&
+	$FT -m "$T/wide" --plan --json --seq-len 64 --data $D/train.jsonl >"$T/pw1.json"
+check "--plan --data: only the windows of the input embedding rows the data uses are counted" python3 -c "
+import json
+a, b = (json.load(open('$T/pw%d.json' % i)) for i in (0, 1))
+t = a['embedding_table']
+assert t == 512 * 2048 * 2 and a['embedding_resident'] == t, a
+r = b['embedding_resident']
+assert 0 < r < t and r % 65536 == 0, b
+assert b['bytes_per_rank']['frozen_weights'] == a['bytes_per_rank']['frozen_weights'] - t + r, (a, b)
+"
 # ~0.3 s each in a normal build: 24 samples, rows of 64 tokens
 TR="--data $D/train.jsonl --seq-len 64 --micro-batch 2 --lr 2e-2 --seed 3 -q"
 P='Tell me a story about a cat.

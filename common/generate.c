@@ -11,6 +11,7 @@
 #include "lora.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
@@ -60,6 +61,14 @@ struct llm_engine {
 	int root;                   /* this rank samples and runs callbacks (rank 0, or alone) */
 	int32_t *b_sync;            /* (2 * max_logits) token and finished flag of each row */
 	int8_t *c_sync;             /* (cap_reqs) cancel flags of the live requests */
+	/* distributed serving (llm_engine_serve_begin): rank 0 journals its KV
+	 * operations and broadcasts them with each forward batch */
+	int serving;
+	int32_t *jr;                /* (4 * cap_jr) op, a, b, c of each journaled KV operation */
+	int n_jr, cap_jr, jr_nomem;
+	char *sbuf;                 /* (sbuf_cap) a step's payload */
+	size_t sbuf_cap;
+	struct llm_serve_stats sst;
 };
 
 const char *llm_finish_name(enum llm_finish f)
@@ -227,6 +236,8 @@ void llm_engine_close(struct llm_engine *e)
 	free(e->b_req);
 	free(e->b_sync);
 	free(e->c_sync);
+	free(e->jr);
+	free(e->sbuf);
 	llm_scratch_free(&e->scratch);
 	if (e->kv.ref)
 		llm_kv_free(&e->kv);
@@ -246,10 +257,238 @@ struct llm_backend *llm_engine_backend(struct llm_engine *e) { return e->be; }
 struct llm_kv *llm_engine_kv(struct llm_engine *e) { return &e->kv; }
 int llm_engine_n_ctx(const struct llm_engine *e) { return e->n_ctx; }
 
+/* ---- distributed serving ------------------------------------------------ */
+
+/* A step of rank 0, broadcast to the other ranks: this header, then (STEP)
+ * a payload of n_ops x 4 int32 KV operations, then n_tok int32 tokens,
+ * positions and sequences, then n_tok int8 logit flags when has_logits. */
+enum { SERVE_STOP = 0x53544f50, SERVE_STEP = 0x53544550 };
+enum { KVOP_NEW = 1, KVOP_FORK, KVOP_FREE, KVOP_RESERVE };
+struct serve_hdr {
+	int32_t cmd, n_ops, n_tok, has_logits;
+	int64_t n_free;             /* rank 0's free KV blocks after the operations */
+};
+
+/* Room for one more journal entry (before the operation is applied, so an
+ * operation that succeeds is always journaled). */
+static int jr_room(struct llm_engine *e)
+{
+	if (e->n_jr < e->cap_jr)
+		return 0;
+	int cap = e->cap_jr ? 2 * e->cap_jr : 64;
+	int32_t *n = realloc(e->jr, (size_t)cap * 4 * sizeof *n);
+	if (!n) {
+		e->jr_nomem = 1;     /* the next forward fails: the ranks would diverge */
+		return -1;
+	}
+	e->jr = n;
+	e->cap_jr = cap;
+	return 0;
+}
+
+static void jr_add(struct llm_engine *e, int32_t op, int32_t a, int32_t b, int32_t c)
+{
+	if (e->n_jr >= e->cap_jr)
+		return;              /* jr_room failed: jr_nomem is set */
+	int32_t *q = e->jr + 4 * (size_t)e->n_jr++;
+	q[0] = op;
+	q[1] = a;
+	q[2] = b;
+	q[3] = c;
+}
+
+enum llm_status llm_engine_kv_new(struct llm_engine *e, int *seq)
+{
+	if (e->serving)
+		jr_room(e);
+	LLM_TRY(llm_kv_seq_new(&e->kv, seq));
+	if (e->serving)
+		jr_add(e, KVOP_NEW, *seq, 0, 0);
+	return LLM_OK;
+}
+
+enum llm_status llm_engine_kv_fork(struct llm_engine *e, int src, int32_t n, int *dst)
+{
+	if (e->serving)
+		jr_room(e);
+	LLM_TRY(llm_kv_seq_fork(&e->kv, src, n, dst));
+	if (e->serving)
+		jr_add(e, KVOP_FORK, src, n, *dst);
+	return LLM_OK;
+}
+
+void llm_engine_kv_free(struct llm_engine *e, int seq)
+{
+	if (seq < 0 || seq >= e->kv.max_seq || !e->kv.seq[seq].used)
+		return;
+	if (e->serving)
+		jr_room(e);
+	llm_kv_seq_free(&e->kv, seq);
+	if (e->serving)
+		jr_add(e, KVOP_FREE, seq, 0, 0);
+}
+
+enum llm_status llm_engine_kv_reserve(struct llm_engine *e, int seq, int32_t n)
+{
+	if (e->serving)
+		jr_room(e);
+	LLM_TRY(llm_kv_reserve(&e->kv, seq, n));
+	if (e->serving)
+		jr_add(e, KVOP_RESERVE, seq, n, 0);
+	return LLM_OK;
+}
+
+static size_t payload_bytes(const struct serve_hdr *h)
+{
+	return 16 * (size_t)h->n_ops + 12 * (size_t)h->n_tok + (h->has_logits ? (size_t)h->n_tok : 0);
+}
+
+static enum llm_status sbuf_room(struct llm_engine *e, size_t n)
+{
+	if (n <= e->sbuf_cap)
+		return LLM_OK;
+	size_t cap = n > 2 * e->sbuf_cap ? n : 2 * e->sbuf_cap;
+	char *q = realloc(e->sbuf, cap);
+	if (!q)
+		return llm_fail(LLM_ERR_NOMEM, "engine: out of memory for a serving step of %zu bytes", n);
+	e->sbuf = q;
+	e->sbuf_cap = cap;
+	return LLM_OK;
+}
+
+static enum llm_status serve_bcast(struct llm_engine *e, void *buf, size_t n)
+{
+	e->sst.bytes += n;
+	return llm_comm_bcast(e->world, buf, n, 0);
+}
+
+/* Rank 0: the journal and batch B to every rank, before the forward. */
+static enum llm_status serve_send(struct llm_engine *e, const struct llm_batch *b)
+{
+	if (e->jr_nomem)
+		return llm_fail(LLM_ERR_NOMEM, "engine: out of memory for the KV journal of a distributed server");
+	struct serve_hdr h = { SERVE_STEP, e->n_jr, b->n_tok, b->logits != NULL, e->kv.n_free };
+	size_t n = (size_t)b->n_tok, need = payload_bytes(&h);
+	LLM_TRY(sbuf_room(e, need));
+	char *q = e->sbuf;
+	memcpy(q, e->jr, 16 * (size_t)e->n_jr);
+	q += 16 * (size_t)e->n_jr;
+	memcpy(q, b->token, 4 * n);
+	memcpy(q + 4 * n, b->pos, 4 * n);
+	memcpy(q + 8 * n, b->seq, 4 * n);
+	if (b->logits)
+		memcpy(q + 12 * n, b->logits, n);
+	LLM_TRY(serve_bcast(e, &h, sizeof h));
+	LLM_TRY(serve_bcast(e, e->sbuf, need));
+	e->sst.steps++;
+	e->sst.kv_ops += e->n_jr;
+	e->sst.tokens += b->n_tok;
+	e->n_jr = 0;
+	return LLM_OK;
+}
+
+enum llm_status llm_engine_serve_begin(struct llm_engine *e)
+{
+	if (!e->world || !e->root || e->serving)
+		return LLM_OK;
+	LLM_TRY(sbuf_room(e, 16 * 64 + 13 * (size_t)e->o.max_batch_tokens));
+	if (jr_room(e))
+		return llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
+	LLM_TRY(llm_comm_barrier(e->world));    /* every rank has its engine */
+	e->serving = 1;
+	e->n_jr = 0;
+	return LLM_OK;
+}
+
+enum llm_status llm_engine_serve_end(struct llm_engine *e)
+{
+	if (!e->serving)
+		return LLM_OK;
+	e->serving = 0;
+	struct serve_hdr h = { SERVE_STOP, 0, 0, 0, 0 };
+	return serve_bcast(e, &h, sizeof h);
+}
+
+/* A rank other than 0: apply rank 0's journal to this rank's cache. */
+static enum llm_status replay(struct llm_engine *e, const int32_t *op, int n)
+{
+	int r = e->world->rank;
+	for (int i = 0; i < n; i++, op += 4) {
+		int got = -1;
+		enum llm_status s = LLM_OK;
+		switch (op[0]) {
+		case KVOP_NEW:
+			s = llm_kv_seq_new(&e->kv, &got);
+			if (!s && got != op[1])
+				s = llm_fail(LLM_ERR_INTERNAL, "rank %d: KV sequence %d where rank 0 has %d", r, got, op[1]);
+			break;
+		case KVOP_FORK:
+			s = llm_kv_seq_fork(&e->kv, op[1], op[2], &got);
+			if (!s && got != op[3])
+				s = llm_fail(LLM_ERR_INTERNAL, "rank %d: KV fork %d where rank 0 has %d", r, got, op[3]);
+			break;
+		case KVOP_FREE:
+			llm_kv_seq_free(&e->kv, op[1]);
+			break;
+		case KVOP_RESERVE:
+			s = llm_kv_reserve(&e->kv, op[1], op[2]);
+			break;
+		default:
+			s = llm_fail(LLM_ERR_INTERNAL, "rank %d: unknown KV operation %d from rank 0", r, op[0]);
+		}
+		if (s) {
+			char msg[300];
+			snprintf(msg, sizeof msg, "%s", llm_errmsg());
+			return llm_fail(s, "rank %d: replaying KV operation %d of a step: %s", r, i, msg);
+		}
+	}
+	return LLM_OK;
+}
+
+enum llm_status llm_engine_serve_worker(struct llm_engine *e)
+{
+	if (!e->world || e->root)
+		return llm_fail(LLM_ERR_USAGE, "engine: serve_worker is for ranks other than 0 of a distributed run");
+	int r = e->world->rank;
+	LLM_TRY(llm_comm_barrier(e->world));    /* rank 0's llm_engine_serve_begin */
+	for (;;) {
+		struct serve_hdr h;
+		LLM_TRY(serve_bcast(e, &h, sizeof h));
+		if (h.cmd == SERVE_STOP)
+			return LLM_OK;
+		if (h.cmd != SERVE_STEP || h.n_ops < 0 || h.n_tok < 1 || h.n_tok > e->o.max_batch_tokens)
+			return llm_fail(LLM_ERR_INTERNAL, "rank %d: bad step header from rank 0 (%d KV operations, %d tokens)",
+			                r, h.n_ops, h.n_tok);
+		size_t need = payload_bytes(&h), n = (size_t)h.n_tok;
+		LLM_TRY(sbuf_room(e, need));
+		LLM_TRY(serve_bcast(e, e->sbuf, need));
+		LLM_TRY(replay(e, (const int32_t *)e->sbuf, h.n_ops));
+		if (e->kv.n_free != h.n_free)
+			return llm_fail(LLM_ERR_INTERNAL, "rank %d: KV cache out of step with rank 0: %lld free blocks, rank 0 has %lld",
+			                r, (long long)e->kv.n_free, (long long)h.n_free);
+		const char *q = e->sbuf + 16 * (size_t)h.n_ops;
+		/* the payload is 4-byte aligned up to the flags: sbuf is malloc'd */
+		struct llm_batch b = { h.n_tok, (const int32_t *)q, (const int32_t *)(q + 4 * n),
+		                       (const int32_t *)(q + 8 * n), h.has_logits ? (const int8_t *)(q + 12 * n) : NULL };
+		int n_out;
+		LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, &b, e->logits, &n_out));
+		e->sst.steps++;
+		e->sst.kv_ops += h.n_ops;
+		e->sst.tokens += h.n_tok;
+	}
+}
+
+void llm_engine_serve_stats(const struct llm_engine *e, struct llm_serve_stats *st)
+{
+	*st = e->sst;
+}
+
 enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch *b,
                                    const float **logits, int *n_out)
 {
 	*logits = e->logits;
+	if (e->serving)
+		LLM_TRY(serve_send(e, b));
 	return llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->logits, n_out);
 }
 

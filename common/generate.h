@@ -157,6 +157,47 @@ void llm_engine_cancel(struct llm_engine *e, int id);
 enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch *b,
                                    const float **logits, int *n_out);
 
+/* ---- distributed serving: a scheduler of one's own over ranks ---------- */
+
+/* The KV operations of a scheduler of one's own (scheduler.c) on the
+ * engine's cache, the llm_kv_* calls of the same names. On rank 0 of a
+ * distributed engine that is serving (llm_engine_serve_begin) each one that
+ * succeeds is also journaled, and the next llm_engine_forward() broadcasts
+ * the journal with its batch: the other ranks (llm_engine_serve_worker)
+ * replay it on their own caches (their layers and kv heads), so block
+ * tables stay identical on every rank. */
+enum llm_status llm_engine_kv_new(struct llm_engine *e, int *seq);
+enum llm_status llm_engine_kv_fork(struct llm_engine *e, int src, int32_t n, int *dst);
+void llm_engine_kv_free(struct llm_engine *e, int seq);
+enum llm_status llm_engine_kv_reserve(struct llm_engine *e, int seq, int32_t n);
+
+/* Traffic of serving, as seen by this rank: steps followed (or led), KV
+ * operations and batch tokens in them, bytes broadcast by rank 0 (step
+ * headers and payloads: 16 B per KV operation, 13 B per token). */
+struct llm_serve_stats {
+	int64_t steps, kv_ops, tokens;
+	uint64_t bytes;
+};
+
+/* Rank 0 of a distributed engine: start serving. Collective with the other
+ * ranks' llm_engine_serve_worker(): returns when every rank has opened its
+ * engine. From then on every llm_engine_forward() first broadcasts a step
+ * (the KV journal, then the batch: tokens, positions, sequences, logit
+ * flags, and rank 0's free block count as a check), and the llm_engine_kv_*
+ * calls are journaled. A single process: nothing to do, LLM_OK. The
+ * communicator is then used by the thread that drives the engine (the
+ * server's engine thread), never by two threads at once. */
+enum llm_status llm_engine_serve_begin(struct llm_engine *e);
+/* Rank 0: end the workers (a STOP step); serving ends. LLM_OK when not
+ * serving. */
+enum llm_status llm_engine_serve_end(struct llm_engine *e);
+/* Ranks other than 0: follow rank 0's steps (replay the KV operations, run
+ * the forward pass, whose logits stay on rank 0) until its STOP. A cache
+ * that is not in step with rank 0's after a replay is LLM_ERR_INTERNAL
+ * (a bug); the caller then ends the job (llm_comm_abort). */
+enum llm_status llm_engine_serve_worker(struct llm_engine *e);
+void llm_engine_serve_stats(const struct llm_engine *e, struct llm_serve_stats *st);
+
 /* ---- scoring ----------------------------------------------------------- */
 
 /* Log-likelihood of N continuations after one context (lm-eval style).

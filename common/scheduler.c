@@ -9,7 +9,11 @@
  * cannot deadlock. A running request has ids[0..n_ids) of which the first
  * n_cached are in its KV sequence; it feeds the rest, and the row of
  * ids[n_ids - 1] gives the logits of its next token. Decoding is the case
- * n_ids - n_cached == 1, prefill or recompute the case > 1. */
+ * n_ids - n_cached == 1, prefill or recompute the case > 1.
+ *
+ * Every change to the cache goes through llm_engine_kv_* (generate.h), so a
+ * distributed engine can mirror it to the other ranks with the next step;
+ * the scheduler itself runs on rank 0 only and is the same either way. */
 #include "scheduler.h"
 
 #include <stdlib.h>
@@ -110,7 +114,7 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 static void req_release_seq(struct llm_sched *s, struct sreq *r)
 {
 	if (r->seq >= 0)
-		llm_kv_seq_free(s->kv, r->seq);
+		llm_engine_kv_free(s->e, r->seq);
 	r->seq = -1;
 	r->n_cached = 0;
 }
@@ -132,7 +136,7 @@ static void req_free(struct llm_sched *s, struct sreq *r)
 static void pentry_drop(struct llm_sched *s, struct pentry *p)
 {
 	if (p->seq >= 0)
-		llm_kv_seq_free(s->kv, p->seq);
+		llm_engine_kv_free(s->e, p->seq);
 	free(p->ids);
 	p->ids = NULL;
 	p->seq = -1;
@@ -308,8 +312,8 @@ static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 		}
 	}
 	for (;;) {
-		enum llm_status st = src ? llm_kv_seq_fork(s->kv, src->seq, best, &r->seq)
-		                         : llm_kv_seq_new(s->kv, &r->seq);
+		enum llm_status st = src ? llm_engine_kv_fork(s->e, src->seq, best, &r->seq)
+		                         : llm_engine_kv_new(s->e, &r->seq);
 		if (st == LLM_OK)
 			break;
 		/* no slot: give one up from the cache (not the entry we fork) */
@@ -359,7 +363,7 @@ static void pc_register(struct llm_sched *s, struct sreq *r)
 	slot->ids = malloc((size_t)n * sizeof(int32_t));
 	if (!slot->ids)
 		return;
-	if (llm_kv_seq_fork(s->kv, r->seq, n, &slot->seq)) {
+	if (llm_engine_kv_fork(s->e, r->seq, n, &slot->seq)) {
 		free(slot->ids);
 		slot->ids = NULL;
 		slot->seq = -1;
@@ -584,7 +588,7 @@ static int reserve(struct llm_sched *s, struct sreq *r, int take)
 		int bs = s->kv->block_size;
 		take = take > bs ? take - bs : take - 1;
 	}
-	if (take > 0 && llm_kv_reserve(s->kv, r->seq, take))
+	if (take > 0 && llm_engine_kv_reserve(s->e, r->seq, take))
 		take = 0;
 	return take;
 }

@@ -26,7 +26,11 @@
  *
  * Events and finishing rules are those of generate.h (llm_token_event,
  * llm_finish): stop ids, stop strings on the detokenized text, EOS,
- * max_tokens or the context. One thread owns a scheduler and its engine. */
+ * max_tokens or the context. One thread owns a scheduler and its engine.
+ *
+ * Distributed engines (generate.h): the scheduler runs on rank 0 only; its
+ * cache operations go through llm_engine_kv_*, which a serving engine
+ * (llm_engine_serve_begin) mirrors to the other ranks with each step. */
 #ifndef LLM_SCHED_H
 #define LLM_SCHED_H
 

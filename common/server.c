@@ -324,6 +324,9 @@ static enum llm_status engine_load(struct llm_server *s)
 			so.eos_ids[so.n_eos++] = ids[i];
 	}
 	LLM_TRY(llm_sched_open(&s->sch, s->e, &so));
+	/* distributed: returns when every rank has its engine (so /health says
+	 * ready only then); from here each step is mirrored to the other ranks */
+	LLM_TRY(llm_engine_serve_begin(s->e));
 	return LLM_OK;
 }
 
@@ -421,6 +424,8 @@ static void *engine_main(void *arg)
 	}
 	s->active = NULL;
 	pthread_mutex_unlock(&s->mu);
+	/* distributed: the other ranks stop (a failure here ends the job anyway) */
+	llm_engine_serve_end(s->e);
 	return NULL;
 }
 

@@ -14,7 +14,12 @@
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET
  * /v1/models, POST /generate, POST /generate_stream, GET /health, GET
  * /metrics. No request can name a file. The library never prints or exits;
- * failures are statuses with llm_errmsg(). */
+ * failures are statuses with llm_errmsg().
+ *
+ * Distributed (mpirun -np T*P over a partitioned checkpoint): the server
+ * runs on world rank 0; the engine thread mirrors every step to the other
+ * ranks, which run llm_engine_serve_worker() (generate.h), and stops them
+ * when it ends. */
 #ifndef LLM_SERVER_H
 #define LLM_SERVER_H
 

@@ -2,7 +2,13 @@
  * continuous batching (Dynamic SplitFuse), a paged KV cache with preemption
  * and prefix caching. The work is in libllm (server.c, scheduler.c); main
  * parses flags, sizes the KV cache (or prints the plan), starts the server
- * and waits for SIGTERM/SIGINT, then drains. */
+ * and waits for SIGTERM/SIGINT, then drains.
+ *
+ * Distributed (mpirun -np T*P over a checkpoint partitioned by
+ * llm-repartition): rank 0 serves; the other ranks open their share of the
+ * engine and follow rank 0's steps (llm_engine_serve_worker) until rank 0
+ * stops them. Every rank sizes the KV cache from config.json alone, so the
+ * block count (what the scheduler plans with) is the same on all of them. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +33,8 @@ static struct serve_cfg cfg = {
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
 };
+
+static struct llm_comm *world;   /* llm_comm_init: one rank unless under mpirun */
 
 static const struct llm_opt opts[] = {
 	LLM_STR('m', "model", "DIR", &cfg.model, "checkpoint directory or .safetensors file (required)"),
@@ -101,12 +109,80 @@ static int size_cache(const struct llm_model *m, struct llm_engine_opts *eo, str
 		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
 	}
 	if (blocks * (int64_t)bs < n_ctx) {
-		llm_warn("%s %s holds %lld tokens, less than one context of %d: need %s %s, or --ctx-size %lld",
-		         knob, have, (long long)(blocks * (int64_t)bs), n_ctx, knob, need, (long long)(blocks * (int64_t)bs));
+		if (world->rank == 0)   /* every rank finds the same */
+			llm_warn("%s %s holds %lld tokens, less than one context of %d: need %s %s, or --ctx-size %lld",
+			         knob, have, (long long)(blocks * (int64_t)bs), n_ctx, knob, need, (long long)(blocks * (int64_t)bs));
 		return -1;
 	}
 	eo->kv_blocks = blocks;
 	llm_mem_plan(m, eo, p);
+	return 0;
+}
+
+/* End with MSG: naming the rank (and ending the job) when distributed. */
+static _Noreturn void fatal(const char *msg)
+{
+	if (world && world->size > 1)
+		llm_comm_die("%s", msg);
+	llm_die("%s", msg);
+}
+
+/* Distributed: the whole model's geometry from config.json (no weights are
+ * mapped), for sizing the cache as one process would. */
+static void config_model(struct llm_model *m)
+{
+	char *path = llm_path_join(cfg.model, "config.json"), *json = NULL;
+	size_t len;
+	if (!path || llm_read_file(path, &json, &len) || llm_config_parse(&m->cfg, json, len, path))
+		llm_comm_die("%s", llm_errmsg());
+	m->layer_begin = 0;
+	m->layer_end = m->cfg.n_layer;
+	m->n_kv_head_loc = m->cfg.n_kv_head;
+	free(json);
+	free(path);
+}
+
+/* Distributed: what cannot run over ranks, refused by rank 0 in one line;
+ * every rank exits with STATUS. */
+static int refuse_dist(void)
+{
+	const char *why = NULL;
+	int status = 2;
+	if (cfg.lora)
+		why = "--lora: a LoRA adapter on a distributed run is not supported: merge it (llm-finetune --merge) "
+		      "and partition that";
+	else if (!strncmp(cfg.backend, "cuda", 4))
+		why = "--backend cuda: distributed runs compute on the CPU backend (GPU ranks over NCCL are not "
+		      "implemented yet)";
+	else if (cfg.plan)
+		why = "--plan: run it in one process, without mpirun";
+	else if (!llm_model_is_partitioned(cfg.model)) {
+		why = "needs a checkpoint partitioned by llm-repartition --tp T --pp P (T x P = the ranks of mpirun -np)";
+		status = 1;
+	}
+	if (!why)
+		return 0;
+	if (world->rank == 0)
+		fprintf(stderr, "%s: %s%s%s\n", llm_progname(), status == 1 ? cfg.model : "", status == 1 ? ": " : "", why);
+	llm_comm_finalize(world);
+	return status;
+}
+
+/* A rank other than 0: open this rank's share and follow rank 0's steps. */
+static int serve_worker(const struct llm_engine_opts *eo)
+{
+	struct llm_engine *e;
+	if (llm_engine_open(&e, cfg.model, eo) || llm_engine_serve_worker(e))
+		llm_comm_die("%s", llm_errmsg());
+	struct llm_serve_stats st;
+	llm_engine_serve_stats(e, &st);
+	if (world->rank == 1)
+		LLM_INFO("llm-serve: rank 1: followed %lld steps (%lld KV operations, %lld tokens): %llu bytes from rank 0, "
+		         "%.0f per step\n", (long long)st.steps, (long long)st.kv_ops, (long long)st.tokens,
+		         (unsigned long long)st.bytes, st.steps ? (double)st.bytes / (double)st.steps : 0.0);
+	llm_engine_close(e);
+	if (llm_comm_finalize(world))
+		llm_die("%s", llm_errmsg());
 	return 0;
 }
 
@@ -143,9 +219,26 @@ int main(int argc, char **argv)
 	eo.max_batch_tokens = (int)cfg.max_batch_tokens;
 	eo.max_logits = (int)cfg.max_running;
 
+	/* signals go to sigwait below, not to the server's threads (nor to
+	 * MPI's: blocked before llm_comm_init starts them); ranks other than 0
+	 * never take them: they stop when rank 0 says so */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	if (llm_comm_init(&world, &argc, &argv))
+		llm_die("%s", llm_errmsg());
+	int dist = world->size > 1;
+	if (dist && (rc = refuse_dist()))
+		return rc;
+
 	/* the plan: the model is mapped, not loaded */
 	struct llm_model m = { 0 };
-	if (llm_model_open(&m, cfg.model))
+	if (dist)
+		config_model(&m);
+	else if (llm_model_open(&m, cfg.model))
 		llm_die("%s", llm_errmsg());
 	struct llm_mem_plan p;
 	int fits = size_cache(&m, &eo, &p) == 0;
@@ -162,37 +255,37 @@ int main(int argc, char **argv)
 		llm_model_close(&m);
 		return fits ? 0 : 1;
 	}
-	llm_model_close(&m);
-	if (!fits)
+	if (!dist)
+		llm_model_close(&m);
+	if (!fits) {
+		if (dist)
+			llm_comm_finalize(world);
 		return 1;
+	}
+	if (dist && world->rank > 0)
+		return serve_worker(&eo);
 	char *tmpl = NULL;
 	if (cfg.chat_template) {
 		size_t len;
 		if (llm_read_file(cfg.chat_template, &tmpl, &len))
-			llm_die("%s", llm_errmsg());
+			fatal(llm_errmsg());
 		so.chat_template = tmpl;
 	}
 	so.eng = eo;
 
-	/* signals go to sigwait below, not to the server's threads */
-	sigset_t set;
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
-	signal(SIGPIPE, SIG_IGN);
-
 	struct llm_server *srv;
 	if (llm_server_start(&srv, &so))
-		llm_die("%s", llm_errmsg());
+		fatal(llm_errmsg());
 	int port = llm_server_port(srv);
 	LLM_INFO("llm-serve: listening on http://%s:%d (loading %s)\n", cfg.host, port, cfg.model);
 	if (cfg.port_file) {
 		char line[32];
 		int n = snprintf(line, sizeof line, "%d\n", port);
 		if (llm_write_file_atomic(cfg.port_file, line, (size_t)n)) {
+			char msg[600];
+			snprintf(msg, sizeof msg, "%s", llm_errmsg());
 			llm_server_stop(srv);
-			llm_die("%s", llm_errmsg());
+			fatal(msg);
 		}
 	}
 	int announced = 0, sig = 0;
@@ -205,7 +298,7 @@ int main(int argc, char **argv)
 			snprintf(msg, sizeof msg, "%s", err);
 			llm_server_stop(srv);
 			free(tmpl);
-			llm_die("%s", msg);
+			fatal(msg);
 		}
 		if (st == LLM_SERVER_READY && !announced) {
 			LLM_INFO("llm-serve: ready\n");
@@ -226,8 +319,10 @@ int main(int argc, char **argv)
 	int left = llm_server_in_flight(srv);
 	if (left)
 		llm_warn("%d requests still running after the drain; cancelled", left);
-	llm_server_stop(srv);
+	llm_server_stop(srv);     /* distributed: the other ranks stop too */
 	free(tmpl);
 	LLM_INFO("llm-serve: stopped\n");
+	if (llm_comm_finalize(world))
+		llm_die("%s", llm_errmsg());
 	return 0;
 }

@@ -1,0 +1,167 @@
+# tests/cli/mpi_serve.sh: llm-serve under mpirun over stories260K partitioned
+# by llm-repartition: tp2 (-np 2), pp2 (-np 2) and tp2 x pp2 (-np 4). Greedy
+# /v1/completions, sequential and concurrent, equal the single-process
+# server's; a streamed completion gives the same text; a prompt sent twice
+# (prefix cache hit) gives the same output; SIGTERM to rank 0 and to mpirun
+# ends every rank with exit 0 within a bounded time; options that cannot run
+# distributed are refused in one line. Every wait is bounded.
+. tests/lib/tap.sh
+T=$TMPD
+if ! command -v mpirun >/dev/null 2>&1; then
+	skip "llm-serve under mpirun" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+	tap_done
+fi
+if ! have_stories; then
+	skip "llm-serve under mpirun" "no stories260K in \$LLM_TEST_MODELS"
+	tap_done
+fi
+if ! command -v curl >/dev/null 2>&1; then
+	skip "llm-serve under mpirun" "curl not found"
+	tap_done
+fi
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+if grep -q avx2 /proc/cpuinfo 2>/dev/null; then export LLM_CPU_ISA=avx2; else export LLM_CPU_ISA=scalar; fi
+S=$(stories)
+export T
+
+# start NP MODEL ARGS...: SP (the server, or timeout over mpirun), URL; waits
+# (bounded) for /health 200
+start() {
+	local np=$1 m=$2 i; shift 2
+	rm -f "$T/port"
+	if [ "$np" = 1 ]; then
+		timeout 120 llm-serve -m "$m" --port 0 --port-file "$T/port" -t 1 "$@" 2>>"$T/server.log" & SP=$!
+	else
+		# each rank's standard error in rank<R>.log (mpirun stops
+		# forwarding output when it is signalled)
+		rm -f "$T"/rank*.log
+		timeout 120 $MPIRUN -np "$np" -x LLM_CPU_ISA -x T \
+			sh -c 'exec llm-serve "$@" 2>>"$T/rank$OMPI_COMM_WORLD_RANK.log"' sh \
+			-m "$m" --port 0 --port-file "$T/port" -t 1 "$@" 2>>"$T/server.log" & SP=$!
+	fi
+	for i in $(seq 1 300); do
+		[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
+		sleep 0.1
+	done
+	URL=http://127.0.0.1:$(cat "$T/port" 2>/dev/null)
+}
+# rank0: the pid of world rank 0 of the mpirun under SP
+rank0() {
+	local mp p
+	for mp in $(pgrep -P "$SP"); do
+		for p in $(pgrep -P "$mp"); do
+			tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0' && { echo "$p"; return; }
+		done
+	done
+}
+# finish SIGNAL PID: send it, wait for the job; RC, SECS
+finish() {
+	local t0=$SECONDS
+	kill -"$1" "$2" 2>/dev/null
+	wait "$SP"; RC=$?
+	SECS=$((SECONDS - t0))
+}
+post() { curl -s -m 60 -H 'Content-Type: application/json' "$@"; }
+
+long="Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, she saw a big, red ball in the park. She ran to the ball and kicked it very hard. The ball went up high"
+prompts=("Once upon a time" "The cat sat" "Lily and Tom went to the park" "$long")
+# ask DIR: the prompts one after another, then all at once, into DIR/{seq,par}N.json
+ask() {
+	local d=$1 i
+	mkdir -p "$d"
+	for i in 0 1 2 3; do
+		post "$URL/v1/completions" -d "{\"prompt\": \"${prompts[$i]}\", \"max_tokens\": 24, \"temperature\": 0}" >"$d/seq$i.json"
+	done
+	local pids=
+	for i in 0 1 2 3; do
+		post "$URL/v1/completions" -d "{\"prompt\": \"${prompts[$i]}\", \"max_tokens\": 24, \"temperature\": 0}" >"$d/par$i.json" &
+		pids="$pids $!"
+	done
+	wait $pids
+}
+# same A B: every completion of B has A's text and ids
+same() {
+	python3 - "$1" "$2" <<'EOF'
+import json, sys
+a, b = sys.argv[1], sys.argv[2]
+n = 0
+for i in range(4):
+    ref = json.load(open('%s/seq%d.json' % (a, i)))['choices'][0]
+    assert len(ref['token_ids']) == 24, ref
+    for k in ('seq', 'par'):
+        got = json.load(open('%s/%s%d.json' % (b, k, i)))['choices'][0]
+        assert got['token_ids'] == ref['token_ids'] and got['text'] == ref['text'], (k, i, got, ref)
+        n += 1
+print('%d completions of 24 tokens' % n)
+EOF
+}
+
+# the single-process reference
+start 1 "$S"
+ask "$T/ref"
+check "the single-process server's concurrent completions equal its sequential ones" same "$T/ref" "$T/ref"
+finish TERM "$SP"
+
+for g in "2 1" "1 2" "2 2"; do
+	set -- $g
+	tp=$1 pp=$2 np=$(($1 * $2))
+	llm-repartition -q "$S" "$T/s$tp$pp" --tp "$tp" --pp "$pp"
+	d="tp$tp x pp$pp (mpirun -np $np)"
+	start "$np" "$T/s$tp$pp"
+	if ! curl -sf -m 2 "$URL/health" >/dev/null; then
+		notok "$d: /health 200 within 30 s"; sed 's/^/#   /' "$T/server.log" | tail -5
+		kill -TERM "$SP" 2>/dev/null; wait "$SP"
+		continue
+	fi
+	ask "$T/o$tp$pp"
+	if how=$(same "$T/ref" "$T/o$tp$pp" 2>&1); then ok "$d: greedy completions, sequential and concurrent, equal the single process ($how)"
+	else notok "$d: $how"; fi
+	if [ "$np" = 4 ]; then
+		post -N "$URL/v1/completions" -d "{\"prompt\": \"${prompts[3]}\", \"max_tokens\": 24, \"temperature\": 0, \"stream\": true}" >"$T/c.sse"
+		check "$d: a streamed completion ends with [DONE] and has the same text" python3 -c "
+import json
+ev = [json.loads(l[6:]) for l in open('$T/c.sse') if l.startswith('data: {')]
+text = ''.join(c['text'] for e in ev for c in e['choices'])
+ref = json.load(open('$T/ref/seq3.json'))['choices'][0]['text']
+assert text == ref and open('$T/c.sse').read().rstrip().endswith('data: [DONE]'), (text, ref)"
+		hit=$(curl -s -m 5 "$URL/metrics" | awk '$1 == "llm_prefix_cache_hit_tokens_total" {print $2}')
+		post "$URL/v1/completions" -d "{\"prompt\": \"${prompts[3]}\", \"max_tokens\": 24, \"temperature\": 0}" >"$T/again.json"
+		hit2=$(curl -s -m 5 "$URL/metrics" | awk '$1 == "llm_prefix_cache_hit_tokens_total" {print $2}')
+		check "$d: the long prompt again hits the prefix cache (${hit:-?} -> ${hit2:-?} tokens) and gives the same output" \
+			python3 -c "
+import json
+a = json.load(open('$T/again.json'))['choices'][0]; b = json.load(open('$T/ref/seq3.json'))['choices'][0]
+assert a['token_ids'] == b['token_ids'] and int('${hit2:-0}') > int('${hit:-0}'), (a, b)"
+		# to mpirun (timeout passes it on): it forwards SIGTERM to every
+		# rank; rank 0 drains and stops the others, which exit 0, but
+		# Open MPI's mpirun exits 1 after a signal whatever the ranks did
+		finish TERM "$SP"
+		check "$d: SIGTERM to mpirun: rank 0 drained and stopped, rank 1 followed it out (mpirun exit $RC after $SECS s)" \
+			sh -c "[ '$SECS' -le 10 ] && [ '$RC' = 0 -o '$RC' = 1 ] && grep -q 'llm-serve: stopped' '$T/rank0.log' &&
+				grep -q 'rank 1: followed' '$T/rank1.log'"
+	else
+		r0=$(rank0)
+		finish TERM "${r0:-$SP}"
+		check "$d: SIGTERM to rank 0 (pid ${r0:-not found}) drains and stops every rank, exit $RC after $SECS s" \
+			[ -n "$r0" -a "$RC" = 0 -a "$SECS" -le 10 ]
+	fi
+done
+bytes=$(grep -o "followed .* per step" "$T/rank1.log" | tail -1)
+diag "rank 1 of the last job: ${bytes:-no traffic line}"
+check "rank 1 reports the bytes rank 0 broadcast" [ -n "$bytes" ]
+
+# refused under mpirun: one line from llm-serve, the status of a usage error
+refused() {
+	local d=$1 pat=$2 want=$3; shift 3
+	timeout 60 $MPIRUN -np 2 llm-serve "$@" --port 0 >/dev/null 2>"$T/f.err"; local rc=$?
+	local n; n=$(grep -c '^llm-serve' "$T/f.err")
+	if [ $rc = "$want" ] && [ "$n" = 1 ] && grep -q -- "$pat" "$T/f.err"; then ok "$d: exit $rc: $(grep '^llm-serve' "$T/f.err")"
+	else notok "$d: exit $rc (want $want), $n llm-serve lines"; sed 's/^/#   /' "$T/f.err" | head -5; fi
+}
+refused "--lora under mpirun is refused" "^llm-serve: --lora: .*not supported" 2 -m "$T/s21" --lora "$T/nope"
+refused "--backend cuda under mpirun is refused" "^llm-serve: --backend cuda: distributed runs compute on the CPU" 2 \
+	-m "$T/s21" --backend cuda
+refused "an unpartitioned checkpoint under mpirun is refused" "needs a checkpoint partitioned by llm-repartition" 1 -m "$S"
+tap_done

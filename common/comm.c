@@ -230,6 +230,19 @@ enum llm_status llm_comm_bcast(struct llm_comm *c, void *buf, size_t n, int root
 	return ranked(c, c->ops->bcast(c, buf, n, root));
 }
 
+enum llm_status llm_comm_bcast_idle(struct llm_comm *c, void *buf, size_t n, int root)
+{
+	if (!c->ops->bcast_idle)
+		return llm_comm_bcast(c, buf, n, root);
+	if (root < 0 || root >= c->size)
+		return llm_fail(LLM_ERR_INTERNAL, "rank %d of %d: broadcast from rank %d of a %d-rank communicator",
+		                c->world_rank, c->world_size, root, c->size);
+	if (c->rank == root)
+		c->stats.coll += n;
+	c->stats.n_coll++;
+	return ranked(c, c->ops->bcast_idle(c, buf, n, root));
+}
+
 enum llm_status llm_comm_send(struct llm_comm *c, const void *buf, size_t n, int dst, int tag)
 {
 	CHECK_PEER(c, dst, "send to");

@@ -42,6 +42,9 @@ struct llm_comm_ops {
 	enum llm_status (*allgatherv)(struct llm_comm *c, const void *send, size_t n, void *recv,
 	                              const size_t *counts);
 	enum llm_status (*bcast)(struct llm_comm *c, void *buf, size_t n, int root);
+	/* bcast for a message that may be long in coming (a server's next
+	 * step): the receivers wait without holding a core; NULL: bcast */
+	enum llm_status (*bcast_idle)(struct llm_comm *c, void *buf, size_t n, int root);
 	enum llm_status (*send)(struct llm_comm *c, const void *buf, size_t n, int dst, int tag);
 	enum llm_status (*recv)(struct llm_comm *c, void *buf, size_t n, int src, int tag);
 	enum llm_status (*barrier)(struct llm_comm *c);
@@ -81,6 +84,10 @@ enum llm_status llm_comm_argmax_f32(struct llm_comm *c, float *val, int32_t *idx
 enum llm_status llm_comm_allgather(struct llm_comm *c, const void *send, size_t n, void *recv);
 enum llm_status llm_comm_allgatherv(struct llm_comm *c, const void *send, void *recv, const size_t *counts);
 enum llm_status llm_comm_bcast(struct llm_comm *c, void *buf, size_t n, int root);
+/* The same, for a message that may be long in coming: a waiting rank polls
+ * with sleeps of up to 1 ms instead of spinning. Every rank must call this
+ * one (it does not match llm_comm_bcast). */
+enum llm_status llm_comm_bcast_idle(struct llm_comm *c, void *buf, size_t n, int root);
 /* Blocking point-to-point; TAG >= 0 tells messages of one pair apart. */
 enum llm_status llm_comm_send(struct llm_comm *c, const void *buf, size_t n, int dst, int tag);
 enum llm_status llm_comm_recv(struct llm_comm *c, void *buf, size_t n, int src, int tag);

@@ -362,6 +362,13 @@ static enum llm_status serve_bcast(struct llm_engine *e, void *buf, size_t n)
 	return llm_comm_bcast(e->world, buf, n, 0);
 }
 
+/* A step header: what an idle server's workers wait for, sleeping. */
+static enum llm_status serve_bcast_hdr(struct llm_engine *e, struct serve_hdr *h)
+{
+	e->sst.bytes += sizeof *h;
+	return llm_comm_bcast_idle(e->world, h, sizeof *h, 0);
+}
+
 /* Rank 0: the journal and batch B to every rank, before the forward. */
 static enum llm_status serve_send(struct llm_engine *e, const struct llm_batch *b)
 {
@@ -378,7 +385,7 @@ static enum llm_status serve_send(struct llm_engine *e, const struct llm_batch *
 	memcpy(q + 8 * n, b->seq, 4 * n);
 	if (b->logits)
 		memcpy(q + 12 * n, b->logits, n);
-	LLM_TRY(serve_bcast(e, &h, sizeof h));
+	LLM_TRY(serve_bcast_hdr(e, &h));
 	LLM_TRY(serve_bcast(e, e->sbuf, need));
 	e->sst.steps++;
 	e->sst.kv_ops += e->n_jr;
@@ -406,7 +413,7 @@ enum llm_status llm_engine_serve_end(struct llm_engine *e)
 		return LLM_OK;
 	e->serving = 0;
 	struct serve_hdr h = { SERVE_STOP, 0, 0, 0, 0 };
-	return serve_bcast(e, &h, sizeof h);
+	return serve_bcast_hdr(e, &h);
 }
 
 /* A rank other than 0: apply rank 0's journal to this rank's cache. */
@@ -453,7 +460,7 @@ enum llm_status llm_engine_serve_worker(struct llm_engine *e)
 	LLM_TRY(llm_comm_barrier(e->world));    /* rank 0's llm_engine_serve_begin */
 	for (;;) {
 		struct serve_hdr h;
-		LLM_TRY(serve_bcast(e, &h, sizeof h));
+		LLM_TRY(serve_bcast_hdr(e, &h));
 		if (h.cmd == SERVE_STOP)
 			return LLM_OK;
 		if (h.cmd != SERVE_STEP || h.n_ops < 0 || h.n_tok < 1 || h.n_tok > e->o.max_batch_tokens)

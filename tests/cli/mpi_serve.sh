@@ -2,8 +2,9 @@
 # by llm-repartition: tp2 (-np 2), pp2 (-np 2) and tp2 x pp2 (-np 4). Greedy
 # /v1/completions, sequential and concurrent, equal the single-process
 # server's; a streamed completion gives the same text; a prompt sent twice
-# (prefix cache hit) gives the same output; SIGTERM to rank 0 and to mpirun
-# ends every rank with exit 0 within a bounded time; options that cannot run
+# (prefix cache hit) gives the same output; SIGTERM to rank 0 drains and
+# ends every rank with exit 0, SIGTERM to mpirun ends them all, each within a
+# bounded time; options that cannot run
 # distributed are refused in one line. Every wait is bounded.
 . tests/lib/tap.sh
 T=$TMPD
@@ -134,23 +135,28 @@ assert text == ref and open('$T/c.sse').read().rstrip().endswith('data: [DONE]')
 import json
 a = json.load(open('$T/again.json'))['choices'][0]; b = json.load(open('$T/ref/seq3.json'))['choices'][0]
 assert a['token_ids'] == b['token_ids'] and int('${hit2:-0}') > int('${hit:-0}'), (a, b)"
-		# to mpirun (timeout passes it on): it forwards SIGTERM to every
-		# rank; rank 0 drains and stops the others, which exit 0, but
-		# Open MPI's mpirun exits 1 after a signal whatever the ranks did
+		# to mpirun (timeout passes it on): Open MPI ends the job, and
+		# may kill the ranks before rank 0 has drained (seen either way
+		# here), so only a bounded end is asserted; a drain is asked of
+		# rank 0 (the other cases)
 		finish TERM "$SP"
-		check "$d: SIGTERM to mpirun: rank 0 drained and stopped, rank 1 followed it out (mpirun exit $RC after $SECS s)" \
-			sh -c "[ '$SECS' -le 10 ] && [ '$RC' = 0 -o '$RC' = 1 ] && grep -q 'llm-serve: stopped' '$T/rank0.log' &&
-				grep -q 'rank 1: followed' '$T/rank1.log'"
+		for i in $(seq 1 50); do      # ranks outlive mpirun by a moment
+			left=$(pgrep -f "[l]lm-serve -m $T/s$tp$pp" | wc -l)
+			[ "$left" = 0 ] && break
+			sleep 0.1
+		done
+		check "$d: SIGTERM to mpirun ends every rank (mpirun exit $RC after $SECS s, $left left)" \
+			[ "$SECS" -le 10 -a "$left" = 0 ]
 	else
 		r0=$(rank0)
 		finish TERM "${r0:-$SP}"
 		check "$d: SIGTERM to rank 0 (pid ${r0:-not found}) drains and stops every rank, exit $RC after $SECS s" \
 			[ -n "$r0" -a "$RC" = 0 -a "$SECS" -le 10 ]
+		bytes=$(grep -o "followed .* per step" "$T/rank1.log" | tail -1)
+		diag "rank 1: ${bytes:-no traffic line}"
+		check "$d: rank 1 reports the bytes rank 0 broadcast" [ -n "$bytes" ]
 	fi
 done
-bytes=$(grep -o "followed .* per step" "$T/rank1.log" | tail -1)
-diag "rank 1 of the last job: ${bytes:-no traffic line}"
-check "rank 1 reports the bytes rank 0 broadcast" [ -n "$bytes" ]
 
 # refused under mpirun: one line from llm-serve, the status of a usage error
 refused() {

@@ -60,6 +60,7 @@ struct llm_sched {
 	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) */
 	int8_t *b_logits;
 	struct sreq **b_req;        /* (max_rows) the request of each logit row */
+	struct sreq **pf;           /* (max_running) a step's prefilling requests */
 	int32_t *cnt;               /* (n_block) scratch of stats */
 	struct llm_sched_stats st;
 };
@@ -99,9 +100,10 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 	s->b_seq = malloc(nb * sizeof(int32_t));
 	s->b_logits = malloc(nb);
 	s->b_req = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_req);
+	s->pf = malloc((size_t)s->o.max_running * sizeof *s->pf);
 	s->pc = calloc((size_t)o->prefix_entries + 1, sizeof *s->pc);
 	s->cnt = calloc((size_t)s->kv->n_block, sizeof *s->cnt);
-	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->pc || !s->cnt) {
+	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->pf || !s->pc || !s->cnt) {
 		llm_sched_close(s);
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
 	}
@@ -165,6 +167,7 @@ void llm_sched_close(struct llm_sched *s)
 	free(s->b_seq);
 	free(s->b_logits);
 	free(s->b_req);
+	free(s->pf);
 	free(s);
 }
 
@@ -627,11 +630,25 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 		}
 		put(s, r, 1, &n, &rows);
 	}
-	/* then prompt chunks (prefill, or recompute after a preemption) */
-	for (int i = 0; i < s->n_reqs && n < budget; i++) {
+	/* then prompt chunks (prefill, or recompute after a preemption), the
+	 * fewest ids left first (ties: arrival order): a short prompt that
+	 * arrives while a long one is being prefilled gets its first token
+	 * within a step or two instead of after the whole long prompt (which
+	 * still takes whatever budget the short ones leave, every step) */
+	int n_pf = 0;
+	for (int i = 0; i < s->n_reqs && n_pf < s->o.max_running; i++) {
 		struct sreq *r = s->reqs[i];
 		if (r->state != SREQ_RUNNING || r->in_batch || r->n_ids - r->n_cached < 2)
 			continue;
+		int k = n_pf++;
+		for (; k > 0 && s->pf[k - 1]->n_ids - s->pf[k - 1]->n_cached > r->n_ids - r->n_cached; k--)
+			s->pf[k] = s->pf[k - 1];
+		s->pf[k] = r;
+	}
+	for (int i = 0; i < n_pf && n < budget; i++) {
+		struct sreq *r = s->pf[i];
+		if (r->state != SREQ_RUNNING)
+			continue;            /* preempted to make room for an earlier one */
 		int left = r->n_ids - r->n_cached, take = left < budget - n ? left : budget - n;
 		if (take == left && rows == s->max_rows)
 			take--;              /* the last id needs a logit row */

@@ -4,7 +4,8 @@
  *
  * Every step carries at most max_batch_tokens tokens: first one decode token
  * of each running request (admission order), then chunks of prompts that
- * are still prefilling, until the budget is spent. A long prompt is thus
+ * are still prefilling, the fewest tokens left first, until the budget is
+ * spent (a short prompt does not wait behind a long one). A long prompt is thus
  * cut into chunks that share steps with decodes, so steps stay uniform and
  * the running requests' inter-token latency stays bounded (a budget larger
  * than any prompt turns chunking off).

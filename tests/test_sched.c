@@ -219,6 +219,42 @@ int main(void)
 	check(rc == LLM_ERR_RANGE && strstr(llm_errmsg(), "max_tokens 600") && strstr(llm_errmsg(), "512"),
 	      "prompt + max_tokens beyond the context is refused with the numbers (%s)", llm_errmsg());
 	llm_sched_close(s);
+
+	/* a short prompt arriving while a long one is being prefilled (budget
+	 * 32) gets its first token at once, not after the long prefill; the
+	 * long one's output is unchanged */
+	struct llm_sched_opts fo = { .max_running = 4, .max_batch_tokens = 32 };
+	if (check(llm_sched_open(&s, e, &fo) == LLM_OK, "open a scheduler without prefix cache")) {
+		static int32_t longp[120];     /* fits the 24 blocks of 8 with the short one */
+		int nl = 0;
+		for (int k = 0; k < N_REQ && nl < 120; k++)
+			for (int j = k ? 1 : 0; j < n_prompt[k] && nl < 120; j++)
+				longp[nl++] = prompts[k][j];
+		struct out lo = { 0 }, sh = { 0 }, alone = { 0 };
+		struct llm_request lr = { longp, nl, greedy(8), on_token, &lo };
+		struct llm_request sr = { prompts[1], n_prompt[1], greedy(8), on_token, &sh };
+		llm_sched_add(s, &lr, NULL);
+		llm_sched_step(s, NULL);                  /* the long prefill has begun */
+		llm_sched_add(s, &sr, NULL);
+		int steps = 0;
+		while (sh.events == 0 && steps < 100 && !llm_sched_step(s, NULL))
+			steps++;
+		int long_waiting = lo.events == 0;
+		check(steps <= 2 && long_waiting, "a %d-token prompt arriving during a %d-token prefill gets its first "
+		      "token after %d step(s), the long one still prefilling (%s)", n_prompt[1], nl, steps,
+		      long_waiting ? "yes" : "no");
+		drain(s, 1000, 32, &over);
+		llm_sched_close(s);
+		/* the long prompt alone, for its output */
+		if (llm_sched_open(&s, e, &fo) == LLM_OK) {
+			struct llm_request lr2 = { longp, nl, greedy(8), on_token, &alone };
+			llm_sched_add(s, &lr2, NULL);
+			drain(s, 1000, 32, &over);
+			llm_sched_close(s);
+		}
+		check(lo.n == 8 && alone.n == 8 && !memcmp(lo.ids, alone.ids, sizeof(int32_t) * 8),
+		      "the long prompt's output is the same with the short one going first");
+	}
 	llm_engine_close(e);
 	return check_done();
 }

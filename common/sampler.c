@@ -110,8 +110,63 @@ void llm_sampler_accept(struct llm_sampler *s, int32_t id)
 	}
 }
 
+/* The log-sum-exp of a vocabulary runs once per generated token (the
+ * chosen token's log-prob); in f64 with libm exp it took ~0.3 ms for
+ * 49152 logits, 8% of a 16-sequence decode step. With AVX-512: the max, then
+ * exp in f32 (range reduction by ln 2 in two parts, degree-6 polynomial,
+ * relative error < 2e-7 per term) summed in f64 lanes: the log-prob is off
+ * by < 3e-7 absolute, below what its f32 result resolves near 1. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static double lse_512(const float *x, int n, float *pmx)
+{
+	__m512 vm = _mm512_set1_ps(-INFINITY);
+	int i = 0;
+	for (; i + 16 <= n; i += 16)
+		vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + i));
+	float mx = _mm512_reduce_max_ps(vm);
+	for (; i < n; i++)
+		mx = x[i] > mx ? x[i] : mx;
+	const __m512 m = _mm512_set1_ps(mx), lo = _mm512_set1_ps(-87.0f), l2e = _mm512_set1_ps(1.44269504089f);
+	const __m512 c1 = _mm512_set1_ps(0.693359375f), c2 = _mm512_set1_ps(-2.12194440e-4f);
+	const __m512 p0 = _mm512_set1_ps(1.9875691500e-4f), p1 = _mm512_set1_ps(1.3981999507e-3f);
+	const __m512 p2 = _mm512_set1_ps(8.3334519073e-3f), p3 = _mm512_set1_ps(4.1665795894e-2f);
+	const __m512 p4 = _mm512_set1_ps(1.6666665459e-1f), p5 = _mm512_set1_ps(5.0000001201e-1f);
+	const __m512 one = _mm512_set1_ps(1.0f);
+	__m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+	for (i = 0; i < n; i += 16) {
+		int left = n - i;
+		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+		__m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m), lo);
+		__m512 t = _mm512_roundscale_ps(_mm512_mul_ps(v, l2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		__m512 r = _mm512_fnmadd_ps(t, c2, _mm512_fnmadd_ps(t, c1, v));
+		__m512 p = _mm512_fmadd_ps(p0, r, p1);
+		p = _mm512_fmadd_ps(p, r, p2);
+		p = _mm512_fmadd_ps(p, r, p3);
+		p = _mm512_fmadd_ps(p, r, p4);
+		p = _mm512_fmadd_ps(p, r, p5);
+		p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, one));
+		__m512 e = _mm512_maskz_mov_ps(k, _mm512_scalef_ps(p, t));
+		s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+		s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+	}
+	*pmx = mx;
+	return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+#endif
+
 double llm_logprob(const float *logits, int n, int32_t id)
 {
+#if defined(__x86_64__)
+	static int avx512 = -1;
+	if (avx512 < 0)
+		avx512 = __builtin_cpu_supports("avx512f") != 0;
+	if (avx512) {
+		float mx;
+		double sum = lse_512(logits, n, &mx);
+		return (double)logits[id] - (double)mx - log(sum);
+	}
+#endif
 	double mx = logits[0];
 	for (int i = 1; i < n; i++)
 		if (logits[i] > mx)

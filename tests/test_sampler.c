@@ -136,6 +136,28 @@ static void test_rules(void)
 	      fabs(o.top[2].logprob - (1.0 - lse)) < 1e-6, "top-3 log-probs, best first, ties by id");
 	llm_sampler_free(&s);
 
+	/* a vocabulary-sized log-sum-exp (the SIMD one where the CPU has it)
+	 * against f64 libm, for logits spread over [-60, 20], an odd length */
+	{
+		int nv = 49157;
+		float *big = malloc((size_t)nv * sizeof *big);
+		uint64_t st = 12345;
+		for (int i = 0; i < nv; i++) {
+			st = st * 6364136223846793005ull + 1442695040888963407ull;
+			big[i] = (float)((double)(st >> 11) / 9007199254740992.0 * 80.0 - 60.0);
+		}
+		big[777] = 25.0f;
+		double mx = 25.0, sum = 0, worst = 0;
+		for (int i = 0; i < nv; i++)
+			sum += exp((double)big[i] - mx);
+		for (int id = 0; id < nv; id += 997) {
+			double want = (double)big[id] - mx - log(sum), d = fabs(llm_logprob(big, nv, id) - want);
+			worst = d > worst ? d : worst;
+		}
+		check(worst < 1e-6, "log-prob over 49157 logits within 1e-6 of f64 libm (worst %.2g)", worst);
+		free(big);
+	}
+
 	/* bad params */
 	p = params(-1, 0);
 	check(llm_sample_params_check(&p) == LLM_ERR_USAGE && strstr(llm_errmsg(), "temperature"),

@@ -607,6 +607,7 @@ static enum llm_status cpu_init(struct llm_backend *be, const struct llm_backend
 	if (!c)
 		return llm_fail(LLM_ERR_NOMEM, "cpu backend: out of memory");
 	enum llm_cpu_isa best = llm_cpu_isa_detect(), isa = o->isa;
+	llm_cpu_matmul_vbmi(-1);   /* decided here, before the pool's threads read it */
 	if (isa == LLM_ISA_AUTO) {
 		const char *env = getenv("LLM_CPU_ISA");
 		isa = best;

@@ -219,7 +219,9 @@ enum llm_status llm_comm_allgatherv(struct llm_comm *c, const void *send, void *
 	return ranked(c, c->ops->allgatherv(c, send, counts[c->rank], recv, counts));
 }
 
-enum llm_status llm_comm_bcast(struct llm_comm *c, void *buf, size_t n, int root)
+/* A broadcast through OP (bcast, or bcast_idle), with the checks and counts */
+static enum llm_status bcast_with(struct llm_comm *c, void *buf, size_t n, int root,
+                                  enum llm_status (*op)(struct llm_comm *, void *, size_t, int))
 {
 	if (root < 0 || root >= c->size)
 		return llm_fail(LLM_ERR_INTERNAL, "rank %d of %d: broadcast from rank %d of a %d-rank communicator",
@@ -227,20 +229,17 @@ enum llm_status llm_comm_bcast(struct llm_comm *c, void *buf, size_t n, int root
 	if (c->rank == root)
 		c->stats.coll += n;
 	c->stats.n_coll++;
-	return ranked(c, c->ops->bcast(c, buf, n, root));
+	return ranked(c, op(c, buf, n, root));
+}
+
+enum llm_status llm_comm_bcast(struct llm_comm *c, void *buf, size_t n, int root)
+{
+	return bcast_with(c, buf, n, root, c->ops->bcast);
 }
 
 enum llm_status llm_comm_bcast_idle(struct llm_comm *c, void *buf, size_t n, int root)
 {
-	if (!c->ops->bcast_idle)
-		return llm_comm_bcast(c, buf, n, root);
-	if (root < 0 || root >= c->size)
-		return llm_fail(LLM_ERR_INTERNAL, "rank %d of %d: broadcast from rank %d of a %d-rank communicator",
-		                c->world_rank, c->world_size, root, c->size);
-	if (c->rank == root)
-		c->stats.coll += n;
-	c->stats.n_coll++;
-	return ranked(c, c->ops->bcast_idle(c, buf, n, root));
+	return bcast_with(c, buf, n, root, c->ops->bcast_idle ? c->ops->bcast_idle : c->ops->bcast);
 }
 
 enum llm_status llm_comm_send(struct llm_comm *c, const void *buf, size_t n, int dst, int tag)

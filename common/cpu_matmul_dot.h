@@ -145,20 +145,26 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 		if (rbn > RB)
 			rbn = RB;
 	}
-	uint16_t wbuf[WBUF_ELEMS];
+	_Alignas(64) uint16_t wbuf[WBUF_ELEMS];
 	size_t row_bytes = (size_t)n * (fp8 ? 1 : 2), ahead = (PF_BYTES + row_bytes - 1) / row_bytes;
 	size_t pf = (ahead > 4 ? ahead : 4) * (size_t)n;
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
+		/* the codes of the next row block are fetched into L2 while this
+		 * one is copied: a row block spans several pages, and the hardware
+		 * prefetcher starts over at each (streaming 1536x576 codes with 16
+		 * tokens: 44 -> 53 GMAC/s on one core) */
 		if (copy)
 			for (int64_t r = rb; r < re; r++) {
 				const uint8_t *src = (const uint8_t *)w->data + (size_t)r * (size_t)n;
+				const char *next = (const char *)(src + (size_t)rbn * (size_t)n);
 				uint16_t *dst = wbuf + (size_t)(r - rb) * (size_t)n;
 #if DOT_VBMI
 				for (int64_t c = 0; c < n; c += 64) {
 					int64_t left = n - c;
 					__mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
 					__m512i w0, w1;
+					_mm_prefetch(next + c, _MM_HINT_T1);
 					e4m3x64_bf16(&lut, src + c, m, &w0, &w1);
 					_mm512_mask_storeu_epi16(dst + c, (__mmask32)m, w0);
 					_mm512_mask_storeu_epi16(dst + c + 32, (__mmask32)(m >> 32), w1);
@@ -167,6 +173,8 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 				for (int64_t c = 0; c < n; c += 32) {
 					int64_t left = n - c;
 					__mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+					if (c % 64 == 0)
+						_mm_prefetch(next + c, _MM_HINT_T1);
 					_mm512_mask_storeu_epi16(dst + c, m, e4m3x32_bf16(&lut, src + c, m));
 				}
 #endif

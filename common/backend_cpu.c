@@ -324,7 +324,9 @@ static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
 {
 	LLM_TRY(need_f32("rmsnorm", x));
 	struct norm_job j = { out, x, w, eps };
-	pool_run(&cpu(be)->pool, nth_for(be, 4.0 * (double)x.rows * (double)x.cols), norm_task, &j);
+	/* weighted like swiglu: below a few thousand rows x columns (one token)
+	 * a hand-out costs more than it saves */
+	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)x.rows * (double)x.cols), norm_task, &j);
 	return LLM_OK;
 }
 
@@ -560,20 +562,33 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	return LLM_OK;
 }
 
-static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
-                                  struct llm_view gate, struct llm_view up)
+struct swiglu_job { struct llm_view out, gate, up; };
+
+static void swiglu_task(void *ctx, int ith, int nth)
 {
-	(void)be;
-	LLM_TRY(need_f32("swiglu", gate));
-	for (int64_t t = 0; t < gate.rows; t++) {
-		const float *g = row(gate, t), *u = row(up, t);
-		float *o = row(out, t);
-		for (int64_t i = 0; i < gate.cols; i++) {
+	struct swiglu_job *j = ctx;
+	int64_t b, e, n = j->gate.cols;
+	split(j->gate.rows * n, ith, nth, 16, &b, &e);
+	for (int64_t k = b; k < e; ) {
+		int64_t t = k / n, i0 = k % n, i1 = n < i0 + (e - k) ? n : i0 + (e - k);
+		const float *g = row(j->gate, t), *u = row(j->up, t);
+		float *o = row(j->out, t);
+		for (int64_t i = i0; i < i1; i++) {
 			float v = g[i];
 			v *= 1.0f / (1.0f + expf(-v));
 			o[i] = v * u[i];
 		}
+		k += i1 - i0;
 	}
+}
+
+static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
+                                  struct llm_view gate, struct llm_view up)
+{
+	LLM_TRY(need_f32("swiglu", gate));
+	struct swiglu_job j = { out, gate, up };
+	/* an expf costs about what 16 multiply-adds do */
+	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
 	return LLM_OK;
 }
 

@@ -155,6 +155,50 @@ __attribute__((target("avx512f"))) static double lse_512(const float *x, int n, 
 }
 #endif
 
+/* The first index of the largest value: what `if (w[i] > w[tok]) tok = i`
+ * returns from tok = 0 (a NaN never wins; a NaN at 0 is kept; -0 and +0
+ * tie). With AVX-512 a max pass that skips NaNs (vmaxps keeps its second
+ * operand when the first is NaN), then the first index equal to it. */
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static int32_t argmax_512(const float *w, int n)
+{
+	__m512 vm = _mm512_set1_ps(w[0]);
+	int i = 0;
+	for (; i + 16 <= n; i += 16)
+		vm = _mm512_max_ps(_mm512_loadu_ps(w + i), vm);
+	float mx = _mm512_reduce_max_ps(vm);
+	for (; i < n; i++)
+		if (w[i] > mx)
+			mx = w[i];
+	const __m512 m = _mm512_set1_ps(mx);
+	for (i = 0; i + 16 <= n; i += 16) {
+		__mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(w + i), m, _CMP_EQ_OQ);
+		if (k)
+			return i + __builtin_ctz(k);
+	}
+	for (; i < n; i++)
+		if (w[i] == mx)
+			return i;
+	return 0;
+}
+#endif
+
+int32_t llm_argmax(const float *w, int n)
+{
+#if defined(__x86_64__)
+	static int avx512 = -1;
+	if (avx512 < 0)
+		avx512 = __builtin_cpu_supports("avx512f") != 0;
+	if (avx512 && n > 0 && w[0] == w[0])
+		return argmax_512(w, n);
+#endif
+	int32_t tok = 0;
+	for (int i = 1; i < n; i++)
+		if (w[i] > w[tok])
+			tok = i;
+	return tok;
+}
+
 double llm_logprob(const float *logits, int n, int32_t id)
 {
 #if defined(__x86_64__)
@@ -230,21 +274,21 @@ void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_s
 {
 	const struct llm_sample_params *p = &s->p;
 	int n = s->n_vocab;
-	float *w = s->work;
-	memcpy(w, logits, (size_t)n * sizeof *w);
+	const float *w = logits;       /* the penalized copy where there are penalties */
 	if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0 || p->presence_penalty != 0) {
+		float *pw = s->work;
+		memcpy(pw, logits, (size_t)n * sizeof *pw);
+		w = pw;
 		for (int i = 0; i < n; i++) {
 			if (s->seen[i] && p->repetition_penalty != 1.0f)
-				w[i] = w[i] > 0 ? w[i] / p->repetition_penalty : w[i] * p->repetition_penalty;
+				pw[i] = pw[i] > 0 ? pw[i] / p->repetition_penalty : pw[i] * p->repetition_penalty;
 			if (s->count[i])
-				w[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;
+				pw[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;
 		}
 	}
 	int32_t tok = 0;
 	if (p->temperature == 0) {
-		for (int i = 1; i < n; i++)
-			if (w[i] > w[tok])
-				tok = i;
+		tok = llm_argmax(w, n);
 	} else {
 		/* candidates, sorted best first; tokens with p < e^-40 * p_max at this
 		 * temperature cannot matter and are left out of the sort */

@@ -70,6 +70,9 @@ void llm_sampler_accept(struct llm_sampler *s, int32_t id);
 /* Choose the next token from LOGITS (n_vocab, not modified). */
 void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out);
 
+/* The first index of the largest of W[0..n) (as `w[i] > w[best]` from 0). */
+int32_t llm_argmax(const float *w, int n);
+
 /* log_softmax(logits)[id] in double, and the top N (best first, ties by id). */
 double llm_logprob(const float *logits, int n_vocab, int32_t id);
 int llm_top_logprobs(const float *logits, int n_vocab, int n, struct llm_logprob *out);

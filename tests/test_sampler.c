@@ -344,8 +344,50 @@ static void test_engine(void)
 	llm_engine_close(e);
 }
 
+/* llm_argmax against the loop it replaces, on lengths around the vector
+ * width, with ties, -0/+0, infinities and NaNs placed anywhere. */
+static void test_argmax(void)
+{
+	uint64_t rng[4];
+	llm_rng_seed(rng, 7);
+	static float w[300];
+	int bad = 0, cases = 0;
+	for (int n = 1; n <= 300; n += (n < 40 ? 1 : 13))
+		for (int kind = 0; kind < 6; kind++) {
+			for (int i = 0; i < n; i++)
+				w[i] = (float)(int)(llm_rng_uniform(rng) * 8.0) - 4.0f;   /* many ties */
+			int a = (int)(llm_rng_uniform(rng) * n), b = (int)(llm_rng_uniform(rng) * n);
+			if (kind == 1) { w[a] = NAN; }
+			if (kind == 2) { w[0] = NAN; }
+			if (kind == 3) { for (int i = 0; i < n; i++) w[i] = (i & 1) ? 0.0f : -0.0f; }
+			if (kind == 4) { w[a] = INFINITY; w[b] = INFINITY; }
+			if (kind == 5) { for (int i = 0; i < n; i++) w[i] = -INFINITY; w[a] = NAN; }
+			int32_t ref = 0;
+			for (int i = 1; i < n; i++)
+				if (w[i] > w[ref])
+					ref = i;
+			bad += llm_argmax(w, n) != ref;
+			cases++;
+		}
+	check(bad == 0, "llm_argmax equals the first-index loop in %d cases (ties, +-0, inf, NaN, ragged lengths): %d differ",
+	      cases, bad);
+	/* and greedy sampling takes it: the first of two equal maxima */
+	for (int i = 0; i < 100; i++)
+		w[i] = 1.0f;
+	w[37] = w[81] = 3.0f;
+	struct llm_sample_params p = params(0, 1);
+	struct llm_sampler s;
+	struct llm_sample_out o = { 0 };
+	if (llm_sampler_init(&s, &p, 100) == LLM_OK) {
+		llm_sampler_sample(&s, w, &o);
+		llm_sampler_free(&s);
+	}
+	check(o.token == 37, "greedy sample of tied maxima at 37 and 81: %d", o.token);
+}
+
 int main(void)
 {
+	test_argmax();
 	test_rules();
 	test_seeds();
 	test_engine();

@@ -108,11 +108,14 @@ DOT_TARGET static INL void DOT_NAME(tile_dot)(float *y, int64_t ys, const uint16
 	}
 }
 
-/* The copy path's 4x4 tile when n and the scale block are multiples of 64:
- * the ops of tile_dot(codes 0, scaled 1) in the same order (two 32-column
- * chunks a step), without masks or branches in the loop. */
-DOT_TARGET static void DOT_NAME(tile_copy44)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
-                                const uint16_t *w, int64_t n, int64_t bk, const float *const srow[4])
+/* The 4x4 tile over bf16 rows (a BF16 matrix, or the copy of an E4M3 row
+ * block with its scales) when n and the scale block are multiples of 64:
+ * the ops of tile_dot(codes 0) in the same order (two 32-column chunks a
+ * step), without masks or branches in the loop. PF: prefetch distance in
+ * elements (0: none, the copy is in cache). */
+DOT_TARGET static INL void DOT_NAME(tile44)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                           const uint16_t *w, int64_t n, int64_t bk, const float *const srow[4],
+                           const int scaled, size_t pf)
 {
 	__m512 acc[4][4], blk[4][4];
 #pragma GCC unroll 4
@@ -136,6 +139,10 @@ DOT_TARGET static void DOT_NAME(tile_copy44)(float *y, int64_t ys, const uint16_
 			}
 #pragma GCC unroll 4
 			for (int i = 0; i < 4; i++) {
+				if (!scaled && pf) {      /* 64 bf16 columns: two lines */
+					_mm_prefetch((const char *)(w + i * n + c + pf), _MM_HINT_T1);
+					_mm_prefetch((const char *)(w + i * n + c + pf + 32), _MM_HINT_T1);
+				}
 				__m512bh w0 = (__m512bh)_mm512_loadu_si512(w + i * n + c);
 				__m512bh w1 = (__m512bh)_mm512_loadu_si512(w + i * n + c + 32);
 #pragma GCC unroll 4
@@ -148,10 +155,10 @@ DOT_TARGET static void DOT_NAME(tile_copy44)(float *y, int64_t ys, const uint16_
 		}
 #pragma GCC unroll 4
 		for (int i = 0; i < 4; i++) {
-			__m512 s = _mm512_set1_ps(srow[i][b]);
+			__m512 s = _mm512_set1_ps(scaled ? srow[i][b] : 1.0f);
 #pragma GCC unroll 4
 			for (int t = 0; t < 4; t++)
-				acc[i][t] = _mm512_fmadd_ps(blk[i][t], s, acc[i][t]);
+				acc[i][t] = scaled ? _mm512_fmadd_ps(blk[i][t], s, acc[i][t]) : blk[i][t];
 		}
 	}
 #pragma GCC unroll 4
@@ -160,6 +167,18 @@ DOT_TARGET static void DOT_NAME(tile_copy44)(float *y, int64_t ys, const uint16_
 		s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
 		_mm_storeu_ps(y + t * ys, _mm512_castps512_ps128(s));
 	}
+}
+
+DOT_TARGET static void DOT_NAME(tile44_copy)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                const uint16_t *w, int64_t n, int64_t bk, const float *const srow[4])
+{
+	DOT_NAME(tile44)(y, ys, xb, xbs, w, n, bk, srow, 1, 0);
+}
+
+DOT_TARGET static void DOT_NAME(tile44_bf16)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                const uint16_t *w, int64_t n, size_t pf)
+{
+	DOT_NAME(tile44)(y, ys, xb, xbs, w, n, n, NULL, 0, pf);
 }
 
 #define TILE_DOT_KIND(codes, scaled)                                                             \
@@ -203,6 +222,9 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	int whole64 = fp8 && n % 64 == 0 && w->block_cols % 64 == 0;
 	size_t row_bytes = (size_t)n * (fp8 ? 1 : 2), ahead = (PF_BYTES + row_bytes - 1) / row_bytes;
 	size_t pf = (ahead > 4 ? ahead : 4) * (size_t)n;
+	/* several token tiles: the next row block is prefetched while this one
+	 * is reused from cache (BF16 rows in place, or E4M3 copied to bf16) */
+	int spread = copy || (!fp8 && n_tok > 4);
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
 		/* The codes of the next row block are fetched into L2 while this
@@ -214,11 +236,11 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 		 * (69 with the codes in L2). */
 		const char *nx = NULL, *ne = NULL;
 		size_t per = 0;
-		if (copy) {
+		if (spread) {
 			int64_t nre = re + rbn < r1 ? re + rbn : r1;
 			int64_t tiles = (n_tok / 4 + n_tok % 4) * ((re - rb) / 4 + (re - rb) % 4);
-			nx = (const char *)w->data + (size_t)re * (size_t)n;
-			ne = (const char *)w->data + (size_t)nre * (size_t)n;
+			nx = (const char *)w->data + (size_t)re * row_bytes;
+			ne = (const char *)w->data + (size_t)nre * row_bytes;
 			per = ne > nx ? ((size_t)(ne - nx) / 64 + (size_t)tiles) / (size_t)tiles * 64 : 0;
 		}
 		if (copy)
@@ -263,10 +285,12 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 					_mm_prefetch(nx, _MM_HINT_T1);
 				float *yt = y + t * ys + r;
 				const uint16_t *xt = xb + t * xbs;
-				if (!fp8)
+				if (!fp8 && nt == 4 && nr == 4 && n % 64 == 0)
+					DOT_NAME(tile44_bf16)(yt, ys, xt, xbs, (const uint16_t *)ws.p, n, spread ? 0 : pf);
+				else if (!fp8)
 					DOT_NAME(tile_dot_00)(yt, ys, xt, xbs, nt, nr, &ws, n, &lut);
 				else if (copy && nt == 4 && nr == 4 && whole64)
-					DOT_NAME(tile_copy44)(yt, ys, xt, xbs, (const uint16_t *)ws.p, n, ws.bk, ws.srow);
+					DOT_NAME(tile44_copy)(yt, ys, xt, xbs, (const uint16_t *)ws.p, n, ws.bk, ws.srow);
 				else if (copy)
 					DOT_NAME(tile_dot_01)(yt, ys, xt, xbs, nt, nr, &ws, n, &lut);
 				else

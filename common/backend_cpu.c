@@ -450,31 +450,38 @@ static enum llm_status cpu_kv_store(struct llm_backend *be, struct llm_kv *kv, i
 	return LLM_OK;
 }
 
+/* heads of one KV group that an attention item takes together (at most) */
+#define ATTN_GS 4
+
 struct attn_job {
 	struct llm_view out, q;
 	struct llm_kv *kv;
-	int layer, n_head;
+	int layer, n_head, gs;
 	const struct llm_batch *b;
 	struct cpu_be *c;
 };
 
+/* One item: a token and GS heads of one KV group, which read each cached
+ * key and value row once. Per head the numerics are those of one head
+ * alone: scores, softmax (expf, in position order), weighted sum. */
 static void attn_task(void *ctx, int ith, int nth)
 {
 	struct attn_job *j = ctx;
 	struct llm_kv *kv = j->kv;
-	int d = kv->d_head, group = j->n_head / kv->n_kv_head;
+	int d = kv->d_head, group = j->n_head / kv->n_kv_head, gs = j->gs, per_tok = j->n_head / gs;
 	int64_t b, e;
-	split((int64_t)j->b->n_tok * j->n_head, ith, nth, 1, &b, &e);
+	split((int64_t)j->b->n_tok * per_tok, ith, nth, 1, &b, &e);
+	size_t as = (size_t)kv->max_ctx;               /* one head's scores */
 	float *att = j->c->scratch + (size_t)ith * j->c->scratch_per;
-	float *kf = att + kv->max_ctx;             /* (d) a bf16 row as f32 */
+	float *kf = att + (size_t)ATTN_GS * as;        /* (d) a bf16 row as f32 */
 	float scale = sqrtf((float)d);
 	for (int64_t it = b; it < e; it++) {
-		int t = (int)(it / j->n_head), h = (int)(it % j->n_head);
+		int t = (int)(it / per_tok), h0 = (int)(it % per_tok) * gs;
 		int seq = j->b->seq[t];
 		int32_t pos = j->b->pos[t];
-		const float *q = row(j->q, t) + (size_t)h * (size_t)d;
-		float *o = row(j->out, t) + (size_t)h * (size_t)d;
-		size_t hoff = (size_t)(h / group) * (size_t)d;
+		const float *q = row(j->q, t) + (size_t)h0 * (size_t)d;
+		float *o = row(j->out, t) + (size_t)h0 * (size_t)d;
+		size_t hoff = (size_t)(h0 / group) * (size_t)d;
 		const int32_t *blk = kv->seq[seq].blk;
 		int bs = kv->block_size;
 		/* positions a block at a time: one table lookup per block */
@@ -484,7 +491,7 @@ static void attn_task(void *ctx, int ith, int nth)
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			const void *kb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->k + base)
 			                                            : (const void *)((const uint16_t *)kv->k + base);
-			if (llm_cpu_attn_scores(j->c->isa, att + p0, q, kb, kv->dtype, kv->kv_dim,
+			if (llm_cpu_attn_scores(j->c->isa, att + p0, as, q, gs, kb, kv->dtype, kv->kv_dim,
 			                        pe - p0 + 1, d, scale))
 				continue;
 			for (int32_t p = p0; p <= pe; p++) {
@@ -496,21 +503,25 @@ static void attn_task(void *ctx, int ith, int nth)
 					llm_to_f32(kf, (const uint16_t *)kv->k + off, LLM_DTYPE_BF16, (size_t)d);
 					kr = kf;
 				}
-				att[p] = llm_cpu_dot(j->c->isa, q, kr, d) / scale;
+				for (int h = 0; h < gs; h++)
+					att[(size_t)h * as + (size_t)p] = llm_cpu_dot(j->c->isa, q + (size_t)h * (size_t)d, kr, d) / scale;
 			}
 		}
-		float mx = att[0];
-		for (int32_t p = 1; p <= pos; p++)
-			if (att[p] > mx)
-				mx = att[p];
-		float sum = 0.0f;
-		for (int32_t p = 0; p <= pos; p++) {
-			att[p] = expf(att[p] - mx);
-			sum += att[p];
+		for (int h = 0; h < gs; h++) {
+			float *ah = att + (size_t)h * as;
+			float mx = ah[0];
+			for (int32_t p = 1; p <= pos; p++)
+				if (ah[p] > mx)
+					mx = ah[p];
+			float sum = 0.0f;
+			for (int32_t p = 0; p <= pos; p++) {
+				ah[p] = expf(ah[p] - mx);
+				sum += ah[p];
+			}
+			for (int32_t p = 0; p <= pos; p++)
+				ah[p] /= sum;
 		}
-		for (int32_t p = 0; p <= pos; p++)
-			att[p] /= sum;
-		for (int i = 0; i < d; i++)
+		for (int i = 0; i < gs * d; i++)
 			o[i] = 0.0f;
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
 			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
@@ -518,7 +529,7 @@ static void attn_task(void *ctx, int ith, int nth)
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			const void *vb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->v + base)
 			                                            : (const void *)((const uint16_t *)kv->v + base);
-			if (llm_cpu_attn_wsum(j->c->isa, o, att + p0, vb, kv->dtype, kv->kv_dim, pe - p0 + 1, d))
+			if (llm_cpu_attn_wsum(j->c->isa, o, gs, att + p0, as, vb, kv->dtype, kv->kv_dim, pe - p0 + 1, d))
 				continue;
 			for (int32_t p = p0; p <= pe; p++) {
 				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
@@ -529,9 +540,11 @@ static void attn_task(void *ctx, int ith, int nth)
 					llm_to_f32(kf, (const uint16_t *)kv->v + off, LLM_DTYPE_BF16, (size_t)d);
 					vr = kf;
 				}
-				float a = att[p];
-				for (int i = 0; i < d; i++)
-					o[i] += a * vr[i];
+				for (int h = 0; h < gs; h++) {
+					float a = att[(size_t)h * as + (size_t)p], *oh = o + (size_t)h * (size_t)d;
+					for (int i = 0; i < d; i++)
+						oh[i] += a * vr[i];
+				}
 			}
 		}
 	}
@@ -543,7 +556,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 {
 	struct cpu_be *c = cpu(be);
 	LLM_TRY(need_f32("attention", q));
-	size_t per = (size_t)kv->max_ctx + (size_t)kv->d_head;
+	size_t per = (size_t)ATTN_GS * (size_t)kv->max_ctx + (size_t)kv->d_head;
 	per = (per + 15) / 16 * 16;
 	if (c->scratch_per < per) {     /* first use with this cache: sized once */
 		float *s = malloc((size_t)(4 * c->pool.n) * per * sizeof(float));   /* per chunk */
@@ -553,12 +566,23 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 		c->scratch = s;
 		c->scratch_per = per;
 	}
-	struct attn_job j = { out, q, kv, layer, n_head, b, c };
 	double work = 0;
 	for (int i = 0; i < b->n_tok; i++)
 		work += (double)(b->pos[i] + 1);
 	work *= 2.0 * n_head * kv->d_head;
-	pool_run(&c->pool, nth_for(be, work), attn_task, &j);
+	int n_chunk = nth_for(be, work);
+	/* heads of a KV group together (the largest divisor of the group up to
+	 * ATTN_GS) when that still leaves 4 items a chunk; else one head each */
+	int group = n_head / kv->n_kv_head, gs = 1;
+	for (int g = ATTN_GS; g > 1; g--)
+		if (group % g == 0) {
+			gs = g;
+			break;
+		}
+	if ((int64_t)b->n_tok * (n_head / gs) < 4 * (int64_t)n_chunk)
+		gs = 1;
+	struct attn_job j = { out, q, kv, layer, n_head, gs, b, c };
+	pool_run(&c->pool, n_chunk, attn_task, &j);
 	return LLM_OK;
 }
 

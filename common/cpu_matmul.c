@@ -643,79 +643,142 @@ T512 static INL __m512 kv_load_512(const void *base, enum llm_dtype dt, size_t o
 	return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-T512 static void scores_512(float *att, const float *q, const void *k, enum llm_dtype dt,
-                            int64_t ks, int n_pos, int d, float scale)
+/* NH heads (compile-time at each call) over 4 positions at a time: the
+ * four key rows are loaded once per 16 columns, each head's four lane sums
+ * reduced in the pairs of reduce4_512. */
+T512 static INL void scores_512(float *att, size_t as, const float *q, const int nh, const void *k,
+                                enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
 {
 	int p = 0;
 	for (; p + 4 <= n_pos; p += 4) {
-		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+		__m512 a[4][4];
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++)
+#pragma GCC unroll 4
+			for (int u = 0; u < 4; u++)
+				a[j][u] = _mm512_setzero_ps();
 		size_t o = (size_t)p * (size_t)ks;
 		for (int c = 0; c < d; c += 16) {
 			int left = d - c;
 			__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-			__m512 qv = _mm512_maskz_loadu_ps(m, q + c);
-			a0 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + (size_t)c, m), a0);
-			a1 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + (size_t)ks + (size_t)c, m), a1);
-			a2 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + 2 * (size_t)ks + (size_t)c, m), a2);
-			a3 = _mm512_fmadd_ps(qv, kv_load_512(k, dt, o + 3 * (size_t)ks + (size_t)c, m), a3);
+			__m512 kv[4];
+#pragma GCC unroll 4
+			for (int u = 0; u < 4; u++)
+				kv[u] = kv_load_512(k, dt, o + (size_t)u * (size_t)ks + (size_t)c, m);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++) {
+				__m512 qv = _mm512_maskz_loadu_ps(m, q + (size_t)j * (size_t)d + c);
+#pragma GCC unroll 4
+				for (int u = 0; u < 4; u++)
+					a[j][u] = _mm512_fmadd_ps(qv, kv[u], a[j][u]);
+			}
 		}
-		/* reduce4_512 without the bf16 target: the same pairs */
-		__m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
-		__m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
-		__m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
-		s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
-		s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
-		s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
-		_mm_storeu_ps(att + p, _mm_div_ps(_mm512_castps512_ps128(s), _mm_set1_ps(scale)));
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++) {
+			/* reduce4_512 without the bf16 target: the same pairs */
+			__m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a[j][0], a[j][1], 0x44),
+			                          _mm512_shuffle_f32x4(a[j][0], a[j][1], 0xee));
+			__m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(a[j][2], a[j][3], 0x44),
+			                          _mm512_shuffle_f32x4(a[j][2], a[j][3], 0xee));
+			__m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+			s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
+			s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
+			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
+			_mm_storeu_ps(att + (size_t)j * as + p, _mm_div_ps(_mm512_castps512_ps128(s), _mm_set1_ps(scale)));
+		}
 	}
 	for (; p < n_pos; p++) {
-		__m512 a0 = _mm512_setzero_ps();
 		size_t o = (size_t)p * (size_t)ks;
-		for (int c = 0; c < d; c += 16) {
-			int left = d - c;
-			__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-			a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + c), kv_load_512(k, dt, o + (size_t)c, m), a0);
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++) {
+			__m512 a0 = _mm512_setzero_ps();
+			for (int c = 0; c < d; c += 16) {
+				int left = d - c;
+				__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+				a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (size_t)j * (size_t)d + c),
+				                     kv_load_512(k, dt, o + (size_t)c, m), a0);
+			}
+			att[(size_t)j * as + p] = _mm512_reduce_add_ps(a0) / scale;
 		}
-		att[p] = _mm512_reduce_add_ps(a0) / scale;
 	}
 }
 
-T512 static void wsum_512(float *out, const float *att, const void *v, enum llm_dtype dt,
-                          int64_t vs, int n_pos, int d)
+/* NH heads, 64 columns of each in registers: a value row is loaded once
+ * for all of them. */
+T512 static INL void wsum_512(float *out, const int nh, const float *att, size_t as, const void *v,
+                              enum llm_dtype dt, int64_t vs, int n_pos, int d)
 {
-	for (int c = 0; c < d; c += 64) {      /* 64 columns in registers */
+	for (int c = 0; c < d; c += 64) {
 		__mmask16 m[4];
-		__m512 o[4];
+		__m512 o[4][4];
+#pragma GCC unroll 4
 		for (int i = 0; i < 4; i++) {
 			int left = d - c - 16 * i;
 			m[i] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-			o[i] = _mm512_maskz_loadu_ps(m[i], out + c + 16 * i);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++)
+				o[j][i] = _mm512_maskz_loadu_ps(m[i], out + (size_t)j * (size_t)d + c + 16 * i);
 		}
 		for (int p = 0; p < n_pos; p++) {
-			__m512 a = _mm512_set1_ps(att[p]);
 			size_t off = (size_t)p * (size_t)vs + (size_t)c;
+			__m512 vv[4];
+#pragma GCC unroll 4
 			for (int i = 0; i < 4; i++)
-				o[i] = _mm512_add_ps(o[i], _mm512_mul_ps(a, kv_load_512(v, dt, off + 16 * (size_t)i, m[i])));
+				vv[i] = kv_load_512(v, dt, off + 16 * (size_t)i, m[i]);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++) {
+				__m512 a = _mm512_set1_ps(att[(size_t)j * as + p]);
+#pragma GCC unroll 4
+				for (int i = 0; i < 4; i++)
+					o[j][i] = _mm512_add_ps(o[j][i], _mm512_mul_ps(a, vv[i]));
+			}
 		}
+#pragma GCC unroll 4
 		for (int i = 0; i < 4; i++)
-			_mm512_mask_storeu_ps(out + c + 16 * i, m[i], o[i]);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++)
+				_mm512_mask_storeu_ps(out + (size_t)j * (size_t)d + c + 16 * i, m[i], o[j][i]);
 	}
 }
 
-bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, const float *q, const void *k,
-                         enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale)
+#define ATTN_NH(F, nh, ...)                                            \
+	switch (nh) {                                                  \
+	case 1: F(__VA_ARGS__, 1); break;                              \
+	case 2: F(__VA_ARGS__, 2); break;                              \
+	case 3: F(__VA_ARGS__, 3); break;                              \
+	default: F(__VA_ARGS__, 4); break;                             \
+	}
+
+T512 static void scores_512_n(float *att, size_t as, const float *q, int nh, const void *k,
+                              enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
 {
-	if (isa < LLM_ISA_AVX512)
+#define SC(dummy, NH) scores_512(att, as, q, NH, k, dt, ks, n_pos, d, scale)
+	ATTN_NH(SC, nh, 0)
+#undef SC
+}
+
+T512 static void wsum_512_n(float *out, int nh, const float *att, size_t as, const void *v,
+                            enum llm_dtype dt, int64_t vs, int n_pos, int d)
+{
+#define WS(dummy, NH) wsum_512(out, NH, att, as, v, dt, vs, n_pos, d)
+	ATTN_NH(WS, nh, 0)
+#undef WS
+}
+
+bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
+                         const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale)
+{
+	if (isa < LLM_ISA_AVX512 || nh < 1 || nh > 4)
 		return false;
-	scores_512(att, q, k, dt, k_stride, n_pos, d, scale);
+	scores_512_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
 	return true;
 }
 
-bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, const float *att, const void *v,
-                       enum llm_dtype dt, int64_t v_stride, int n_pos, int d)
+bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,
+                       const void *v, enum llm_dtype dt, int64_t v_stride, int n_pos, int d)
 {
-	if (isa < LLM_ISA_AVX512)
+	if (isa < LLM_ISA_AVX512 || nh < 1 || nh > 4)
 		return false;
-	wsum_512(out, att, v, dt, v_stride, n_pos, d);
+	wsum_512_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
 	return true;
 }

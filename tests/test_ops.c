@@ -310,43 +310,56 @@ static void test_matmul(enum llm_cpu_isa best)
 }
 
 /* The attention block helpers equal the per-position loops bit for bit:
- * scores = llm_cpu_dot / scale, values summed as product then sum. */
+ * scores = llm_cpu_dot / scale, values summed as product then sum; for 1 to
+ * 4 heads sharing the rows, each head as if alone. */
 static void test_attn_block(enum llm_cpu_isa best)
 {
 	static const int dims[] = { 24, 64, 80 };
+	enum { NPOS = 13, AS = 17 };
 	for (int kt = 0; kt < 2; kt++)
 		for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
-			int d = dims[di], ks = 3 * d + 5, npos = 13, same = 1;
+			int d = dims[di], ks = 3 * d + 5, same = 1, ran = 1;
 			enum llm_dtype dt = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
-			float q[80], kf[80], att[13], ref[13], o1[80], o2[80];
-			float *k = malloc((size_t)(npos * ks) * 4), *v = malloc((size_t)(npos * ks) * 4);
-			uint16_t *kh = malloc((size_t)(npos * ks) * 2), *vh = malloc((size_t)(npos * ks) * 2);
-			for (int i = 0; i < npos * ks; i++) {
+			float q[4 * 80], kf[80], att[4 * AS], ref[NPOS], o1[4 * 80], o2[80];
+			float *k = malloc((size_t)(NPOS * ks) * 4), *v = malloc((size_t)(NPOS * ks) * 4);
+			uint16_t *kh = malloc((size_t)(NPOS * ks) * 2), *vh = malloc((size_t)(NPOS * ks) * 2);
+			for (int i = 0; i < NPOS * ks; i++) {
 				kh[i] = llm_f32_to_bf16(frand());
 				vh[i] = llm_f32_to_bf16(frand());
 				k[i] = llm_bf16_to_f32(kh[i]);
 				v[i] = llm_bf16_to_f32(vh[i]);
 			}
-			for (int i = 0; i < d; i++)
+			for (int i = 0; i < 4 * d; i++)
 				q[i] = frand();
-			for (int n = 1; n <= npos; n++) {
-				if (!llm_cpu_attn_scores(best, att, q, kt ? (const void *)kh : k, dt, ks, n, d, 8.0f))
-					break;
-				for (int p = 0; p < n; p++) {
-					memcpy(kf, k + p * ks, (size_t)d * 4);
-					ref[p] = llm_cpu_dot(best, q, kf, d) / 8.0f;
+			for (int nh = 1; nh <= 4; nh++)
+				for (int n = 1; n <= NPOS; n++) {
+					if (!llm_cpu_attn_scores(best, att, AS, q, nh, kt ? (const void *)kh : k, dt, ks, n, d, 8.0f)) {
+						ran = 0;
+						break;
+					}
+					for (int h = 0; h < nh; h++) {
+						for (int p = 0; p < n; p++) {
+							memcpy(kf, k + p * ks, (size_t)d * 4);
+							ref[p] = llm_cpu_dot(best, q + h * d, kf, d) / 8.0f;
+						}
+						same &= !memcmp(att + h * AS, ref, (size_t)n * 4);
+					}
+					for (int i = 0; i < nh * d; i++)
+						o1[i] = frand();
+					float o0[4 * 80];
+					memcpy(o0, o1, (size_t)(nh * d) * 4);
+					llm_cpu_attn_wsum(best, o1, nh, att, AS, kt ? (const void *)vh : v, dt, ks, n, d);
+					for (int h = 0; h < nh; h++) {
+						memcpy(o2, o0 + h * d, (size_t)d * 4);
+						for (int p = 0; p < n; p++)
+							for (int i = 0; i < d; i++)
+								o2[i] += att[h * AS + p] * v[p * ks + i];
+						same &= !memcmp(o1 + h * d, o2, (size_t)d * 4);
+					}
 				}
-				same &= !memcmp(att, ref, (size_t)n * 4);
-				for (int i = 0; i < d; i++)
-					o1[i] = o2[i] = frand();
-				llm_cpu_attn_wsum(best, o1, att, kt ? (const void *)vh : v, dt, ks, n, d);
-				for (int p = 0; p < n; p++)
-					for (int i = 0; i < d; i++)
-						o2[i] += att[p] * v[p * ks + i];
-				same &= !memcmp(o1, o2, (size_t)d * 4);
-			}
-			check(same, "attention block helpers %s, %s KV, d_head %d, 1..13 positions: same bits as the loops",
-			      llm_cpu_isa_name(best), llm_dtype_name(dt), d);
+			if (ran)
+				check(same, "attention block helpers %s, %s KV, d_head %d, 1..4 heads x 1..13 positions: same bits as the loops",
+				      llm_cpu_isa_name(best), llm_dtype_name(dt), d);
 			free(k);
 			free(v);
 			free(kh);

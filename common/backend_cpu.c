@@ -3,12 +3,14 @@
  *
  * Numerics follow llama2.c run.c (the reference the model tests compare
  * with): f32 everywhere, RMSNorm as w * (x * (1 / sqrtf(mean(x^2) + eps))),
- * attention scores q.k / sqrtf(d_head), softmax with the max subtracted and
- * expf, SiLU as g / (1 + expf(-g)). Log-probabilities are computed by the
- * callers, in double.
+ * attention scores q.k / sqrtf(d_head), softmax with the max subtracted,
+ * SiLU as g * (1 / (1 + e^-g)); e^x is llm_cpu_exp (within 2 ulp of expf,
+ * vectorized, the same bits at every ISA). Log-probabilities are computed
+ * by the callers, in double.
  *
  * Threads: a persistent pool; each op splits its independent output rows
- * (matmul: weight rows; attention: (token, head) pairs; the rest: tokens)
+ * (matmul: weight rows; attention: (token, heads of a KV group) items; the
+ * rest: tokens or elements)
  * among the threads and never splits a reduction, so results do not depend
  * on the thread count or on the other tokens of the batch. Small ops run on
  * the calling thread alone. */
@@ -463,7 +465,7 @@ struct attn_job {
 
 /* One item: a token and GS heads of one KV group, which read each cached
  * key and value row once. Per head the numerics are those of one head
- * alone: scores, softmax (expf, in position order), weighted sum. */
+ * alone: scores, softmax (llm_cpu_exp, sums in position order), weighted sum. */
 static void attn_task(void *ctx, int ith, int nth)
 {
 	struct attn_job *j = ctx;
@@ -513,11 +515,10 @@ static void attn_task(void *ctx, int ith, int nth)
 			for (int32_t p = 1; p <= pos; p++)
 				if (ah[p] > mx)
 					mx = ah[p];
+			llm_cpu_exp_shift(j->c->isa, ah, (int64_t)pos + 1, mx);
 			float sum = 0.0f;
-			for (int32_t p = 0; p <= pos; p++) {
-				ah[p] = expf(ah[p] - mx);
+			for (int32_t p = 0; p <= pos; p++)
 				sum += ah[p];
-			}
 			for (int32_t p = 0; p <= pos; p++)
 				ah[p] /= sum;
 		}
@@ -586,7 +587,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	return LLM_OK;
 }
 
-struct swiglu_job { struct llm_view out, gate, up; };
+struct swiglu_job { struct llm_view out, gate, up; enum llm_cpu_isa isa; };
 
 static void swiglu_task(void *ctx, int ith, int nth)
 {
@@ -595,13 +596,7 @@ static void swiglu_task(void *ctx, int ith, int nth)
 	split(j->gate.rows * n, ith, nth, 16, &b, &e);
 	for (int64_t k = b; k < e; ) {
 		int64_t t = k / n, i0 = k % n, i1 = n < i0 + (e - k) ? n : i0 + (e - k);
-		const float *g = row(j->gate, t), *u = row(j->up, t);
-		float *o = row(j->out, t);
-		for (int64_t i = i0; i < i1; i++) {
-			float v = g[i];
-			v *= 1.0f / (1.0f + expf(-v));
-			o[i] = v * u[i];
-		}
+		llm_cpu_silu_mul(j->isa, row(j->out, t) + i0, row(j->gate, t) + i0, row(j->up, t) + i0, i1 - i0);
 		k += i1 - i0;
 	}
 }
@@ -610,8 +605,8 @@ static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
                                   struct llm_view gate, struct llm_view up)
 {
 	LLM_TRY(need_f32("swiglu", gate));
-	struct swiglu_job j = { out, gate, up };
-	/* an expf costs about what 16 multiply-adds do */
+	struct swiglu_job j = { out, gate, up, cpu(be)->isa };
+	/* an exp costs about what 16 multiply-adds do */
 	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
 	return LLM_OK;
 }

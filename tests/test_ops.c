@@ -309,6 +309,54 @@ static void test_matmul(enum llm_cpu_isa best)
 	e4m3_codes(LLM_ISA_SCALAR);
 }
 
+/* llm_cpu_exp: within 2 ulp of e^x (rounded from double) over its range,
+ * clamped outside it; the softmax and SwiGLU helpers give the same bits at
+ * the best ISA as one lane at a time (scalar), ragged lengths included. */
+static float ulps(float a, float b)
+{
+	int32_t ia, ib;
+	memcpy(&ia, &a, 4);
+	memcpy(&ib, &b, 4);
+	return (float)fabs((double)ia - (double)ib);
+}
+
+static void test_exp(enum llm_cpu_isa best)
+{
+	float worst = 0, at = 0;
+	for (int i = 0; i <= 2000000; i++) {
+		float x = -87.0f + 175.0f * (float)i / 2000000.0f;
+		float u = ulps(llm_cpu_exp(x), (float)exp((double)x));
+		if (u > worst) {
+			worst = u;
+			at = x;
+		}
+	}
+	check(worst <= 2, "llm_cpu_exp within 2 ulp of exp over [-87, 88] (2M points): worst %.0f ulp at %g", worst, at);
+	check(llm_cpu_exp(-1000.0f) == llm_cpu_exp(-87.0f) && llm_cpu_exp(-INFINITY) > 0 &&
+	      isfinite(llm_cpu_exp(1000.0f)) && isfinite(llm_cpu_exp(INFINITY)) && llm_cpu_exp(0.0f) == 1.0f,
+	      "llm_cpu_exp clamps: e^-inf = e^-87 > 0, e^inf finite, e^0 = 1");
+	float a[67], b[67], g[67], u[67], o1[67], o2[67];
+	int same = 1;
+	for (int n = 1; n <= 67; n++) {
+		for (int i = 0; i < n; i++) {
+			a[i] = b[i] = 40.0f * frand();
+			g[i] = (i % 11 == 3) ? 120.0f * frand() : 12.0f * frand();
+			u[i] = frand();
+		}
+		if (n > 2) {
+			g[1] = -0.0f;
+			a[2] = b[2] = -300.0f;
+		}
+		llm_cpu_exp_shift(best, a, n, 3.5f);
+		llm_cpu_exp_shift(LLM_ISA_SCALAR, b, n, 3.5f);
+		llm_cpu_silu_mul(best, o1, g, u, n);
+		llm_cpu_silu_mul(LLM_ISA_SCALAR, o2, g, u, n);
+		same &= !memcmp(a, b, (size_t)n * 4) && !memcmp(o1, o2, (size_t)n * 4);
+	}
+	check(same, "softmax exp and SwiGLU %s equal scalar bit for bit, 1..67 elements, |g| to 120",
+	      llm_cpu_isa_name(best));
+}
+
 /* The attention block helpers equal the per-position loops bit for bit:
  * scores = llm_cpu_dot / scale, values summed as product then sum; for 1 to
  * 4 heads sharing the rows, each head as if alone. */
@@ -571,6 +619,7 @@ int main(void)
 	check_diag("cpu: best level %s", llm_cpu_isa_name(best));
 	test_registry();
 	test_matmul(best);
+	test_exp(best);
 	test_attn_block(best);
 	test_backend_ops(best);
 	test_kv();

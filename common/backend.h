@@ -165,8 +165,9 @@ void llm_weight_row_f32(const struct llm_weight *w, int64_t r, float *out);
 float llm_cpu_dot(enum llm_cpu_isa isa, const float *a, const float *b, int64_t n);
 /* e^x within 2 ulp, the same bits at every ISA (inputs clamped to [-87, 88]). */
 float llm_cpu_exp(float x);
-/* a[i] = llm_cpu_exp(a[i] - mx): the softmax numerators. */
-void llm_cpu_exp_shift(enum llm_cpu_isa isa, float *a, int64_t n, float mx);
+/* Softmax of a[0..n) in place (max subtracted, llm_cpu_exp, the sum in 16
+ * lanes then a fixed tree: the same bits at every ISA); returns the sum. */
+float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n);
 /* o[i] = (g[i] * (1 / (1 + llm_cpu_exp(-g[i])))) * u[i]: SwiGLU. */
 void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const float *u, int64_t n);
 /* Attention over N_POS cached positions, rows K_STRIDE / V_STRIDE elements

@@ -465,7 +465,7 @@ struct attn_job {
 
 /* One item: a token and GS heads of one KV group, which read each cached
  * key and value row once. Per head the numerics are those of one head
- * alone: scores, softmax (llm_cpu_exp, sums in position order), weighted sum. */
+ * alone: scores, softmax (llm_cpu_softmax), weighted sum. */
 static void attn_task(void *ctx, int ith, int nth)
 {
 	struct attn_job *j = ctx;
@@ -509,19 +509,8 @@ static void attn_task(void *ctx, int ith, int nth)
 					att[(size_t)h * as + (size_t)p] = llm_cpu_dot(j->c->isa, q + (size_t)h * (size_t)d, kr, d) / scale;
 			}
 		}
-		for (int h = 0; h < gs; h++) {
-			float *ah = att + (size_t)h * as;
-			float mx = ah[0];
-			for (int32_t p = 1; p <= pos; p++)
-				if (ah[p] > mx)
-					mx = ah[p];
-			llm_cpu_exp_shift(j->c->isa, ah, (int64_t)pos + 1, mx);
-			float sum = 0.0f;
-			for (int32_t p = 0; p <= pos; p++)
-				sum += ah[p];
-			for (int32_t p = 0; p <= pos; p++)
-				ah[p] /= sum;
-		}
+		for (int h = 0; h < gs; h++)
+			llm_cpu_softmax(j->c->isa, att + (size_t)h * as, (int64_t)pos + 1);
 		for (int i = 0; i < gs * d; i++)
 			o[i] = 0.0f;
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {

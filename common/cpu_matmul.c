@@ -833,26 +833,6 @@ float llm_cpu_exp(float x)
 	return exp_1(x);
 }
 
-T512 static void exp_shift_512(float *a, int64_t n, float mx)
-{
-	const __m512 m = _mm512_set1_ps(mx);
-	for (int64_t i = 0; i < n; i += 16) {
-		int64_t left = n - i;
-		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-		_mm512_mask_storeu_ps(a + i, k, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, a + i), m)));
-	}
-}
-
-void llm_cpu_exp_shift(enum llm_cpu_isa isa, float *a, int64_t n, float mx)
-{
-	if (isa >= LLM_ISA_AVX512) {
-		exp_shift_512(a, n, mx);
-		return;
-	}
-	for (int64_t i = 0; i < n; i++)
-		a[i] = exp_1(a[i] - mx);
-}
-
 T512 static void silu_mul_512(float *o, const float *g, const float *u, int64_t n)
 {
 	const __m512 one = _mm512_set1_ps(1.0f);
@@ -877,4 +857,71 @@ void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const floa
 		v *= 1.0f / (1.0f + exp_1(-v));
 		o[i] = v * u[i];
 	}
+}
+
+/* ---- softmax ------------------------------------------------------------
+ * a[i] = e^(a[i] - max) / sum in place, the sum taken in 16 lanes (lane l
+ * adds elements l, l + 16, ... in order) and the lanes added in the tree of
+ * _mm512_reduce_add_ps (l + l+8, then +4, +2, +1): one order for the vector
+ * code and its scalar twin, so every ISA gives the same bits. Returns the
+ * sum. */
+T512 static float softmax_512(float *a, int64_t n)
+{
+	__m512 vm = _mm512_set1_ps(a[0]);
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		vm = _mm512_max_ps(_mm512_loadu_ps(a + i), vm);
+	float mx = _mm512_reduce_max_ps(vm);
+	for (; i < n; i++)
+		if (a[i] > mx)
+			mx = a[i];
+	if (a[0] != a[0])
+		mx = a[0];
+	const __m512 m = _mm512_set1_ps(mx);
+	__m512 acc = _mm512_setzero_ps();
+	for (i = 0; i < n; i += 16) {
+		int64_t left = n - i;
+		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+		__m512 e = _mm512_maskz_mov_ps(k, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, a + i), m)));
+		_mm512_mask_storeu_ps(a + i, k, e);
+		acc = _mm512_add_ps(acc, e);
+	}
+	__m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+	                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	float sum = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
+	const __m512 sv = _mm512_set1_ps(sum);
+	for (i = 0; i < n; i += 16) {
+		int64_t left = n - i;
+		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+		_mm512_mask_storeu_ps(a + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, a + i), sv));
+	}
+	return sum;
+}
+
+float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n)
+{
+	if (n < 1)
+		return 0.0f;
+	if (isa >= LLM_ISA_AVX512)
+		return softmax_512(a, n);
+	float mx = a[0], lane[16] = { 0 };
+	for (int64_t i = 1; i < n; i++)
+		if (a[i] > mx)
+			mx = a[i];
+	for (int64_t i = 0; i < n; i++) {
+		a[i] = exp_1(a[i] - mx);
+		lane[i % 16] += a[i];
+	}
+	for (int l = 0; l < 8; l++)
+		lane[l] += lane[l + 8];
+	for (int l = 0; l < 4; l++)
+		lane[l] += lane[l + 4];
+	lane[0] += lane[2];
+	lane[1] += lane[3];
+	float sum = lane[0] + lane[1];
+	for (int64_t i = 0; i < n; i++)
+		a[i] /= sum;
+	return sum;
 }

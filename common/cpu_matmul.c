@@ -629,11 +629,11 @@ float llm_cpu_dot(enum llm_cpu_isa isa, const float *a, const float *b, int64_t 
 
 /* ---- attention over one KV block ---------------------------------------
  * The scores and the weighted sum of values, a run of positions whose rows
- * are KSTRIDE elements apart (F32 or BF16; bf16 -> f32 is exact). Numerics
- * equal those of the per-position loops in backend_cpu.c bit for bit: a
- * score is llm_cpu_dot(isa, q, k) / scale (four positions share the lane
- * reduction, in the same pairs), and o[i] += a * v[i] is a product then a
- * sum, never fused, positions in order. */
+ * are KSTRIDE elements apart (F32 or BF16; bf16 -> f32 is exact). A score is
+ * llm_cpu_dot(isa, q, k) / scale bit for bit (four positions share the lane
+ * reduction, in the same pairs), and o[i] = fmaf(a, v[i], o[i]), positions
+ * in order (one rounding per term; the loops below AVX-512 in backend_cpu.c
+ * round the product too). */
 
 T512 static INL __m512 kv_load_512(const void *base, enum llm_dtype dt, size_t off, __mmask16 m)
 {
@@ -730,7 +730,7 @@ T512 static INL void wsum_512(float *out, const int nh, const float *att, size_t
 				__m512 a = _mm512_set1_ps(att[(size_t)j * as + p]);
 #pragma GCC unroll 4
 				for (int i = 0; i < 4; i++)
-					o[j][i] = _mm512_add_ps(o[j][i], _mm512_mul_ps(a, vv[i]));
+					o[j][i] = _mm512_fmadd_ps(a, vv[i], o[j][i]);
 			}
 		}
 #pragma GCC unroll 4

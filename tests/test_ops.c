@@ -376,9 +376,9 @@ static void test_exp(enum llm_cpu_isa best)
 	      llm_cpu_isa_name(best));
 }
 
-/* The attention block helpers equal the per-position loops bit for bit:
- * scores = llm_cpu_dot / scale, values summed as product then sum; for 1 to
- * 4 heads sharing the rows, each head as if alone. */
+/* The attention block helpers equal per-position loops bit for bit:
+ * scores = llm_cpu_dot / scale, values summed by fmaf in position order; for
+ * 1 to 4 heads sharing the rows, each head as if alone. */
 static void test_attn_block(enum llm_cpu_isa best)
 {
 	static const int dims[] = { 24, 64, 80 };
@@ -420,7 +420,7 @@ static void test_attn_block(enum llm_cpu_isa best)
 						memcpy(o2, o0 + h * d, (size_t)d * 4);
 						for (int p = 0; p < n; p++)
 							for (int i = 0; i < d; i++)
-								o2[i] += att[h * AS + p] * v[p * ks + i];
+								o2[i] = fmaf(att[h * AS + p], v[p * ks + i], o2[i]);
 						same &= !memcmp(o1 + h * d, o2, (size_t)d * 4);
 					}
 				}

@@ -182,6 +182,11 @@ struct cpu_be {
 	uint16_t *xbf;         /* (xbf_cap) matmul input rounded to bf16 */
 	size_t xbf_cap;
 	struct { void *p; size_t n; } big[16];   /* allocations mapped straight from the kernel */
+	/* rope: cos and sin of pos * inv_freq[j], (rope_n positions, rope_half) pairs,
+	 * made once per position for the inv_freq they were made with */
+	float *rope_cs, *rope_freq;
+	int32_t rope_n;
+	int rope_half;
 };
 
 static struct cpu_be *cpu(struct llm_backend *be) { return be->priv; }
@@ -411,18 +416,62 @@ static enum llm_status cpu_matmul(struct llm_backend *be, struct llm_view y,
 	return cpu_matmul_n(be, 1, &y, x, &w);
 }
 
+/* The cos/sin table covering positions 0..max_pos, or NULL (out of memory:
+ * the caller computes them). The table's values are the cosf/sinf of the
+ * same f32 angle that the direct loop computes. */
+static const float *rope_table(struct cpu_be *c, int32_t max_pos, int half, const float *inv_freq)
+{
+	if (c->rope_half != half || !c->rope_freq || memcmp(c->rope_freq, inv_freq, (size_t)half * sizeof *inv_freq)) {
+		free(c->rope_cs);
+		free(c->rope_freq);
+		c->rope_cs = NULL;
+		c->rope_n = 0;
+		c->rope_half = half;
+		if (!(c->rope_freq = malloc((size_t)half * sizeof *inv_freq)))
+			return NULL;
+		memcpy(c->rope_freq, inv_freq, (size_t)half * sizeof *inv_freq);
+	}
+	if (max_pos >= c->rope_n) {
+		int64_t n = (int64_t)c->rope_n * 2 > (int64_t)max_pos + 1 ? (int64_t)c->rope_n * 2 : (int64_t)max_pos + 1;
+		if (n < 256)
+			n = 256;
+		float *t = realloc(c->rope_cs, (size_t)n * (size_t)half * 2 * sizeof *t);
+		if (!t)
+			return NULL;
+		for (int64_t p = c->rope_n; p < n; p++)
+			for (int j = 0; j < half; j++) {
+				/* as run.c: the angle and its cos/sin in f32 */
+				float a = (float)p * inv_freq[j];
+				t[(p * half + j) * 2] = cosf(a);
+				t[(p * half + j) * 2 + 1] = sinf(a);
+			}
+		c->rope_cs = t;
+		c->rope_n = (int32_t)n;
+	}
+	return c->rope_cs;
+}
+
 static enum llm_status cpu_rope(struct llm_backend *be, struct llm_view x, const int32_t *pos,
                                 int n_head, int d_head, const float *inv_freq)
 {
-	(void)be;
 	LLM_TRY(need_f32("rope", x));
 	int half = d_head / 2;
+	int32_t max_pos = 0;
+	for (int64_t t = 0; t < x.rows; t++)
+		max_pos = pos[t] > max_pos ? pos[t] : max_pos;
+	const float *tab = rope_table(cpu(be), max_pos, half, inv_freq);
 	for (int64_t t = 0; t < x.rows; t++) {
 		float *xr = row(x, t);
 		for (int j = 0; j < half; j++) {
-			/* as run.c: the angle and its cos/sin in f32 */
-			float a = (float)pos[t] * inv_freq[j];
-			float c = cosf(a), s = sinf(a);
+			float c, s;
+			if (tab && pos[t] >= 0) {
+				c = tab[((size_t)pos[t] * (size_t)half + (size_t)j) * 2];
+				s = tab[((size_t)pos[t] * (size_t)half + (size_t)j) * 2 + 1];
+			} else {
+				float a = (float)pos[t] * inv_freq[j];
+				c = cosf(a);
+				s = sinf(a);
+			}
 			for (int h = 0; h < n_head; h++) {
 				float *p = xr + h * d_head;
 				float v0 = p[j], v1 = p[j + half];
@@ -681,6 +730,8 @@ static void cpu_fini(struct llm_backend *be)
 			munmap(c->big[i].p, c->big[i].n);
 	free(c->scratch);
 	free(c->xbf);
+	free(c->rope_cs);
+	free(c->rope_freq);
 	free(c);
 	be->priv = NULL;
 }

@@ -227,13 +227,14 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	int spread = copy || (!fp8 && n_tok > 4);
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
-		/* The codes of the next row block are fetched into L2 while this
-		 * one is multiplied, a few lines before each tile: a row block
-		 * spans several pages and the hardware prefetcher starts over at
-		 * each, and prefetches issued in one burst are partly dropped.
-		 * Streaming 1536x576 codes with 16 tokens on one core: 46 GMAC/s
-		 * without, 54 in a burst while copying, 64 spread over the tiles
-		 * (69 with the codes in L2). */
+		/* The next row block (E4M3 codes or BF16 rows) is fetched into L2
+		 * while this one is multiplied, a few lines before each tile: a
+		 * row block spans several pages and the hardware prefetcher
+		 * starts over at each, and prefetches issued in one burst are
+		 * partly dropped. Streaming 1536x576 codes with 16 tokens on one
+		 * core: 44 GMAC/s without, 53 in a burst while copying, 58 spread
+		 * over the tiles with the mask-free tile (about 69 with the codes
+		 * in L2). */
 		const char *nx = NULL, *ne = NULL;
 		size_t per = 0;
 		if (spread) {

@@ -269,7 +269,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 			int nt = n_tok - t >= 4 ? 4 : 1;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 ? 4 : 1;
-				struct wsrc ws = { NULL, n, 0, { NULL }, n, copy ? 0 : pf };
+				struct wsrc ws = { NULL, n, 0, { NULL }, n, spread ? 0 : pf };
 				if (copy)
 					ws.p = wbuf + (size_t)(r - rb) * (size_t)n;
 				else if (fp8)

@@ -160,6 +160,14 @@ __attribute__((target("avx512f"))) static double lse_512(const float *x, int n, 
  * tie). With AVX-512 a max pass that skips NaNs (vmaxps keeps its second
  * operand when the first is NaN), then the first index equal to it. */
 #if defined(__x86_64__)
+static int have_avx512(void)
+{
+	static int v = -1;
+	if (v < 0)
+		v = __builtin_cpu_supports("avx512f") != 0;
+	return v;
+}
+
 __attribute__((target("avx512f"))) static int32_t argmax_512(const float *w, int n)
 {
 	__m512 vm = _mm512_set1_ps(w[0]);
@@ -186,10 +194,7 @@ __attribute__((target("avx512f"))) static int32_t argmax_512(const float *w, int
 int32_t llm_argmax(const float *w, int n)
 {
 #if defined(__x86_64__)
-	static int avx512 = -1;
-	if (avx512 < 0)
-		avx512 = __builtin_cpu_supports("avx512f") != 0;
-	if (avx512 && n > 0 && w[0] == w[0])
+	if (have_avx512() && n > 0 && w[0] == w[0])
 		return argmax_512(w, n);
 #endif
 	int32_t tok = 0;
@@ -202,10 +207,7 @@ int32_t llm_argmax(const float *w, int n)
 double llm_logprob(const float *logits, int n, int32_t id)
 {
 #if defined(__x86_64__)
-	static int avx512 = -1;
-	if (avx512 < 0)
-		avx512 = __builtin_cpu_supports("avx512f") != 0;
-	if (avx512) {
+	if (have_avx512()) {
 		float mx;
 		double sum = lse_512(logits, n, &mx);
 		return (double)logits[id] - (double)mx - log(sum);
@@ -293,10 +295,7 @@ void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_s
 		/* candidates, sorted best first; tokens with p < e^-40 * p_max at this
 		 * temperature cannot matter and are left out of the sort */
 		int32_t *idx = s->idx;
-		float mx = w[0];
-		for (int i = 1; i < n; i++)
-			if (w[i] > mx)
-				mx = w[i];
+		float mx = w[llm_argmax(w, n)];
 		float cut = mx - 40.0f * p->temperature;
 		int m = 0;
 		for (int i = 0; i < n; i++)

@@ -48,8 +48,8 @@ enum llm_cpu_isa {
 	LLM_ISA_AVX2,         /* AVX2 + FMA + F16C */
 	LLM_ISA_AVX512,       /* AVX-512 F/BW/VL */
 	LLM_ISA_AVX512BF16,   /* + AVX512_BF16 dot products for BF16 and E4M3
-	                         weights (activations rounded to BF16 in those
-	                         matmuls) */
+	                         weights (activations, and E4M3 code * scale,
+	                         rounded to BF16 in those matmuls) */
 	LLM_ISA_COUNT
 };
 const char *llm_cpu_isa_name(enum llm_cpu_isa isa);

@@ -3,8 +3,8 @@
  *
  * Levels: scalar (the reference), AVX2+FMA+F16C, AVX-512 (F/BW/VL), and for
  * BF16 and E4M3 weights AVX512_BF16 dot products (activations rounded to BF16,
- * E4M3 block scales applied once per block: see that section), chosen at
- * run time; every function with a target attribute is only called after
+ * an E4M3 element rounded to BF16 after its scale: see that section), chosen
+ * at run time; every function with a target attribute is only called after
  * __builtin_cpu_supports() said yes, so the binary runs on any x86-64.
  *
  * Numerics, common to all levels:
@@ -12,7 +12,8 @@
  *   are exact in f32); an E4M3 element is then multiplied by its block scale,
  *   once, in f32 (code * scale rounded once: the same product on every level,
  *   the SIMD paths fold the 2^8 of the F16 trick into the scale, which is an
- *   exact power of two).
+ *   exact power of two). The AVX512_BF16 level then rounds that product to
+ *   bf16, as it rounds x.
  * - Accumulation is f32. The scalar level sums c = 0, 1, ... in order (as
  *   llama2.c run.c does); SIMD levels keep one accumulator per lane over
  *   16 (AVX-512) or 8 (AVX2) column chunks and reduce the lanes at the end.
@@ -219,67 +220,53 @@ T512 static float dot_avx512(const float *a, const float *b, int64_t n)
  * vdpbf16ps multiplies bf16 pairs exactly and adds both products to an f32
  * lane: 32 multiply-adds per instruction. The activations are rounded to
  * bf16 (nearest even) once per matmul (llm_cpu_x_to_bf16), which is the only
- * rounding that the f32 path does not have for BF16 weights. An E4M3 code is
- * exact in bf16 (3 mantissa bits fit in 7, and every exponent, subnormal
- * codes included, is a normal bf16), so E4M3 weights take the same dot
- * products: a scale block is summed in its own f32 accumulator (the products
- * code * x are exact) and then added as acc = fma(block_sum, scale, acc), the
- * scale applied once per block and row instead of once per element.
+ * rounding that the f32 path does not have for BF16 weights. An E4M3 element
+ * becomes the bf16 of code * scale: the f32 product rounded to nearest even
+ * (vcvtne2ps2bf16), the value llm-quantize --dequantize --dtype bf16 writes
+ * (except for a product below 2^-126, which becomes zero here: a scale
+ * under 2^-117, which no quantizer makes). So E4M3 weights take exactly the
+ * dot products of their dequantized BF16 form, bit for bit, and the GPU's
+ * tensor-core kernel rounds the same product the same way. The products
+ * are taken through a table per scale: the 128 magnitudes times the scale,
+ * built once per scale row and matmul call (a few instructions for 128 x 128
+ * codes), looked up by permutes in registers, the sign flipped by the code's
+ * bit 7.
  *
  * Per output element the order is fixed: 32-column chunks (two columns per
- * lane) in column order within a block, blocks in order, then the 16 lanes
- * reduced by the tree of _mm512_reduce_add_ps (reduce4_512 adds in the same
- * pairs). The E4M3 codes reach the dot product either converted in registers
- * (few tokens: decode) or from a per-thread bf16 copy of a row block made once
- * and reused by every token tile (prefill); both hold the same bf16 values, so
- * the choice, which depends on n_tok, does not change a bit of the result. */
+ * lane) at multiples of 32, in column order, then the 16 lanes reduced by
+ * the tree of _mm512_reduce_add_ps (reduce4_512 adds in the same pairs). The
+ * E4M3 codes reach the dot product either converted in registers (few
+ * tokens: decode) or from a per-thread bf16 copy of a row block made once
+ * and reused by every token tile (prefill); both hold the same bf16 words,
+ * so the choice, which depends on n_tok, does not change a bit of the
+ * result. */
 
 #define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 
-/* bf16 bits of the E4M3 magnitudes 0..127 (llm_e4m3_table, exact: their
- * low 16 f32 bits are zero; 127 is NaN) */
-static const uint16_t e4m3_bf16_lut[128] = {
-	0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60,
-	0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0, 0x3ce0, 0x3cf0,
-	0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70,
-	0x3d80, 0x3d90, 0x3da0, 0x3db0, 0x3dc0, 0x3dd0, 0x3de0, 0x3df0,
-	0x3e00, 0x3e10, 0x3e20, 0x3e30, 0x3e40, 0x3e50, 0x3e60, 0x3e70,
-	0x3e80, 0x3e90, 0x3ea0, 0x3eb0, 0x3ec0, 0x3ed0, 0x3ee0, 0x3ef0,
-	0x3f00, 0x3f10, 0x3f20, 0x3f30, 0x3f40, 0x3f50, 0x3f60, 0x3f70,
-	0x3f80, 0x3f90, 0x3fa0, 0x3fb0, 0x3fc0, 0x3fd0, 0x3fe0, 0x3ff0,
-	0x4000, 0x4010, 0x4020, 0x4030, 0x4040, 0x4050, 0x4060, 0x4070,
-	0x4080, 0x4090, 0x40a0, 0x40b0, 0x40c0, 0x40d0, 0x40e0, 0x40f0,
-	0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
-	0x4180, 0x4190, 0x41a0, 0x41b0, 0x41c0, 0x41d0, 0x41e0, 0x41f0,
-	0x4200, 0x4210, 0x4220, 0x4230, 0x4240, 0x4250, 0x4260, 0x4270,
-	0x4280, 0x4290, 0x42a0, 0x42b0, 0x42c0, 0x42d0, 0x42e0, 0x42f0,
-	0x4300, 0x4310, 0x4320, 0x4330, 0x4340, 0x4350, 0x4360, 0x4370,
-	0x4380, 0x4390, 0x43a0, 0x43b0, 0x43c0, 0x43d0, 0x43e0, 0x7fc0,
-};
+/* The table of one scale: the bf16 words of magnitude * scale for the 128
+ * magnitudes (code & 0x7f; 127 is NaN). Word layout (t[q]: words 32q ..
+ * 32q + 31) for the word-permute kernels; for the VBMI kernels the low bytes
+ * of the 128 words (t[0], t[1]) and their high bytes (t[2], t[3]). */
+struct e4m3_tab { __m512i t[4]; };
 
-/* the word table (t0..t3); for the VBMI kernels its low bytes (t0, t1),
- * high bytes (t2, t3) and the interleaves ia, ib */
-struct e4m3_lut { __m512i t0, t1, t2, t3, ia, ib; };
-
-TBF static INL struct e4m3_lut e4m3_lut_load(void)
+TBF static INL void e4m3_tab_words(float s, struct e4m3_tab *tb)
 {
-	struct e4m3_lut l = {
-		_mm512_loadu_si512(e4m3_bf16_lut), _mm512_loadu_si512(e4m3_bf16_lut + 32),
-		_mm512_loadu_si512(e4m3_bf16_lut + 64), _mm512_loadu_si512(e4m3_bf16_lut + 96),
-		_mm512_setzero_si512(), _mm512_setzero_si512(),
-	};
-	return l;
+	__m512 sv = _mm512_set1_ps(s);
+#pragma GCC unroll 4
+	for (int q = 0; q < 4; q++)
+		tb->t[q] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(llm_e4m3_table + 32 * q + 16), sv),
+		                                         _mm512_mul_ps(_mm512_loadu_ps(llm_e4m3_table + 32 * q), sv));
 }
 
-/* 32 E4M3 codes (masked) -> 32 bf16, exactly: magnitude through a 128-entry
- * table (two 64-entry word permutes, bit 6 picks one), sign bit 7 -> 15. */
-TBF static INL __m512i e4m3x32_bf16(const struct e4m3_lut *l, const uint8_t *p, __mmask32 m)
+/* 32 E4M3 codes (masked) -> 32 bf16 words: the magnitude through the table
+ * (two 64-entry word permutes, bit 6 picks one), bit 7 flips the sign. */
+TBF static INL __m512i e4m3x32_bf16(const struct e4m3_tab *tb, const uint8_t *p, __mmask32 m)
 {
 	__m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
-	__m512i lo = _mm512_permutex2var_epi16(l->t0, c, l->t1);
-	__m512i hi = _mm512_permutex2var_epi16(l->t2, c, l->t3);
+	__m512i lo = _mm512_permutex2var_epi16(tb->t[0], c, tb->t[1]);
+	__m512i hi = _mm512_permutex2var_epi16(tb->t[2], c, tb->t[3]);
 	__m512i v = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), lo, hi);
-	return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short)0x8000), 0xf8);
+	return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(c, 8), _mm512_set1_epi16((short)0x8000), 0x78);
 }
 
 /* The sums of a, b, c, d in lanes 0, 4, 8, 12, each added in the pairs of
@@ -293,15 +280,17 @@ TBF static INL __m512 reduce4_512(__m512 a, __m512 b, __m512 c, __m512 d)
 	return _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
 }
 
-/* Where the tile's weights come from: bf16 rows (a BF16 matrix or the bf16
- * copy of an E4M3 row block) or E4M3 codes; stride in elements. */
-struct wsrc {
-	const void *p;              /* row r of the tile */
-	int64_t stride;
-	int codes;                  /* 1: E4M3 codes, 0: bf16 */
-	const float *srow[4];       /* E4M3: the scale row of each row; else NULL */
-	int64_t bk;                 /* columns per scale block (n without scales) */
-	size_t pf;                  /* prefetch distance in elements: PF_BYTES */
+/* The tables of one scale row of an E4M3 weight: those of column blocks
+ * below TAB_MAX kept for the whole row (built when the row changes), a
+ * block past them built into SPARE at each use. */
+#define TAB_MAX 128                 /* 32 KiB: 16384 columns of 128-column blocks */
+struct tabs {
+	const float *scale;
+	int64_t scale_cols, bk, br;
+	int64_t row;                    /* the scale row held; -1: none */
+	int64_t spare_b;                /* the block SPARE holds; -1: none */
+	struct e4m3_tab *t;             /* [TAB_MAX] */
+	struct e4m3_tab spare;
 };
 
 /* A row tile prefetches (into L2) the same columns this many bytes or more
@@ -331,34 +320,33 @@ static const uint8_t e4m3_interleave[128] = {
 };
 
 /* The word table split into its low and high bytes (two 128-byte tables,
- * two registers each), and the two interleaves. */
-TVB static INL struct e4m3_lut e4m3_lut_load_vbmi(void)
+ * two registers each). */
+TVB static INL void e4m3_tab_bytes(float s, struct e4m3_tab *tb)
 {
-	struct e4m3_lut w = e4m3_lut_load(), l;
-	__m512i h0 = _mm512_srli_epi16(w.t0, 8), h1 = _mm512_srli_epi16(w.t1, 8);
-	__m512i h2 = _mm512_srli_epi16(w.t2, 8), h3 = _mm512_srli_epi16(w.t3, 8);
-	l.t0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w.t0)), _mm512_cvtepi16_epi8(w.t1), 1);
-	l.t1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w.t2)), _mm512_cvtepi16_epi8(w.t3), 1);
-	l.t2 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(h0)), _mm512_cvtepi16_epi8(h1), 1);
-	l.t3 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(h2)), _mm512_cvtepi16_epi8(h3), 1);
-	l.ia = _mm512_loadu_si512(e4m3_interleave);
-	l.ib = _mm512_loadu_si512(e4m3_interleave + 64);
-	return l;
+	struct e4m3_tab w;
+	e4m3_tab_words(s, &w);
+	__m512i h0 = _mm512_srli_epi16(w.t[0], 8), h1 = _mm512_srli_epi16(w.t[1], 8);
+	__m512i h2 = _mm512_srli_epi16(w.t[2], 8), h3 = _mm512_srli_epi16(w.t[3], 8);
+	tb->t[0] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w.t[0])), _mm512_cvtepi16_epi8(w.t[1]), 1);
+	tb->t[1] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w.t[2])), _mm512_cvtepi16_epi8(w.t[3]), 1);
+	tb->t[2] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(h0)), _mm512_cvtepi16_epi8(h1), 1);
+	tb->t[3] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(h2)), _mm512_cvtepi16_epi8(h3), 1);
 }
 
 /* 64 E4M3 codes (masked) -> 64 bf16 words in order (codes 0..31 in *w0,
  * 32..63 in *w1), the same words as e4m3x32_bf16: the low and high byte of
  * a magnitude's word by two 128-entry byte permutes (bit 7 ignored), the
- * sign into the high byte, then the bytes interleaved into words. */
-TVB static INL void e4m3x64_bf16(const struct e4m3_lut *l, const uint8_t *p, __mmask64 m,
-                                 __m512i *w0, __m512i *w1)
+ * sign flipped in the high byte, then the bytes interleaved into words by
+ * IA and IB (e4m3_interleave). */
+TVB static INL void e4m3x64_bf16(const struct e4m3_tab *tb, __m512i ia, __m512i ib, const uint8_t *p,
+                                 __mmask64 m, __m512i *w0, __m512i *w1)
 {
 	__m512i c = _mm512_maskz_loadu_epi8(m, p);
-	__m512i lo = _mm512_permutex2var_epi8(l->t0, c, l->t1);
-	__m512i hi = _mm512_permutex2var_epi8(l->t2, c, l->t3);
-	hi = _mm512_ternarylogic_epi32(hi, c, _mm512_set1_epi8((char)0x80), 0xf8);
-	*w0 = _mm512_permutex2var_epi8(lo, l->ia, hi);
-	*w1 = _mm512_permutex2var_epi8(lo, l->ib, hi);
+	__m512i lo = _mm512_permutex2var_epi8(tb->t[0], c, tb->t[1]);
+	__m512i hi = _mm512_permutex2var_epi8(tb->t[2], c, tb->t[3]);
+	hi = _mm512_ternarylogic_epi32(hi, c, _mm512_set1_epi8((char)0x80), 0x78);
+	*w0 = _mm512_permutex2var_epi8(lo, ia, hi);
+	*w1 = _mm512_permutex2var_epi8(lo, ib, hi);
 }
 
 #define DOT_TARGET TBF

@@ -7,90 +7,152 @@
  * variants agree bit for bit. The includer defines DOT_TARGET (the target
  * attribute), DOT_NAME(f) (the variant's name of f) and DOT_VBMI. */
 
-/* NT tokens x NR rows; CODES and SCALED are constants at every call, so
- * each shape compiles to straight-line code (blk in registers; acc is only
- * touched once per block). */
-DOT_TARGET static INL void DOT_NAME(tile_dot)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
-                             const int nt, const int nr, const int codes, const int scaled,
-                             const struct wsrc *ws, int64_t n, const struct e4m3_lut *lut)
+#if DOT_VBMI
+#define DOT_STEP 64               /* codes converted at a time */
+#else
+#define DOT_STEP 32
+#endif
+
+/* ---- E4M3 codes to bf16 words ------------------------------------------ */
+
+DOT_TARGET static INL void DOT_NAME(tab_build)(float s, struct e4m3_tab *tb)
 {
-	__m512 acc[4][4], blk[4][4];
+#if DOT_VBMI
+	e4m3_tab_bytes(s, tb);
+#else
+	e4m3_tab_words(s, tb);
+#endif
+}
+
+/* Scale row SR becomes the one TS holds. */
+DOT_TARGET static void DOT_NAME(tabs_row)(struct tabs *ts, int64_t sr)
+{
+	if (ts->row == sr)
+		return;
+	ts->row = sr;
+	ts->spare_b = -1;
+	int64_t nb = ts->scale_cols < TAB_MAX ? ts->scale_cols : TAB_MAX;
+	const float *s = ts->scale + sr * ts->scale_cols;
+	for (int64_t b = 0; b < nb; b++)
+		DOT_NAME(tab_build)(s[b], &ts->t[b]);
+}
+
+/* The table of column block B in the scale row held. */
+DOT_TARGET static INL const struct e4m3_tab *DOT_NAME(tab_at)(struct tabs *ts, int64_t b)
+{
+	if (b < TAB_MAX)
+		return &ts->t[b];
+	if (ts->spare_b != b) {
+		DOT_NAME(tab_build)(ts->scale[ts->row * ts->scale_cols + b], &ts->spare);
+		ts->spare_b = b;
+	}
+	return &ts->spare;
+}
+
+/* K <= DOT_STEP codes of one scale block (table TB) -> bf16 words w[0]
+ * (codes 0..31) and, VBMI, w[1] (32..63); the words past K are zero. */
+DOT_TARGET static INL void DOT_NAME(conv)(const struct e4m3_tab *tb, __m512i ia, __m512i ib,
+                                         const uint8_t *p, int64_t k, __m512i w[2])
+{
+#if DOT_VBMI
+	__mmask64 m = k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << k) - 1);
+	e4m3x64_bf16(tb, ia, ib, p, m, &w[0], &w[1]);
+	if (k < 64) {
+		w[0] = _mm512_maskz_mov_epi16((__mmask32)m, w[0]);
+		w[1] = _mm512_maskz_mov_epi16((__mmask32)(m >> 32), w[1]);
+	}
+#else
+	(void)ia;
+	(void)ib;
+	__mmask32 m = k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1);
+	w[0] = e4m3x32_bf16(tb, p, m);
+	if (k < 32)
+		w[0] = _mm512_maskz_mov_epi16(m, w[0]);
+	w[1] = _mm512_setzero_si512();
+#endif
+}
+
+/* Codes [c, e) of ROW (a step, e - c <= DOT_STEP) across scale blocks: each
+ * block's codes through its own table, blended into place. */
+DOT_TARGET static __attribute__((noinline)) void DOT_NAME(conv_span)(struct tabs *ts, __m512i ia, __m512i ib,
+                                                                    const uint8_t *row, int64_t c, int64_t e,
+                                                                    __m512i w[2])
+{
+	w[0] = w[1] = _mm512_setzero_si512();
+	for (int64_t b = c / ts->bk; b * ts->bk < e; b++) {
+		int64_t lo = b * ts->bk > c ? b * ts->bk - c : 0;
+		int64_t hi = (b + 1) * ts->bk < e ? (b + 1) * ts->bk - c : e - c;
+		__m512i v[2];
+		DOT_NAME(conv)(DOT_NAME(tab_at)(ts, b), ia, ib, row + c, e - c, v);
+		/* words [lo, hi) of the step */
+		uint64_t m = (hi >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << hi) - 1)) & ~(((uint64_t)1 << lo) - 1);
+		w[0] = _mm512_mask_blend_epi16((__mmask32)m, w[0], v[0]);
+		w[1] = _mm512_mask_blend_epi16((__mmask32)(m >> 32), w[1], v[1]);
+	}
+}
+
+/* Row ROW (N codes, scale row held by TS) -> N bf16 words at DST. */
+DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, int64_t n, struct tabs *ts,
+                                          __m512i ia, __m512i ib)
+{
+	int64_t b = 0, bend = ts->bk;
+	for (int64_t c = 0; c < n; c += DOT_STEP) {
+		int64_t e = c + DOT_STEP < n ? c + DOT_STEP : n;
+		while (c >= bend) {
+			b++;
+			bend += ts->bk;
+		}
+		__m512i w[2];
+		if (e <= bend)
+			DOT_NAME(conv)(DOT_NAME(tab_at)(ts, b), ia, ib, row + c, e - c, w);
+		else
+			DOT_NAME(conv_span)(ts, ia, ib, row, c, e, w);
+		int64_t k = e - c;
+		if (k == DOT_STEP) {
+			_mm512_storeu_si512(dst + c, w[0]);
+#if DOT_VBMI
+			_mm512_storeu_si512(dst + c + 32, w[1]);
+#endif
+		} else {
+			_mm512_mask_storeu_epi16(dst + c, k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1), w[0]);
+			if (k > 32)
+				_mm512_mask_storeu_epi16(dst + c + 32, (__mmask32)((1u << (k - 32)) - 1), w[1]);
+		}
+	}
+}
+
+/* ---- tiles: NT tokens x NR rows ----------------------------------------
+ * NT and NR are constants at every call, so each shape compiles to
+ * straight-line code with the accumulators in registers. */
+
+/* Over bf16 rows W (a BF16 matrix, or the bf16 copy of an E4M3 row block),
+ * STRIDE elements apart; PF: prefetch distance in elements (0: none). */
+DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                             const int nt, const int nr, const uint16_t *w, int64_t stride,
+                                             int64_t n, size_t pf)
+{
+	__m512 acc[4][4];
 #pragma GCC unroll 4
 	for (int i = 0; i < nr; i++)
 #pragma GCC unroll 4
 		for (int t = 0; t < nt; t++)
 			acc[i][t] = _mm512_setzero_ps();
-	int64_t bk = scaled ? ws->bk : n;
-	const int64_t step = DOT_VBMI && codes ? 64 : 32;
-	for (int64_t c0 = 0, b = 0; c0 < n; c0 += bk, b++) {      /* scale blocks */
-		int64_t ce = c0 + bk < n ? c0 + bk : n;
+	for (int64_t c = 0; c < n; c += 32) {
+		int64_t left = n - c;
+		__mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+		__m512bh xv[4];
 #pragma GCC unroll 4
-		for (int i = 0; i < nr; i++)
-#pragma GCC unroll 4
-			for (int t = 0; t < nt; t++)
-				blk[i][t] = _mm512_setzero_ps();
-		for (int64_t c = c0; c < ce; c += step) {
-			int64_t left = ce - c;
-#if DOT_VBMI
-			if (codes) {    /* 64 codes a row at a time, two chunks of 32 */
-				int two = left > 32;
-				__mmask32 m0 = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
-				__mmask32 m1 = left >= 64 ? (__mmask32)0xffffffffu
-				               : two ? (__mmask32)((1u << (left - 32)) - 1) : 0;
-				__mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
-				__m512bh xv0[4], xv1[4];
-#pragma GCC unroll 4
-				for (int t = 0; t < nt; t++) {
-					xv0[t] = (__m512bh)_mm512_maskz_loadu_epi16(m0, xb + t * xbs + c);
-					xv1[t] = (__m512bh)_mm512_maskz_loadu_epi16(m1, xb + t * xbs + c + 32);
-				}
-#pragma GCC unroll 4
-				for (int i = 0; i < nr; i++) {
-					const uint8_t *wp = (const uint8_t *)ws->p + (size_t)i * (size_t)ws->stride + (size_t)c;
-					_mm_prefetch((const char *)(wp + ws->pf), _MM_HINT_T1);
-					__m512i w0, w1;
-					e4m3x64_bf16(lut, wp, m, &w0, &w1);
-#pragma GCC unroll 4
-					for (int t = 0; t < nt; t++)
-						blk[i][t] = _mm512_dpbf16_ps(blk[i][t], xv0[t], (__m512bh)w0);
-					if (two)
-#pragma GCC unroll 4
-						for (int t = 0; t < nt; t++)
-							blk[i][t] = _mm512_dpbf16_ps(blk[i][t], xv1[t], (__m512bh)w1);
-				}
-				continue;
-			}
-#endif
-			__mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
-			__m512bh xv[4];
-#pragma GCC unroll 4
-			for (int t = 0; t < nt; t++)
-				xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + t * xbs + c);
-#pragma GCC unroll 4
-			for (int i = 0; i < nr; i++) {
-				__m512i wi;
-				if (codes) {
-					const uint8_t *wp = (const uint8_t *)ws->p + (size_t)i * (size_t)ws->stride + (size_t)c;
-					/* the rows of the next tile, same columns: narrow rows
-					 * (d_model 576) defeat the hardware prefetcher */
-					_mm_prefetch((const char *)(wp + ws->pf), _MM_HINT_T1);
-					wi = e4m3x32_bf16(lut, wp, m);
-				} else {
-					const uint16_t *wp = (const uint16_t *)ws->p + (size_t)i * (size_t)ws->stride + (size_t)c;
-					_mm_prefetch((const char *)(wp + ws->pf), _MM_HINT_T1);
-					wi = _mm512_maskz_loadu_epi16(m, wp);
-				}
-#pragma GCC unroll 4
-				for (int t = 0; t < nt; t++)
-					blk[i][t] = _mm512_dpbf16_ps(blk[i][t], xv[t], (__m512bh)wi);
-			}
-		}
+		for (int t = 0; t < nt; t++)
+			xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + t * xbs + c);
 #pragma GCC unroll 4
 		for (int i = 0; i < nr; i++) {
-			__m512 s = _mm512_set1_ps(scaled ? ws->srow[i][b] : 1.0f);
+			const uint16_t *wp = w + (size_t)i * (size_t)stride + (size_t)c;
+			if (pf)
+				_mm_prefetch((const char *)(wp + pf), _MM_HINT_T1);
+			__m512bh wi = (__m512bh)_mm512_maskz_loadu_epi16(m, wp);
 #pragma GCC unroll 4
 			for (int t = 0; t < nt; t++)
-				acc[i][t] = scaled ? _mm512_fmadd_ps(blk[i][t], s, acc[i][t]) : blk[i][t];
+				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], xv[t], wi);
 		}
 	}
 #pragma GCC unroll 4
@@ -108,57 +170,141 @@ DOT_TARGET static INL void DOT_NAME(tile_dot)(float *y, int64_t ys, const uint16
 	}
 }
 
-/* The 4x4 tile over bf16 rows (a BF16 matrix, or the copy of an E4M3 row
- * block with its scales) when n and the scale block are multiples of 64:
- * the ops of tile_dot(codes 0) in the same order (two 32-column chunks a
- * step), without masks or branches in the loop. PF: prefetch distance in
- * elements (0: none, the copy is in cache). */
-DOT_TARGET static INL void DOT_NAME(tile44)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
-                           const uint16_t *w, int64_t n, int64_t bk, const float *const srow[4],
-                           const int scaled, size_t pf)
+/* One step of tile_codes: the K codes at column C of each row (through
+ * table TB, or across blocks when SPAN) into the accumulators. */
+DOT_TARGET static INL void DOT_NAME(step)(__m512 acc[4][4], const uint16_t *xb, int64_t xbs, const int nt,
+                                         const int nr, const uint8_t *w, int64_t stride, int64_t c, int64_t k,
+                                         const struct e4m3_tab *tb, int span, struct tabs *ts,
+                                         __m512i ia, __m512i ib, size_t pf)
 {
-	__m512 acc[4][4], blk[4][4];
+	__mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1);
+	__m512bh xv0[4];
+#pragma GCC unroll 4
+	for (int t = 0; t < nt; t++)
+		xv0[t] = (__m512bh)_mm512_maskz_loadu_epi16(m0, xb + t * xbs + c);
+#if DOT_VBMI
+	int two = k > 32;
+	__mmask32 m1 = k >= 64 ? (__mmask32)0xffffffffu : two ? (__mmask32)((1u << (k - 32)) - 1) : 0;
+	__m512bh xv1[4];
+#pragma GCC unroll 4
+	for (int t = 0; t < nt; t++)
+		xv1[t] = (__m512bh)_mm512_maskz_loadu_epi16(m1, xb + t * xbs + c + 32);
+#endif
+#pragma GCC unroll 4
+	for (int i = 0; i < nr; i++) {
+		const uint8_t *wp = w + (size_t)i * (size_t)stride;
+		/* the rows of the next tile, same columns: narrow rows
+		 * (d_model 576) defeat the hardware prefetcher */
+		if (pf)
+			_mm_prefetch((const char *)(wp + c + pf), _MM_HINT_T1);
+		__m512i wv[2];
+		if (!span)
+			DOT_NAME(conv)(tb, ia, ib, wp + c, k, wv);
+		else
+			DOT_NAME(conv_span)(ts, ia, ib, wp, c, c + k, wv);
+#pragma GCC unroll 4
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = _mm512_dpbf16_ps(acc[i][t], xv0[t], (__m512bh)wv[0]);
+#if DOT_VBMI
+		if (two)
+#pragma GCC unroll 4
+			for (int t = 0; t < nt; t++)
+				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], xv1[t], (__m512bh)wv[1]);
+#endif
+	}
+}
+
+/* Over E4M3 codes converted in registers: rows W, STRIDE bytes apart, all
+ * in the scale row TS holds. Steps of DOT_STEP codes at multiples of
+ * DOT_STEP; a step that crosses a scale block (blocks not a multiple of the
+ * step) takes conv_span. */
+DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                               const int nt, const int nr, const uint8_t *w, int64_t stride,
+                                               int64_t n, struct tabs *ts, __m512i ia, __m512i ib, size_t pf)
+{
+	__m512 acc[4][4];
+#pragma GCC unroll 4
+	for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = _mm512_setzero_ps();
+	int64_t bk = ts->bk;
+	struct e4m3_tab tb;
+	if (bk % DOT_STEP == 0) {             /* steps inside blocks */
+		for (int64_t c0 = 0, b = 0; c0 < n; c0 += bk, b++) {
+			int64_t ce = c0 + bk < n ? c0 + bk : n;
+			tb = *DOT_NAME(tab_at)(ts, b);
+			for (int64_t c = c0; c < ce; c += DOT_STEP)
+				DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, ce - c < DOT_STEP ? ce - c : DOT_STEP,
+				               &tb, 0, ts, ia, ib, pf);
+		}
+	} else {
+		int64_t b = 0, bend = bk, cur = -1;
+		for (int q = 0; q < 4; q++)
+			tb.t[q] = _mm512_setzero_si512();
+		for (int64_t c = 0; c < n; c += DOT_STEP) {
+			int64_t e = c + DOT_STEP < n ? c + DOT_STEP : n;
+			while (c >= bend) {
+				b++;
+				bend += bk;
+			}
+			int span = e > bend;
+			if (!span && b != cur) {
+				tb = *DOT_NAME(tab_at)(ts, b);
+				cur = b;
+			}
+			DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, e - c, &tb, span, ts, ia, ib, pf);
+		}
+	}
+#pragma GCC unroll 4
+	for (int t = 0; t < nt; t++) {
+		float *yt = y + t * ys;
+		if (nr == 4) {
+			__m512 s = reduce4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
+			_mm_storeu_ps(yt, _mm512_castps512_ps128(s));
+		} else {
+#pragma GCC unroll 4
+			for (int i = 0; i < nr; i++)
+				yt[i] = _mm512_reduce_add_ps(acc[i][t]);
+		}
+	}
+}
+
+/* The 4x4 tile over bf16 rows when n is a multiple of 64: the operations of
+ * tile_w16 in the same order (two 32-column chunks a step), without masks
+ * or branches in the loop. PF: prefetch distance in elements (0: none, the
+ * rows are in cache). */
+DOT_TARGET static void DOT_NAME(tile44)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                       const uint16_t *w, int64_t n, size_t pf)
+{
+	__m512 acc[4][4];
 #pragma GCC unroll 4
 	for (int i = 0; i < 4; i++)
 #pragma GCC unroll 4
 		for (int t = 0; t < 4; t++)
 			acc[i][t] = _mm512_setzero_ps();
-	for (int64_t c0 = 0, b = 0; c0 < n; c0 += bk, b++) {
-		int64_t ce = c0 + bk < n ? c0 + bk : n;
+	for (int64_t c = 0; c < n; c += 64) {
+		__m512bh x0[4], x1[4];
 #pragma GCC unroll 4
-		for (int i = 0; i < 4; i++)
-#pragma GCC unroll 4
-			for (int t = 0; t < 4; t++)
-				blk[i][t] = _mm512_setzero_ps();
-		for (int64_t c = c0; c < ce; c += 64) {
-			__m512bh x0[4], x1[4];
-#pragma GCC unroll 4
-			for (int t = 0; t < 4; t++) {
-				x0[t] = (__m512bh)_mm512_loadu_si512(xb + t * xbs + c);
-				x1[t] = (__m512bh)_mm512_loadu_si512(xb + t * xbs + c + 32);
-			}
-#pragma GCC unroll 4
-			for (int i = 0; i < 4; i++) {
-				if (!scaled && pf) {      /* 64 bf16 columns: two lines */
-					_mm_prefetch((const char *)(w + i * n + c + pf), _MM_HINT_T1);
-					_mm_prefetch((const char *)(w + i * n + c + pf + 32), _MM_HINT_T1);
-				}
-				__m512bh w0 = (__m512bh)_mm512_loadu_si512(w + i * n + c);
-				__m512bh w1 = (__m512bh)_mm512_loadu_si512(w + i * n + c + 32);
-#pragma GCC unroll 4
-				for (int t = 0; t < 4; t++)
-					blk[i][t] = _mm512_dpbf16_ps(blk[i][t], x0[t], w0);
-#pragma GCC unroll 4
-				for (int t = 0; t < 4; t++)
-					blk[i][t] = _mm512_dpbf16_ps(blk[i][t], x1[t], w1);
-			}
+		for (int t = 0; t < 4; t++) {
+			x0[t] = (__m512bh)_mm512_loadu_si512(xb + t * xbs + c);
+			x1[t] = (__m512bh)_mm512_loadu_si512(xb + t * xbs + c + 32);
 		}
 #pragma GCC unroll 4
 		for (int i = 0; i < 4; i++) {
-			__m512 s = _mm512_set1_ps(scaled ? srow[i][b] : 1.0f);
+			if (pf) {                 /* 64 bf16 columns: two lines */
+				_mm_prefetch((const char *)(w + i * n + c + pf), _MM_HINT_T1);
+				_mm_prefetch((const char *)(w + i * n + c + pf + 32), _MM_HINT_T1);
+			}
+			__m512bh w0 = (__m512bh)_mm512_loadu_si512(w + i * n + c);
+			__m512bh w1 = (__m512bh)_mm512_loadu_si512(w + i * n + c + 32);
 #pragma GCC unroll 4
 			for (int t = 0; t < 4; t++)
-				acc[i][t] = scaled ? _mm512_fmadd_ps(blk[i][t], s, acc[i][t]) : blk[i][t];
+				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], x0[t], w0);
+#pragma GCC unroll 4
+			for (int t = 0; t < 4; t++)
+				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], x1[t], w1);
 		}
 	}
 #pragma GCC unroll 4
@@ -169,35 +315,33 @@ DOT_TARGET static INL void DOT_NAME(tile44)(float *y, int64_t ys, const uint16_t
 	}
 }
 
-DOT_TARGET static void DOT_NAME(tile44_copy)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
-                                const uint16_t *w, int64_t n, int64_t bk, const float *const srow[4])
+DOT_TARGET static void DOT_NAME(tile_w16_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                             int nt, int nr, const uint16_t *w, int64_t stride, int64_t n,
+                                             size_t pf)
 {
-	DOT_NAME(tile44)(y, ys, xb, xbs, w, n, bk, srow, 1, 0);
+	if (nt == 4 && nr == 4)
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 4, w, stride, n, pf);
+	else if (nt == 4)
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 1, w, stride, n, pf);
+	else if (nr == 4)
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 1, 4, w, stride, n, pf);
+	else
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 1, 1, w, stride, n, pf);
 }
 
-DOT_TARGET static void DOT_NAME(tile44_bf16)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
-                                const uint16_t *w, int64_t n, size_t pf)
+DOT_TARGET static void DOT_NAME(tile_codes_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                               int nt, int nr, const uint8_t *w, int64_t stride, int64_t n,
+                                               struct tabs *ts, __m512i ia, __m512i ib, size_t pf)
 {
-	DOT_NAME(tile44)(y, ys, xb, xbs, w, n, n, NULL, 0, pf);
+	if (nt == 4 && nr == 4)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 4, 4, w, stride, n, ts, ia, ib, pf);
+	else if (nt == 4)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 4, 1, w, stride, n, ts, ia, ib, pf);
+	else if (nr == 4)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 1, 4, w, stride, n, ts, ia, ib, pf);
+	else
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 1, 1, w, stride, n, ts, ia, ib, pf);
 }
-
-#define TILE_DOT_KIND(codes, scaled)                                                             \
-DOT_TARGET static void DOT_NAME(tile_dot_##codes##scaled)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,  \
-                                         int nt, int nr, const struct wsrc *ws, int64_t n,       \
-                                         const struct e4m3_lut *lut)                             \
-{                                                                                                \
-	if (nt == 4 && nr == 4)                                                                  \
-		DOT_NAME(tile_dot)(y, ys, xb, xbs, 4, 4, codes, scaled, ws, n, lut);                       \
-	else if (nt == 4)                                                                        \
-		DOT_NAME(tile_dot)(y, ys, xb, xbs, 4, 1, codes, scaled, ws, n, lut);                       \
-	else if (nr == 4)                                                                        \
-		DOT_NAME(tile_dot)(y, ys, xb, xbs, 1, 4, codes, scaled, ws, n, lut);                       \
-	else                                                                                     \
-		DOT_NAME(tile_dot)(y, ys, xb, xbs, 1, 1, codes, scaled, ws, n, lut);                       \
-}
-TILE_DOT_KIND(0, 0)       /* BF16 weights */
-TILE_DOT_KIND(0, 1)       /* E4M3: the bf16 copy of a row block */
-TILE_DOT_KIND(1, 1)       /* E4M3 codes converted in registers */
 
 DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs, int64_t n_tok,
                            const struct llm_weight *w, int64_t r0, int64_t r1)
@@ -205,10 +349,13 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	int64_t n = w->cols;
 	int fp8 = w->dtype == LLM_DTYPE_E4M3;
 #if DOT_VBMI
-	struct e4m3_lut lut = e4m3_lut_load_vbmi();
+	__m512i ia = _mm512_loadu_si512(e4m3_interleave), ib = _mm512_loadu_si512(e4m3_interleave + 64);
 #else
-	struct e4m3_lut lut = e4m3_lut_load();
+	__m512i ia = _mm512_setzero_si512(), ib = ia;
 #endif
+	struct e4m3_tab tabv[TAB_MAX];
+	struct tabs ts = { .scale = w->scale, .scale_cols = w->scale_cols, .bk = w->block_cols,
+	                   .br = w->block_rows, .row = -1, .spare_b = -1, .t = tabv };
 	/* E4M3 with more than one token tile: convert a row block once */
 	int64_t rbn = RB;
 	int copy = 0;
@@ -219,22 +366,19 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 			rbn = RB;
 	}
 	_Alignas(64) uint16_t wbuf[WBUF_ELEMS];
-	int whole64 = fp8 && n % 64 == 0 && w->block_cols % 64 == 0;
 	size_t row_bytes = (size_t)n * (fp8 ? 1 : 2), ahead = (PF_BYTES + row_bytes - 1) / row_bytes;
 	size_t pf = (ahead > 4 ? ahead : 4) * (size_t)n;
 	/* several token tiles: the next row block is prefetched while this one
 	 * is reused from cache (BF16 rows in place, or E4M3 copied to bf16) */
 	int spread = copy || (!fp8 && n_tok > 4);
+	int64_t sr_lo = 0, sr_hi = 0;        /* the rows of the scale row TS holds */
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
 		/* The next row block (E4M3 codes or BF16 rows) is fetched into L2
 		 * while this one is multiplied, a few lines before each tile: a
 		 * row block spans several pages and the hardware prefetcher
 		 * starts over at each, and prefetches issued in one burst are
-		 * partly dropped. Streaming 1536x576 codes with 16 tokens on one
-		 * core: 44 GMAC/s without, 53 in a burst while copying, 58 spread
-		 * over the tiles with the mask-free tile (about 69 with the codes
-		 * in L2). */
+		 * partly dropped. */
 		const char *nx = NULL, *ne = NULL;
 		size_t per = 0;
 		if (spread) {
@@ -246,56 +390,44 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 		}
 		if (copy)
 			for (int64_t r = rb; r < re; r++) {
-				const uint8_t *src = (const uint8_t *)w->data + (size_t)r * (size_t)n;
-				uint16_t *dst = wbuf + (size_t)(r - rb) * (size_t)n;
-#if DOT_VBMI
-				for (int64_t c = 0; c < n; c += 64) {
-					int64_t left = n - c;
-					__mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
-					__m512i w0, w1;
-					e4m3x64_bf16(&lut, src + c, m, &w0, &w1);
-					_mm512_mask_storeu_epi16(dst + c, (__mmask32)m, w0);
-					_mm512_mask_storeu_epi16(dst + c + 32, (__mmask32)(m >> 32), w1);
+				if (r < sr_lo || r >= sr_hi) {
+					int64_t sr = r / w->block_rows;
+					sr_lo = sr * w->block_rows;
+					sr_hi = sr_lo + w->block_rows;
+					DOT_NAME(tabs_row)(&ts, sr);
 				}
-#else
-				for (int64_t c = 0; c < n; c += 32) {
-					int64_t left = n - c;
-					__mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
-					_mm512_mask_storeu_epi16(dst + c, m, e4m3x32_bf16(&lut, src + c, m));
-				}
-#endif
+				DOT_NAME(row_words)(wbuf + (size_t)(r - rb) * (size_t)n,
+				                    (const uint8_t *)w->data + (size_t)r * (size_t)n, n, &ts, ia, ib);
 			}
 		for (int64_t t = 0; t < n_tok; ) {
 			int nt = n_tok - t >= 4 ? 4 : 1;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 ? 4 : 1;
-				struct wsrc ws = { NULL, n, 0, { NULL }, n, spread ? 0 : pf };
-				if (copy)
-					ws.p = wbuf + (size_t)(r - rb) * (size_t)n;
-				else if (fp8)
-					ws.p = (const uint8_t *)w->data + (size_t)r * (size_t)n;
-				else
-					ws.p = (const uint16_t *)w->data + (size_t)r * (size_t)n;
-				ws.codes = fp8 && !copy;
-				if (fp8) {
-					ws.bk = w->block_cols;
-					for (int i = 0; i < nr; i++)
-						ws.srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
+				if (fp8 && !copy) {     /* the rows of a tile share a scale row */
+					if (r < sr_lo || r >= sr_hi) {
+						int64_t sr = r / w->block_rows;
+						sr_lo = sr * w->block_rows;
+						sr_hi = sr_lo + w->block_rows;
+						DOT_NAME(tabs_row)(&ts, sr);
+					}
+					if (nr == 4 && r + 3 >= sr_hi)
+						nr = 1;
 				}
 				for (size_t q = 0; q < per && nx < ne; q += 64, nx += 64)
 					_mm_prefetch(nx, _MM_HINT_T1);
 				float *yt = y + t * ys + r;
 				const uint16_t *xt = xb + t * xbs;
-				if (!fp8 && nt == 4 && nr == 4 && n % 64 == 0)
-					DOT_NAME(tile44_bf16)(yt, ys, xt, xbs, (const uint16_t *)ws.p, n, spread ? 0 : pf);
-				else if (!fp8)
-					DOT_NAME(tile_dot_00)(yt, ys, xt, xbs, nt, nr, &ws, n, &lut);
-				else if (copy && nt == 4 && nr == 4 && whole64)
-					DOT_NAME(tile44_copy)(yt, ys, xt, xbs, (const uint16_t *)ws.p, n, ws.bk, ws.srow);
-				else if (copy)
-					DOT_NAME(tile_dot_01)(yt, ys, xt, xbs, nt, nr, &ws, n, &lut);
+				const uint16_t *w16 = copy ? wbuf + (size_t)(r - rb) * (size_t)n
+				                      : fp8 ? NULL : (const uint16_t *)w->data + (size_t)r * (size_t)n;
+				size_t tpf = spread ? 0 : pf;
+				if (w16 && nt == 4 && nr == 4 && n % 64 == 0)
+					DOT_NAME(tile44)(yt, ys, xt, xbs, w16, n, tpf);
+				else if (w16)
+					DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, w16, n, n, tpf);
 				else
-					DOT_NAME(tile_dot_11)(yt, ys, xt, xbs, nt, nr, &ws, n, &lut);
+					DOT_NAME(tile_codes_any)(yt, ys, xt, xbs, nt, nr,
+					                         (const uint8_t *)w->data + (size_t)r * (size_t)n, n, n,
+					                         &ts, ia, ib, tpf);
 				r += nr;
 			}
 			t += nt;
@@ -303,7 +435,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	}
 }
 
-
+#undef DOT_STEP
 #undef DOT_TARGET
 #undef DOT_NAME
 #undef DOT_VBMI

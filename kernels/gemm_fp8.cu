@@ -11,8 +11,10 @@
  *   with ldmatrix, W stays 1 byte per element in shared memory and each
  *   thread dequantizes its own B fragment in registers: two codes -> half2 by
  *   bit operations (exact, value * 2^-8), -> f32, one multiply by the block
- *   scale * 2^8, one rounding to bf16. Error against the CPU: x and
- *   code * scale each rounded to bf16 (relative 2^-9 each), f32 sums.
+ *   scale * 2^8, one rounding to bf16. Error against the CPU's f32
+ *   levels: x and code * scale each rounded to bf16 (relative 2^-9 each),
+ *   f32 sums; the avx512bf16 level rounds both the same way, so against it
+ *   only the summation order differs.
  * - gemv_e4m3_f32_kernel: decode-sized M (<= 8): one warp per weight row,
  *   16 codes per 16-byte load, f32 activations, code * scale rounded exactly
  *   as the CPU does it; only the summation order differs.

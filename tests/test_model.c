@@ -536,6 +536,39 @@ static void test_bf16(void)
 	perplexity_of(out, "bf16", LLM_DTYPE_F32, &nll, 0);
 }
 
+/* At the avx512bf16 level an E4M3 element is bf16(code * scale), the value
+ * llm-quantize --dequantize --dtype bf16 writes: the FP8 checkpoint and its
+ * dequantized BF16 form give the same tokens and log-probabilities, bit for
+ * bit (C: the FP8 runs of every prompt). */
+static void same_as_dequantized(const char *fp8, const char *name, const struct collect *c)
+{
+	if (llm_cpu_isa_detect() < LLM_ISA_AVX512BF16) {
+		check_skip("this CPU lacks AVX512_BF16", "%s = its dequantized BF16 form", name);
+		return;
+	}
+	char deq[1400], cmd[4000];
+	const char *bin = getenv("LLM_BIN");
+	snprintf(deq, sizeof deq, "%s-bf16", fp8);
+	snprintf(cmd, sizeof cmd, "%s/llm-quantize -q --dequantize --dtype bf16 %s %s 2>&1",
+	         bin && *bin ? bin : "bin", fp8, deq);
+	if (!check(system(cmd) == 0, "llm-quantize --dequantize --dtype bf16 %s", name))
+		return;
+	struct llm_engine *e = open_engine(deq, LLM_DTYPE_F32, 0, 1);
+	if (!check(e != NULL, "open %s dequantized", name))
+		return;
+	struct collect *d = calloc((size_t)n_P, sizeof *d);
+	int ok = 1, same = 1;
+	for (int i = 0; i < n_P && ok; i++) {
+		ok = run_greedy(e, i, 1, &d[i]);
+		same &= ok && d[i].n == c[i].n && !memcmp(d[i].ids, c[i].ids, (size_t)c[i].n * sizeof *c[i].ids) &&
+		        !memcmp(d[i].lp, c[i].lp, (size_t)c[i].n * sizeof *c[i].lp);
+	}
+	llm_engine_close(e);
+	free(d);
+	check(ok && same, "%s at avx512bf16: tokens and log-probs of every prompt equal, bit for bit, "
+	      "those of its dequantized BF16 checkpoint", name);
+}
+
 static void test_quantized(void)
 {
 	char q[1200];
@@ -567,6 +600,8 @@ static void test_quantized(void)
 		llm_engine_close(e);
 		if (ok)
 			report_run(v[k].name, c, NULL, NULL, 1);
+		if (ok && k < 3)       /* +emb: the embedding lookup is not a matmul; it keeps f32 */
+			same_as_dequantized(out, v[k].name, c);
 		free(c);
 		double nll = -1;
 		perplexity_of(out, v[k].name, LLM_DTYPE_F32, &nll, 0);

@@ -8,13 +8,10 @@
  *   bound of reordering n f32 additions is about n * 2^-24 * sum|x w|, so
  *   the test requires |simd - scalar| <= n * 2^-24 * sum_c |x_c w_c|.
  * - matmul at avx512bf16 (BF16 and E4M3 weights): x is rounded to bf16, so
- *   the scalar reference runs on the same rounded x. E4M3 there sums each
- *   scale block of bk columns unscaled (exact products) and adds
- *   block_sum * scale once per block (an fma), where the scalar multiplies
- *   every element by the scale first (one rounding per element) and sums all
- *   n in one chain: error to the exact sum at most about (bk + n_blk + 1) u
- *   on one side and (2n) u on the other (u = 2^-24, relative to sum|x w|),
- *   so the bound there is (n + bk + n_blk + 2) * 2^-24 * sum|x w|.
+ *   the scalar reference runs on the same rounded x. E4M3 there takes each
+ *   element as the bf16 of code * scale, so its scalar reference runs on
+ *   those bf16 weights (the same n bound), and the E4M3 matmul must equal
+ *   the avx512bf16 matmul of that BF16 matrix bit for bit.
  * - crafted inputs whose products and sums are exact (small integers,
  *   power-of-two scales): every level must agree bit for bit.
  * - batch invariance: a row computed alone, in a batch of 7, or in a
@@ -70,7 +67,8 @@ static void make_weight(struct wbuf *b, enum llm_dtype dt, int64_t rows, int64_t
 		b->w.scale_cols = (cols + bc - 1) / bc;
 		b->scale = malloc((size_t)(b->w.scale_rows * b->w.scale_cols) * sizeof(float));
 		for (int64_t i = 0; i < b->w.scale_rows * b->w.scale_cols; i++)
-			b->scale[i] = exact ? ldexpf(1.0f, (int)(urand() * 6) - 3) : (float)(urand() * 0.01 + 1e-4);
+			b->scale[i] = exact ? ldexpf(1.0f, (int)(urand() * 6) - 3)
+			              : (float)((urand() * 0.01 + 1e-4) * (i % 3 == 2 ? -1 : 1));   /* some negative */
 		b->w.scale = b->scale;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -125,13 +123,21 @@ static void matmul_case(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t rows, i
 	float *xr = malloc((size_t)(n_tok * cols) * sizeof(float));
 	for (int64_t i = 0; i < n_tok * cols; i++)
 		xr[i] = bfx ? llm_bf16_to_f32(llm_f32_to_bf16(x[i])) : x[i];
-	llm_cpu_matmul_rows(LLM_ISA_SCALAR, ref, rows, xr, cols, n_tok, &b.w, 0, rows);
+	/* E4M3 at avx512bf16: each element is bf16(code * scale) (see the top) */
+	int bfw = bfx && dt == LLM_DTYPE_E4M3;
+	uint16_t *w16 = NULL;
+	struct llm_weight wb = b.w;
+	if (bfw) {
+		w16 = malloc((size_t)(rows * cols) * sizeof *w16);
+		for (int64_t i = 0; i < rows * cols; i++) {
+			w16[i] = llm_f32_to_bf16(b.deq[i]);
+			b.deq[i] = llm_bf16_to_f32(w16[i]);
+		}
+		wb = (struct llm_weight){ "test-bf16", LLM_DTYPE_BF16, rows, cols, w16, NULL, 0, 0, 0, 0 };
+	}
+	llm_cpu_matmul_rows(LLM_ISA_SCALAR, ref, rows, xr, cols, n_tok, &wb, 0, rows);
 	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 0, rows);
 	double nfac = (double)cols;
-	if (bfx && dt == LLM_DTYPE_E4M3) {    /* block sums, then the scale (see the top) */
-		int64_t bk = b.w.block_cols;
-		nfac = (double)(cols + bk + (cols + bk - 1) / bk + 2);
-	}
 	double worst = 0;
 	int bad = 0;
 	for (int t = 0; t < n_tok; t++)
@@ -146,9 +152,16 @@ static void matmul_case(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t rows, i
 			if (e > worst || isnan(e))
 				worst = e;
 		}
-	check(!bad, "matmul %s %s %lldx%lld, 7 tokens: |simd - scalar%s| <= %s 2^-24 sum|xw| (worst %.3f of the bound)",
+	check(!bad, "matmul %s %s %lldx%lld, 7 tokens: |simd - scalar%s| <= n 2^-24 sum|xw| (worst %.3f of the bound)",
 	      llm_cpu_isa_name(llm_cpu_matmul_isa(isa, dt)), wname(dt, br, bc), (long long)rows, (long long)cols,
-	      bfx ? " on bf16-rounded x" : "", nfac == (double)cols ? "n" : "(n + bk + n_blk + 2)", worst);
+	      bfw ? " on bf16-rounded x and bf16(code * scale)" : bfx ? " on bf16-rounded x" : "", worst);
+	if (bfw) {     /* the same bits as the BF16 matrix of those weights */
+		llm_cpu_matmul_rows(isa, ref, rows, x, cols, n_tok, &wb, 0, rows);
+		check(!memcmp(ref, got, (size_t)(n_tok * rows) * sizeof(float)),
+		      "matmul %s %s %lldx%lld = avx512bf16 matmul of its bf16(code * scale) matrix, bit for bit",
+		      llm_cpu_isa_name(isa), wname(dt, br, bc), (long long)rows, (long long)cols);
+	}
+	free(w16);
 	free(xr);
 	/* invariance: each token alone, and rows in odd ranges */
 	int same = 1;
@@ -228,7 +241,7 @@ static void e4m3_vbmi(void)
 	}
 	static const int64_t shape[][4] = {   /* rows, cols, block rows, block cols */
 		{ 64, 576, 128, 128 }, { 37, 300, 1, 128 }, { 13, 200, 1, 0 }, { 9, 1000, 16, 64 },
-		{ 5, 70, 0, 0 }, { 130, 127, 128, 96 },
+		{ 5, 70, 0, 0 }, { 130, 127, 128, 96 }, { 3, 8300, 1, 64 }, { 7, 2000, 3, 96 },
 	};
 	int same = 1, cases = 0;
 	for (size_t s = 0; s < sizeof shape / sizeof *shape; s++) {
@@ -267,7 +280,7 @@ static void test_matmul(enum llm_cpu_isa best)
 	static const struct { enum llm_dtype dt; int64_t br, bc; } w[] = {
 		{ LLM_DTYPE_F32, 0, 0 }, { LLM_DTYPE_F16, 0, 0 }, { LLM_DTYPE_BF16, 0, 0 },
 		{ LLM_DTYPE_E4M3, 128, 128 }, { LLM_DTYPE_E4M3, 1, 128 }, { LLM_DTYPE_E4M3, 1, 0 },
-		{ LLM_DTYPE_E4M3, 16, 32 }, { LLM_DTYPE_E4M3, 0, 0 },
+		{ LLM_DTYPE_E4M3, 16, 32 }, { LLM_DTYPE_E4M3, 0, 0 }, { LLM_DTYPE_E4M3, 4, 40 },
 	};
 	static const int64_t shape[][2] = { { 37, 172 }, { 64, 64 }, { 130, 300 }, { 5, 7 } };
 	for (enum llm_cpu_isa isa = LLM_ISA_AVX2; isa <= LLM_ISA_AVX512BF16; isa++) {
@@ -282,6 +295,10 @@ static void test_matmul(enum llm_cpu_isa best)
 				matmul_case(isa, w[k].dt, shape[s][0], shape[s][1], w[k].br, w[k].bc);
 			matmul_exact(isa, w[k].dt, w[k].br, w[k].bc);
 		}
+		/* more than 128 scale blocks in a row (the kernels keep the tables
+		 * of 128), in the bf16 copy (n <= 8192) and in registers */
+		matmul_case(isa, LLM_DTYPE_E4M3, 5, 4000, 2, 24);
+		matmul_case(isa, LLM_DTYPE_E4M3, 3, 8300, 1, 64);
 		e4m3_codes(isa);
 		if (isa == LLM_ISA_AVX512BF16) {
 			e4m3_vbmi();

@@ -29,13 +29,20 @@
 #include "banned.h"
 
 /* ---- thread pool -------------------------------------------------------
- * A job is N chunks, fn(ctx, chunk, N); the chunks are claimed dynamically
- * by whichever thread comes first (the caller included), so a descheduled
- * worker never holds the job up. A chunk covers a fixed range of output
- * rows, computed the same way by any thread: results do not depend on who
- * ran what. A claim word holds (job generation << 32 | next chunk), so a
- * worker that wakes late cannot claim a chunk of a newer job with the
- * function and context of an older one. */
+ * A job is N chunks, fn(ctx, chunk, N), dealt in contiguous parts, one per
+ * thread (the caller is thread 0): a thread takes the chunks of its own
+ * part in order, front first, then takes what is left of the others' parts
+ * from their backs, so a descheduled worker never holds the job up. A
+ * chunk covers a fixed range of output rows, computed the same way by any
+ * thread: results do not depend on who ran what. A thread's chunks being
+ * neighbours, a matmul prefetches the first rows of the next chunk while it
+ * finishes one. A part's claim word holds (job generation << 32 | front <<
+ * 16 | back), so a worker that wakes late cannot claim a chunk of a newer
+ * job with the function and context of an older one. */
+
+#define POOL_MAX_CHUNKS 65535
+
+struct pool_part { _Alignas(64) _Atomic uint64_t w; };
 
 struct cpu_pool {
 	int n;                           /* threads including the caller */
@@ -44,7 +51,7 @@ struct cpu_pool {
 	pthread_cond_t cv;
 	int n_sleeping;                  /* under mu */
 	_Atomic uint32_t gen;            /* bumped once per job */
-	_Atomic uint64_t claim;          /* gen << 32 | next chunk */
+	struct pool_part *part;          /* (n) gen << 32 | front << 16 | back */
 	_Atomic int done;                /* chunks finished */
 	_Atomic int stop;
 	void (*_Atomic fn)(void *ctx, int chunk, int n_chunk);
@@ -59,18 +66,33 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Claim and run chunks of job G until none is left. */
-static void pool_work(struct cpu_pool *p, uint32_t g)
+/* The next chunk of part Q of job G, from its front (FRONT) or its back;
+ * -1 when the part is empty or the job is another. */
+static int pool_claim(struct cpu_pool *p, int q, uint32_t g, int front)
+{
+	_Atomic uint64_t *w = &p->part[q].w;
+	for (;;) {
+		uint64_t c = atomic_load(w);
+		uint32_t f = (uint32_t)(c >> 16) & 0xffff, b = (uint32_t)c & 0xffff;
+		if ((uint32_t)(c >> 32) != g || f >= b)
+			return -1;
+		uint64_t nc = front ? c + ((uint64_t)1 << 16) : c - 1;
+		if (atomic_compare_exchange_weak(w, &c, nc))
+			return (int)(front ? f : b - 1);
+	}
+}
+
+/* Run chunks of job G as thread SELF until none is left: its own part in
+ * order, then the others' from their backs. */
+static void pool_work(struct cpu_pool *p, uint32_t g, int self)
 {
 	void (*fn)(void *, int, int) = atomic_load(&p->fn);
 	void *ctx = atomic_load(&p->ctx);
 	int n = atomic_load(&p->n_chunk);
-	for (;;) {
-		uint64_t c = atomic_load(&p->claim);
-		if ((uint32_t)(c >> 32) != g || (int)(uint32_t)c >= n)
-			return;
-		if (atomic_compare_exchange_weak(&p->claim, &c, c + 1)) {
-			fn(ctx, (int)(uint32_t)c, n);
+	for (int k = 0; k < p->n; k++) {
+		int q = (self + k) % p->n, c;
+		while ((c = pool_claim(p, q, g, k == 0)) >= 0) {
+			fn(ctx, c, n);
 			atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
 		}
 	}
@@ -99,7 +121,7 @@ static void *worker_main(void *arg)
 		if (atomic_load(&p->stop))
 			return NULL;
 		seen = atomic_load_explicit(&p->gen, memory_order_acquire);
-		pool_work(p, seen);
+		pool_work(p, seen, a.ith);
 	}
 }
 
@@ -115,6 +137,7 @@ static void pool_free(struct cpu_pool *p)
 	for (int i = 1; i < p->n; i++)
 		pthread_join(p->th[i], NULL);
 	free(p->th);
+	free(p->part);
 	pthread_mutex_destroy(&p->mu);
 	pthread_cond_destroy(&p->cv);
 	p->th = NULL;
@@ -126,8 +149,17 @@ static enum llm_status pool_init(struct cpu_pool *p, int n)
 	p->n = n;
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
-	if (!(p->th = calloc((size_t)n, sizeof *p->th)))
+	p->th = calloc((size_t)n, sizeof *p->th);
+	p->part = aligned_alloc(64, (size_t)n * sizeof *p->part);
+	if (!p->th || !p->part) {
+		free(p->th);
+		free(p->part);
+		p->th = NULL;
+		p->part = NULL;
 		return llm_fail(LLM_ERR_NOMEM, "cpu backend: out of memory");
+	}
+	for (int i = 0; i < n; i++)
+		atomic_init(&p->part[i].w, 0);
 	for (int i = 1; i < n; i++) {
 		struct worker_arg *a = malloc(sizeof *a);
 		if (a) {
@@ -157,13 +189,17 @@ static void pool_run(struct cpu_pool *p, int n_chunk, void (*fn)(void *, int, in
 	atomic_store(&p->n_chunk, n_chunk);
 	atomic_store(&p->done, 0);
 	uint32_t g = atomic_load(&p->gen) + 1;
-	atomic_store(&p->claim, (uint64_t)g << 32);
+	for (int q = 0; q < p->n; q++) {        /* part q: chunks [q n_chunk / n, (q + 1) n_chunk / n) */
+		uint64_t f = (uint64_t)q * (uint64_t)n_chunk / (uint64_t)p->n;
+		uint64_t b = (uint64_t)(q + 1) * (uint64_t)n_chunk / (uint64_t)p->n;
+		atomic_store(&p->part[q].w, (uint64_t)g << 32 | f << 16 | b);
+	}
 	atomic_store_explicit(&p->gen, g, memory_order_release);
 	pthread_mutex_lock(&p->mu);
 	if (p->n_sleeping)
 		pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
-	pool_work(p, g);
+	pool_work(p, g, 0);
 	for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_chunk; i++) {
 		if (i < 4000)
 			cpu_relax();
@@ -198,6 +234,8 @@ static int nth_for(struct llm_backend *be, double work)
 	if (work < 131072.0 || cpu(be)->pool.n == 1)
 		return 1;
 	int n = 4 * cpu(be)->pool.n;
+	if (n > POOL_MAX_CHUNKS)
+		n = POOL_MAX_CHUNKS / cpu(be)->pool.n * cpu(be)->pool.n;
 	return work / n < 32768.0 ? cpu(be)->pool.n : n;
 }
 

@@ -382,7 +382,8 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 		const char *nx = NULL, *ne = NULL;
 		size_t per = 0;
 		if (spread) {
-			int64_t nre = re + rbn < r1 ? re + rbn : r1;
+			/* past r1 too: the pool hands a thread neighbouring chunks */
+			int64_t nre = re + rbn < w->rows ? re + rbn : w->rows;
 			int64_t tiles = (n_tok / 4 + n_tok % 4) * ((re - rb) / 4 + (re - rb) % 4);
 			nx = (const char *)w->data + (size_t)re * row_bytes;
 			ne = (const char *)w->data + (size_t)nre * row_bytes;

@@ -319,18 +319,25 @@ static const uint8_t e4m3_interleave[128] = {
 	 56, 120,  57, 121,  58, 122,  59, 123,  60, 124,  61, 125,  62, 126,  63, 127,
 };
 
+/* byte j of 64 bf16 words: even (low) or odd (high) bytes */
+static const uint8_t byte_lo[64] = {
+	  0,   2,   4,   6,   8,  10,  12,  14,  16,  18,  20,  22,  24,  26,  28,  30,
+	 32,  34,  36,  38,  40,  42,  44,  46,  48,  50,  52,  54,  56,  58,  60,  62,
+	 64,  66,  68,  70,  72,  74,  76,  78,  80,  82,  84,  86,  88,  90,  92,  94,
+	 96,  98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126,
+};
+
 /* The word table split into its low and high bytes (two 128-byte tables,
- * two registers each). */
+ * two registers each): four byte permutes. */
 TVB static INL void e4m3_tab_bytes(float s, struct e4m3_tab *tb)
 {
 	struct e4m3_tab w;
 	e4m3_tab_words(s, &w);
-	__m512i h0 = _mm512_srli_epi16(w.t[0], 8), h1 = _mm512_srli_epi16(w.t[1], 8);
-	__m512i h2 = _mm512_srli_epi16(w.t[2], 8), h3 = _mm512_srli_epi16(w.t[3], 8);
-	tb->t[0] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w.t[0])), _mm512_cvtepi16_epi8(w.t[1]), 1);
-	tb->t[1] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(w.t[2])), _mm512_cvtepi16_epi8(w.t[3]), 1);
-	tb->t[2] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(h0)), _mm512_cvtepi16_epi8(h1), 1);
-	tb->t[3] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(h2)), _mm512_cvtepi16_epi8(h3), 1);
+	__m512i lo = _mm512_loadu_si512(byte_lo), hi = _mm512_add_epi8(lo, _mm512_set1_epi8(1));
+	tb->t[0] = _mm512_permutex2var_epi8(w.t[0], lo, w.t[1]);
+	tb->t[1] = _mm512_permutex2var_epi8(w.t[2], lo, w.t[3]);
+	tb->t[2] = _mm512_permutex2var_epi8(w.t[0], hi, w.t[1]);
+	tb->t[3] = _mm512_permutex2var_epi8(w.t[2], hi, w.t[3]);
 }
 
 /* 64 E4M3 codes (masked) -> 64 bf16 words in order (codes 0..31 in *w0,

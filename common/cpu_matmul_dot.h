@@ -125,6 +125,24 @@ DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, in
  * NT and NR are constants at every call, so each shape compiles to
  * straight-line code with the accumulators in registers. */
 
+/* y[t * ys + i] = the lane sum of acc[i][t] (reduce4_512 for four rows). */
+DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, __m512 acc[4][4], const int nt, const int nr)
+{
+#pragma GCC unroll 4
+	for (int t = 0; t < nt; t++) {
+		float *yt = y + t * ys;
+		if (nr == 4) {
+			__m512 s = reduce4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
+			_mm_storeu_ps(yt, _mm512_castps512_ps128(s));
+		} else {
+#pragma GCC unroll 4
+			for (int i = 0; i < nr; i++)
+				yt[i] = _mm512_reduce_add_ps(acc[i][t]);
+		}
+	}
+}
+
 /* Over bf16 rows W (a BF16 matrix, or the bf16 copy of an E4M3 row block),
  * STRIDE elements apart; PF: prefetch distance in elements (0: none). */
 DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
@@ -155,19 +173,7 @@ DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16
 				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], xv[t], wi);
 		}
 	}
-#pragma GCC unroll 4
-	for (int t = 0; t < nt; t++) {
-		float *yt = y + t * ys;
-		if (nr == 4) {
-			__m512 s = reduce4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
-			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
-			_mm_storeu_ps(yt, _mm512_castps512_ps128(s));
-		} else {
-#pragma GCC unroll 4
-			for (int i = 0; i < nr; i++)
-				yt[i] = _mm512_reduce_add_ps(acc[i][t]);
-		}
-	}
+	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
 }
 
 /* One step of tile_codes: the K codes at column C of each row (through
@@ -256,19 +262,7 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 			DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, e - c, &tb, span, ts, ia, ib, pf);
 		}
 	}
-#pragma GCC unroll 4
-	for (int t = 0; t < nt; t++) {
-		float *yt = y + t * ys;
-		if (nr == 4) {
-			__m512 s = reduce4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
-			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
-			_mm_storeu_ps(yt, _mm512_castps512_ps128(s));
-		} else {
-#pragma GCC unroll 4
-			for (int i = 0; i < nr; i++)
-				yt[i] = _mm512_reduce_add_ps(acc[i][t]);
-		}
-	}
+	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
 }
 
 /* The 4x4 tile over bf16 rows when n is a multiple of 64: the operations of

@@ -638,7 +638,10 @@ int main(void)
 	}
 	s = llm_backend_open("cuda:1023", NULL, &be);
 	check(s == LLM_ERR_USAGE, "backend cuda:1023 names a device that is not there: %s", llm_errmsg());
+	/* the reference: an f32 CPU level (the avx512bf16 level rounds x and
+	 * code * scale to bf16, which the table above does not assume) */
 	struct llm_backend_opts co = LLM_BACKEND_OPTS_DEFAULT;
+	co.isa = llm_cpu_isa_detect() < LLM_ISA_AVX512 ? llm_cpu_isa_detect() : LLM_ISA_AVX512;
 	if (llm_backend_open("cpu", &co, &cpu) || llm_backend_open("cuda", NULL, &gpu)) {
 		check(0, "open the cpu and cuda backends: %s", llm_errmsg());
 		return check_done();

@@ -7,7 +7,7 @@
 # that fails ends the job naming itself, and --resume (on 2 ranks or 1)
 # continues from the state rank 0 saved; an error every rank sees is
 # reported once. Ranks are oversubscribed (CI has 2 cores); root needs
-# --allow-run-as-root; leak checking is off under MPI (see mpi.sh).
+# --allow-run-as-root; leak checking is off under MPI (need_mpirun, tests/lib/tap.sh).
 . tests/lib/tap.sh
 FT=llm-finetune
 T=$TMPD
@@ -17,14 +17,8 @@ if ! have_stories; then
 	skip "llm-finetune under mpirun" "no stories260K in \$LLM_TEST_MODELS"
 	tap_done
 fi
-if ! command -v mpirun >/dev/null 2>&1; then
-	skip "llm-finetune under mpirun" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
-	tap_done
-fi
+need_mpirun "llm-finetune under mpirun"
 S=$(stories)
-MPIRUN="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 mp() { local n=$1; shift; timeout 120 $MPIRUN -np "$n" "$@"; }
 
 # the comparison run of finetune.sh: lr 3e-3 (gentle: at 2e-2 the

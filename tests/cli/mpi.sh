@@ -15,15 +15,7 @@ if [ ! -x "$C" ]; then notok "mpi_check is built ($C)"; tap_done; fi
 cat "$T/single.out"
 check "mpi_check without mpirun: one-rank world, exit 0" [ $rc = 0 ]
 
-if ! command -v mpirun >/dev/null 2>&1; then
-	skip "mpirun -np 2 and 4: collectives, grid, failing ranks, partitions" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
-	tap_done
-fi
-MPIRUN="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-# LeakSanitizer (make asan) would report OpenMPI's own allocations at exit;
-# the single-process run above keeps leak checking for our code.
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+need_mpirun "mpirun -np 2 and 4: collectives, grid, failing ranks, partitions"
 run() { local n=$1; shift; timeout 120 $MPIRUN -np "$n" "$C" "$@"; }
 
 run 2 collectives >"$T/c2.out" 2>"$T/c2.err"; rc=$?

@@ -10,18 +10,12 @@
 # Ranks are oversubscribed (CI has 2 cores), one thread each.
 . tests/lib/tap.sh
 T=$TMPD
-if ! command -v mpirun >/dev/null 2>&1; then
-	skip "llm-generate under mpirun" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
-	tap_done
-fi
+need_mpirun "llm-generate under mpirun"
 if ! have_stories; then
 	skip "llm-generate under mpirun" "no stories260K in \$LLM_TEST_MODELS"
 	tap_done
 fi
-MPIRUN="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 # LeakSanitizer would report OpenMPI's own allocations (as in mpi.sh)
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 # f32 activations in every matmul (the avx512bf16 level rounds them to BF16
 # for BF16 weights, which moves log-probs by ~1e-2 when the all-reduce sums
 # in another order); ids are compared exactly either way

@@ -8,10 +8,7 @@
 # distributed are refused in one line. Every wait is bounded.
 . tests/lib/tap.sh
 T=$TMPD
-if ! command -v mpirun >/dev/null 2>&1; then
-	skip "llm-serve under mpirun" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
-	tap_done
-fi
+need_mpirun "llm-serve under mpirun"
 if ! have_stories; then
 	skip "llm-serve under mpirun" "no stories260K in \$LLM_TEST_MODELS"
 	tap_done
@@ -20,9 +17,6 @@ if ! command -v curl >/dev/null 2>&1; then
 	skip "llm-serve under mpirun" "curl not found"
 	tap_done
 fi
-MPIRUN="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 if grep -q avx2 /proc/cpuinfo 2>/dev/null; then export LLM_CPU_ISA=avx2; else export LLM_CPU_ISA=scalar; fi
 S=$(stories)
 export T

@@ -95,6 +95,38 @@ DOT_TARGET static __attribute__((noinline)) void DOT_NAME(conv_span)(struct tabs
 DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, int64_t n, struct tabs *ts,
                                           __m512i ia, __m512i ib)
 {
+#if DOT_VBMI
+	/* Blocks of whole steps (the usual 128): a block's table stays in
+	 * registers and its full steps take no masks. Same words as below;
+	 * this loop is a third of a batched E4M3 matmul. */
+	if (ts->bk % DOT_STEP == 0) {
+		int64_t full = n / DOT_STEP * DOT_STEP;
+		for (int64_t c0 = 0, b = 0; c0 < full; c0 += ts->bk, b++) {
+			const struct e4m3_tab *tp = DOT_NAME(tab_at)(ts, b);
+			__m512i t0 = tp->t[0], t1 = tp->t[1], t2 = tp->t[2], t3 = tp->t[3];
+			const __m512i sign = _mm512_set1_epi8((char)0x80);
+			int64_t ce = c0 + ts->bk < full ? c0 + ts->bk : full;
+			for (int64_t c = c0; c < ce; c += DOT_STEP) {
+				__m512i v = _mm512_loadu_si512(row + c);
+				__m512i lo = _mm512_permutex2var_epi8(t0, v, t1);
+				__m512i hi = _mm512_permutex2var_epi8(t2, v, t3);
+				hi = _mm512_ternarylogic_epi32(hi, v, sign, 0x78);
+				_mm512_storeu_si512(dst + c, _mm512_permutex2var_epi8(lo, ia, hi));
+				_mm512_storeu_si512(dst + c + 32, _mm512_permutex2var_epi8(lo, ib, hi));
+			}
+		}
+		if (full == n)
+			return;
+		/* the short last step lies in one block: bk is a multiple of it */
+		__m512i w[2];
+		int64_t k = n - full;
+		DOT_NAME(conv)(DOT_NAME(tab_at)(ts, full / ts->bk), ia, ib, row + full, k, w);
+		_mm512_mask_storeu_epi16(dst + full, k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1), w[0]);
+		if (k > 32)
+			_mm512_mask_storeu_epi16(dst + full + 32, (__mmask32)((1u << (k - 32)) - 1), w[1]);
+		return;
+	}
+#endif
 	int64_t b = 0, bend = ts->bk;
 	for (int64_t c = 0; c < n; c += DOT_STEP) {
 		int64_t e = c + DOT_STEP < n ? c + DOT_STEP : n;

@@ -213,7 +213,7 @@ static void pool_run(struct cpu_pool *p, int n_chunk, void (*fn)(void *, int, in
 struct cpu_be {
 	struct cpu_pool pool;
 	enum llm_cpu_isa isa;
-	float *scratch;        /* (4 n_threads, scratch_per) per chunk: attention scores + k/v row */
+	float *scratch;        /* (CHUNKS_PER_THREAD n_threads, scratch_per) per chunk: attention scores + k/v row */
 	size_t scratch_per;
 	uint16_t *xbf;         /* (xbf_cap) matmul input rounded to bf16 */
 	size_t xbf_cap;
@@ -228,12 +228,14 @@ struct cpu_be {
 static struct cpu_be *cpu(struct llm_backend *be) { return be->priv; }
 
 /* Chunks worth making of WORK multiply-adds: one below 2^17 (a job costs a
- * few microseconds to hand out), else a few per thread. */
+ * few microseconds to hand out), else a few per thread, at most
+ * CHUNKS_PER_THREAD (attention's scratch is sized by it). */
+#define CHUNKS_PER_THREAD 4
 static int nth_for(struct llm_backend *be, double work)
 {
 	if (work < 131072.0 || cpu(be)->pool.n == 1)
 		return 1;
-	int n = 4 * cpu(be)->pool.n;
+	int n = CHUNKS_PER_THREAD * cpu(be)->pool.n;
 	if (n > POOL_MAX_CHUNKS)
 		n = POOL_MAX_CHUNKS / cpu(be)->pool.n * cpu(be)->pool.n;
 	return work / n < 32768.0 ? cpu(be)->pool.n : n;
@@ -636,7 +638,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	size_t per = (size_t)ATTN_GS * (size_t)kv->max_ctx + (size_t)kv->d_head;
 	per = (per + 15) / 16 * 16;
 	if (c->scratch_per < per) {     /* first use with this cache: sized once */
-		float *s = malloc((size_t)(4 * c->pool.n) * per * sizeof(float));   /* per chunk */
+		float *s = malloc((size_t)(CHUNKS_PER_THREAD * c->pool.n) * per * sizeof(float));   /* per chunk */
 		if (!s)
 			return llm_fail(LLM_ERR_NOMEM, "attention: scratch of %zu floats", per);
 		free(c->scratch);

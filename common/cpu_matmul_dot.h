@@ -382,10 +382,15 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	struct e4m3_tab tabv[TAB_MAX];
 	struct tabs ts = { .scale = w->scale, .scale_cols = w->scale_cols, .bk = w->block_cols,
 	                   .br = w->block_rows, .row = -1, .spare_b = -1, .t = tabv };
-	/* E4M3 with more than one token tile: convert a row block once */
+	/* E4M3 with more than one token tile: convert a row block once. So
+	 * too for 2 to 4 tokens with scale rows under 4 rows (1x128, 1xK): in
+	 * registers a tile could not take 4 rows, which would each need their
+	 * own tables, and 1-row tiles reduce every row alone (1xK, 2 tokens:
+	 * 126 -> 158 tok/s). One token stays in registers: the copy's store
+	 * and reload cost it more than the 4-row tiles save. */
 	int64_t rbn = RB;
 	int copy = 0;
-	if (fp8 && n_tok > 4 && n * 4 <= WBUF_ELEMS) {
+	if (fp8 && (n_tok > 4 || (w->block_rows < 4 && n_tok > 1)) && n * 4 <= WBUF_ELEMS) {
 		copy = 1;
 		rbn = WBUF_ELEMS / n / 4 * 4;
 		if (rbn > RB)

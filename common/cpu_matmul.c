@@ -237,9 +237,9 @@ T512 static float dot_avx512(const float *a, const float *b, int64_t n)
  * the tree of _mm512_reduce_add_ps (reduce4_512 adds in the same pairs). The
  * E4M3 codes reach the dot product either converted in registers (few
  * tokens: decode) or from a per-thread bf16 copy of a row block made once
- * and reused by every token tile (prefill); both hold the same bf16 words,
- * so the choice, which depends on n_tok, does not change a bit of the
- * result. */
+ * and reused by every token tile (more than 4 tokens, and row-group
+ * layouts from 2); both hold the same bf16 words, so the choice, which
+ * depends on n_tok, does not change a bit of the result. */
 
 #define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 

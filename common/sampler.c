@@ -339,6 +339,6 @@ void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_s
 		}
 	}
 	out->token = tok;
-	out->logprob = (float)llm_logprob(logits, n, tok);
+	out->logprob = p->skip_logprob ? NAN : (float)llm_logprob(logits, n, tok);
 	out->n_top = p->n_logprobs ? llm_top_logprobs(logits, n, p->n_logprobs, out->top) : 0;
 }

@@ -29,6 +29,8 @@ struct llm_sample_params {
 	uint64_t seed;
 	int max_tokens;             /* generated tokens at most; 0: up to the context */
 	int n_logprobs;             /* top-n log-probs per token, 0..LLM_MAX_LOGPROBS */
+	int skip_logprob;           /* 1: the chosen token's log-prob is not wanted (NaN): saves a
+	                             * pass of exp over the vocabulary per token */
 	int ignore_eos;             /* 1: the model's EOS ids do not stop */
 	int n_stop_ids;
 	int32_t stop_ids[LLM_MAX_STOP];   /* generated ids that stop (finish "stop") */

@@ -1273,6 +1273,9 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->p = def;
 	struct perr e = { 0 };
 	int r = k == K_COMPLETION ? parse_completion(s, j, o, &e) : k == K_CHAT ? parse_chat(s, j, o, &e) : parse_tgi(s, j, o, &e);
+	/* the chosen tokens' log-probs: TGI's token events carry them; OpenAI's
+	 * only when asked for */
+	j->p.skip_logprob = k != K_TGI && !j->logprobs;
 	json_decref(o);
 	if (tgi_stream)
 		j->stream = 1;

@@ -383,6 +383,17 @@ static void test_argmax(void)
 		llm_sampler_free(&s);
 	}
 	check(o.token == 37, "greedy sample of tied maxima at 37 and 81: %d", o.token);
+	/* skip_logprob: the same token, no log-prob; without it log p(37) */
+	struct llm_sample_out o2 = { 0 };
+	p.skip_logprob = 1;
+	if (llm_sampler_init(&s, &p, 100) == LLM_OK) {
+		llm_sampler_sample(&s, w, &o2);
+		llm_sampler_free(&s);
+	}
+	double want = 3.0 - log(98.0 * exp(1.0) + 2.0 * exp(3.0));
+	check(o2.token == 37 && isnan(o2.logprob) && fabs(o.logprob - want) < 1e-6,
+	      "skip_logprob: token %d, log-prob %g (NaN); without it %.7f = log p(37) %.7f", o2.token,
+	      (double)o2.logprob, (double)o.logprob, want);
 }
 
 int main(void)

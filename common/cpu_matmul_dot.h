@@ -102,17 +102,13 @@ DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, in
 	if (ts->bk % DOT_STEP == 0) {
 		int64_t full = n / DOT_STEP * DOT_STEP;
 		for (int64_t c0 = 0, b = 0; c0 < full; c0 += ts->bk, b++) {
-			const struct e4m3_tab *tp = DOT_NAME(tab_at)(ts, b);
-			__m512i t0 = tp->t[0], t1 = tp->t[1], t2 = tp->t[2], t3 = tp->t[3];
-			const __m512i sign = _mm512_set1_epi8((char)0x80);
+			struct e4m3_tab tb = *DOT_NAME(tab_at)(ts, b);
 			int64_t ce = c0 + ts->bk < full ? c0 + ts->bk : full;
 			for (int64_t c = c0; c < ce; c += DOT_STEP) {
-				__m512i v = _mm512_loadu_si512(row + c);
-				__m512i lo = _mm512_permutex2var_epi8(t0, v, t1);
-				__m512i hi = _mm512_permutex2var_epi8(t2, v, t3);
-				hi = _mm512_ternarylogic_epi32(hi, v, sign, 0x78);
-				_mm512_storeu_si512(dst + c, _mm512_permutex2var_epi8(lo, ia, hi));
-				_mm512_storeu_si512(dst + c + 32, _mm512_permutex2var_epi8(lo, ib, hi));
+				__m512i w0, w1;
+				e4m3x64_bf16(&tb, ia, ib, row + c, ~(__mmask64)0, &w0, &w1);
+				_mm512_storeu_si512(dst + c, w0);
+				_mm512_storeu_si512(dst + c + 32, w1);
 			}
 		}
 		if (full == n)
@@ -157,6 +153,15 @@ DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, in
  * NT and NR are constants at every call, so each shape compiles to
  * straight-line code with the accumulators in registers. */
 
+DOT_TARGET static INL void DOT_NAME(tile_zero)(__m512 acc[4][4], const int nt, const int nr)
+{
+#pragma GCC unroll 4
+	for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = _mm512_setzero_ps();
+}
+
 /* y[t * ys + i] = the lane sum of acc[i][t] (reduce4_512 for four rows). */
 DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, __m512 acc[4][4], const int nt, const int nr)
 {
@@ -182,11 +187,7 @@ DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16
                                              int64_t n, size_t pf)
 {
 	__m512 acc[4][4];
-#pragma GCC unroll 4
-	for (int i = 0; i < nr; i++)
-#pragma GCC unroll 4
-		for (int t = 0; t < nt; t++)
-			acc[i][t] = _mm512_setzero_ps();
+	DOT_NAME(tile_zero)(acc, nt, nr);
 	for (int64_t c = 0; c < n; c += 32) {
 		int64_t left = n - c;
 		__mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
@@ -261,11 +262,7 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
                                                int64_t n, struct tabs *ts, __m512i ia, __m512i ib, size_t pf)
 {
 	__m512 acc[4][4];
-#pragma GCC unroll 4
-	for (int i = 0; i < nr; i++)
-#pragma GCC unroll 4
-		for (int t = 0; t < nt; t++)
-			acc[i][t] = _mm512_setzero_ps();
+	DOT_NAME(tile_zero)(acc, nt, nr);
 	int64_t bk = ts->bk;
 	struct e4m3_tab tb;
 	if (bk % DOT_STEP == 0) {             /* steps inside blocks */

@@ -430,11 +430,31 @@ struct mm_job {
 	const uint16_t *xb;          /* (x.rows, x.cols) x rounded to bf16, or NULL */
 };
 
+/* Rows [b, e) of chunk ITH of NTH over N (multiples of ALIGN). When the
+ * chunks are CHUNKS_PER_THREAD per thread, as the pool deals them (thread
+ * q's part: chunks q K .. q K + K - 1), a part's rows are split K : K-1 :
+ * ... : 1, so the chunks taken last (a part's back, where an idle thread
+ * steals) are the small ones and the threads end closer together. */
+static void split_taper(int64_t n, int ith, int nth, int64_t align, int64_t *b, int64_t *e)
+{
+	const int k = CHUNKS_PER_THREAD;
+	if (nth % k) {
+		split(n, ith, nth, align, b, e);
+		return;
+	}
+	int64_t pb, pe;
+	split(n, ith / k, nth / k, align, &pb, &pe);
+	int i = ith % k, tot = k * (k + 1) / 2, c0 = i * k - i * (i - 1) / 2, c1 = c0 + k - i;
+	int64_t len = pe - pb;
+	*b = pb + len * c0 / tot / align * align;
+	*e = i == k - 1 ? pe : pb + len * c1 / tot / align * align;
+}
+
 static void mm_task(void *ctx, int ith, int nth)
 {
 	struct mm_job *j = ctx;
 	int64_t b, e;
-	split(j->off[j->n], ith, nth, 4, &b, &e);
+	split_taper(j->off[j->n], ith, nth, 4, &b, &e);
 	for (int i = 0; i < j->n && b < e; i++) {
 		int64_t lo = b > j->off[i] ? b : j->off[i], hi = e < j->off[i + 1] ? e : j->off[i + 1];
 		if (lo >= hi)

@@ -398,10 +398,10 @@ static void norm_task(void *ctx, int ith, int nth)
 				}
 				for (; i < n; i++)
 					o[i] = wf[i] * (v * xr[i]);
-			}
-			else
+			} else {
 				for (int64_t i = 0; i < n; i++)
-					o[i] = vec_at(j->w, i) * (v * x[r][i]);
+					o[i] = vec_at(j->w, i) * (v * xr[i]);
+			}
 		}
 	}
 }

@@ -95,10 +95,12 @@ DOT_TARGET static __attribute__((noinline)) void DOT_NAME(conv_span)(struct tabs
 DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, int64_t n, struct tabs *ts,
                                           __m512i ia, __m512i ib)
 {
+	int64_t start = 0;          /* codes before it are done */
 #if DOT_VBMI
 	/* Blocks of whole steps (the usual 128): a block's table stays in
 	 * registers and its full steps take no masks. Same words as below;
-	 * this loop is a third of a batched E4M3 matmul. */
+	 * this loop is a third of a batched E4M3 matmul. A short last step
+	 * goes through the loop below. */
 	if (ts->bk % DOT_STEP == 0) {
 		int64_t full = n / DOT_STEP * DOT_STEP;
 		for (int64_t c0 = 0, b = 0; c0 < full; c0 += ts->bk, b++) {
@@ -111,20 +113,11 @@ DOT_TARGET static void DOT_NAME(row_words)(uint16_t *dst, const uint8_t *row, in
 				_mm512_storeu_si512(dst + c + 32, w1);
 			}
 		}
-		if (full == n)
-			return;
-		/* the short last step lies in one block: bk is a multiple of it */
-		__m512i w[2];
-		int64_t k = n - full;
-		DOT_NAME(conv)(DOT_NAME(tab_at)(ts, full / ts->bk), ia, ib, row + full, k, w);
-		_mm512_mask_storeu_epi16(dst + full, k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1), w[0]);
-		if (k > 32)
-			_mm512_mask_storeu_epi16(dst + full + 32, (__mmask32)((1u << (k - 32)) - 1), w[1]);
-		return;
+		start = full;
 	}
 #endif
-	int64_t b = 0, bend = ts->bk;
-	for (int64_t c = 0; c < n; c += DOT_STEP) {
+	int64_t b = start / ts->bk, bend = (b + 1) * ts->bk;
+	for (int64_t c = start; c < n; c += DOT_STEP) {
 		int64_t e = c + DOT_STEP < n ? c + DOT_STEP : n;
 		while (c >= bend) {
 			b++;

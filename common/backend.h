@@ -4,8 +4,9 @@
  * (backend_cpu.c) is the reference: every other backend is tested against it
  * op by op. Every op takes the backend first and returns a status. Activations
  * are row-major views; weights are struct llm_weight (ckpt.h), read in place
- * from the checkpoint mapping (FP8 is dequantized inside the kernels, a block
- * at a time; no dequantized copy of a matrix ever exists).
+ * from the checkpoint mapping or its huge-page copy (llm_model_copy_weights;
+ * FP8 is dequantized inside the kernels, a block at a time; no dequantized
+ * copy of a matrix ever exists).
  *
  * Batch invariance: every op computes each output row from its own input row
  * with a reduction order that does not depend on n_tok, on the other rows or

@@ -644,6 +644,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
 	eo.backend = o->backend;
 	eo.n_threads = o->n_threads;
+	eo.weight_pages = (enum llm_weight_pages)o->weight_pages;
 	eo.max_seqs = b;
 	eo.max_batch_tokens = o->n_prompt > b ? o->n_prompt : b;
 	eo.max_logits = b;

@@ -77,6 +77,7 @@ struct llm_bench_model_opts {
 	int n_prompt, n_gen;       /* -p, -n (0: skip that test) */
 	int batch;                 /* sequences decoding together in the generation test */
 	int reps;
+	int weight_pages;           /* enum llm_weight_pages */
 };
 
 struct llm_bench_model_result {

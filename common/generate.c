@@ -136,6 +136,12 @@ void llm_mem_plan(const struct llm_model *m, const struct llm_engine_opts *in, s
 	p->max_batch_tokens = o.max_batch_tokens;
 }
 
+int llm_weight_pages_parse(const char *s)
+{
+	return !strcmp(s, "auto") ? LLM_WEIGHTS_AUTO : !strcmp(s, "map") ? LLM_WEIGHTS_MAP
+	       : !strcmp(s, "huge") ? LLM_WEIGHTS_HUGE : -1;
+}
+
 enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
                                 const struct llm_engine_opts *in)
 {
@@ -181,6 +187,14 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	if ((s = llm_backend_open(e->o.backend, &bo, &e->be)))
 		goto fail;
 	if ((s = llm_model_check_backend(&e->model, e->be)))
+		goto fail;
+	/* The CPU reads weights where they lie: 2 MiB pages make batched steps
+	 * about a tenth faster (SmolLM2-135M FP8, 16 sequences) for a copy at
+	 * start (about 30 ms per 160 MB). */
+	int wp = e->o.weight_pages;
+	if (wp == LLM_WEIGHTS_AUTO)
+		wp = !strcmp(e->be->ops->name, "cpu") && llm_thp_available() ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
+	if (wp == LLM_WEIGHTS_HUGE && (s = llm_model_copy_weights(&e->model)))
 		goto fail;
 	struct llm_kv_opts ko = kv_opts(&e->model, &e->o, e->n_ctx);
 	if ((s = llm_kv_init(&e->kv, e->be, &ko)))

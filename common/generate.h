@@ -59,6 +59,15 @@ struct llm_detok {
 	void *ctx;
 };
 
+/* Where the CPU reads the weights from. */
+enum llm_weight_pages {
+	LLM_WEIGHTS_AUTO,           /* HUGE on the cpu backend where the kernel has THP, else MAP */
+	LLM_WEIGHTS_MAP,            /* in place in the checkpoint's file mapping: no copy */
+	LLM_WEIGHTS_HUGE,           /* copied into transparent huge pages (llm_model_copy_weights) */
+};
+/* "auto", "map" or "huge"; -1 for anything else. */
+int llm_weight_pages_parse(const char *s);
+
 struct llm_engine_opts {
 	const char *backend;        /* "auto", "cpu", "cuda[:N]" */
 	int n_threads;              /* 0: every CPU */
@@ -76,11 +85,13 @@ struct llm_engine_opts {
 	struct llm_comm *comm;      /* the ranks of a distributed run; NULL: llm_comm_world()
 	                               (NULL before llm_comm_init: one process) */
 	const char *lora_dir;       /* a PEFT LoRA adapter to apply (lora.h); NULL: none */
+	enum llm_weight_pages weight_pages;
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
 	.kv_dtype = LLM_DTYPE_F32, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }
 
-/* Memory the engine holds besides code: weights are mapped, not copied. */
+/* Memory the engine holds besides code (weights mapped or, copied into huge
+ * pages, the same bytes). */
 struct llm_mem_plan {
 	size_t weight_bytes;        /* every weight and scale of the checkpoint in use */
 	size_t kv_bytes_per_token;  /* K+V of one position, all layers */

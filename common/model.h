@@ -90,6 +90,8 @@ struct llm_model {
 	 * owned by the caller; NULL: none. Needs activations in host memory
 	 * (the CPU backend) and the whole model in this process. */
 	const struct llm_lora *lora;
+	void *wmap;                 /* llm_model_copy_weights: the copy's mapping */
+	size_t wmap_len;
 };
 
 /* Open the checkpoint at PATH (directory, .safetensors or "-"), parse its
@@ -104,6 +106,16 @@ void llm_model_close(struct llm_model *m);
  * was partitioned for another number of ranks. llm_model_forward then runs this rank's share and
  * exchanges activations (partition.h); logits land on world rank 0 only. */
 enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct llm_comm *world);
+/* Copy every weight and scale this process uses out of the checkpoint's
+ * file mapping into one anonymous mapping advised for transparent huge pages
+ * (2 MiB pages: a batched CPU step streams every weight, and 4 KiB pages
+ * miss the TLB on each), read-only, and point the weights at it; the file's
+ * pages are given back. Same bytes, so the same results. For backends that
+ * read weights from host memory (cpu); a second call does nothing. */
+enum llm_status llm_model_copy_weights(struct llm_model *m);
+/* Whether the kernel hands out transparent huge pages on request
+ * (/sys/kernel/mm/transparent_hugepage/enabled is always or madvise). */
+int llm_thp_available(void);
 /* Whether PATH is a partitioned checkpoint (a directory with partition.json). */
 int llm_model_is_partitioned(const char *path);
 

@@ -569,6 +569,52 @@ static void same_as_dequantized(const char *fp8, const char *name, const struct 
 	      "those of its dequantized BF16 checkpoint", name);
 }
 
+/* --weight-pages: the weights copied into huge pages give the same ids and
+ * log-probs, bit for bit, as the file mapping in place; the copy holds
+ * every weight and scale, and a tied lm_head stays the embedding's. */
+static void same_with_pages(const char *path, const char *name)
+{
+	struct collect *c[2] = { calloc((size_t)n_P, sizeof **c), calloc((size_t)n_P, sizeof **c) };
+	int ok = c[0] && c[1], placed = 0;
+	for (int k = 0; k < 2 && ok; k++) {
+		struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+		o.weight_pages = k ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
+		o.max_seqs = n_P;
+		o.max_batch_tokens = 64;
+		struct llm_engine *e = NULL;
+		if (llm_engine_open(&e, path, &o)) {
+			check_diag("open %s: %s", name, llm_errmsg());
+			ok = 0;
+			break;
+		}
+		const struct llm_model *m = llm_engine_model(e);
+		const uint8_t *lo = m->wmap, *hi = lo ? lo + m->wmap_len : NULL;
+		int in = 0, n = 0;
+		const struct llm_weight *ws[] = { &m->embed, &m->norm, &m->lm_head, &m->layers[0].wq,
+		                                  &m->layers[0].attn_norm, &m->layers[m->cfg.n_layer - 1].w_down };
+		for (size_t i = 0; i < sizeof ws / sizeof *ws; i++, n++) {
+			const uint8_t *d = ws[i]->data, *sc = (const uint8_t *)ws[i]->scale;
+			in += lo && d >= lo && d < hi && (!sc || (sc >= lo && sc < hi));
+		}
+		if (k == 0)
+			placed = !m->wmap;
+		else
+			placed = placed && in == n && (!m->cfg.tied || m->lm_head.data == m->embed.data);
+		ok = run_greedy(e, 0, n_P, c[k]);
+		llm_engine_close(e);
+	}
+	int same = 0;
+	for (int i = 0; ok && i < n_P; i++)
+		same += c[0][i].n == c[1][i].n && !memcmp(c[0][i].ids, c[1][i].ids, (size_t)c[0][i].n * 4)
+		        && !memcmp(c[0][i].lp, c[1][i].lp, (size_t)c[0][i].n * 4);
+	check(ok && placed, "%s: --weight-pages huge copies every weight and scale out of the file mapping "
+	      "(map leaves them in it)", name);
+	check(ok && same == n_P, "%s: weights in huge pages give the ids and log-probs of the file mapping, "
+	      "bit for bit: %d/%d prompts", name, same, n_P);
+	free(c[0]);
+	free(c[1]);
+}
+
 static void test_quantized(void)
 {
 	char q[1200];
@@ -602,6 +648,8 @@ static void test_quantized(void)
 			report_run(v[k].name, c, NULL, NULL, 1);
 		if (ok && k < 3)       /* +emb: the embedding lookup is not a matmul; it keeps f32 */
 			same_as_dequantized(out, v[k].name, c);
+		if (k == 0 || k == 3)
+			same_with_pages(out, v[k].name);
 		free(c);
 		double nll = -1;
 		perplexity_of(out, v[k].name, LLM_DTYPE_F32, &nll, 0);
@@ -719,6 +767,7 @@ int main(void)
 	}
 	test_greedy();
 	test_batch_invariance();
+	same_with_pages(model_dir, "stories260K");
 	test_score();
 	perplexity_of(model_dir, "f32", LLM_DTYPE_F32, &f32_story_nll, 1);
 	if (alone) {                      /* the BF16 KV cache: reported */

@@ -15,6 +15,7 @@
 
 static const char *rates = NULL, *concs = NULL, *trace = NULL, *format = "table", *plot = NULL;
 static const char *api_key = NULL, *model = NULL, *backends = "auto", *batches = "1", *title = NULL;
+static const char *weight_pages = "auto";
 static int64_t input_len = 128, output_len = 64, requests = 64, seed = 1, shared_prefix = 0, id_range = 500;
 static int64_t n_prompt = 512, n_gen = 128, reps = 3, threads = 0;
 static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min_tok_s = 0;
@@ -43,6 +44,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT('r', "repetitions", "N", &reps, "model: repetitions (after one warm-up)", 1, 1000),
 	LLM_STR(0, "backend", "LIST", &backends, "model: backends to measure, e.g. cpu,cuda"),
 	LLM_INT('t', "threads", "N", &threads, "model: CPU threads (0: every CPU)", 0, 4096),
+	LLM_STR(0, "weight-pages", "MODE", &weight_pages, "model: where the CPU reads the weights: huge, map or auto (llm-generate(1))"),
 	LLM_STR(0, "format", "FMT", &format, "table, csv or jsonl"),
 	LLM_FLOAT(0, "min-tok-s", "X", &min_tok_s, "gate: exit 3 when the best output tok/s is below X", 0, 1e12),
 };
@@ -249,11 +251,14 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 	int nb = split_list(batches, bl, 64, 0);
 	if (nb < 1)
 		return llm_args_usage_error(&cli, "--batch: expected a comma-separated list of positive integers");
+	int wp = llm_weight_pages_parse(weight_pages);
+	if (wp < 0)
+		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", weight_pages);
 	char bbuf[256];
 	snprintf(bbuf, sizeof bbuf, "%s", backends);
 	header("model", ckpt);
-	printf("# config: -p %lld -n %lld -b %s -r %lld -t %lld; tokens/s as mean and sample deviation over the repetitions\n",
-	       (long long)n_prompt, (long long)n_gen, batches, (long long)reps, (long long)threads);
+	printf("# config: -p %lld -n %lld -b %s -r %lld -t %lld --weight-pages %s; tokens/s as mean and sample deviation over the repetitions\n",
+	       (long long)n_prompt, (long long)n_gen, batches, (long long)reps, (long long)threads, weight_pages);
 	if (fmt == LLM_BENCH_TABLE)
 		printf("%-10s %-8s %8s %-14s %12s %10s %7s\n%-10s %-8s %8s %-14s %12s %10s %7s\n", "backend", "threads",
 		       "batch", "test", "tok/s", "sd", "#wrong", "", "", "", "", "(tok/s)", "(tok/s)", "");
@@ -264,7 +269,8 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 	for (char *save, *be = strtok_r(bbuf, ",", &save); be; be = strtok_r(NULL, ",", &save)) {
 		for (int i = 0; i < nb; i++) {
 			struct llm_bench_model_opts o = { .backend = be, .n_threads = (int)threads, .n_prompt = i ? 0 : (int)n_prompt,
-			                                  .n_gen = (int)n_gen, .batch = (int)bl[i], .reps = (int)reps };
+			                                  .n_gen = (int)n_gen, .batch = (int)bl[i], .reps = (int)reps,
+			                                  .weight_pages = wp };
 			struct llm_bench_model_result r[2];
 			int n_r;
 			if (llm_bench_model(ckpt, &o, r, &n_r))

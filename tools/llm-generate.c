@@ -29,7 +29,7 @@ struct generate_cfg {
 	int skip_special;             /* --detokenize: leave special tokens out */
 	const char *chat_template;    /* FILE overriding the model's template */
 	/* generation */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
 	struct llm_strlist stop;
 	int64_t n_predict, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
@@ -38,7 +38,7 @@ struct generate_cfg {
 
 static struct generate_cfg cfg = {
 	.n_predict = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
-	.seed = -1, .parallel = 8, .batch_tokens = 512, .backend = "auto", .kv_dtype = "f32",
+	.seed = -1, .parallel = 8, .batch_tokens = 512, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
 };
 
 static const struct llm_opt opts[] = {
@@ -76,6 +76,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences generated together", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
+	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
 	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend)"),
 };
@@ -331,6 +332,10 @@ static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *
 	int kv = llm_dtype_parse_flag(cfg.kv_dtype);
 	if (kv != LLM_DTYPE_F32 && kv != LLM_DTYPE_BF16)
 		return llm_fail(LLM_ERR_USAGE, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
+	int wp = llm_weight_pages_parse(cfg.weight_pages);
+	if (wp < 0)
+		return llm_fail(LLM_ERR_USAGE, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
+	o.weight_pages = (enum llm_weight_pages)wp;
 	o.backend = cfg.backend;
 	o.lora_dir = cfg.lora;
 	o.n_threads = (int)cfg.threads;

@@ -20,7 +20,7 @@
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora;
+	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora, *weight_pages;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
 	int64_t max_queue, threads, default_max_tokens;
 	size_t kv_memory, max_body;
@@ -29,7 +29,7 @@ struct serve_cfg {
 };
 
 static struct serve_cfg cfg = {
-	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "f32",
+	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
 };
@@ -58,6 +58,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
+	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR to every request (cpu backend)"),
 	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
 	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
@@ -199,6 +200,9 @@ int main(int argc, char **argv)
 	int kvd = llm_dtype_parse_flag(cfg.kv_dtype);
 	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16)
 		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
+	int wp = llm_weight_pages_parse(cfg.weight_pages);
+	if (wp < 0)
+		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, "--kv-memory and --max-kv-tokens are two ways to say one thing; give one");
 
@@ -214,6 +218,7 @@ int main(int argc, char **argv)
 	eo.lora_dir = cfg.lora;
 	eo.n_threads = (int)cfg.threads;
 	eo.kv_dtype = (enum llm_dtype)kvd;
+	eo.weight_pages = (enum llm_weight_pages)wp;
 	eo.kv_block_size = (int)cfg.kv_block_size;
 	eo.max_seqs = (int)(cfg.max_running + cfg.prefix_cache);
 	eo.max_batch_tokens = (int)cfg.max_batch_tokens;

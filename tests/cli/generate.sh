@@ -52,6 +52,15 @@ a=[json.loads(l)['ids'] for l in open('$T/out-ids.jsonl')]; b=[json.loads(l)['id
 sys.exit(a!=b)"
 $G -m "$M" --json --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
 check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
+for wp in map huge; do
+	$G -m "$M" --json --logprobs 1 --parallel 8 --weight-pages $wp <"$T/ids.jsonl" >"$T/out-$wp.jsonl"
+	check "--weight-pages $wp: the same ids and log-probs as the default, digit for digit" python3 -c "
+import json,sys
+k=lambda f: [(o['ids'], o['logprobs'], o['top_logprobs']) for o in map(json.loads, open(f))]
+sys.exit(k('$T/out-ids.jsonl') != k('$T/out-$wp.jsonl'))"
+done
+check_fails "a bad --weight-pages is refused, naming the flag" 1 $G -m "$M" -p hi --weight-pages big
+grep -q -- "--weight-pages: 'big'" "$T/err" && ok "the error names --weight-pages" || notok "the error names --weight-pages"
 
 # one prompt streams to stdout; --json gives the same object
 p=$(python3 -c "import json; print(json.loads(open('$REF').readline() if False else open('$REF').readlines()[1])['prompt'])")

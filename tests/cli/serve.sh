@@ -10,6 +10,7 @@ S=llm-serve
 check "--help exits 0 and prints the usage line" sh -c "$S --help | grep -q '^usage: llm-serve '"
 check_fails "no -m is a usage error" 2 $S
 check_fails "a bad --kv-dtype is a usage error" 2 $S -m x --kv-dtype f16
+check_fails "a bad --weight-pages is a usage error" 2 $S -m x --weight-pages big
 check_fails "a missing model is a runtime error naming it" 1 $S -m "$T/nope" --port 0
 grep -q "$T/nope" "$T/err" && ok "the error names the missing model" || notok "the error names the missing model"
 if ! have_stories; then

@@ -331,6 +331,47 @@ DOT_TARGET static void DOT_NAME(tile44)(float *y, int64_t ys, const uint16_t *xb
 	}
 }
 
+#if DOT_VBMI
+/* tile44 over E4M3 codes converted here, leaving the 4 rows' bf16 words at
+ * KEEP (rows N apart) for the row block's other token tiles: the permutes
+ * of the conversion overlap the dot products instead of running before
+ * them. The words and the operations are those of row_words then tile44,
+ * in the same order. The tokens' x is read at each use (a memory operand),
+ * so the 16 accumulators, the table and the permute indices stay in
+ * registers. Needs N and the scale blocks' width multiples of 64, and the
+ * 4 rows in one scale row (TS holds it). */
+DOT_TARGET static void DOT_NAME(tile44_keep)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                            const uint8_t *w, int64_t n, struct tabs *ts, __m512i ia,
+                                            __m512i ib, uint16_t *keep)
+{
+	__m512 acc[4][4];
+	DOT_NAME(tile_zero)(acc, 4, 4);
+	for (int64_t c0 = 0, b = 0; c0 < n; c0 += ts->bk, b++) {
+		struct e4m3_tab tb = *DOT_NAME(tab_at)(ts, b);
+		int64_t ce = c0 + ts->bk < n ? c0 + ts->bk : n;
+		for (int64_t c = c0; c < ce; c += 64) {
+#pragma GCC unroll 4
+			for (int i = 0; i < 4; i++) {
+				__m512i w0, w1;
+				e4m3x64_bf16(&tb, ia, ib, w + (size_t)i * (size_t)n + (size_t)c, ~(__mmask64)0, &w0, &w1);
+				uint16_t *kp = keep + (size_t)i * (size_t)n + (size_t)c;
+				_mm512_storeu_si512(kp, w0);
+				_mm512_storeu_si512(kp + 32, w1);
+#pragma GCC unroll 4
+				for (int t = 0; t < 4; t++)
+					acc[i][t] = _mm512_dpbf16_ps(acc[i][t], (__m512bh)_mm512_loadu_si512(xb + t * xbs + c),
+					                             (__m512bh)w0);
+#pragma GCC unroll 4
+				for (int t = 0; t < 4; t++)
+					acc[i][t] = _mm512_dpbf16_ps(acc[i][t], (__m512bh)_mm512_loadu_si512(xb + t * xbs + c + 32),
+					                             (__m512bh)w1);
+			}
+		}
+	}
+	DOT_NAME(tile_store)(y, ys, acc, 4, 4);
+}
+#endif
+
 DOT_TARGET static void DOT_NAME(tile_w16_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
                                              int nt, int nr, const uint16_t *w, int64_t stride, int64_t n,
                                              size_t pf)
@@ -410,7 +451,11 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 			ne = (const char *)w->data + (size_t)nre * row_bytes;
 			per = ne > nx ? ((size_t)(ne - nx) / 64 + (size_t)tiles) / (size_t)tiles * 64 : 0;
 		}
-		if (copy)
+		/* the first token tile converts (tile44_keep) where it can;
+		 * otherwise the block is converted first */
+		int fuse = copy && DOT_VBMI && n_tok >= 4 && n % 64 == 0 && w->block_cols % 64 == 0
+		           && w->block_rows % 4 == 0;
+		if (copy && !fuse)
 			for (int64_t r = rb; r < re; r++) {
 				if (r < sr_lo || r >= sr_hi) {
 					int64_t sr = r / w->block_rows;
@@ -425,7 +470,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 			int nt = n_tok - t >= 4 ? 4 : 1;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 ? 4 : 1;
-				if (fp8 && !copy) {     /* the rows of a tile share a scale row */
+				if (fp8 && (!copy || (fuse && t == 0))) {   /* the rows of a tile share a scale row */
 					if (r < sr_lo || r >= sr_hi) {
 						int64_t sr = r / w->block_rows;
 						sr_lo = sr * w->block_rows;
@@ -442,7 +487,19 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 				const uint16_t *w16 = copy ? wbuf + (size_t)(r - rb) * (size_t)n
 				                      : fp8 ? NULL : (const uint16_t *)w->data + (size_t)r * (size_t)n;
 				size_t tpf = spread ? 0 : pf;
-				if (w16 && nt == 4 && nr == 4 && n % 64 == 0)
+				if (fuse && t == 0) {
+					const uint8_t *wc = (const uint8_t *)w->data + (size_t)r * (size_t)n;
+					uint16_t *kw = wbuf + (size_t)(r - rb) * (size_t)n;
+#if DOT_VBMI
+					if (nr == 4)
+						DOT_NAME(tile44_keep)(yt, ys, xt, xbs, wc, n, &ts, ia, ib, kw);
+					else
+#endif
+					{
+						DOT_NAME(row_words)(kw, wc, n, &ts, ia, ib);
+						DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, kw, n, n, 0);
+					}
+				} else if (w16 && nt == 4 && nr == 4 && n % 64 == 0)
 					DOT_NAME(tile44)(yt, ys, xt, xbs, w16, n, tpf);
 				else if (w16)
 					DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, w16, n, n, tpf);

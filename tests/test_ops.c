@@ -281,8 +281,11 @@ static void test_matmul(enum llm_cpu_isa best)
 		{ LLM_DTYPE_F32, 0, 0 }, { LLM_DTYPE_F16, 0, 0 }, { LLM_DTYPE_BF16, 0, 0 },
 		{ LLM_DTYPE_E4M3, 128, 128 }, { LLM_DTYPE_E4M3, 1, 128 }, { LLM_DTYPE_E4M3, 1, 0 },
 		{ LLM_DTYPE_E4M3, 16, 32 }, { LLM_DTYPE_E4M3, 0, 0 }, { LLM_DTYPE_E4M3, 4, 40 },
+		{ LLM_DTYPE_E4M3, 4, 64 },
 	};
-	static const int64_t shape[][2] = { { 37, 172 }, { 64, 64 }, { 130, 300 }, { 5, 7 } };
+	/* 70 x 384: 4-row tiles and a 2-row tail over columns in whole 64-code
+	 * steps, where a batch's first token tile converts as it multiplies */
+	static const int64_t shape[][2] = { { 37, 172 }, { 64, 64 }, { 130, 300 }, { 5, 7 }, { 70, 384 } };
 	for (enum llm_cpu_isa isa = LLM_ISA_AVX2; isa <= LLM_ISA_AVX512BF16; isa++) {
 		if (isa > best) {
 			check_skip("this CPU lacks it", "matmul on %s", llm_cpu_isa_name(isa));

@@ -645,12 +645,23 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	eo.backend = o->backend;
 	eo.n_threads = o->n_threads;
 	eo.weight_pages = (enum llm_weight_pages)o->weight_pages;
+	if (o->kv_dtype)
+		eo.kv_dtype = (enum llm_dtype)o->kv_dtype;
+	int d = o->n_depth > 0 ? o->n_depth : 0;
 	eo.max_seqs = b;
 	eo.max_batch_tokens = o->n_prompt > b ? o->n_prompt : b;
+	if (d > eo.max_batch_tokens)
+		eo.max_batch_tokens = d;
 	eo.max_logits = b;
-	eo.n_ctx = (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1) + 1;
+	eo.n_ctx = d + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1) + 1;
 	struct llm_engine *e;
 	LLM_TRY(llm_engine_open(&e, ckpt, &eo));
+	if (llm_engine_n_ctx(e) < eo.n_ctx - 1) {
+		int have = llm_engine_n_ctx(e);
+		llm_engine_close(e);
+		return llm_fail(LLM_ERR_USAGE, "%s: -d %d and the tests need %d positions, the model's context is %d",
+		                ckpt, d, eo.n_ctx - 1, have);
+	}
 	struct llm_kv *kv = llm_engine_kv(e);
 	int nv = llm_engine_model(e)->cfg.n_vocab;
 	int nmax = eo.max_batch_tokens;
@@ -671,10 +682,13 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 			continue;
 		struct llm_bench_model_result *res = &r[(*n_r)++];
 		memset(res, 0, sizeof *res);
+		char at[24] = "";
+		if (d)
+			snprintf(at, sizeof at, " @ d%d", d);
 		if (test == 0)
-			snprintf(res->test, sizeof res->test, "pp%d", n);
+			snprintf(res->test, sizeof res->test, "pp%d%s", n, at);
 		else
-			snprintf(res->test, sizeof res->test, "tg%d x%d", n, b);
+			snprintf(res->test, sizeof res->test, "tg%d x%d%s", n, b, at);
 		for (int k = 0; k < reps + 1 && !st; k++) {     /* one warm-up run */
 			int ns = test == 0 ? 1 : b;
 			for (int i = 0; i < ns && !st; i++)
@@ -683,11 +697,25 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 				break;
 			const float *lg;
 			int n_out;
+			/* the context the test starts after: one untimed prefill per sequence */
+			for (int i = 0; i < ns && d && !st; i++) {
+				for (int j = 0; j < d; j++) {
+					tok[j] = RND();
+					pos[j] = j;
+					seq[j] = seqs[i];
+					want[j] = 0;
+				}
+				want[d - 1] = 1;
+				struct llm_batch bt = { d, tok, pos, seq, want };
+				st = llm_engine_forward(e, &bt, &lg, &n_out);
+			}
+			if (st)
+				break;
 			double t0 = llm_now();
 			if (test == 0) {
 				for (int i = 0; i < n; i++) {
 					tok[i] = RND();
-					pos[i] = i;
+					pos[i] = d + i;
 					seq[i] = seqs[0];
 				}
 				struct llm_batch bt = { n, tok, pos, seq, NULL };
@@ -698,7 +726,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 				for (int s = 0; s < n && !st; s++) {
 					for (int i = 0; i < b; i++) {
 						tok[i] = RND();
-						pos[i] = s;
+						pos[i] = d + s;
 						seq[i] = seqs[i];
 						want[i] = 1;
 					}

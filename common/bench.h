@@ -75,13 +75,15 @@ struct llm_bench_model_opts {
 	const char *backend;
 	int n_threads;
 	int n_prompt, n_gen;       /* -p, -n (0: skip that test) */
+	int n_depth;               /* -d: context each test starts after (untimed prefill) */
+	int kv_dtype;              /* enum llm_dtype of the KV cache; 0: the engine's default */
 	int batch;                 /* sequences decoding together in the generation test */
 	int reps;
 	int weight_pages;           /* enum llm_weight_pages */
 };
 
 struct llm_bench_model_result {
-	char test[32];             /* "pp512", "tg128 x4" */
+	char test[40];             /* "pp512", "tg128 x4", "tg128 x4 @ d1024" */
 	double mean, sd;           /* tokens/s */
 	int wrong;                 /* non-finite logits seen */
 };

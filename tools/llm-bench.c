@@ -15,9 +15,9 @@
 
 static const char *rates = NULL, *concs = NULL, *trace = NULL, *format = "table", *plot = NULL;
 static const char *api_key = NULL, *model = NULL, *backends = "auto", *batches = "1", *title = NULL;
-static const char *weight_pages = "auto";
+static const char *weight_pages = "auto", *kv_dtype = "f32";
 static int64_t input_len = 128, output_len = 64, requests = 64, seed = 1, shared_prefix = 0, id_range = 500;
-static int64_t n_prompt = 512, n_gen = 128, reps = 3, threads = 0;
+static int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3, threads = 0;
 static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min_tok_s = 0;
 
 static const struct llm_opt opts[] = {
@@ -40,10 +40,12 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "title", "TEXT", &title, "serve: title of the plot"),
 	LLM_INT('p', "n-prompt", "N", &n_prompt, "model: prompt tokens of the pp test (0: skip)", 0, 1 << 20),
 	LLM_INT('n', "n-gen", "N", &n_gen, "model: generated tokens of the tg test (0: skip)", 0, 1 << 20),
+	LLM_INT('d', "depth", "N", &n_depth, "model: context each test starts after (an untimed prefill per sequence)", 0, 1 << 20),
 	LLM_STR('b', "batch", "LIST", &batches, "model: sequences decoding together in the tg test, e.g. 1,4,16"),
 	LLM_INT('r', "repetitions", "N", &reps, "model: repetitions (after one warm-up)", 1, 1000),
 	LLM_STR(0, "backend", "LIST", &backends, "model: backends to measure, e.g. cpu,cuda"),
 	LLM_INT('t', "threads", "N", &threads, "model: CPU threads (0: every CPU)", 0, 4096),
+	LLM_STR(0, "kv-dtype", "TYPE", &kv_dtype, "model: KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "weight-pages", "MODE", &weight_pages, "model: where the CPU reads the weights: huge, map or auto (llm-generate(1))"),
 	LLM_STR(0, "format", "FMT", &format, "table, csv or jsonl"),
 	LLM_FLOAT(0, "min-tok-s", "X", &min_tok_s, "gate: exit 3 when the best output tok/s is below X", 0, 1e12),
@@ -254,13 +256,17 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 	int wp = llm_weight_pages_parse(weight_pages);
 	if (wp < 0)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", weight_pages);
+	int kvd = llm_dtype_parse_flag(kv_dtype);
+	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16)
+		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", kv_dtype);
 	char bbuf[256];
 	snprintf(bbuf, sizeof bbuf, "%s", backends);
 	header("model", ckpt);
-	printf("# config: -p %lld -n %lld -b %s -r %lld -t %lld --weight-pages %s; tokens/s as mean and sample deviation over the repetitions\n",
-	       (long long)n_prompt, (long long)n_gen, batches, (long long)reps, (long long)threads, weight_pages);
+	printf("# config: -p %lld -n %lld -d %lld -b %s -r %lld -t %lld --kv-dtype %s --weight-pages %s; tokens/s as mean and sample deviation over the repetitions\n",
+	       (long long)n_prompt, (long long)n_gen, (long long)n_depth, batches, (long long)reps, (long long)threads, kv_dtype,
+	       weight_pages);
 	if (fmt == LLM_BENCH_TABLE)
-		printf("%-10s %-8s %8s %-14s %12s %10s %7s\n%-10s %-8s %8s %-14s %12s %10s %7s\n", "backend", "threads",
+		printf("%-10s %-8s %8s %-18s %12s %10s %7s\n%-10s %-8s %8s %-18s %12s %10s %7s\n", "backend", "threads",
 		       "batch", "test", "tok/s", "sd", "#wrong", "", "", "", "", "(tok/s)", "(tok/s)", "");
 	else if (fmt == LLM_BENCH_CSV)
 		printf("backend,threads,batch,test,tok_s,sd,wrong\n");
@@ -270,7 +276,7 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 		for (int i = 0; i < nb; i++) {
 			struct llm_bench_model_opts o = { .backend = be, .n_threads = (int)threads, .n_prompt = i ? 0 : (int)n_prompt,
 			                                  .n_gen = (int)n_gen, .batch = (int)bl[i], .reps = (int)reps,
-			                                  .weight_pages = wp };
+			                                  .n_depth = (int)n_depth, .kv_dtype = kvd, .weight_pages = wp };
 			struct llm_bench_model_result r[2];
 			int n_r;
 			if (llm_bench_model(ckpt, &o, r, &n_r))
@@ -283,7 +289,7 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 				else if (fmt == LLM_BENCH_CSV)
 					printf("%s,%lld,%d,%s,%.6g,%.6g,%d\n", be, (long long)threads, b, r[k].test, r[k].mean, r[k].sd, r[k].wrong);
 				else
-					printf("%-10s %-8lld %8d %-14s %12.2f %10.2f %7d\n", be, (long long)threads, b, r[k].test, r[k].mean,
+					printf("%-10s %-8lld %8d %-18s %12.2f %10.2f %7d\n", be, (long long)threads, b, r[k].test, r[k].mean,
 					       r[k].sd, r[k].wrong);
 				fflush(stdout);
 				wrong += r[k].wrong;

@@ -56,4 +56,14 @@ assert rows[0] == ['backend', 'threads', 'batch', 'test', 'tok_s', 'sd', 'wrong'
 tests = [(r[2], r[3]) for r in rows[1:]]
 assert tests == [('1', 'pp32'), ('1', 'tg8 x1'), ('2', 'tg8 x2')], tests
 assert all(float(r[4]) > 0 and r[6] == '0' for r in rows[1:])"
+$B model "$(stories)" -p 16 -n 4 -d 200 -b 3 -r 1 -t 1 --kv-dtype bf16 --format jsonl >"$T/depth.jsonl"
+check "model -d 200 --kv-dtype bf16: tests at depth 200, named so, none wrong" python3 -c "
+import json
+rows = [json.loads(l) for l in open('$T/depth.jsonl') if not l.startswith('#')]
+assert [(r['batch'], r['test']) for r in rows] == [(1, 'pp16 @ d200'), (3, 'tg4 x3 @ d200')], rows
+assert all(r['tok_s'] > 0 and r['wrong'] == 0 for r in rows)"
+grep -q -- '-d 200 .*--kv-dtype bf16' "$T/depth.jsonl" && ok "model: the config line gives -d and --kv-dtype" || notok "model: the config line gives -d and --kv-dtype"
+check_fails "model --kv-dtype f16 is a usage error" 2 $B model "$(stories)" --kv-dtype f16
+check_fails "model -d past the model's context is refused" 1 $B model "$(stories)" -p 16 -n 4 -d 1000 -r 1
+grep -q "the model's context is" "$T/err" && ok "the error gives the positions needed and the context" || notok "the error gives the positions needed and the context"
 tap_done

@@ -190,10 +190,13 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		goto fail;
 	/* The CPU reads weights where they lie: 2 MiB pages make batched steps
 	 * about a tenth faster (SmolLM2-135M FP8, 16 sequences) for a copy at
-	 * start (about 30 ms per 160 MB). */
+	 * start (about 30 ms per 160 MB, more where the kernel must compact
+	 * memory for huge pages). Auto copies only what fits twice in the
+	 * memory available, so the copy never pushes the machine into swap. */
 	int wp = e->o.weight_pages;
 	if (wp == LLM_WEIGHTS_AUTO)
-		wp = !strcmp(e->be->ops->name, "cpu") && llm_thp_available() ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
+		wp = !strcmp(e->be->ops->name, "cpu") && llm_thp_available()
+		     && e->model.weight_bytes <= llm_mem_available() / 2 ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
 	if (wp == LLM_WEIGHTS_HUGE && (s = llm_model_copy_weights(&e->model)))
 		goto fail;
 	struct llm_kv_opts ko = kv_opts(&e->model, &e->o, e->n_ctx);

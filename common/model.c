@@ -455,6 +455,20 @@ int llm_thp_available(void)
 	return ok;
 }
 
+size_t llm_mem_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (!f)
+		return 0;
+	char line[256];
+	unsigned long long kb = 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (size_t)kb * 1024;
+}
+
 void llm_model_close(struct llm_model *m)
 {
 	if (m->dist) {

@@ -116,6 +116,8 @@ enum llm_status llm_model_copy_weights(struct llm_model *m);
 /* Whether the kernel hands out transparent huge pages on request
  * (/sys/kernel/mm/transparent_hugepage/enabled is always or madvise). */
 int llm_thp_available(void);
+/* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
+size_t llm_mem_available(void);
 /* Whether PATH is a partitioned checkpoint (a directory with partition.json). */
 int llm_model_is_partitioned(const char *path);
 

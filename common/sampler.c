@@ -64,6 +64,12 @@ enum llm_status llm_sample_params_check(const struct llm_sample_params *p)
 	return LLM_OK;
 }
 
+/* Whether P changes logits by the tokens seen so far. */
+static int penalized(const struct llm_sample_params *p)
+{
+	return p->repetition_penalty != 1.0f || p->frequency_penalty != 0 || p->presence_penalty != 0;
+}
+
 enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_params *p, int n_vocab)
 {
 	memset(s, 0, sizeof *s);
@@ -71,13 +77,21 @@ enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_
 	s->p = *p;
 	s->n_vocab = n_vocab;
 	llm_rng_seed(s->rng, p->seed);
-	s->count = calloc((size_t)n_vocab, sizeof *s->count);
-	s->seen = calloc((size_t)n_vocab, 1);
-	s->work = malloc((size_t)n_vocab * sizeof *s->work);
-	s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
-	s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
-	s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
-	if (!s->count || !s->seen || !s->work || !s->idx || !s->tmp || !s->prob) {
+	/* only what the parameters use: a vocabulary-sized array is 200 KB at
+	 * 49152 tokens, and fresh pages cost a request its faults (greedy
+	 * without penalties, the common case in serving, needs none) */
+	int pen = penalized(p), smp = p->temperature != 0;
+	if (pen) {
+		s->count = calloc((size_t)n_vocab, sizeof *s->count);
+		s->seen = calloc((size_t)n_vocab, 1);
+		s->work = malloc((size_t)n_vocab * sizeof *s->work);
+	}
+	if (smp) {
+		s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
+		s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
+		s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
+	}
+	if ((pen && (!s->count || !s->seen || !s->work)) || (smp && (!s->idx || !s->tmp || !s->prob))) {
 		llm_sampler_free(s);
 		return llm_fail(LLM_ERR_NOMEM, "sampler: out of memory");
 	}
@@ -97,14 +111,14 @@ void llm_sampler_free(struct llm_sampler *s)
 
 void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n)
 {
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n && s->seen; i++)
 		if (ids[i] >= 0 && ids[i] < s->n_vocab)
 			s->seen[ids[i]] = 1;
 }
 
 void llm_sampler_accept(struct llm_sampler *s, int32_t id)
 {
-	if (id >= 0 && id < s->n_vocab) {
+	if (s->seen && id >= 0 && id < s->n_vocab) {
 		s->seen[id] = 1;
 		s->count[id]++;
 	}
@@ -277,7 +291,7 @@ void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_s
 	const struct llm_sample_params *p = &s->p;
 	int n = s->n_vocab;
 	const float *w = logits;       /* the penalized copy where there are penalties */
-	if (p->repetition_penalty != 1.0f || p->frequency_penalty != 0 || p->presence_penalty != 0) {
+	if (penalized(p)) {
 		float *pw = s->work;
 		memcpy(pw, logits, (size_t)n * sizeof *pw);
 		w = pw;

@@ -120,6 +120,20 @@ static void test_rules(void)
 	llm_sampler_accept(&s, 0);
 	check(before == 0 && draw(&s, r) == 1, "presence penalty: output tokens only, once");
 	llm_sampler_free(&s);
+	/* vocabulary-sized arrays only for what the parameters use */
+	p = params(0, 0);
+	llm_sampler_init(&s, &p, 3);
+	llm_sampler_prompt(&s, pp, 1);
+	llm_sampler_accept(&s, 0);
+	int bare = !s.count && !s.seen && !s.work && !s.idx && !s.tmp && !s.prob && draw(&s, r) == 0;
+	llm_sampler_free(&s);
+	p = params(0.7f, 3);
+	p.presence_penalty = 0.2f;
+	llm_sampler_init(&s, &p, 3);
+	int full = s.count && s.seen && s.work && s.idx && s.tmp && s.prob;
+	llm_sampler_free(&s);
+	check(bare && full, "greedy without penalties allocates no vocabulary arrays (and still takes the "
+	      "prompt and tokens); sampling with a penalty has them all");
 
 	/* log-probs of the raw distribution */
 	struct llm_sample_out o;

@@ -402,8 +402,10 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 	if (!ws)
 		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", m->ck.path);
 	int n = model_weights(m, ws);
+	const void *emb = m->embed.data;
+	int tied = emb && m->lm_head.data == emb;      /* lm_head is the embedding: one copy */
 	size_t total = 0;
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n - tied; i++)
 		if (ws[i]->data)
 			total += ALIGN64(weight_nbytes(ws[i])) + ALIGN64(scale_nbytes(ws[i]));
 	size_t len = (total + 2 * HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
@@ -414,16 +416,10 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 	}
 	uint8_t *base = (uint8_t *)(((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1)), *at = base;
 	madvise(base, total, MADV_HUGEPAGE);   /* advice: without THP the copy is plain pages */
-	const void *emb = m->embed.data;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n - tied; i++) {
 		struct llm_weight *w = ws[i];
 		if (!w->data)
 			continue;
-		if (w == &m->lm_head && emb && w->data == emb) {   /* tied: the embedding's copy */
-			w->data = m->embed.data;
-			w->scale = m->embed.scale;
-			continue;
-		}
 		const struct llm_tensor *t = llm_ckpt_find(&m->ck, w->name);
 		size_t nb = weight_nbytes(w), ns = scale_nbytes(w);
 		memcpy(at, w->data, nb);
@@ -436,6 +432,10 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 		}
 		if (t)
 			llm_ckpt_release(&m->ck, t);   /* the file's pages: no longer ours to keep */
+	}
+	if (tied) {
+		m->lm_head.data = m->embed.data;
+		m->lm_head.scale = m->embed.scale;
 	}
 	mprotect(base, total ? total : 1, PROT_READ);
 	free(ws);

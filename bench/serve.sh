@@ -4,7 +4,7 @@
 #   1. output throughput at 16 concurrent clients against 1;
 #   2. p99 inter-token latency of running requests while 2048-token prompts
 #      keep arriving, with chunked prefill (SplitFuse budget 32) and without
-#      (budget 4096: a whole prompt in one step);
+#      (budget 8192: a whole prompt in one step, context weighting included);
 #   3. time to first token on a shared 1024-token system prompt, with and
 #      without prefix caching;
 #   4. arrival-rate curves (--plot), written to bench/results/.
@@ -52,7 +52,7 @@ stop
 # 2. chunked prefill: 4 decoding clients, and 2048-token prompts arriving one
 #    after another (closed loop, so a prefill is always under way)
 for mode in chunked unchunked; do
-	budget=32; [ $mode = unchunked ] && budget=4096
+	budget=32; [ $mode = unchunked ] && budget=8192
 	serve $mode --max-running 8 --max-batch-tokens $budget --prefix-cache 0
 	"$B/llm-bench" serve "$URL" --concurrency 1 --requests 3 --input-len 2048 --output-len 16 --seed 9 \
 		>"$out/serve-$mode-prompts.txt" &
@@ -83,7 +83,7 @@ rm -f "$out/serve-rates.svg.gp"
 col() { grep -v '^#' "$1" | sed -n "$((2 + $2))p" | awk -v c="$3" '{print $c}'; }   # FILE ROW COLUMN
 {
 note "1. output tok/s: 1 client $(col "$out/serve-concurrency.txt" 1 8), 16 clients $(col "$out/serve-concurrency.txt" 2 8)"
-note "2. decoders' ITL (ms) while 2048-token prompts arrive: chunked (budget 32) p50 $(col "$out/serve-chunked-decoders.txt" 1 13) p99 $(col "$out/serve-chunked-decoders.txt" 1 15); unchunked (budget 4096) p50 $(col "$out/serve-unchunked-decoders.txt" 1 13) p99 $(col "$out/serve-unchunked-decoders.txt" 1 15)"
+note "2. decoders' ITL (ms) while 2048-token prompts arrive: chunked (budget 32) p50 $(col "$out/serve-chunked-decoders.txt" 1 13) p99 $(col "$out/serve-chunked-decoders.txt" 1 15); unchunked (budget 8192) p50 $(col "$out/serve-unchunked-decoders.txt" 1 13) p99 $(col "$out/serve-unchunked-decoders.txt" 1 15)"
 note "3. TTFT p50 (ms), 1024 shared + 32 own tokens: prefix cache $(col "$out/serve-prefix-cache-8.txt" 1 10), none $(col "$out/serve-prefix-cache-0.txt" 1 10)"
 note "4. arrival-rate curves: serve-rates.txt, serve-rates.svg"
 } >>"$out/serve-summary.txt"

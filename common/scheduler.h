@@ -8,7 +8,11 @@
  * spent (a short prompt does not wait behind a long one). A long prompt is thus
  * cut into chunks that share steps with decodes, so steps stay uniform and
  * the running requests' inter-token latency stays bounded (a budget larger
- * than any prompt turns chunking off).
+ * than any prompt turns chunking off). A prompt token counts 1 + c / K
+ * tokens of the budget at context c, K being the context at which its
+ * attention costs what its weight matmuls do (derived from the config),
+ * so chunks deep into a long prompt are smaller and cost what early ones
+ * do.
  *
  * KV blocks are taken on demand, one step at a time. When a decode token
  * finds the pool empty, prefix-cache entries are evicted first (least

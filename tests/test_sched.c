@@ -245,13 +245,35 @@ int main(void)
 		      long_waiting ? "yes" : "no");
 		drain(s, 1000, 32, &over);
 		llm_sched_close(s);
-		/* the long prompt alone, for its output */
+		/* the long prompt alone, for its output; its chunks, weighted by
+		 * context (1 + c / K, K from the config as scheduler.c derives it),
+		 * each cost at most the budget, and shrink as the context grows */
+		int chunk[64], n_chunk = 0, sum = 0, costly = 0;
 		if (llm_sched_open(&s, e, &fo) == LLM_OK) {
 			struct llm_request lr2 = { longp, nl, greedy(8), on_token, &alone };
 			llm_sched_add(s, &lr2, NULL);
+			while (alone.events == 0 && n_chunk < 64 && !llm_sched_step(s, NULL)) {
+				llm_sched_stats(s, &st);
+				chunk[n_chunk++] = st.last_step_tokens;
+			}
 			drain(s, 1000, 32, &over);
 			llm_sched_close(s);
 		}
+		const struct llm_config *cf = &llm_engine_model(e)->cfg;
+		double dq = (double)cf->n_head * cf->d_head, dkv = (double)cf->n_kv_head * cf->d_head;
+		double K = ((double)cf->d_model * (dq + 2 * dkv) + dq * cf->d_model + 3.0 * cf->d_model * cf->d_ff)
+		           / (4.0 * 2.0 * dq);
+		int grows = 0;
+		for (int i = 0; i < n_chunk; i++) {
+			double c = sum, t = chunk[i];
+			costly += chunk[i] > 1 && t + (t * c + t * (t - 1) / 2) / K > 32.0 + 1e-9;
+			grows += i > 0 && i < n_chunk - 1 && chunk[i] > chunk[i - 1];
+			sum += chunk[i];
+		}
+		check(n_chunk >= 3 && sum == nl && chunk[n_chunk - 2] < chunk[0] && !grows && !costly,
+		      "a %d-token prompt at budget 32 (K = %.1f positions): chunks %d, %d, ... %d, %d, each "
+		      "within the budget weighted by context", nl, K, chunk[0], n_chunk > 1 ? chunk[1] : 0,
+		      n_chunk > 1 ? chunk[n_chunk - 2] : 0, chunk[n_chunk - 1]);
 		check(lo.n == 8 && alone.n == 8 && !memcmp(lo.ids, alone.ids, sizeof(int32_t) * 8),
 		      "the long prompt's output is the same with the short one going first");
 	}

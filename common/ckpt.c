@@ -376,6 +376,16 @@ static void config_block(const struct llm_ckpt *ck, int64_t *bn, int64_t *bk)
 	json_decref(root);
 }
 
+size_t llm_weight_data_bytes(const struct llm_weight *w)
+{
+	return (size_t)(w->rows * w->cols) * llm_dtype_size(w->dtype);
+}
+
+size_t llm_weight_scale_bytes(const struct llm_weight *w)
+{
+	return w->dtype == LLM_DTYPE_E4M3 ? (size_t)(w->scale_rows * w->scale_cols) * sizeof(float) : 0;
+}
+
 enum llm_status llm_ckpt_weight(struct llm_ckpt *ck, const char *name, struct llm_weight *w)
 {
 	memset(w, 0, sizeof *w);

@@ -84,6 +84,9 @@ struct llm_weight {
 /* Resolve NAME (e.g. "model.layers.0.mlp.up_proj.weight") and its scale
  * tensor, whichever layout the checkpoint uses. */
 enum llm_status llm_ckpt_weight(struct llm_ckpt *ck, const char *name, struct llm_weight *w);
+/* Bytes of W's elements, and of its scales (E4M3; else 0). */
+size_t llm_weight_data_bytes(const struct llm_weight *w);
+size_t llm_weight_scale_bytes(const struct llm_weight *w);
 
 /* ---- writing ---------------------------------------------------------- */
 

@@ -254,30 +254,21 @@ static void plot(const double *loss, int64_t n)
 
 /* ---- the frozen base: sharded and off-loaded layers (train.h) ---------------- */
 
-#define N_LW 9                  /* weights of a decoder layer */
+#define N_LW LLM_LAYER_WEIGHTS
 #define SEG_ALIGN 64
-
-static const struct llm_weight *layer_weight(const struct llm_layer *L, int i)
-{
-	const struct llm_weight *w[N_LW] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-	                                     &L->w_gate, &L->w_up, &L->w_down };
-	return w[i];
-}
 
 /* Segment k of a layer: even k the data of weight k / 2, odd k its scales
  * (E4M3 only; else empty). */
 static const void *seg_ptr(const struct llm_layer *L, int k)
 {
-	const struct llm_weight *w = layer_weight(L, k / 2);
+	const struct llm_weight *w = llm_layer_weight(L, k / 2);
 	return k % 2 ? (const void *)w->scale : w->data;
 }
 
 static size_t seg_len(const struct llm_layer *L, int k)
 {
-	const struct llm_weight *w = layer_weight(L, k / 2);
-	if (k % 2)
-		return w->dtype == LLM_DTYPE_E4M3 ? (size_t)(w->scale_rows * w->scale_cols) * sizeof(float) : 0;
-	return (size_t)(w->rows * w->cols) * llm_dtype_size(w->dtype);
+	const struct llm_weight *w = llm_layer_weight(L, k / 2);
+	return k % 2 ? llm_weight_scale_bytes(w) : llm_weight_data_bytes(w);
 }
 
 /* The blob of layer L: OFF[k] of each segment, each SEG_ALIGN-aligned;
@@ -468,8 +459,8 @@ static const struct llm_layer *frozen_fetch(void *ctx, int l)
 		return L;
 	}
 	for (int i = 0; i < N_LW; i++) {
-		struct llm_weight *v = (struct llm_weight *)layer_weight(&f->view, i);
-		*v = *layer_weight(L, i);
+		struct llm_weight *v = (struct llm_weight *)llm_layer_weight(&f->view, i);
+		*v = *llm_layer_weight(L, i);
 		v->data = f->buf + off[2 * i];
 		if (v->dtype == LLM_DTYPE_E4M3)
 			v->scale = (const float *)(void *)(f->buf + off[2 * i + 1]);

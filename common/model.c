@@ -202,9 +202,7 @@ static enum llm_status weight(struct llm_model *m, struct llm_weight *w, int64_t
 		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape %lldx%lld, config.json implies %lldx%lld",
 		                m->ck.path, name, (long long)w->rows, (long long)w->cols,
 		                (long long)rows, (long long)cols);
-	m->weight_bytes += (size_t)(rows * cols) * llm_dtype_size(w->dtype);
-	if (w->dtype == LLM_DTYPE_E4M3)
-		m->weight_bytes += (size_t)(w->scale_rows * w->scale_cols) * sizeof(float);
+	m->weight_bytes += llm_weight_data_bytes(w) + llm_weight_scale_bytes(w);
 	return LLM_OK;
 }
 
@@ -364,14 +362,11 @@ fail:
  * anonymous memory advised for transparent huge pages, the same bytes sit
  * in 2 MiB pages. */
 
-static size_t weight_nbytes(const struct llm_weight *w)
+const struct llm_weight *llm_layer_weight(const struct llm_layer *L, int i)
 {
-	return (size_t)(w->rows * w->cols) * llm_dtype_size(w->dtype);
-}
-
-static size_t scale_nbytes(const struct llm_weight *w)
-{
-	return w->scale ? (size_t)(w->scale_rows * w->scale_cols) * sizeof(float) : 0;
+	const struct llm_weight *w[LLM_LAYER_WEIGHTS] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+	                                                  &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down };
+	return w[i];
 }
 
 /* The weights of this process (unset ones have no data), lm_head last. */
@@ -380,13 +375,9 @@ static int model_weights(struct llm_model *m, struct llm_weight **ws)
 	int n = 0;
 	ws[n++] = &m->embed;
 	ws[n++] = &m->norm;
-	for (int l = m->layer_begin; l < m->layer_end; l++) {
-		struct llm_layer *L = &m->layers[l];
-		struct llm_weight *lw[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-		                            &L->w_gate, &L->w_up, &L->w_down };
-		for (size_t i = 0; i < sizeof lw / sizeof *lw; i++)
-			ws[n++] = lw[i];
-	}
+	for (int l = m->layer_begin; l < m->layer_end; l++)
+		for (int i = 0; i < LLM_LAYER_WEIGHTS; i++)
+			ws[n++] = (struct llm_weight *)llm_layer_weight(&m->layers[l], i);
 	ws[n++] = &m->lm_head;
 	return n;
 }
@@ -398,7 +389,7 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 {
 	if (m->wmap)
 		return LLM_OK;
-	struct llm_weight **ws = malloc(((size_t)(m->layer_end - m->layer_begin) * 9 + 3) * sizeof *ws);
+	struct llm_weight **ws = malloc(((size_t)(m->layer_end - m->layer_begin) * LLM_LAYER_WEIGHTS + 3) * sizeof *ws);
 	if (!ws)
 		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", m->ck.path);
 	int n = model_weights(m, ws);
@@ -407,7 +398,7 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 	size_t total = 0;
 	for (int i = 0; i < n - tied; i++)
 		if (ws[i]->data)
-			total += ALIGN64(weight_nbytes(ws[i])) + ALIGN64(scale_nbytes(ws[i]));
+			total += ALIGN64(llm_weight_data_bytes(ws[i])) + ALIGN64(llm_weight_scale_bytes(ws[i]));
 	size_t len = (total + 2 * HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
 	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (map == MAP_FAILED) {
@@ -421,7 +412,7 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 		if (!w->data)
 			continue;
 		const struct llm_tensor *t = llm_ckpt_find(&m->ck, w->name);
-		size_t nb = weight_nbytes(w), ns = scale_nbytes(w);
+		size_t nb = llm_weight_data_bytes(w), ns = llm_weight_scale_bytes(w);
 		memcpy(at, w->data, nb);
 		w->data = at;
 		at += ALIGN64(nb);

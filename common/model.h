@@ -40,6 +40,9 @@ enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t 
 struct llm_layer {
 	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
 };
+/* Weight I (0 .. LLM_LAYER_WEIGHTS - 1) of a layer, in the order above. */
+#define LLM_LAYER_WEIGHTS 9
+const struct llm_weight *llm_layer_weight(const struct llm_layer *L, int i);
 
 /* What crossed the links of a distributed forward pass, on one rank
  * (bytes; "per token" is over stats.tokens). The counterfactuals are what

@@ -612,9 +612,30 @@ struct attn_job {
 	struct cpu_be *c;
 };
 
+/* Ask for one block's rows of a KV group (ROWS rows STRIDE bytes apart, BYTES
+ * each from P) to come into L2. The cache is far larger than L3 and its
+ * blocks lie anywhere, so the hardware prefetcher sees only short runs: a
+ * batched decode step waits on DRAM latency unless the next block is asked
+ * for while this one is used. */
+static void kv_prefetch(const char *p, size_t stride, int rows, size_t bytes)
+{
+	for (int r = 0; r < rows; r++, p += stride)
+		for (size_t o = 0; o < bytes; o += 64)
+			__builtin_prefetch(p + o, 0, 2);
+}
+
+/* Where LAYER's block B of ARR (kv->k or kv->v) has its element HOFF. */
+static const char *kv_slice(const struct llm_kv *kv, const void *arr, int layer, int32_t b, size_t hoff)
+{
+	return (const char *)arr + (((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->block_size
+	                             * (size_t)kv->kv_dim + hoff) * kv->elt;
+}
+
 /* One item: a token and GS heads of one KV group, which read each cached
  * key and value row once. Per head the numerics are those of one head
- * alone: scores, softmax (llm_cpu_softmax), weighted sum. */
+ * alone: scores, softmax (llm_cpu_softmax), weighted sum. While the scores
+ * of block i run, the keys of block i+1 and the values of block i are
+ * prefetched, so the weighted sum finds its values in cache. */
 static void attn_task(void *ctx, int ith, int nth)
 {
 	struct attn_job *j = ctx;
@@ -635,11 +656,17 @@ static void attn_task(void *ctx, int ith, int nth)
 		size_t hoff = (size_t)(h0 / group) * (size_t)d;
 		const int32_t *blk = kv->seq[seq].blk;
 		int bs = kv->block_size;
+		size_t lstride = (size_t)kv->kv_dim * kv->elt, lbytes = (size_t)d * kv->elt;
+		kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[0], hoff), lstride, pos + 1 < bs ? pos + 1 : bs, lbytes);
 		/* positions a block at a time: one table lookup per block */
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
 			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
 			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
+			if (pe < pos)
+				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], hoff), lstride,
+				            pos - pe < bs ? pos - pe : bs, lbytes);
+			kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi], hoff), lstride, pe - p0 + 1, lbytes);
 			const void *kb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->k + base)
 			                                            : (const void *)((const uint16_t *)kv->k + base);
 			if (llm_cpu_attn_scores(j->c->isa, att + p0, as, q, gs, kb, kv->dtype, kv->kv_dim,

@@ -201,34 +201,6 @@ static void job_unref_locked(struct job *j)
 	free(j);
 }
 
-/* ---- detokenizer adapter (llm_detok over llm_detok_stream) -------------- */
-
-static void *dt_open(void *ctx)
-{
-	struct llm_detok_stream *d = calloc(1, sizeof *d);
-	if (d)
-		llm_detok_stream_init(d, ctx, true);
-	return d;
-}
-/* An id the tokenizer does not know (a model vocabulary larger than its
- * tokenizer's, as random checkpoints have) adds no text. */
-static int dt_push(void *st, int32_t id, const char **t, size_t *n)
-{
-	struct llm_detok_stream *d = st;
-	if (id < 0 || id >= llm_tokenizer_n_vocab(d->tk) || !llm_tokenizer_token(d->tk, id)) {
-		*t = "";
-		*n = 0;
-		return 0;
-	}
-	return llm_detok_stream_push(st, id, t, n) ? -1 : 0;
-}
-static int dt_flush(void *st, const char **t, size_t *n) { return llm_detok_stream_flush(st, t, n) ? -1 : 0; }
-static void dt_close(void *st)
-{
-	llm_detok_stream_free(st);
-	free(st);
-}
-
 /* ---- the engine thread ------------------------------------------------- */
 
 static void on_admit(void *user)
@@ -371,7 +343,7 @@ static enum llm_status engine_load(struct llm_server *s)
 {
 	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
 	struct llm_sched_opts so = s->o.sched;
-	so.detok = (struct llm_detok){ dt_open, dt_push, dt_flush, dt_close, s->tk };
+	llm_tokenizer_detok(&so.detok, s->tk);
 	so.on_admit = on_admit;
 	if (so.n_eos == 0) {
 		const int32_t *ids;

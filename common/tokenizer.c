@@ -9,6 +9,7 @@
  * they name no longer exists. */
 #define _GNU_SOURCE
 #include "tokenizer.h"
+#include "generate.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -2226,3 +2227,38 @@ bool llm_tokenizer_adds_bos(const struct llm_tokenizer *tk)
 
 const char *llm_tokenizer_chat_template(const struct llm_tokenizer *tk) { return tk->chat_template; }
 const char *llm_tokenizer_config_json(const struct llm_tokenizer *tk) { return tk->config_json; }
+
+static void *detok_open(void *ctx)
+{
+	struct llm_detok_stream *d = calloc(1, sizeof *d);
+	if (d)
+		llm_detok_stream_init(d, ctx, true);
+	return d;
+}
+
+static int detok_push(void *st, int32_t id, const char **text, size_t *len)
+{
+	struct llm_detok_stream *d = st;
+	if (id < 0 || id >= d->tk->n_vocab || !d->tk->tok[id].s) {
+		*text = "";
+		*len = 0;
+		return 0;
+	}
+	return llm_detok_stream_push(d, id, text, len) ? -1 : 0;
+}
+
+static int detok_flush(void *st, const char **text, size_t *len)
+{
+	return llm_detok_stream_flush(st, text, len) ? -1 : 0;
+}
+
+static void detok_close(void *st)
+{
+	llm_detok_stream_free(st);
+	free(st);
+}
+
+void llm_tokenizer_detok(struct llm_detok *d, const struct llm_tokenizer *tk)
+{
+	*d = (struct llm_detok){ detok_open, detok_push, detok_flush, detok_close, (void *)tk };
+}

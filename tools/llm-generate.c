@@ -304,28 +304,6 @@ static enum llm_status run_apply_template(struct llm_tokenizer *tk)
 
 /* ---- generation --------------------------------------------------------- */
 
-/* The engine's detokenizer interface over the tokenizer's streaming decoder. */
-static void *detok_open(void *ctx)
-{
-	struct llm_detok_stream *d = calloc(1, sizeof *d);
-	if (d)
-		llm_detok_stream_init(d, ctx, true);
-	return d;
-}
-static int detok_push(void *st, int32_t id, const char **text, size_t *len)
-{
-	return llm_detok_stream_push(st, id, text, len) ? -1 : 0;
-}
-static int detok_flush(void *st, const char **text, size_t *len)
-{
-	return llm_detok_stream_flush(st, text, len) ? -1 : 0;
-}
-static void detok_close(void *st)
-{
-	llm_detok_stream_free(st);
-	free(st);
-}
-
 static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *tk, int max_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
@@ -344,7 +322,7 @@ static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *
 	o.max_seqs = max_seqs;
 	o.max_batch_tokens = (int)cfg.batch_tokens;
 	if (tk) {
-		o.detok = (struct llm_detok){ detok_open, detok_push, detok_flush, detok_close, tk };
+		llm_tokenizer_detok(&o.detok, tk);
 		const int32_t *eos;
 		size_t n = llm_tokenizer_eos_ids(tk, &eos);
 		for (size_t i = 0; i < n && i < 16; i++)

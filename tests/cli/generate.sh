@@ -95,6 +95,26 @@ else
 	skip "--perplexity against the reference" "perplexity.json has no inline text"
 fi
 
+# a model vocabulary padded past its tokenizer's (random 1024-id model, the
+# 512-piece stories tokenizer): ids the tokenizer lacks are reported and add
+# no text, as Hugging Face's decode drops them; they do not end the request
+python3 -c "
+import json; c = json.load(open('configs/tiny-check.json')); c.update(vocab_size=1024)
+json.dump(c, open('$T/padded.json', 'w'))"
+llm-quantize -q --random "$T/padded.json" --seed 3 --tokenizer "$M" "$T/padded" 2>/dev/null
+$G -m "$T/padded" --json -n 48 --temp 0 -p "Once upon a time" >"$T/padded.jsonl" 2>"$T/padded.err"
+check "padded vocabulary: ids past the tokenizer's add no text (exit 0, all 48 tokens)" python3 - "$T/padded.jsonl" "$G" "$T/padded" <<'PY'
+import json, subprocess, sys
+o = json.loads(open(sys.argv[1]).read())
+ids = o["ids"]
+assert len(ids) == 48 and o["finish_reason"] == "length", o
+assert any(i >= 512 for i in ids) and any(i < 512 for i in ids), ids
+known = [i for i in ids if i < 512]
+t = subprocess.run([sys.argv[2], "-m", sys.argv[3], "--detokenize"], input=json.dumps(known),
+                   capture_output=True, text=True, check=True).stdout
+assert o["text"] == t.rstrip("\n") or o["text"] == t, (o["text"], t)
+PY
+
 # bad input: one line, exit 1
 long=$(python3 -c "print('Once upon a time ' * 200)")
 check_fails "a prompt longer than the context is refused" 1 $G -m "$M" -p "$long" -c 64

@@ -660,25 +660,20 @@ static void attn_task(void *ctx, int ith, int nth)
 		kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[0], hoff), lstride, pos + 1 < bs ? pos + 1 : bs, lbytes);
 		/* positions a block at a time: one table lookup per block */
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
-			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
-			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			if (pe < pos)
 				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], hoff), lstride,
 				            pos - pe < bs ? pos - pe : bs, lbytes);
 			kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi], hoff), lstride, pe - p0 + 1, lbytes);
-			const void *kb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->k + base)
-			                                            : (const void *)((const uint16_t *)kv->k + base);
+			const char *kb = kv_slice(kv, kv->k, j->layer, blk[bi], hoff);
 			if (llm_cpu_attn_scores(j->c->isa, att + p0, as, q, gs, kb, kv->dtype, kv->kv_dim,
 			                        pe - p0 + 1, d, scale))
 				continue;
 			for (int32_t p = p0; p <= pe; p++) {
-				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
-				const float *kr;
-				if (kv->dtype == LLM_DTYPE_F32) {
-					kr = (const float *)kv->k + off;
-				} else {
-					llm_to_f32(kf, (const uint16_t *)kv->k + off, LLM_DTYPE_BF16, (size_t)d);
+				const void *r = kb + (size_t)(p - p0) * lstride;
+				const float *kr = r;
+				if (kv->dtype != LLM_DTYPE_F32) {
+					llm_to_f32(kf, r, LLM_DTYPE_BF16, (size_t)d);
 					kr = kf;
 				}
 				for (int h = 0; h < gs; h++)
@@ -690,20 +685,15 @@ static void attn_task(void *ctx, int ith, int nth)
 		for (int i = 0; i < gs * d; i++)
 			o[i] = 0.0f;
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
-			size_t base = ((size_t)j->layer * (size_t)kv->n_block + (size_t)blk[bi])
-			              * (size_t)bs * (size_t)kv->kv_dim + hoff;
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
-			const void *vb = kv->dtype == LLM_DTYPE_F32 ? (const void *)((const float *)kv->v + base)
-			                                            : (const void *)((const uint16_t *)kv->v + base);
+			const char *vb = kv_slice(kv, kv->v, j->layer, blk[bi], hoff);
 			if (llm_cpu_attn_wsum(j->c->isa, o, gs, att + p0, as, vb, kv->dtype, kv->kv_dim, pe - p0 + 1, d))
 				continue;
 			for (int32_t p = p0; p <= pe; p++) {
-				size_t off = base + (size_t)(p - p0) * (size_t)kv->kv_dim;
-				const float *vr;
-				if (kv->dtype == LLM_DTYPE_F32) {
-					vr = (const float *)kv->v + off;
-				} else {
-					llm_to_f32(kf, (const uint16_t *)kv->v + off, LLM_DTYPE_BF16, (size_t)d);
+				const void *r = vb + (size_t)(p - p0) * lstride;
+				const float *vr = r;
+				if (kv->dtype != LLM_DTYPE_F32) {
+					llm_to_f32(kf, r, LLM_DTYPE_BF16, (size_t)d);
 					vr = kf;
 				}
 				for (int h = 0; h < gs; h++) {

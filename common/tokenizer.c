@@ -429,6 +429,12 @@ struct llm_tokenizer {
 	char *config_json;
 };
 
+/* ID names a token (model vocabulary or added): decodable. */
+static bool has_token(const struct llm_tokenizer *tk, int32_t id)
+{
+	return id >= 0 && id < tk->n_vocab && tk->tok[id].s;
+}
+
 /* ---------------------------------------------------------------- loading */
 
 struct loader {
@@ -1126,7 +1132,7 @@ enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *o
 		goto out;
 	for (size_t i = 0; i < tk->n_post_pre + tk->n_post_post; i++) {
 		int32_t id = i < tk->n_post_pre ? tk->post_pre[i] : tk->post_post[i - tk->n_post_pre];
-		if (id < 0 || id >= tk->n_vocab || !tk->tok[id].s) {
+		if (!has_token(tk, id)) {
 			st = LFAIL(&L, LLM_ERR_FORMAT, "post_processor: id %d is not a token", id);
 			goto out;
 		}
@@ -1987,7 +1993,7 @@ static enum llm_status decode_buf(const struct llm_tokenizer *tk, const int32_t 
 	pieces_clear(&ps);
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if (id < 0 || id >= tk->n_vocab || !tk->tok[id].s) {
+		if (!has_token(tk, id)) {
 			pieces_free(&ps);
 			return llm_fail(LLM_ERR_RANGE, "token id %d: not in the vocabulary (n_vocab %d)", id, tk->n_vocab);
 		}
@@ -2162,7 +2168,7 @@ enum llm_status llm_detok_stream_push(struct llm_detok_stream *s, int32_t id, co
 {
 	*text = "";
 	*len = 0;
-	if (id < 0 || id >= s->tk->n_vocab || !s->tk->tok[id].s)
+	if (!has_token(s->tk, id))
 		return llm_fail(LLM_ERR_RANGE, "token id %d: not in the vocabulary (n_vocab %d)", id, s->tk->n_vocab);
 	if (s->n == s->cap) {
 		size_t cap = s->cap * 2 + 64;
@@ -2239,7 +2245,7 @@ static void *detok_open(void *ctx)
 static int detok_push(void *st, int32_t id, const char **text, size_t *len)
 {
 	struct llm_detok_stream *d = st;
-	if (id < 0 || id >= d->tk->n_vocab || !d->tk->tok[id].s) {
+	if (!has_token(d->tk, id)) {
 		*text = "";
 		*len = 0;
 		return 0;

@@ -107,6 +107,17 @@ struct llm_backend_ops {
 	                          struct llm_view gate, struct llm_view up);
 	/* x += y */
 	enum llm_status (*add)(struct llm_backend *be, struct llm_view x, struct llm_view y);
+	/* Fused forms, each equal bit for bit to the ops it replaces, in one
+	 * dispatch; NULL: the model calls those ops.
+	 * add_rmsnorm: add(x, y) then rmsnorm(out, x, w, eps); OUT may be Y.
+	 * rope_store: rope(q, b->pos, n_head), rope(k, b->pos, n_kv_head),
+	 * then kv_store(kv, layer, b, k, v). */
+	enum llm_status (*add_rmsnorm)(struct llm_backend *be, struct llm_view out, struct llm_view x,
+	                               struct llm_view y, const struct llm_weight *w, float eps);
+	enum llm_status (*rope_store)(struct llm_backend *be, struct llm_view q, struct llm_view k,
+	                              struct llm_view v, struct llm_kv *kv, int layer,
+	                              const struct llm_batch *b, int n_head, int n_kv_head, int d_head,
+	                              const float *inv_freq);
 	/* out row i = x row idx[i], for i < out.rows */
 	enum llm_status (*gather)(struct llm_backend *be, struct llm_view out, struct llm_view x,
 	                          const int32_t *idx);

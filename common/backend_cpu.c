@@ -218,8 +218,9 @@ struct cpu_be {
 	uint16_t *xbf;         /* (xbf_cap) matmul input rounded to bf16 */
 	size_t xbf_cap;
 	struct { void *p; size_t n; } big[16];   /* allocations mapped straight from the kernel */
-	/* rope: cos and sin of pos * inv_freq[j], (rope_n positions, rope_half) pairs,
-	 * made once per position for the inv_freq they were made with */
+	/* rope: per position (rope_n of them) the rope_half cosines of
+	 * pos * inv_freq[j], then the rope_half sines, made once per position
+	 * for the inv_freq they were made with */
 	float *rope_cs, *rope_freq;
 	int32_t rope_n;
 	int rope_half;
@@ -345,12 +346,13 @@ static enum llm_status cpu_embed(struct llm_backend *be, struct llm_view out,
 	return LLM_OK;
 }
 
-struct norm_job { struct llm_view out, x; const struct llm_weight *w; float eps; };
+struct norm_job { struct llm_view out, x, y; const struct llm_weight *w; float eps; };
 
 /* Rows 4 at a time: each row's sum of squares is the same chain of f32
  * adds in column order as alone (the same bits), but four chains run
  * side by side instead of one add waiting on the last. The weight is read
- * as f32 once per chunk. */
+ * as f32 once per chunk. With Y (add_rmsnorm) the rows of a group take
+ * x += y first, before any row of OUT (which may be Y) is written. */
 #define NORM_WF 8192                 /* columns of the f32 weight on the stack */
 static void norm_task(void *ctx, int ith, int nth)
 {
@@ -369,6 +371,13 @@ static void norm_task(void *ctx, int ith, int nth)
 		const float *x[4];
 		for (int r = 0; r < 4; r++)
 			x[r] = row(j->x, t + (r < nr ? r : 0));
+		if (j->y.data)
+			for (int r = 0; r < nr; r++) {
+				float *a = row(j->x, t + r);
+				const float *c = row(j->y, t + r);
+				for (int64_t i = 0; i < n; i++)
+					a[i] += c[i];
+			}
 		const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
 		float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
 		for (int64_t i = 0; i < n; i++) {
@@ -410,9 +419,18 @@ static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
                                    struct llm_view x, const struct llm_weight *w, float eps)
 {
 	LLM_TRY(need_f32("rmsnorm", x));
-	struct norm_job j = { out, x, w, eps };
+	struct norm_job j = { .out = out, .x = x, .w = w, .eps = eps };
 	/* weighted like swiglu: below a few thousand rows x columns (one token)
 	 * a hand-out costs more than it saves */
+	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)x.rows * (double)x.cols), norm_task, &j);
+	return LLM_OK;
+}
+
+static enum llm_status cpu_add_rmsnorm(struct llm_backend *be, struct llm_view out, struct llm_view x,
+                                       struct llm_view y, const struct llm_weight *w, float eps)
+{
+	LLM_TRY(need_f32("add_rmsnorm", x));
+	struct norm_job j = { out, x, y, w, eps };
 	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)x.rows * (double)x.cols), norm_task, &j);
 	return LLM_OK;
 }
@@ -542,8 +560,8 @@ static const float *rope_table(struct cpu_be *c, int32_t max_pos, int half, cons
 			for (int j = 0; j < half; j++) {
 				/* as run.c: the angle and its cos/sin in f32 */
 				float a = (float)p * inv_freq[j];
-				t[(p * half + j) * 2] = cosf(a);
-				t[(p * half + j) * 2 + 1] = sinf(a);
+				t[p * half * 2 + j] = cosf(a);
+				t[p * half * 2 + half + j] = sinf(a);
 			}
 		c->rope_cs = t;
 		c->rope_n = (int32_t)n;
@@ -551,54 +569,141 @@ static const float *rope_table(struct cpu_be *c, int32_t max_pos, int half, cons
 	return c->rope_cs;
 }
 
+/* Rotate the N_HEAD heads of row X by the cosines CO and sines SI (half
+ * each): the scalar products and sums of run.c, four pairs at a time (no
+ * contraction: -std=c11, so the same bits). */
+static void rope_row(float *x, int n_head, int d_head, const float *co, const float *si)
+{
+	typedef float v4 __attribute__((vector_size(16)));
+	int half = d_head / 2;
+	for (int h = 0; h < n_head; h++) {
+		float *p0 = x + (size_t)h * (size_t)d_head, *p1 = p0 + half;
+		int j = 0;
+		for (; j + 4 <= half; j += 4) {
+			v4 a, b, c, s;
+			memcpy(&a, p0 + j, sizeof a);
+			memcpy(&b, p1 + j, sizeof b);
+			memcpy(&c, co + j, sizeof c);
+			memcpy(&s, si + j, sizeof s);
+			v4 r0 = a * c - b * s, r1 = a * s + b * c;
+			memcpy(p0 + j, &r0, sizeof r0);
+			memcpy(p1 + j, &r1, sizeof r1);
+		}
+		for (; j < half; j++) {
+			float v0 = p0[j], v1 = p1[j];
+			p0[j] = v0 * co[j] - v1 * si[j];
+			p1[j] = v0 * si[j] + v1 * co[j];
+		}
+	}
+}
+
+/* rope on q (N_HEAD heads; 0: none) and k (N_KV_HEAD), then k and v into
+ * the cache (KV; NULL: no store), token by token. */
+struct rope_job {
+	struct llm_view q, k, v;
+	int n_head, n_kv_head, d_head;
+	const int32_t *pos;
+	const float *tab, *inv_freq;     /* tab: rope_table, or NULL */
+	struct llm_kv *kv;
+	int layer;
+	const struct llm_batch *b;
+};
+
+#define ROPE_HALF_MAX 512            /* head_dim <= 1024 (model.c) */
+
+static void rope_task(void *ctx, int ith, int nth)
+{
+	struct rope_job *j = ctx;
+	int half = j->d_head / 2;
+	int64_t n = j->n_head ? j->q.rows : j->k.rows, lo, hi;
+	split(n, ith, nth, 1, &lo, &hi);
+	float buf[2 * ROPE_HALF_MAX];
+	for (int64_t t = lo; t < hi; t++) {
+		if (j->n_head || j->n_kv_head) {
+			const float *cs = buf;
+			if (j->tab && j->pos[t] >= 0)
+				cs = j->tab + (size_t)j->pos[t] * (size_t)half * 2;
+			else
+				for (int i = 0; i < half && i < ROPE_HALF_MAX; i++) {
+					float a = (float)j->pos[t] * j->inv_freq[i];
+					buf[i] = cosf(a);
+					buf[half + i] = sinf(a);
+				}
+			if (j->n_head)
+				rope_row(row(j->q, t), j->n_head, j->d_head, cs, cs + half);
+			if (j->n_kv_head)
+				rope_row(row(j->k, t), j->n_kv_head, j->d_head, cs, cs + half);
+		}
+		if (!j->kv)
+			continue;
+		struct llm_kv *kv = j->kv;
+		const struct llm_batch *b = j->b;
+		size_t off = llm_kv_offset(kv, j->layer, b->seq[t], b->pos[t]), row_b = (size_t)kv->kv_dim * kv->elt;
+		if (kv->dtype == LLM_DTYPE_F32) {
+			memcpy((float *)kv->k + off, row(j->k, t), row_b);
+			memcpy((float *)kv->v + off, row(j->v, t), row_b);
+		} else {
+			llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(j->k, t), (size_t)kv->kv_dim);
+			llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(j->v, t), (size_t)kv->kv_dim);
+		}
+		/* the next layer stores this token's rows into lines that
+		 * are not in cache (blocks lie anywhere in a cache far larger
+		 * than L3): fetch them for writing now, a layer ahead */
+		if (j->layer + 1 < kv->n_layer) {
+			size_t nx = llm_kv_offset(kv, j->layer + 1, b->seq[t], b->pos[t]) * kv->elt;
+			for (size_t o = 0; o < row_b; o += 64) {
+				__builtin_prefetch((char *)kv->k + nx + o, 1, 2);
+				__builtin_prefetch((char *)kv->v + nx + o, 1, 2);
+			}
+		}
+	}
+}
+
+/* Tokens a chunk of rope_task: a few per thread (a token is a few
+ * hundred nanoseconds of work, most of it the cache's write misses). */
+static enum llm_status rope_run(struct llm_backend *be, struct rope_job *j)
+{
+	struct cpu_be *c = cpu(be);
+	int64_t n = j->n_head ? j->q.rows : j->k.rows;
+	if (j->n_head || j->n_kv_head) {
+		if (j->d_head / 2 > ROPE_HALF_MAX)
+			return llm_fail(LLM_ERR_UNSUPPORTED, "rope: head_dim %d over %d", j->d_head, 2 * ROPE_HALF_MAX);
+		int32_t max_pos = 0;
+		for (int64_t t = 0; t < n; t++)
+			max_pos = j->pos[t] > max_pos ? j->pos[t] : max_pos;
+		j->tab = rope_table(c, max_pos, j->d_head / 2, j->inv_freq);
+	}
+	int64_t n_chunk = n < 2 ? 1 : n < 2 * c->pool.n ? n : 2 * c->pool.n;
+	pool_run(&c->pool, (int)n_chunk, rope_task, j);
+	return LLM_OK;
+}
+
 static enum llm_status cpu_rope(struct llm_backend *be, struct llm_view x, const int32_t *pos,
                                 int n_head, int d_head, const float *inv_freq)
 {
 	LLM_TRY(need_f32("rope", x));
-	int half = d_head / 2;
-	int32_t max_pos = 0;
-	for (int64_t t = 0; t < x.rows; t++)
-		max_pos = pos[t] > max_pos ? pos[t] : max_pos;
-	const float *tab = rope_table(cpu(be), max_pos, half, inv_freq);
-	for (int64_t t = 0; t < x.rows; t++) {
-		float *xr = row(x, t);
-		for (int j = 0; j < half; j++) {
-			float c, s;
-			if (tab && pos[t] >= 0) {
-				c = tab[((size_t)pos[t] * (size_t)half + (size_t)j) * 2];
-				s = tab[((size_t)pos[t] * (size_t)half + (size_t)j) * 2 + 1];
-			} else {
-				float a = (float)pos[t] * inv_freq[j];
-				c = cosf(a);
-				s = sinf(a);
-			}
-			for (int h = 0; h < n_head; h++) {
-				float *p = xr + h * d_head;
-				float v0 = p[j], v1 = p[j + half];
-				p[j] = v0 * c - v1 * s;
-				p[j + half] = v0 * s + v1 * c;
-			}
-		}
-	}
-	return LLM_OK;
+	struct rope_job j = { .q = x, .n_head = n_head, .d_head = d_head, .pos = pos, .inv_freq = inv_freq };
+	return rope_run(be, &j);
 }
 
 static enum llm_status cpu_kv_store(struct llm_backend *be, struct llm_kv *kv, int layer,
                                     const struct llm_batch *b, struct llm_view k, struct llm_view v)
 {
-	(void)be;
 	LLM_TRY(need_f32("kv_store", k));
-	for (int i = 0; i < b->n_tok; i++) {
-		size_t off = llm_kv_offset(kv, layer, b->seq[i], b->pos[i]);
-		if (kv->dtype == LLM_DTYPE_F32) {
-			memcpy((float *)kv->k + off, row(k, i), (size_t)kv->kv_dim * sizeof(float));
-			memcpy((float *)kv->v + off, row(v, i), (size_t)kv->kv_dim * sizeof(float));
-		} else {
-			llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(k, i), (size_t)kv->kv_dim);
-			llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(v, i), (size_t)kv->kv_dim);
-		}
-	}
-	return LLM_OK;
+	struct rope_job j = { .k = k, .v = v, .pos = b->pos, .kv = kv, .layer = layer, .b = b };
+	j.k.rows = b->n_tok;
+	return rope_run(be, &j);
+}
+
+static enum llm_status cpu_rope_store(struct llm_backend *be, struct llm_view q, struct llm_view k,
+                                      struct llm_view v, struct llm_kv *kv, int layer,
+                                      const struct llm_batch *b, int n_head, int n_kv_head, int d_head,
+                                      const float *inv_freq)
+{
+	LLM_TRY(need_f32("rope", q));
+	LLM_TRY(need_f32("kv_store", k));
+	struct rope_job j = { q, k, v, n_head, n_kv_head, d_head, b->pos, NULL, inv_freq, kv, layer, b };
+	return rope_run(be, &j);
 }
 
 /* heads of one KV group that an attention item takes together (at most) */
@@ -870,6 +975,8 @@ const struct llm_backend_ops llm_cpu_ops = {
 	.attention = cpu_attention,
 	.swiglu = cpu_swiglu,
 	.add = cpu_add,
+	.add_rmsnorm = cpu_add_rmsnorm,
+	.rope_store = cpu_rope_store,
 	.gather = cpu_gather,
 	.sync = NULL,
 };

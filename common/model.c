@@ -684,6 +684,17 @@ static void lora(const struct llm_model *m, int l, int t, struct llm_view y, str
 		llm_lora_apply(m->lora, l, t, y.data, y.stride, x.data, x.stride, x.rows);
 }
 
+/* x += xb, then xb = rmsnorm(x) with W: one dispatch where the backend
+ * fuses the two */
+static enum llm_status add_norm(struct llm_backend *be, struct llm_view xb, struct llm_view x,
+                                const struct llm_weight *w, float eps)
+{
+	if (be->ops->add_rmsnorm)
+		return be->ops->add_rmsnorm(be, xb, x, xb, w, eps);
+	LLM_TRY(be->ops->add(be, x, xb));
+	return be->ops->rmsnorm(be, xb, x, w, eps);
+}
+
 /* Fewest tokens in a pipeline micro-batch. A CPU matmul over few tokens
  * costs about one pass over the weights whatever the token count (memory
  * bound), so splitting a decode step of 8 tokens into 4 micro-batches
@@ -715,10 +726,12 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		LLM_TRY(embed_dist(m, be, s, b, xp));
 	else
 		LLM_TRY(stage_recv(d, xp, (int64_t)n_el));
+	int normed = 0;         /* xb holds this layer's attention norm (fused with the last add) */
 	for (int l = m->layer_begin; l < m->layer_end; l++) {
 		const struct llm_layer *L = &m->layers[l];
 		int kl = l - m->layer_begin;            /* the cache holds this rank's layers */
-		LLM_TRY(op->rmsnorm(be, xb, x, &L->attn_norm, c->rms_eps));
+		if (!normed)
+			LLM_TRY(op->rmsnorm(be, xb, x, &L->attn_norm, c->rms_eps));
 		{
 			struct llm_view ys[3] = { q, k, v };
 			const struct llm_weight *ws[3] = { &L->wq, &L->wk, &L->wv };
@@ -726,16 +739,20 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 			for (int t = LLM_LORA_Q; t <= LLM_LORA_V; t++)
 				lora(m, l, t, ys[t - LLM_LORA_Q], xb);
 		}
-		LLM_TRY(op->rope(be, q, b->pos, m->n_head_loc, c->d_head, m->inv_freq));
-		LLM_TRY(op->rope(be, k, b->pos, m->n_kv_head_loc, c->d_head, m->inv_freq));
-		LLM_TRY(op->kv_store(be, kv, kl, b, k, v));
+		if (op->rope_store) {
+			LLM_TRY(op->rope_store(be, q, k, v, kv, kl, b, m->n_head_loc, m->n_kv_head_loc, c->d_head,
+			                       m->inv_freq));
+		} else {
+			LLM_TRY(op->rope(be, q, b->pos, m->n_head_loc, c->d_head, m->inv_freq));
+			LLM_TRY(op->rope(be, k, b->pos, m->n_kv_head_loc, c->d_head, m->inv_freq));
+			LLM_TRY(op->kv_store(be, kv, kl, b, k, v));
+		}
 		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
 		LLM_TRY(op->matmul(be, xb, att, &L->wo));
 		lora(m, l, LLM_LORA_O, xb, att);
 		if (d)                                  /* row-parallel: partial sums */
 			LLM_TRY(tp_sum(d, s->xb, n_el));
-		LLM_TRY(op->add(be, x, xb));
-		LLM_TRY(op->rmsnorm(be, xb, x, &L->ffn_norm, c->rms_eps));
+		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, c->rms_eps));
 		{
 			struct llm_view ys[2] = { hb, hb2 };
 			const struct llm_weight *ws[2] = { &L->w_gate, &L->w_up };
@@ -748,7 +765,11 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		lora(m, l, LLM_LORA_DOWN, xb, hb);
 		if (d)
 			LLM_TRY(tp_sum(d, s->xb, n_el));
-		LLM_TRY(op->add(be, x, xb));
+		normed = op->add_rmsnorm && l + 1 < m->layer_end;
+		if (normed)
+			LLM_TRY(add_norm(be, xb, x, &m->layers[l + 1].attn_norm, c->rms_eps));
+		else
+			LLM_TRY(op->add(be, x, xb));
 	}
 	if (d && !d->last)
 		return stage_send(d, xp, (int64_t)n_el);

@@ -820,6 +820,7 @@ const struct llm_backend_ops llm_cuda_ops = {
 	.attention = cuda_attention,
 	.swiglu = cuda_swiglu,
 	.add = cuda_add,
+	.add_rmsnorm = llm_cuda_add_rmsnorm,
 	.gather = cuda_gather,
 	.sync = cuda_sync,
 };

@@ -597,6 +597,127 @@ static void test_backend_ops(enum llm_cpu_isa best)
 	llm_backend_close(vb);
 }
 
+/* ---- fused ops: equal to the ops they replace ---------------------------- */
+
+/* add_rmsnorm = add then rmsnorm, and rope_store = rope(q), rope(k),
+ * kv_store: the same bits, on 1 thread and on 2 (rows and tokens split);
+ * rope against run.c's formula written out here. */
+static void test_fused_ops(enum llm_cpu_isa best)
+{
+	struct llm_backend_opts o1 = { 1, best, 0 }, o2 = { 2, best, 0 };
+	struct llm_backend *bes[2];
+	if (!check(llm_backend_open("cpu", &o1, &bes[0]) == LLM_OK && llm_backend_open("cpu", &o2, &bes[1]) == LLM_OK,
+	           "open cpu backends of 1 and 2 threads"))
+		return;
+	for (int bi = 0; bi < 2; bi++) {
+		struct llm_backend *be = bes[bi];
+		check(be->ops->add_rmsnorm && be->ops->rope_store, "cpu has add_rmsnorm and rope_store");
+		/* 67 rows x 211: enough work to split; OUT = Y as in the model */
+		int64_t R = 67, C = 211;
+		float *x1 = malloc((size_t)(R * C) * 4), *x2 = malloc((size_t)(R * C) * 4);
+		float *y1 = malloc((size_t)(R * C) * 4), *y2 = malloc((size_t)(R * C) * 4), *w = malloc((size_t)C * 4);
+		for (int64_t i = 0; i < R * C; i++) {
+			x1[i] = x2[i] = frand();
+			y1[i] = y2[i] = frand();
+		}
+		for (int64_t i = 0; i < C; i++)
+			w[i] = frand();
+		struct llm_weight wn = { "norm", LLM_DTYPE_F32, 1, C, w, NULL, 0, 0, 0, 0 };
+		for (int64_t rows = 1; rows <= R; rows += 66) {
+			be->ops->add(be, llm_view_f32(x1, rows, C), llm_view_f32(y1, rows, C));
+			be->ops->rmsnorm(be, llm_view_f32(y1, rows, C), llm_view_f32(x1, rows, C), &wn, 1e-5f);
+			int st = be->ops->add_rmsnorm(be, llm_view_f32(y2, rows, C), llm_view_f32(x2, rows, C),
+			                              llm_view_f32(y2, rows, C), &wn, 1e-5f);
+			check(st == LLM_OK && !memcmp(x1, x2, (size_t)(rows * C) * 4) && !memcmp(y1, y2, (size_t)(rows * C) * 4),
+			      "add_rmsnorm, %d thread(s), %lld rows, out = y: x and out the same bits as add then rmsnorm",
+			      bi + 1, (long long)rows);
+		}
+		free(x1);
+		free(x2);
+		free(y1);
+		free(y2);
+		free(w);
+
+		/* rope_store over a mixed step (two prefills and a decode) */
+		static const int dh_list[] = { 24, 10 };
+		for (size_t di = 0; di < 2; di++)
+			for (int kt = 0; kt < 2; kt++) {
+				int d = dh_list[di], half = d / 2, nh = 6, nkv = 2, dq = nh * d, dkv = nkv * d, n = 37;
+				struct llm_kv_opts ko = { 3, nkv, d, kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32, 4, 64, 3, 400 };
+				struct llm_kv ka, kb;
+				llm_kv_init(&ka, be, &ko);
+				llm_kv_init(&kb, be, &ko);
+				int sq[3];
+				for (int i = 0; i < 3; i++) {
+					llm_kv_seq_new(&ka, &sq[i]);
+					llm_kv_seq_new(&kb, &sq[i]);
+				}
+				int32_t pos[37], seq[37], tok[37] = { 0 };
+				for (int i = 0; i < n; i++) {
+					seq[i] = sq[i < 20 ? 0 : i < 36 ? 1 : 2];
+					pos[i] = i < 20 ? i : i < 36 ? i - 20 : 0;
+				}
+				struct llm_batch b = { n, tok, pos, seq, NULL };
+				float inv[12];
+				for (int j = 0; j < half; j++)
+					inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)d);
+				float *q = malloc((size_t)(n * dq) * 4), *k = malloc((size_t)(n * dkv) * 4);
+				float *v = malloc((size_t)(n * dkv) * 4), *q2 = malloc((size_t)(n * dq) * 4);
+				float *k2 = malloc((size_t)(n * dkv) * 4), *qr = malloc((size_t)(n * dq) * 4);
+				for (int i = 0; i < n * dq; i++)
+					q[i] = q2[i] = qr[i] = frand();
+				for (int i = 0; i < n * dkv; i++) {
+					k[i] = k2[i] = frand();
+					v[i] = frand();
+				}
+				/* run.c's rotation, pair by pair, at positions up to 360 */
+				int32_t pr[37];
+				for (int t = 0; t < n; t++)
+					pr[t] = (t * 97) % 361;
+				for (int t = 0; t < n; t++)
+					for (int h = 0; h < nh; h++)
+						for (int j = 0; j < half; j++) {
+							float a = (float)pr[t] * inv[j], c = cosf(a), sn = sinf(a);
+							float *pp = qr + t * dq + h * d, v0 = pp[j], v1 = pp[j + half];
+							pp[j] = v0 * c - v1 * sn;
+							pp[j + half] = v0 * sn + v1 * c;
+						}
+				float *qp = malloc((size_t)(n * dq) * 4);
+				memcpy(qp, q, (size_t)(n * dq) * 4);
+				be->ops->rope(be, llm_view_f32(qp, n, dq), pr, nh, d, inv);
+				check(!memcmp(qp, qr, (size_t)(n * dq) * 4),
+				      "rope, %d thread(s), d_head %d, %s: run.c's rotation bit for bit", bi + 1, d,
+				      kt ? "table reused" : "new table");
+				free(qp);
+				if (!check(llm_kv_prepare(&ka, &b) == LLM_OK && llm_kv_prepare(&kb, &b) == LLM_OK,
+				           "kv prepare: prefills of 20 and 16, a first token"))
+					break;
+				for (int layer = 0; layer < 3; layer++) {
+					be->ops->rope(be, llm_view_f32(q, n, dq), pos, nh, d, inv);
+					be->ops->rope(be, llm_view_f32(k, n, dkv), pos, nkv, d, inv);
+					be->ops->kv_store(be, &ka, layer, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv));
+					be->ops->rope_store(be, llm_view_f32(q2, n, dq), llm_view_f32(k2, n, dkv),
+					                    llm_view_f32(v, n, dkv), &kb, layer, &b, nh, nkv, d, inv);
+				}
+				size_t kvb = (size_t)3 * 64 * 4 * (size_t)dkv * ka.elt;
+				check(!memcmp(q, q2, (size_t)(n * dq) * 4) && !memcmp(k, k2, (size_t)(n * dkv) * 4)
+				      && !memcmp(ka.k, kb.k, kvb) && !memcmp(ka.v, kb.v, kvb),
+				      "rope_store, %d thread(s), d_head %d, %s KV, 3 layers: q, k and the cache the same bits "
+				      "as rope, rope, kv_store", bi + 1, d, llm_dtype_name(ko.dtype));
+				free(q);
+				free(k);
+				free(v);
+				free(q2);
+				free(k2);
+				free(qr);
+				llm_kv_free(&ka);
+				llm_kv_free(&kb);
+			}
+	}
+	llm_backend_close(bes[0]);
+	llm_backend_close(bes[1]);
+}
+
 /* ---- backends and KV bookkeeping ------------------------------------------ */
 
 static void test_registry(void)
@@ -661,6 +782,7 @@ int main(void)
 	test_exp(best);
 	test_attn_block(best);
 	test_backend_ops(best);
+	test_fused_ops(best);
 	test_kv();
 	return check_done();
 }

@@ -624,7 +624,7 @@ static void rope_task(void *ctx, int ith, int nth)
 			if (j->tab && j->pos[t] >= 0)
 				cs = j->tab + (size_t)j->pos[t] * (size_t)half * 2;
 			else
-				for (int i = 0; i < half && i < ROPE_HALF_MAX; i++) {
+				for (int i = 0; i < half; i++) {      /* half <= ROPE_HALF_MAX: rope_run */
 					float a = (float)j->pos[t] * j->inv_freq[i];
 					buf[i] = cosf(a);
 					buf[half + i] = sinf(a);
@@ -659,8 +659,9 @@ static void rope_task(void *ctx, int ith, int nth)
 	}
 }
 
-/* Tokens a chunk of rope_task: a few per thread (a token is a few
- * hundred nanoseconds of work, most of it the cache's write misses). */
+/* rope_task over the pool, two chunks of tokens per thread (a token is a
+ * few hundred nanoseconds of work, most of it the cache's write misses);
+ * the cos/sin table is grown here, before any task reads it. */
 static enum llm_status rope_run(struct llm_backend *be, struct rope_job *j)
 {
 	struct cpu_be *c = cpu(be);

@@ -44,9 +44,12 @@ note "engine alone (llm-bench model) for scale:"
 "$B/llm-bench" model "$ckpt" -p 256 -n 16 -b 1,16 -r 2 | sed 's/^/#   /'
 } >"$out/serve-summary.txt"
 
-# 1. throughput, 1 against 16 clients
+# 1. throughput, 1 against 16 clients: three rounds on one server (a single
+#    pair moves by a quarter on a shared VM), each round 1 then 16 clients
 serve conc --max-running 16 --max-batch-tokens 256
-"$B/llm-bench" serve "$URL" --concurrency 1,16 --requests 32 --input-len 16 --output-len 64 >"$out/serve-concurrency.txt"
+for r in 1 2 3; do
+	"$B/llm-bench" serve "$URL" --concurrency 1,16 --requests 32 --input-len 16 --output-len 64
+done >"$out/serve-concurrency.txt"
 stop
 
 # 2. chunked prefill: 4 decoding clients, and 2048-token prompts arriving one
@@ -82,7 +85,9 @@ rm -f "$out/serve-rates.svg.gp"
 
 col() { grep -v '^#' "$1" | sed -n "$((2 + $2))p" | awk -v c="$3" '{print $c}'; }   # FILE ROW COLUMN
 {
-note "1. output tok/s: 1 client $(col "$out/serve-concurrency.txt" 1 8), 16 clients $(col "$out/serve-concurrency.txt" 2 8)"
+# rounds of serve-concurrency.txt: "c1 c16 ratio" per round, then the median ratio
+rounds=$(grep -v '^#' "$out/serve-concurrency.txt" | awk '$1 == 0 && $2 == 1 {c1 = $8} $1 == 0 && $2 == 16 {printf "%s %s %.2f\n", c1, $8, $8 / c1}')
+note "1. output tok/s, 1 client / 16 clients / ratio, per round: $(echo "$rounds" | awk '{printf "%s%s / %s / %sx", (NR > 1 ? "; " : ""), $1, $2, $3}'); median ratio $(echo "$rounds" | awk '{print $3}' | sort -n | sed -n 2p)x"
 note "2. decoders' ITL (ms) while 2048-token prompts arrive: chunked (budget 32) p50 $(col "$out/serve-chunked-decoders.txt" 1 13) p99 $(col "$out/serve-chunked-decoders.txt" 1 15); unchunked (budget 8192) p50 $(col "$out/serve-unchunked-decoders.txt" 1 13) p99 $(col "$out/serve-unchunked-decoders.txt" 1 15)"
 note "3. TTFT p50 (ms), 1024 shared + 32 own tokens: prefix cache $(col "$out/serve-prefix-cache-8.txt" 1 10), none $(col "$out/serve-prefix-cache-0.txt" 1 10)"
 note "4. arrival-rate curves: serve-rates.txt, serve-rates.svg"

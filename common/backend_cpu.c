@@ -268,6 +268,15 @@ static inline float vec_at(const struct llm_weight *w, int64_t i)
 
 static inline float *row(struct llm_view v, int64_t i) { return (float *)v.data + i * v.stride; }
 
+/* x row T += y row T (the residual add of add and add_rmsnorm) */
+static inline void add_row(struct llm_view x, struct llm_view y, int64_t t)
+{
+	float *a = row(x, t);
+	const float *c = row(y, t);
+	for (int64_t i = 0; i < x.cols; i++)
+		a[i] += c[i];
+}
+
 static enum llm_status need_f32(const char *op, struct llm_view v)
 {
 	if (v.dtype != LLM_DTYPE_F32)
@@ -372,12 +381,8 @@ static void norm_task(void *ctx, int ith, int nth)
 		for (int r = 0; r < 4; r++)
 			x[r] = row(j->x, t + (r < nr ? r : 0));
 		if (j->y.data)
-			for (int r = 0; r < nr; r++) {
-				float *a = row(j->x, t + r);
-				const float *c = row(j->y, t + r);
-				for (int64_t i = 0; i < n; i++)
-					a[i] += c[i];
-			}
+			for (int r = 0; r < nr; r++)
+				add_row(j->x, j->y, t + r);
 		const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
 		float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
 		for (int64_t i = 0; i < n; i++) {
@@ -415,24 +420,27 @@ static void norm_task(void *ctx, int ith, int nth)
 	}
 }
 
+/* J over the pool, weighted like swiglu: below a few thousand rows x
+ * columns (one token) a hand-out costs more than it saves */
+static enum llm_status norm_run(struct llm_backend *be, const char *op, struct norm_job *j)
+{
+	LLM_TRY(need_f32(op, j->x));
+	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)j->x.rows * (double)j->x.cols), norm_task, j);
+	return LLM_OK;
+}
+
 static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
                                    struct llm_view x, const struct llm_weight *w, float eps)
 {
-	LLM_TRY(need_f32("rmsnorm", x));
 	struct norm_job j = { .out = out, .x = x, .w = w, .eps = eps };
-	/* weighted like swiglu: below a few thousand rows x columns (one token)
-	 * a hand-out costs more than it saves */
-	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)x.rows * (double)x.cols), norm_task, &j);
-	return LLM_OK;
+	return norm_run(be, "rmsnorm", &j);
 }
 
 static enum llm_status cpu_add_rmsnorm(struct llm_backend *be, struct llm_view out, struct llm_view x,
                                        struct llm_view y, const struct llm_weight *w, float eps)
 {
-	LLM_TRY(need_f32("add_rmsnorm", x));
 	struct norm_job j = { out, x, y, w, eps };
-	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)x.rows * (double)x.cols), norm_task, &j);
-	return LLM_OK;
+	return norm_run(be, "add_rmsnorm", &j);
 }
 
 /* Y[i] = X . W[i]^T for i < n: one dispatch over the rows of every W
@@ -876,12 +884,8 @@ static enum llm_status cpu_add(struct llm_backend *be, struct llm_view x, struct
 {
 	(void)be;
 	LLM_TRY(need_f32("add", x));
-	for (int64_t t = 0; t < x.rows; t++) {
-		float *a = row(x, t);
-		const float *c = row(y, t);
-		for (int64_t i = 0; i < x.cols; i++)
-			a[i] += c[i];
-	}
+	for (int64_t t = 0; t < x.rows; t++)
+		add_row(x, y, t);
 	return LLM_OK;
 }
 

@@ -121,6 +121,15 @@ struct llm_backend_ops {
 	/* out row i = x row idx[i], for i < out.rows */
 	enum llm_status (*gather)(struct llm_backend *be, struct llm_view out, struct llm_view x,
 	                          const int32_t *idx);
+	/* Optional (NULL: nothing to do). From chain(be, 1) to chain(be, 0)
+	 * the caller promises: nothing writes the output of an rmsnorm,
+	 * add_rmsnorm, attention or swiglu before the matmul or matmul_n that
+	 * takes it (the same view) as x. The backend may then prepare that
+	 * matmul's input while the output is written (the CPU backend rounds
+	 * it to bf16 on the threads that wrote each row, instead of on one
+	 * thread after). Results do not change. The inference forward sets
+	 * it; no other caller needs to. */
+	void (*chain)(struct llm_backend *be, int on);
 	enum llm_status (*sync)(struct llm_backend *be);   /* NULL: always synchronous */
 };
 

@@ -217,6 +217,8 @@ struct cpu_be {
 	size_t scratch_per;
 	uint16_t *xbf;         /* (xbf_cap) matmul input rounded to bf16 */
 	size_t xbf_cap;
+	int chain;             /* chain(be, 1) is in force */
+	struct llm_view xbf_of;   /* the view xbf holds, made by the op that wrote it; data NULL: none */
 	struct { void *p; size_t n; } big[16];   /* allocations mapped straight from the kernel */
 	/* rope: per position (rope_n of them) the rope_half cosines of
 	 * pos * inv_freq[j], then the rope_half sines, made once per position
@@ -355,7 +357,50 @@ static enum llm_status cpu_embed(struct llm_backend *be, struct llm_view out,
 	return LLM_OK;
 }
 
-struct norm_job { struct llm_view out, x, y; const struct llm_weight *w; float eps; };
+/* xbf for at least NEED elements; nonzero when out of memory */
+static int xbf_reserve(struct cpu_be *c, size_t need)
+{
+	if (c->xbf_cap >= need)             /* grows to the largest batch, then stays */
+		return 0;
+	uint16_t *p = malloc(need * sizeof *p);
+	if (!p)
+		return 1;
+	free(c->xbf);
+	c->xbf = p;
+	c->xbf_cap = need;
+	return 0;
+}
+
+/* With the chain on (see llm_backend_ops.chain) and the bf16 dot products
+ * in use, the op writing OUT also writes its bf16 rounding into xbf (rows
+ * OUT.cols apart), for the matmul that reads OUT next: the threads that
+ * wrote a row round it while it is in their cache. Done by one thread
+ * after, the rounding read rows from the other core's cache, most of the
+ * time between jobs (16 tokens: 3-9 us before each matmul). The bf16 copy
+ * to write, or NULL. */
+static uint16_t *chain_out(struct cpu_be *c, struct llm_view out)
+{
+	c->xbf_of.data = NULL;
+	if (!c->chain || c->isa < LLM_ISA_AVX512BF16 || out.dtype != LLM_DTYPE_F32
+	    || xbf_reserve(c, (size_t)out.rows * (size_t)out.cols))
+		return NULL;
+	return c->xbf;
+}
+
+/* Elements [i0, i1) of row T of OUT, just written, into its bf16 copy XB */
+static void chain_row(uint16_t *xb, struct llm_view out, int64_t t, int64_t i0, int64_t i1)
+{
+	if (xb && i1 > i0)
+		llm_cpu_x_to_bf16(xb + t * out.cols + i0, out.cols, row(out, t) + i0, out.stride, 1, i1 - i0);
+}
+
+static void cpu_chain(struct llm_backend *be, int on)
+{
+	cpu(be)->chain = on;
+	cpu(be)->xbf_of.data = NULL;
+}
+
+struct norm_job { struct llm_view out, x, y; const struct llm_weight *w; float eps; uint16_t *xb; };
 
 /* Rows 4 at a time: each row's sum of squares is the same chain of f32
  * adds in column order as alone (the same bits), but four chains run
@@ -416,6 +461,7 @@ static void norm_task(void *ctx, int ith, int nth)
 				for (int64_t i = 0; i < n; i++)
 					o[i] = vec_at(j->w, i) * (v * xr[i]);
 			}
+			chain_row(j->xb, j->out, t + r, 0, n);
 		}
 	}
 }
@@ -425,7 +471,10 @@ static void norm_task(void *ctx, int ith, int nth)
 static enum llm_status norm_run(struct llm_backend *be, const char *op, struct norm_job *j)
 {
 	LLM_TRY(need_f32(op, j->x));
+	j->xb = chain_out(cpu(be), j->out);
 	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)j->x.rows * (double)j->x.cols), norm_task, j);
+	if (j->xb)
+		cpu(be)->xbf_of = j->out;
 	return LLM_OK;
 }
 
@@ -439,7 +488,7 @@ static enum llm_status cpu_rmsnorm(struct llm_backend *be, struct llm_view out,
 static enum llm_status cpu_add_rmsnorm(struct llm_backend *be, struct llm_view out, struct llm_view x,
                                        struct llm_view y, const struct llm_weight *w, float eps)
 {
-	struct norm_job j = { out, x, y, w, eps };
+	struct norm_job j = { .out = out, .x = x, .y = y, .w = w, .eps = eps };
 	return norm_run(be, "add_rmsnorm", &j);
 }
 
@@ -518,19 +567,18 @@ static enum llm_status cpu_matmul_n(struct llm_backend *be, int n, const struct 
 		bfx |= llm_cpu_matmul_isa(c->isa, w[i]->dtype) == LLM_ISA_AVX512BF16;
 	}
 	if (bfx) {
-		/* x rounded to bf16 once, not once per row tile */
-		size_t need = (size_t)x.rows * (size_t)x.cols;
-		if (c->xbf_cap < need) {     /* grows to the largest batch, then stays */
-			uint16_t *p = malloc(need * sizeof *p);
-			if (!p)
+		/* x rounded to bf16 once, not once per row tile: here, unless the
+		 * op that wrote x did (chain_out) */
+		const struct llm_view *o = &c->xbf_of;
+		if (!(o->data == x.data && o->rows == x.rows && o->cols == x.cols && o->stride == x.stride)) {
+			size_t need = (size_t)x.rows * (size_t)x.cols;
+			if (xbf_reserve(c, need))
 				return llm_fail(LLM_ERR_NOMEM, "matmul: bf16 activations of %zu elements", need);
-			free(c->xbf);
-			c->xbf = p;
-			c->xbf_cap = need;
+			llm_cpu_x_to_bf16(c->xbf, x.cols, x.data, x.stride, x.rows, x.cols);
 		}
-		llm_cpu_x_to_bf16(c->xbf, x.cols, x.data, x.stride, x.rows, x.cols);
 		j.xb = c->xbf;
 	}
+	c->xbf_of.data = NULL;          /* taken (or xbf rewritten) */
 	double work = (double)x.rows * (double)j.off[n] * (double)x.cols;
 	pool_run(&c->pool, nth_for(be, work), mm_task, &j);
 	return LLM_OK;
@@ -724,6 +772,7 @@ struct attn_job {
 	int layer, n_head, gs;
 	const struct llm_batch *b;
 	struct cpu_be *c;
+	uint16_t *xb;          /* chain_out's bf16 copy of out, or NULL */
 };
 
 /* Ask for one block's rows of a KV group (ROWS rows STRIDE bytes apart, BYTES
@@ -817,6 +866,7 @@ static void attn_task(void *ctx, int ith, int nth)
 				}
 			}
 		}
+		chain_row(j->xb, j->out, t, (int64_t)h0 * d, (int64_t)(h0 + gs) * d);
 	}
 }
 
@@ -851,12 +901,14 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 		}
 	if ((int64_t)b->n_tok * (n_head / gs) < 4 * (int64_t)n_chunk)
 		gs = 1;
-	struct attn_job j = { out, q, kv, layer, n_head, gs, b, c };
+	struct attn_job j = { out, q, kv, layer, n_head, gs, b, c, chain_out(c, out) };
 	pool_run(&c->pool, n_chunk, attn_task, &j);
+	if (j.xb)
+		c->xbf_of = out;
 	return LLM_OK;
 }
 
-struct swiglu_job { struct llm_view out, gate, up; enum llm_cpu_isa isa; };
+struct swiglu_job { struct llm_view out, gate, up; enum llm_cpu_isa isa; uint16_t *xb; };
 
 static void swiglu_task(void *ctx, int ith, int nth)
 {
@@ -866,6 +918,7 @@ static void swiglu_task(void *ctx, int ith, int nth)
 	for (int64_t k = b; k < e; ) {
 		int64_t t = k / n, i0 = k % n, i1 = n < i0 + (e - k) ? n : i0 + (e - k);
 		llm_cpu_silu_mul(j->isa, row(j->out, t) + i0, row(j->gate, t) + i0, row(j->up, t) + i0, i1 - i0);
+		chain_row(j->xb, j->out, t, i0, i1);
 		k += i1 - i0;
 	}
 }
@@ -874,9 +927,11 @@ static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
                                   struct llm_view gate, struct llm_view up)
 {
 	LLM_TRY(need_f32("swiglu", gate));
-	struct swiglu_job j = { out, gate, up, cpu(be)->isa };
+	struct swiglu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out) };
 	/* an exp costs about what 16 multiply-adds do */
 	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
+	if (j.xb)
+		cpu(be)->xbf_of = out;
 	return LLM_OK;
 }
 
@@ -983,5 +1038,6 @@ const struct llm_backend_ops llm_cpu_ops = {
 	.add_rmsnorm = cpu_add_rmsnorm,
 	.rope_store = cpu_rope_store,
 	.gather = cpu_gather,
+	.chain = cpu_chain,
 	.sync = NULL,
 };

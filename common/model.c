@@ -844,7 +844,12 @@ enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, s
 	if (kv->n_layer != m->layer_end - m->layer_begin || kv->kv_dim != m->n_kv_head_loc * c->d_head)
 		return llm_fail(LLM_ERR_USAGE, "forward: kv cache geometry does not match the model");
 	LLM_TRY(llm_kv_prepare(kv, b));
+	/* forward writes no op's output between that op and its matmul */
+	if (be->ops->chain)
+		be->ops->chain(be, 1);
 	enum llm_status st = forward(m, be, kv, s, b, logits, no);
+	if (be->ops->chain)
+		be->ops->chain(be, 0);
 	if (!st && m->dist && no)
 		st = logits_to_root(m, s, logits, no);
 	if (st) {

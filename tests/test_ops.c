@@ -720,6 +720,114 @@ static void test_fused_ops(enum llm_cpu_isa best)
 
 /* ---- backends and KV bookkeeping ------------------------------------------ */
 
+/* chain (llm_backend_ops.chain): with it on, the matmul after an rmsnorm,
+ * add_rmsnorm, swiglu or attention takes the bf16 x that op wrote; the
+ * results must be the bits of the same ops with it off. Also with it on:
+ * a matmul of another view converts its own x, and the op's output read
+ * twice (the second matmul finds the copy taken). */
+static void test_chain(enum llm_cpu_isa best)
+{
+	struct llm_backend_opts o = { 2, best, 0 };
+	struct llm_backend *be;
+	if (!check(llm_backend_open("cpu", &o, &be) == LLM_OK, "open a 2-thread cpu backend"))
+		return;
+	if (!check(be->ops->chain != NULL, "cpu has chain")) {
+		llm_backend_close(be);
+		return;
+	}
+	enum { C = 192, F = 200, NH = 4, NKV = 2, D = 16, DQ = NH * D, DKV = NKV * D, NMAX = 37 };
+	struct wbuf wq, wk, wd, wo, wn;
+	make_weight(&wq, LLM_DTYPE_E4M3, 96, C, 32, 64, 0);
+	make_weight(&wk, LLM_DTYPE_E4M3, 40, C, 0, 0, 0);
+	make_weight(&wd, LLM_DTYPE_E4M3, C, F, 64, 128, 0);
+	make_weight(&wo, LLM_DTYPE_BF16, C, DQ, 0, 0, 0);
+	make_weight(&wn, LLM_DTYPE_F32, 1, C, 0, 0, 0);
+	float *x = malloc(NMAX * C * 4), *x0 = malloc(NMAX * C * 4), *y = malloc(NMAX * C * 4), *xo = malloc(NMAX * C * 4);
+	float *g = malloc(NMAX * F * 4), *u = malloc(NMAX * F * 4), *h = malloc(NMAX * F * 4);
+	float *q = malloc(NMAX * DQ * 4), *k = malloc(NMAX * DKV * 4), *v = malloc(NMAX * DKV * 4), *att = malloc(NMAX * DQ * 4);
+	float *out[2][7];
+	for (int i = 0; i < NMAX * C; i++) {
+		x0[i] = frand();
+		xo[i] = frand();
+	}
+	for (int i = 0; i < NMAX * F; i++) {
+		g[i] = frand();
+		u[i] = frand();
+	}
+	for (int i = 0; i < NMAX * DQ; i++)
+		q[i] = frand();
+	for (int i = 0; i < NMAX * DKV; i++) {
+		k[i] = frand();
+		v[i] = frand();
+	}
+	static const int ns[2] = { 1, NMAX };
+	for (int ni = 0; ni < 2; ni++) {
+		int n = ns[ni];
+		for (int on = 0; on < 2; on++) {
+			struct llm_kv_opts ko = { 1, NKV, D, LLM_DTYPE_F32, 4, 64, 3, 64 };
+			struct llm_kv kv;
+			llm_kv_init(&kv, be, &ko);
+			int s0, s1;
+			llm_kv_seq_new(&kv, &s0);
+			llm_kv_seq_new(&kv, &s1);
+			int32_t pos[NMAX], seq[NMAX], tok[NMAX] = { 0 };
+			for (int i = 0; i < n; i++) {
+				seq[i] = i < 20 ? s0 : s1;
+				pos[i] = i < 20 ? i : i - 20;
+			}
+			struct llm_batch b = { n, tok, pos, seq, NULL };
+			llm_kv_prepare(&kv, &b);
+			be->ops->kv_store(be, &kv, 0, &b, llm_view_f32(k, n, DKV), llm_view_f32(v, n, DKV));
+			for (int i = 0; i < 7; i++)
+				out[on][i] = calloc(NMAX * C, 4);   /* the widest output */
+			memcpy(x, x0, NMAX * C * 4);
+			memset(y, 0, NMAX * C * 4);
+			be->ops->chain(be, on);
+			struct llm_view xv = llm_view_f32(x, n, C), yv = llm_view_f32(y, n, C);
+			struct llm_view ys[2] = { llm_view_f32(out[on][0], n, 96), llm_view_f32(out[on][1], n, 40) };
+			const struct llm_weight *ws[2] = { &wq.w, &wk.w };
+			be->ops->rmsnorm(be, yv, xv, &wn.w, 1e-5f);
+			be->ops->matmul_n(be, 2, ys, yv, ws);
+			be->ops->swiglu(be, llm_view_f32(h, n, F), llm_view_f32(g, n, F), llm_view_f32(u, n, F));
+			be->ops->matmul(be, llm_view_f32(out[on][2], n, C), llm_view_f32(h, n, F), &wd.w);
+			be->ops->attention(be, llm_view_f32(att, n, DQ), llm_view_f32(q, n, DQ), &kv, 0, &b, NH);
+			be->ops->matmul(be, llm_view_f32(out[on][3], n, C), llm_view_f32(att, n, DQ), &wo.w);
+			/* y = rmsnorm(x + y): read by a matmul of another view, then twice */
+			be->ops->add_rmsnorm(be, yv, xv, yv, &wn.w, 1e-5f);
+			be->ops->matmul(be, llm_view_f32(out[on][4], n, 40), llm_view_f32(xo, n, C), &wk.w);
+			be->ops->matmul(be, llm_view_f32(out[on][5], n, 96), yv, &wq.w);
+			be->ops->matmul(be, llm_view_f32(out[on][6], n, 96), yv, &wq.w);
+			be->ops->chain(be, 0);
+			llm_kv_free(&kv);
+		}
+		int same = 1;
+		for (int i = 0; i < 7; i++)
+			same &= !memcmp(out[0][i], out[1][i], NMAX * C * 4);
+		check(same, "chain on, %d token(s): matmuls after rmsnorm, swiglu, attention and add_rmsnorm, of another "
+		      "view, and twice, the same bits as with it off", n);
+		for (int on = 0; on < 2; on++)
+			for (int i = 0; i < 7; i++)
+				free(out[on][i]);
+	}
+	free(x);
+	free(x0);
+	free(y);
+	free(xo);
+	free(g);
+	free(u);
+	free(h);
+	free(q);
+	free(k);
+	free(v);
+	free(att);
+	free_weight(&wq);
+	free_weight(&wk);
+	free_weight(&wd);
+	free_weight(&wo);
+	free_weight(&wn);
+	llm_backend_close(be);
+}
+
 static void test_registry(void)
 {
 	struct llm_backend *be = NULL;
@@ -783,6 +891,7 @@ int main(void)
 	test_attn_block(best);
 	test_backend_ops(best);
 	test_fused_ops(best);
+	test_chain(best);
 	test_kv();
 	return check_done();
 }

@@ -387,6 +387,13 @@ static uint16_t *chain_out(struct cpu_be *c, struct llm_view out)
 	return c->xbf;
 }
 
+/* OUT's op is done: XB (chain_out's) holds it for the next matmul */
+static void chain_made(struct cpu_be *c, const uint16_t *xb, struct llm_view out)
+{
+	if (xb)
+		c->xbf_of = out;
+}
+
 /* Elements [i0, i1) of row T of OUT, just written, into its bf16 copy XB */
 static void chain_row(uint16_t *xb, struct llm_view out, int64_t t, int64_t i0, int64_t i1)
 {
@@ -473,8 +480,7 @@ static enum llm_status norm_run(struct llm_backend *be, const char *op, struct n
 	LLM_TRY(need_f32(op, j->x));
 	j->xb = chain_out(cpu(be), j->out);
 	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)j->x.rows * (double)j->x.cols), norm_task, j);
-	if (j->xb)
-		cpu(be)->xbf_of = j->out;
+	chain_made(cpu(be), j->xb, j->out);
 	return LLM_OK;
 }
 
@@ -903,8 +909,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 		gs = 1;
 	struct attn_job j = { out, q, kv, layer, n_head, gs, b, c, chain_out(c, out) };
 	pool_run(&c->pool, n_chunk, attn_task, &j);
-	if (j.xb)
-		c->xbf_of = out;
+	chain_made(c, j.xb, out);
 	return LLM_OK;
 }
 
@@ -930,8 +935,7 @@ static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
 	struct swiglu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out) };
 	/* an exp costs about what 16 multiply-adds do */
 	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
-	if (j.xb)
-		cpu(be)->xbf_of = out;
+	chain_made(cpu(be), j.xb, out);
 	return LLM_OK;
 }
 

@@ -35,6 +35,18 @@ serve() {
 	URL=http://127.0.0.1:$(cat "$w/port")
 }
 stop() { kill -TERM "$SP"; wait "$SP" || true; }
+# scaling: the engine's prompt tokens/s on 1 thread and on every thread. 16
+# clients are bound by arithmetic (1 client by memory bandwidth), and on a
+# shared VM a second vCPU does not always add a core's arithmetic: two
+# threads of dot products have run at 1.1x one thread here at times, and at
+# 2x at others. This says which the rounds below ran on.
+scaling() {
+	local one all
+	one=$("$B/llm-bench" model "$ckpt" -p 256 -n 0 -r 2 -t 1 --format csv | grep '^auto' | cut -d, -f5)
+	all=$("$B/llm-bench" model "$ckpt" -p 256 -n 0 -r 2 --format csv | grep '^auto' | cut -d, -f5)
+	awk -v a="$one" -v b="$all" -v n="$(nproc)" \
+		'BEGIN { printf "engine pp256 %.0f tok/s on 1 thread, %.0f on %d: %.2fx", a, b, n, b / a }'
+}
 note() { echo "# $*"; }
 
 {
@@ -46,11 +58,13 @@ note "engine alone (llm-bench model) for scale:"
 
 # 1. throughput, 1 against 16 clients: three rounds on one server (a single
 #    pair moves by a quarter on a shared VM), each round 1 then 16 clients
+scale_before=$(scaling)
 serve conc --max-running 16 --max-batch-tokens 256
 for r in 1 2 3; do
 	"$B/llm-bench" serve "$URL" --concurrency 1,16 --requests 32 --input-len 16 --output-len 64
 done >"$out/serve-concurrency.txt"
 stop
+scale_after=$(scaling)
 
 # 2. chunked prefill: 4 decoding clients, and 2048-token prompts arriving one
 #    after another (closed loop, so a prefill is always under way)
@@ -88,6 +102,7 @@ col() { grep -v '^#' "$1" | sed -n "$((2 + $2))p" | awk -v c="$3" '{print $c}'; 
 # rounds of serve-concurrency.txt: "c1 c16 ratio" per round, then the median ratio
 rounds=$(grep -v '^#' "$out/serve-concurrency.txt" | awk '$1 == 0 && $2 == 1 {c1 = $8} $1 == 0 && $2 == 16 {printf "%s %s %.2f\n", c1, $8, $8 / c1}')
 note "1. output tok/s, 1 client / 16 clients / ratio, per round: $(echo "$rounds" | awk '{printf "%s%s / %s / %sx", (NR > 1 ? "; " : ""), $1, $2, $3}'); median ratio $(echo "$rounds" | awk '{print $3}' | sort -n | sed -n 2p)x"
+note "   compute scaling before the rounds: $scale_before; after: $scale_after"
 note "2. decoders' ITL (ms) while 2048-token prompts arrive: chunked (budget 32) p50 $(col "$out/serve-chunked-decoders.txt" 1 13) p99 $(col "$out/serve-chunked-decoders.txt" 1 15); unchunked (budget 8192) p50 $(col "$out/serve-unchunked-decoders.txt" 1 13) p99 $(col "$out/serve-unchunked-decoders.txt" 1 15)"
 note "3. TTFT p50 (ms), 1024 shared + 32 own tokens: prefix cache $(col "$out/serve-prefix-cache-8.txt" 1 10), none $(col "$out/serve-prefix-cache-0.txt" 1 10)"
 note "4. arrival-rate curves: serve-rates.txt, serve-rates.svg"

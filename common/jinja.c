@@ -782,6 +782,8 @@ static void kid_push(struct parser *P, struct node *n, struct node *k)
 
 static struct tok *peek(struct parser *P) { return &P->tk[P->tpos]; }
 static struct tok *next(struct parser *P) { struct tok *t = &P->tk[P->tpos]; if (t->t != T_EOF) P->tpos++; return t; }
+/* Put back T, the token next() just returned (it stays put at the end) */
+static void unread(struct parser *P, const struct tok *t) { if (t->t != T_EOF) P->tpos--; }
 
 static bool is_op(struct tok *t, const char *op) { return t->t == T_OP && t->n == strlen(op) && !memcmp(t->p, op, t->n); }
 static bool is_name(struct tok *t, const char *nm) { return t->t == T_NAME && t->n == strlen(nm) && !memcmp(t->p, nm, t->n); }
@@ -954,7 +956,7 @@ static struct node *parse_primary(struct parser *P)
 		break;
 	default: break;
 	}
-	P->tpos--;
+	unread(P, t);
 	syntax(P, "an expression");
 }
 
@@ -973,7 +975,7 @@ static struct node *parse_postfix(struct parser *P)
 				a->b = mk(P, N_LIT);
 				a->b->v = vint(t->i);
 			} else {
-				P->tpos--;
+				unread(P, t);
 				syntax(P, "an attribute name");
 			}
 			n = a;
@@ -1047,7 +1049,7 @@ static struct node *parse_unary(struct parser *P)
 		                           is_op(nt, "<=") || is_op(nt, ">=")))
 			t->name = adup(&P->c, nt->p, nt->n);
 		else {
-			P->tpos--;
+			unread(P, nt);
 			syntax(P, "a test name");
 		}
 		if (!in_list(TESTS, t->name))

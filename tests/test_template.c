@@ -181,6 +181,13 @@ static void unit(void)
 	refuse("call block", "{% call m() %}{% endcall %}", LLM_ERR_UNSUPPORTED, "unsupported tag 'call'");
 	refuse("unclosed if", "{% if x %}a", LLM_ERR_FORMAT, "missing");
 	refuse("unclosed tag", "{{ x ", LLM_ERR_FORMAT, "unclosed");
+	/* a tag that ends where an expression, attribute or test name is due
+	 * (found by tests/fuzz/fuzz_chat: the parser stepped back past the
+	 * tag's start and read before its token array) */
+	refuse("empty expression", "{{ }}", LLM_ERR_FORMAT, "line 1: expected an expression at end of tag");
+	refuse("no attribute name", "{{ x. }}", LLM_ERR_FORMAT, "line 1: expected an attribute name at end of tag");
+	refuse("no test name", "a\n{{ x is }}", LLM_ERR_FORMAT, "line 2: expected a test name at end of tag");
+	refuse("no expression in if", "{% if %}{% endif %}", LLM_ERR_FORMAT, "expected an expression at end of tag");
 	refuse("raise_exception", "{{ raise_exception('roles must alternate') }}", LLM_ERR_USAGE, "roles must alternate");
 	refuse("list.append in the immutable sandbox", "{% set l = [] %}{{ l.append(1) }}", LLM_ERR_USAGE, "unsafe");
 	refuse("attribute of undefined", "{{ u.x }}", LLM_ERR_USAGE, "undefined");

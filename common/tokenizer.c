@@ -2060,23 +2060,34 @@ void llm_detok_stream_free(struct llm_detok_stream *s)
 
 /* How many trailing ids could still change the text before them: a run of
  * byte-fallback bytes, or byte-level tokens whose bytes end inside a
- * UTF-8 character. */
-static size_t unstable_tail(const struct llm_tokenizer *tk, const int32_t *ids, size_t n)
+ * UTF-8 character. Special ids that SKIP_SPECIAL leaves out add no text:
+ * the bytes on either side of them join (as in decode_buf), so they are
+ * looked through, and held with the bytes before them. */
+static size_t unstable_tail(const struct llm_tokenizer *tk, const int32_t *ids, size_t n, bool skip_special)
 {
-	size_t k = 0;
+	size_t k = 0, fallback = 0;
 	while (k < n) {
-		const struct str *t = &tk->tok[ids[n - 1 - k]];
-		if (t->len == 6 && !memcmp(t->s, "<0x", 3) && t->s[5] == '>')
+		int32_t id = ids[n - 1 - k];
+		const struct str *t = &tk->tok[id];
+		if (skip_special && (tk->flags[id] & TF_SPECIAL)) {
 			k++;
-		else
+		} else if (t->len == 6 && !memcmp(t->s, "<0x", 3) && t->s[5] == '>') {
+			k++;
+			fallback++;
+		} else {
 			break;
+		}
 	}
-	if (k || !tk->bytelevel_dec)
+	if (fallback)
 		return k;
+	if (!tk->bytelevel_dec)
+		return 0;
 	/* The last bytes of the stream (at most 8), with the token each came from. */
 	unsigned char by[8];
 	size_t from[8], nb = 0;
 	for (size_t j = 0; j < n && nb < 4; j++) {
+		if (skip_special && (tk->flags[ids[n - 1 - j]] & TF_SPECIAL))
+			continue;
 		const struct str *t = &tk->tok[ids[n - 1 - j]];
 		unsigned char tb[64];
 		size_t m = 0;
@@ -2110,7 +2121,7 @@ static size_t unstable_tail(const struct llm_tokenizer *tk, const int32_t *ids, 
 static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const char **text, size_t *len)
 {
 	const struct llm_tokenizer *tk = s->tk;
-	size_t hold = final ? 0 : unstable_tail(tk, s->ids, s->n);
+	size_t hold = final ? 0 : unstable_tail(tk, s->ids, s->n, s->skip_special);
 	struct buf b = { 0 };
 	LLM_TRY(decode_buf(tk, s->ids, s->n - hold, s->skip_special, &b));
 	size_t stable = b.n;
@@ -2146,9 +2157,13 @@ static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const
 	}
 	*text = s->out ? s->out : "";
 	/* Re-anchor the window once nothing is held back, keeping a few ids of
-	 * context so decoders that treat the first token specially agree. */
-	if (!final && hold == 0 && stable == b.n && s->n > 32) {
-		size_t keep = 4;
+	 * context so decoders that treat the first token specially agree: four
+	 * that add text (special ids left out add none). */
+	size_t keep = 0;
+	for (size_t seen = 0; keep < s->n && seen < 4; keep++)
+		if (!(s->skip_special && (tk->flags[s->ids[s->n - 1 - keep]] & TF_SPECIAL)))
+			seen++;
+	if (!final && hold == 0 && stable == b.n && s->n > 32 && keep < s->n) {
 		memmove(s->ids, s->ids + s->n - keep, keep * sizeof *s->ids);
 		s->n = keep;
 		struct buf c = { 0 };

@@ -274,6 +274,81 @@ static void malformed(const char *ref)
 	free(data);
 }
 
+/* The stream of IDS (skip_special SKIP) against the whole decode, both
+ * against WANT. */
+static void stream_case(struct llm_tokenizer *tk, const char *what, const int32_t *ids, size_t n, bool skip,
+                        const char *want)
+{
+	char *whole = NULL;
+	size_t wl = 0;
+	char got[256] = "";
+	size_t gl = 0;
+	int ok = llm_tokenizer_decode(tk, ids, n, skip, &whole, &wl) == LLM_OK;
+	struct llm_detok_stream s;
+	llm_detok_stream_init(&s, tk, skip);
+	for (size_t i = 0; ok && i <= n; i++) {
+		const char *t;
+		size_t l;
+		if ((i < n ? llm_detok_stream_push(&s, ids[i], &t, &l) : llm_detok_stream_flush(&s, &t, &l)) ||
+		    gl + l >= sizeof got) {
+			ok = 0;
+			break;
+		}
+		memcpy(got + gl, t, l);
+		gl += l;
+		got[gl] = 0;
+	}
+	llm_detok_stream_free(&s);
+	ok = ok && wl == strlen(want) && !memcmp(whole, want, wl) && gl == wl && !memcmp(got, whole, wl);
+	if (!check(ok, "%s", what))
+		check_diag("whole \"%s\", stream \"%s\", want \"%s\"", whole ? whole : "(error)", got, want);
+	free(whole);
+}
+
+/* Bytes of one character split by a special token that decode leaves out
+ * (skip_special) join into that character, in the stream as in the whole
+ * decode (found by tests/fuzz/fuzz_tokenizer: the stream took the special
+ * token's text as the end of the bytes and gave U+FFFD). */
+static void stream_skip_special(const char *ref)
+{
+	struct {
+		const char *name, *a, *b, *sp;
+	} cs[] = {
+		/* byte-level: "æ¨" is bytes E6 A8, "Ĩ" byte 86: U+6A06 */
+		{ "llama3", "\xc3\xa6\xc2\xa8", "\xc4\xa8", "<|eot_id|>" },
+		{ "qwen3", "\xc3\xa6\xc2\xa8", "\xc4\xa8", "<|im_end|>" },
+		/* byte fallback */
+		{ "mistral7b", "<0xE6>", "<0xA8>", "</s>" },
+	};
+	for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+		char dir[4096];
+		snprintf(dir, sizeof dir, "%s/tokenizers/%s", ref ? ref : "", cs[i].name);
+		struct llm_tokenizer *tk = NULL;
+		if (!ref || llm_tokenizer_open(&tk, dir)) {
+			check_skip("no reference tokenizer", "%s: stream across a skipped special token", cs[i].name);
+			continue;
+		}
+		int32_t a = llm_tokenizer_find(tk, cs[i].a), b = llm_tokenizer_find(tk, cs[i].b),
+		        sp = llm_tokenizer_find(tk, cs[i].sp), c = llm_tokenizer_find(tk, "<0x86>");
+		char what[128];
+		snprintf(what, sizeof what, "%s: stream across a skipped special token equals the whole decode",
+		         cs[i].name);
+		if (!check(a >= 0 && b >= 0 && sp >= 0 && llm_tokenizer_is_special(tk, sp), "%s: the test's tokens exist",
+		           cs[i].name)) {
+			llm_tokenizer_close(tk);
+			continue;
+		}
+		if (c >= 0) {            /* byte fallback: E6 <sp> A8 <sp> 86 */
+			int32_t ids[] = { a, sp, b, sp, c };
+			stream_case(tk, what, ids, 5, true, "\xe6\xa8\x86");
+		} else {                 /* byte-level: E6 A8 <sp> 86 */
+			int32_t ids[] = { a, sp, sp, b };
+			stream_case(tk, what, ids, 4, true, "\xe6\xa8\x86");
+		}
+		llm_tokenizer_close(tk);
+	}
+}
+
 int main(void)
 {
 	const char *ref = test_ref_dir();
@@ -284,6 +359,7 @@ int main(void)
 		else
 			run_tokenizer(ref, names[i]);
 	}
+	stream_skip_special(ref);
 	malformed(ref);
 	return check_done();
 }

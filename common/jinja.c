@@ -11,6 +11,7 @@
 #include "jinja.h"
 
 #include <jansson.h>
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -661,16 +662,23 @@ static void lex_expr(struct parser *P, const char *s, size_t n, int line)
 			}
 			char num[64];
 			size_t k = 0;
-			for (const char *r = s; r < q && k < sizeof num - 1; r++)
+			for (const char *r = s; r < q && k < sizeof num; r++)
 				if (*r != '_')
 					num[k++] = *r;
+			/* Python's ints have no bound; these are 64-bit, so a
+			 * literal past them is refused, never cut short */
+			if (k == sizeof num)
+				die(&P->c, LLM_ERR_UNSUPPORTED, line, "number literal of more than %d digits", (int)sizeof num - 1);
 			num[k] = 0;
 			if (fl) {
 				t.t = T_FLOAT;
 				t.f = strtod(num, NULL);
 			} else {
 				t.t = T_INT;
+				errno = 0;
 				t.i = strtoll(num, NULL, 10);
+				if (errno == ERANGE)
+					die(&P->c, LLM_ERR_UNSUPPORTED, line, "integer literal %s is past 64 bits", num);
 			}
 			t.n = (size_t)(q - s);
 			s = q;
@@ -1637,6 +1645,16 @@ static bool contains(struct rctx *r, struct val hay, struct val x, int line)
 static double num(struct val v) { return v.t == V_FLOAT ? v.f : v.t == V_INT ? (double)v.i : v.b; }
 static bool isnum(struct val v) { return v.t == V_INT || v.t == V_FLOAT || v.t == V_BOOL; }
 
+/* The longest string one operation may build (repetition, indent) */
+#define JINJA_MAX_STR (64 << 20)
+
+/* Python's ints have no bound; these are 64-bit: a result past them is
+ * refused, never wrapped. */
+static _Noreturn void int_overflow(struct rctx *r, const char *op, int line)
+{
+	rdie(r, line, LLM_ERR_USAGE, "integer overflow in '%s' (integers are 64-bit here)", op);
+}
+
 static struct val binop(struct rctx *r, const char *op, struct val a, struct val b, int line)
 {
 	if (!strcmp(op, "~")) {
@@ -1672,6 +1690,9 @@ static struct val binop(struct rctx *r, const char *op, struct val a, struct val
 	if (op[0] == '*' && !op[1] && ((a.t == V_STR && b.t == V_INT) || (a.t == V_INT && b.t == V_STR))) {
 		struct val s = a.t == V_STR ? a : b;
 		int64_t k = a.t == V_INT ? a.i : b.i;
+		if (k > 0 && s.s.n > 0 && (uint64_t)k > JINJA_MAX_STR / s.s.n)
+			rdie(r, line, LLM_ERR_USAGE, "string repeated %lld times: more than %d MiB", (long long)k,
+			     JINJA_MAX_STR >> 20);
 		struct sb o = { .c = &r->c };
 		for (int64_t i = 0; i < k; i++)
 			sb_put(&o, s.s.p, s.s.n);
@@ -1682,18 +1703,46 @@ static struct val binop(struct rctx *r, const char *op, struct val a, struct val
 	bool ints = a.t != V_FLOAT && b.t != V_FLOAT;
 	int64_t x = a.t == V_INT ? a.i : a.b, y = b.t == V_INT ? b.i : b.b;
 	double fx = num(a), fy = num(b);
+	int64_t z;
 	switch (op[0]) {
-	case '+': return ints ? vint(x + y) : vfloat(fx + fy);
-	case '-': return ints ? vint(x - y) : vfloat(fx - fy);
+	case '+':
+		if (!ints)
+			return vfloat(fx + fy);
+		if (__builtin_add_overflow(x, y, &z))
+			int_overflow(r, op, line);
+		return vint(z);
+	case '-':
+		if (!ints)
+			return vfloat(fx - fy);
+		if (__builtin_sub_overflow(x, y, &z))
+			int_overflow(r, op, line);
+		return vint(z);
 	case '*':
-		if (op[1] == '*')
-			return ints && y >= 0 ? vint((int64_t)llround(pow((double)x, (double)y))) : vfloat(pow(fx, fy));
-		return ints ? vint(x * y) : vfloat(fx * fy);
+		if (op[1] == '*') {
+			if (!ints || y < 0)
+				return vfloat(pow(fx, fy));
+			/* exact, by squaring: pow() rounds past 2^53 */
+			z = 1;
+			for (int64_t base = x, e = y; e; e >>= 1) {
+				if ((e & 1) && __builtin_mul_overflow(z, base, &z))
+					int_overflow(r, op, line);
+				if (e > 1 && __builtin_mul_overflow(base, base, &base))
+					int_overflow(r, op, line);
+			}
+			return vint(z);
+		}
+		if (!ints)
+			return vfloat(fx * fy);
+		if (__builtin_mul_overflow(x, y, &z))
+			int_overflow(r, op, line);
+		return vint(z);
 	case '/':
 		if (fy == 0)
 			rdie(r, line, LLM_ERR_USAGE, "division by zero");
 		if (op[1] == '/') {
 			if (ints) {
+				if (x == INT64_MIN && y == -1)
+					int_overflow(r, op, line);
 				int64_t q = x / y;
 				if ((x % y != 0) && ((x < 0) != (y < 0)))
 					q--;
@@ -1706,6 +1755,8 @@ static struct val binop(struct rctx *r, const char *op, struct val a, struct val
 		if (fy == 0)
 			rdie(r, line, LLM_ERR_USAGE, "modulo by zero");
 		if (ints) {
+			if (y == -1)        /* INT64_MIN % -1 traps */
+				return vint(0);
 			int64_t m = x % y;
 			if (m != 0 && ((m < 0) != (y < 0)))
 				m += y;
@@ -2351,10 +2402,12 @@ static struct val bi_range(struct rctx *r, struct func *f, struct args *a, int l
 	if (!v[2])
 		rdie(r, line, LLM_ERR_USAGE, "range() arg 3 must not be zero");
 	struct val l = vlist(&r->c);
-	for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
+	for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1];) {
 		if (l.l->n > 10000000)
 			rdie(r, line, LLM_ERR_USAGE, "range() too large");
 		list_push(&r->c, l.l, vint(i));
+		if (__builtin_add_overflow(i, v[2], &i))   /* past the last 64-bit value: the end */
+			break;
 	}
 	return l;
 }
@@ -2678,6 +2731,10 @@ static struct val apply_filter(struct rctx *r, const char *f, struct val v, stru
 		struct sb pad = { .c = &r->c };
 		if (w.t == V_STR)
 			sb_put(&pad, w.s.p, w.s.n);
+		else if (w.t != V_INT)
+			rdie(r, line, LLM_ERR_USAGE, "indent(): width must be an integer or a string");
+		else if (w.i > JINJA_MAX_STR)
+			rdie(r, line, LLM_ERR_USAGE, "indent(): width %lld: more than %d MiB", (long long)w.i, JINJA_MAX_STR >> 20);
 		else
 			for (int64_t i = 0; i < w.i; i++)
 				sb_putc(&pad, ' ');
@@ -2803,7 +2860,11 @@ static struct val eval(struct rctx *r, struct node *n)
 	case N_NOT: return vbool(!truthy(eval(r, n->a)));
 	case N_NEG: case N_POS: {
 		struct val v = eval(r, n->a);
-		if (v.t == V_INT) return vint(n->k == N_NEG ? -v.i : v.i);
+		if (v.t == V_INT) {
+			if (n->k == N_NEG && v.i == INT64_MIN)
+				int_overflow(r, "-", n->line);
+			return vint(n->k == N_NEG ? -v.i : v.i);
+		}
 		if (v.t == V_FLOAT) return vfloat(n->k == N_NEG ? -v.f : v.f);
 		rdie(r, n->line, LLM_ERR_USAGE, "bad operand type for unary -: '%s'", type_name(v));
 	}

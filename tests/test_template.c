@@ -188,6 +188,26 @@ static void unit(void)
 	refuse("no attribute name", "{{ x. }}", LLM_ERR_FORMAT, "line 1: expected an attribute name at end of tag");
 	refuse("no test name", "a\n{{ x is }}", LLM_ERR_FORMAT, "line 2: expected a test name at end of tag");
 	refuse("no expression in if", "{% if %}{% endif %}", LLM_ERR_FORMAT, "expected an expression at end of tag");
+	/* integers are 64-bit: past them is refused, never wrapped (Python's
+	 * would grow); exact up to the bound */
+	expect("integer power, exact past 2^53", "{{ 3 ** 39 }} {{ -2 ** 63 }} {{ 2 ** 62 + (2 ** 62 - 1) }}", "{}",
+	       "4052555153018976267 -9223372036854775808 9223372036854775807");
+	expect("floor division and modulo at the bounds", "{% set m = -9223372036854775807 - 1 %}{{ m // 1 }} {{ m % -1 }}",
+	       "{}", "-9223372036854775808 0");
+	refuse("+ past 64 bits", "{{ 2 + 9223372036854775807 }}", LLM_ERR_USAGE, "integer overflow in '+'");
+	refuse("* past 64 bits", "{{ 4294967296 * 4294967296 }}", LLM_ERR_USAGE, "integer overflow in '*'");
+	refuse("** past 64 bits", "{{ 2 ** 63 }}", LLM_ERR_USAGE, "integer overflow in '**'");
+	refuse("- of the least integer", "{% set m = -9223372036854775807 - 1 %}{{ -m }}", LLM_ERR_USAGE,
+	       "integer overflow in '-'");
+	refuse("// of the least integer by -1", "{% set m = -9223372036854775807 - 1 %}{{ m // -1 }}", LLM_ERR_USAGE,
+	       "integer overflow in '//'");
+	refuse("integer literal past 64 bits", "{{ 9223372036854775808 }}", LLM_ERR_UNSUPPORTED, "past 64 bits");
+	refuse("a 70-digit literal", "{{ 1234567890123456789012345678901234567890123456789012345678901234567890 }}",
+	       LLM_ERR_UNSUPPORTED, "more than 63 digits");
+	refuse("string repeated past 64 MiB", "{{ 'ab' * 9223372036854775807 }}", LLM_ERR_USAGE, "more than 64 MiB");
+	refuse("indent wider than 64 MiB", "{{ 'a\nb' | indent(9223372036854775807) }}", LLM_ERR_USAGE, "more than 64 MiB");
+	expect("range up to the last integer", "{{ range(9223372036854775806, 9223372036854775807, 5) | list }}", "{}",
+	       "[9223372036854775806]");
 	refuse("raise_exception", "{{ raise_exception('roles must alternate') }}", LLM_ERR_USAGE, "roles must alternate");
 	refuse("list.append in the immutable sandbox", "{% set l = [] %}{{ l.append(1) }}", LLM_ERR_USAGE, "unsafe");
 	refuse("attribute of undefined", "{{ u.x }}", LLM_ERR_USAGE, "undefined");

@@ -1701,7 +1701,8 @@ static struct val binop(struct rctx *r, const char *op, struct val a, struct val
 	if (!isnum(a) || !isnum(b))
 		rdie(r, line, LLM_ERR_USAGE, "unsupported operand types for %s: '%s' and '%s'", op, type_name(a), type_name(b));
 	bool ints = a.t != V_FLOAT && b.t != V_FLOAT;
-	int64_t x = a.t == V_INT ? a.i : a.b, y = b.t == V_INT ? b.i : b.b;
+	/* the integer value of an int or a bool (floats take fx, fy) */
+	int64_t x = a.t == V_INT ? a.i : a.t == V_BOOL ? a.b : 0, y = b.t == V_INT ? b.i : b.t == V_BOOL ? b.b : 0;
 	double fx = num(a), fy = num(b);
 	int64_t z;
 	switch (op[0]) {

@@ -194,6 +194,9 @@ static void unit(void)
 	       "4052555153018976267 -9223372036854775808 9223372036854775807");
 	expect("floor division and modulo at the bounds", "{% set m = -9223372036854775807 - 1 %}{{ m // 1 }} {{ m % -1 }}",
 	       "{}", "-9223372036854775808 0");
+	/* a float operand: its bytes are not read as a bool (UBSan, fuzzer) */
+	expect("float with int or bool operands", "{{ 7 / 5 + 1 }} {{ 2 * 1.5 }} {{ true + 1 }} {{ 7 / 5 - true }}", "{}",
+	       "2.4 3.0 2 0.3999999999999999");
 	refuse("+ past 64 bits", "{{ 2 + 9223372036854775807 }}", LLM_ERR_USAGE, "integer overflow in '+'");
 	refuse("* past 64 bits", "{{ 4294967296 * 4294967296 }}", LLM_ERR_USAGE, "integer overflow in '*'");
 	refuse("** past 64 bits", "{{ 2 ** 63 }}", LLM_ERR_USAGE, "integer overflow in '**'");

@@ -83,7 +83,7 @@ struct llm_bench_model_opts {
 };
 
 struct llm_bench_model_result {
-	char test[40];             /* "pp512", "tg128 x4", "tg128 x4 @ d1024" */
+	char test[56];             /* "pp512", "tg128 x4", "tg128 x4 @ d1024" (room for any ints) */
 	double mean, sd;           /* tokens/s */
 	int wrong;                 /* non-finite logits seen */
 };

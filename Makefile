@@ -35,6 +35,9 @@ LIB_OBJ   = $(LIB_SRC:%.c=$(B)/%.o) $(CUC_SRC:%.c=$(B)/%.o) $(CU_SRC:%.cu=$(B)/%
 TOOL_BINS = $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/llm-*.c))
 TEST_SRC  = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(B)/tests/%)
+# the libFuzzer harnesses, each linked with tests/lib/fuzz_replay.c: their
+# kept corpora run in make test (tests/cli/fuzz.sh)
+FUZZ_BINS = $(patsubst tests/fuzz/%.c,$(B)/tests/fuzz/%,$(wildcard tests/fuzz/*.c))
 
 ifeq ($(CUDA),1)
 override CFLAGS += -DLLM_CUDA -I$(CUDA_HOME)/include
@@ -57,7 +60,7 @@ $(B)/common/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 endif
 $(info mpi: $(if $(filter 1,$(MPI)),yes ($(MPICC)),no))
 
-all: $(TOOL_BINS) $(TEST_BINS) $(B)/tests/mpi_check
+all: $(TOOL_BINS) $(TEST_BINS) $(FUZZ_BINS) $(B)/tests/mpi_check
 
 # Changed flags force a rebuild: objects depend on a file holding them.
 $(B)/flags: FORCE
@@ -83,6 +86,9 @@ $(BIN)/%: $(B)/tools/%.o $(B)/libllm.a
 $(B)/tests/%: $(B)/tests/%.o $(B)/tests/lib/check.o $(B)/libllm.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(B)/tests/fuzz/%: $(B)/tests/fuzz/%.o $(B)/tests/lib/fuzz_replay.o $(B)/libllm.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 test: all
 	LLM_BIN=$(abspath $(BIN)) LLM_TESTBIN=$(abspath $(B)/tests) tests/run
 
@@ -95,10 +101,10 @@ asan:
 # libFuzzer harnesses (tests/fuzz/*.c), built with clang.
 fuzz:
 	$(MAKE) B=build-fuzz BIN=build-fuzz/bin CUDA=0 CC=clang \
-	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libllm.a
+	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" build-fuzz/libllm.a
 	@for f in tests/fuzz/*.c; do n=$$(basename $$f .c); \
 	  echo "clang $$f -> build-fuzz/$$n"; \
-	  clang -std=c11 -O1 -g -iquote common -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f build-fuzz/libllm.a $(LDLIBS) || exit 1; done
+	  clang -std=c11 -O1 -g -iquote common -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -o build-fuzz/$$n $$f build-fuzz/libllm.a $(LDLIBS) || exit 1; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5

@@ -80,9 +80,17 @@ int main(int argc, char **argv)
 					continue;
 				if (nn == cn) {
 					cn = cn ? 2 * cn : 64;
-					names = realloc(names, cn * sizeof *names);
+					char **p = realloc(names, cn * sizeof *names);
+					if (!p) {
+						fprintf(stderr, "%s: out of memory\n", argv[i]);
+						return 1;
+					}
+					names = p;
 				}
-				names[nn++] = strdup(e->d_name);
+				if (!(names[nn++] = strdup(e->d_name))) {
+					fprintf(stderr, "%s: out of memory\n", argv[i]);
+					return 1;
+				}
 			}
 			closedir(d);
 			qsort(names, nn, sizeof *names, cmp);   /* the same order every run */

@@ -2160,10 +2160,11 @@ static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const
 	 * context so decoders that treat the first token specially agree: four
 	 * that add text (special ids left out add none). */
 	size_t keep = 0;
-	for (size_t seen = 0; keep < s->n && seen < 4; keep++)
-		if (!(s->skip_special && (tk->flags[s->ids[s->n - 1 - keep]] & TF_SPECIAL)))
-			seen++;
-	if (!final && hold == 0 && stable == b.n && s->n > 32 && keep < s->n) {
+	if (!final && hold == 0 && stable == b.n && s->n > 32)
+		for (size_t seen = 0; keep < s->n && seen < 4; keep++)
+			if (!(s->skip_special && (tk->flags[s->ids[s->n - 1 - keep]] & TF_SPECIAL)))
+				seen++;
+	if (keep && keep < s->n) {
 		memmove(s->ids, s->ids + s->n - keep, keep * sizeof *s->ids);
 		s->n = keep;
 		struct buf c = { 0 };

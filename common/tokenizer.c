@@ -548,8 +548,11 @@ static enum llm_status load_norm(struct loader *L, json_t *j, struct norm *n)
 		n->sub = calloc(json_array_size(a) + 1, sizeof *n->sub);
 		if (!n->sub)
 			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		for (size_t i = 0; i < json_array_size(a); i++, n->n_sub++)
+		/* counted before it loads: a member that fails part way is freed too */
+		for (size_t i = 0; i < json_array_size(a); i++) {
+			n->n_sub++;
 			LLM_TRY(load_norm(L, json_array_get(a, i), &n->sub[i]));
+		}
 	} else if (!strcmp(type, "Prepend")) {
 		n->type = NORM_PREPEND;
 		if (!jstr(j, "prepend"))
@@ -593,8 +596,11 @@ static enum llm_status load_pre(struct loader *L, json_t *j, struct pre *p)
 		p->sub = calloc(json_array_size(a) + 1, sizeof *p->sub);
 		if (!p->sub)
 			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		for (size_t i = 0; i < json_array_size(a); i++, p->n_sub++)
+		/* counted before it loads: a member that fails part way is freed too */
+		for (size_t i = 0; i < json_array_size(a); i++) {
+			p->n_sub++;
 			LLM_TRY(load_pre(L, json_array_get(a, i), &p->sub[i]));
+		}
 	} else if (!strcmp(type, "Split")) {
 		p->type = PRE_SPLIT;
 		LLM_TRY(load_pattern(L, json_object_get(j, "pattern"), "pre_tokenizer: Split", NULL, &p->re));
@@ -652,8 +658,11 @@ static enum llm_status load_dec(struct loader *L, json_t *j, struct dec *d)
 		d->sub = calloc(json_array_size(a) + 1, sizeof *d->sub);
 		if (!d->sub)
 			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		for (size_t i = 0; i < json_array_size(a); i++, d->n_sub++)
+		/* counted before it loads: a member that fails part way is freed too */
+		for (size_t i = 0; i < json_array_size(a); i++) {
+			d->n_sub++;
 			LLM_TRY(load_dec(L, json_array_get(a, i), &d->sub[i]));
+		}
 	} else if (!strcmp(type, "Replace")) {
 		d->type = DEC_REPLACE;
 		const char *s = jstr(json_object_get(j, "pattern"), "String");

@@ -235,6 +235,18 @@ static void malformed(const char *ref)
 	expect_error("unknown decoder",
 	             "{\"decoder\": {\"type\": \"Frob\"}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
 	             LLM_ERR_UNSUPPORTED, "decoder");
+	/* a Sequence member that fails after it allocated (its regex, its
+	 * content): refused, and under make asan nothing leaks (found by
+	 * tests/fuzz/fuzz_tokenizer_json) */
+	expect_error("Sequence member fails after its regex",
+	             "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+	             "{\"Regex\": \"a\"}, \"behavior\": \"Sideways\"}]}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB
+	             ", \"merges\": []}}",
+	             LLM_ERR_FORMAT, "unknown behavior 'Sideways'");
+	expect_error("Sequence member fails after its content",
+	             "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Replace\", \"content\": \"b\", "
+	             "\"pattern\": {\"Regex\": \"(\"}}]}, \"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": []}}",
+	             LLM_ERR_UNSUPPORTED, "regex");
 	struct llm_tokenizer *tk = NULL;
 	char dir[4096];
 	snprintf(dir, sizeof dir, "%s/absent", test_tmpdir());

@@ -34,6 +34,8 @@ for t in llama3 qwen3 mistral7b stories260K; do
 done
 [ $n -gt 0 ] || skip "fuzz_tokenizer corpus" "no reference tokenizers in $TOK"
 
+replay fuzz_tokenizer_json "hand-written tokenizer.json files: byte-level, byte-fallback and Metaspace BPE, refused ones" tests/data/fuzz-tokenizer-json
+
 # the replay itself: an unreadable input is an error, not a silent pass
 check_fails "a missing input is reported" 1 "$FB/fuzz_safetensors" "$TMPD/no-such-file"
 tap_done

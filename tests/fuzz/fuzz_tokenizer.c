@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "llm.h"
+#include "tok_check.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -34,47 +35,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-/* IDS must decode, and the stream must give the same text. */
-static void check_ids(const int32_t *ids, size_t n)
-{
-	for (int skip = 0; skip < 2; skip++) {
-		char *whole = NULL;
-		size_t wlen = 0;
-		enum llm_status st = llm_tokenizer_decode(tk, ids, n, skip, &whole, &wlen);
-		struct llm_detok_stream ds;
-		memset(&ds, 0, sizeof ds);
-		llm_detok_stream_init(&ds, tk, skip);
-		char *acc = malloc(wlen + 1);
-		size_t alen = 0, cap = wlen + 1;
-		int ok = 1;
-		for (size_t i = 0; i <= n && ok; i++) {
-			const char *t;
-			size_t tl;
-			enum llm_status ps = i < n ? llm_detok_stream_push(&ds, ids[i], &t, &tl)
-			                           : llm_detok_stream_flush(&ds, &t, &tl);
-			if (ps) {
-				ok = 0;
-				break;
-			}
-			if (alen + tl + 1 > cap) {
-				cap = (alen + tl + 1) * 2;
-				acc = realloc(acc, cap);
-			}
-			memcpy(acc + alen, t, tl);
-			alen += tl;
-		}
-		llm_detok_stream_free(&ds);
-		/* a whole decode refuses only ids the tokenizer lacks; the stream
-		 * must then refuse too, and otherwise agree byte for byte */
-		if (st == LLM_OK && (!ok || alen != wlen || memcmp(acc, whole, wlen)))
-			__builtin_trap();
-		if (st != LLM_OK && ok)
-			__builtin_trap();
-		free(acc);
-		free(whole);
-	}
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1 || size > 4096)
@@ -87,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				for (size_t i = 0; i < n; i++)
 					if (ids[i] < 0 || ids[i] >= llm_tokenizer_n_vocab(tk))
 						__builtin_trap();
-				check_ids(ids, n);
+				check_ids(tk, ids, n);
 			}
 			free(ids);
 		}
@@ -99,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			const uint8_t *p = data + 1 + 3 * i;
 			ids[i] = (int32_t)(((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16) % (uint32_t)nv);
 		}
-		check_ids(ids, n);
+		check_ids(tk, ids, n);
 		free(ids);
 	}
 	return 0;

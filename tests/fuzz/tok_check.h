@@ -1,0 +1,50 @@
+/* tests/fuzz/tok_check.h: the check the tokenizer harnesses share (a
+ * header, not a harness: make fuzz builds only the .c files here). */
+#ifndef TOK_CHECK_H
+#define TOK_CHECK_H
+#include <stdlib.h>
+#include <string.h>
+#include "llm.h"
+
+/* IDS must decode, and the stream must give the same text. */
+static void check_ids(const struct llm_tokenizer *tk, const int32_t *ids, size_t n)
+{
+	for (int skip = 0; skip < 2; skip++) {
+		char *whole = NULL;
+		size_t wlen = 0;
+		enum llm_status st = llm_tokenizer_decode(tk, ids, n, skip, &whole, &wlen);
+		struct llm_detok_stream ds;
+		memset(&ds, 0, sizeof ds);
+		llm_detok_stream_init(&ds, tk, skip);
+		char *acc = malloc(wlen + 1);
+		size_t alen = 0, cap = wlen + 1;
+		int ok = 1;
+		for (size_t i = 0; i <= n && ok; i++) {
+			const char *t;
+			size_t tl;
+			enum llm_status ps = i < n ? llm_detok_stream_push(&ds, ids[i], &t, &tl)
+			                           : llm_detok_stream_flush(&ds, &t, &tl);
+			if (ps) {
+				ok = 0;
+				break;
+			}
+			if (alen + tl + 1 > cap) {
+				cap = (alen + tl + 1) * 2;
+				acc = realloc(acc, cap);
+			}
+			memcpy(acc + alen, t, tl);
+			alen += tl;
+		}
+		llm_detok_stream_free(&ds);
+		/* a whole decode refuses only ids the tokenizer lacks; the stream
+		 * must then refuse too, and otherwise agree byte for byte */
+		if (st == LLM_OK && (!ok || alen != wlen || memcmp(acc, whole, wlen)))
+			__builtin_trap();
+		if (st != LLM_OK && ok)
+			__builtin_trap();
+		free(acc);
+		free(whole);
+	}
+}
+
+#endif

@@ -420,6 +420,7 @@ static void put_repr(struct sb *b, struct val v)
 		sb_putc(b, '}');
 		break;
 	case V_FUNC: case V_METHOD: sb_puts(b, "<function>"); break;
+	case V_UNDEF: sb_puts(b, "Undefined"); break;    /* its repr: [u] prints [Undefined] */
 	default: put_str(b, v); break;
 	}
 }
@@ -1465,10 +1466,25 @@ enum llm_status llm_jinja_parse(struct llm_jinja **out, const char *src, size_t 
 	t->src = malloc(len + 1);
 	if (!t->src)
 		die(&P->c, LLM_ERR_NOMEM, 0, "out of memory");
-	memcpy(t->src, src, len);
-	t->src[len] = 0;
+	/* as Jinja2's lexer reads a source: \r\n and \r become \n, and one
+	 * newline at the very end is dropped (keep_trailing_newline is off in
+	 * transformers' environment), so a template file's last newline is not
+	 * part of the prompt */
+	size_t n = 0;
+	for (size_t i = 0; i < len; i++) {
+		if (src[i] == '\r') {
+			t->src[n++] = '\n';
+			if (i + 1 < len && src[i + 1] == '\n')
+				i++;
+		} else {
+			t->src[n++] = src[i];
+		}
+	}
+	if (n && t->src[n - 1] == '\n')
+		n--;
+	t->src[n] = 0;
 	P->src = t->src;
-	P->len = len;
+	P->len = n;
 	lex_chunks(P);
 	const char *st;
 	t->root = parse_body(P, NULL, &st);
@@ -2867,7 +2883,8 @@ static struct val eval(struct rctx *r, struct node *n)
 			return vint(n->k == N_NEG ? -v.i : v.i);
 		}
 		if (v.t == V_FLOAT) return vfloat(n->k == N_NEG ? -v.f : v.f);
-		rdie(r, n->line, LLM_ERR_USAGE, "bad operand type for unary -: '%s'", type_name(v));
+		rdie(r, n->line, LLM_ERR_USAGE, "bad operand type for unary %c: '%s'", n->k == N_NEG ? '-' : '+',
+		     type_name(v));
 	}
 	case N_AND: {
 		struct val a = eval(r, n->a);

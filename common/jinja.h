@@ -2,7 +2,9 @@
  *
  * Renders a model's chat_template exactly as Hugging Face transformers does:
  * Jinja2 in an ImmutableSandboxedEnvironment with trim_blocks and
- * lstrip_blocks on, the loopcontrols extension, a tojson filter equal to
+ * lstrip_blocks on (keep_trailing_newline off: the source's line endings
+ * read as \n and its one last newline dropped), the loopcontrols
+ * extension, a tojson filter equal to
  * json.dumps(ensure_ascii=False) (indent, separators, sort_keys passed
  * through), and the globals raise_exception(msg) and strftime_now(fmt).
  * Values follow Python: str, int, float, bool, None, list, dict, plus

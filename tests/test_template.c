@@ -194,6 +194,14 @@ static void unit(void)
 	       "4052555153018976267 -9223372036854775808 9223372036854775807");
 	expect("floor division and modulo at the bounds", "{% set m = -9223372036854775807 - 1 %}{{ m // 1 }} {{ m % -1 }}",
 	       "{}", "-9223372036854775808 0");
+	/* the source as Jinja2's lexer reads it (checked against jinja2 3.1 with
+	 * transformers' settings): one trailing newline dropped, so a template
+	 * file's last line break is not in the prompt; \r\n and \r are \n */
+	expect("a template file's last newline is dropped", "a{{ 1 }}\n", "{}", "a1");
+	expect("only the last one", "a\n\n", "{}", "a\n");
+	expect("after a block tag too", "{% if true %}\nx\n{% endif %}\n", "{}", "x\n");
+	expect("\\r\\n and \\r become \\n, in strings too", "a\r\nb\rc{{ \"p\r\nq\" }}", "{}", "a\nb\ncp\nq");
+	expect("an undefined in a list prints as Undefined", "{{ [u] }}", "{}", "[Undefined]");
 	/* a float operand: its bytes are not read as a bool (UBSan, fuzzer) */
 	expect("float with int or bool operands", "{{ 7 / 5 + 1 }} {{ 2 * 1.5 }} {{ true + 1 }} {{ 7 / 5 - true }}", "{}",
 	       "2.4 3.0 2 0.3999999999999999");

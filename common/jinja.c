@@ -1664,6 +1664,31 @@ static bool isnum(struct val v) { return v.t == V_INT || v.t == V_FLOAT || v.t =
 /* The longest string one operation may build (repetition, indent) */
 #define JINJA_MAX_STR (64 << 20)
 
+/* Python's float % and // (floatobject.c's float_rem and float_floor_div):
+ * through fmod, so 1 % inf is 1 and -1 // inf is -1, not nan and -0 */
+static double py_mod(double x, double y)
+{
+	double m = fmod(x, y);
+	if (m != 0) {
+		if ((y < 0) != (m < 0))
+			m += y;
+	} else {
+		m = copysign(0.0, y);
+	}
+	return m;
+}
+
+static double py_floordiv(double x, double y)
+{
+	double m = fmod(x, y), d = (x - m) / y;
+	if (m != 0 && (y < 0) != (m < 0))
+		d -= 1.0;
+	if (d == 0)
+		return copysign(0.0, x / y);
+	double f = floor(d);
+	return d - f > 0.5 ? f + 1.0 : f;
+}
+
 /* Python's ints have no bound; these are 64-bit: a result past them is
  * refused, never wrapped. */
 static _Noreturn void int_overflow(struct rctx *r, const char *op, int line)
@@ -1765,7 +1790,7 @@ static struct val binop(struct rctx *r, const char *op, struct val a, struct val
 					q--;
 				return vint(q);
 			}
-			return vfloat(floor(fx / fy));
+			return vfloat(py_floordiv(fx, fy));
 		}
 		return vfloat(fx / fy);
 	case '%':
@@ -1779,7 +1804,7 @@ static struct val binop(struct rctx *r, const char *op, struct val a, struct val
 				m += y;
 			return vint(m);
 		}
-		return vfloat(fx - fy * floor(fx / fy));
+		return vfloat(py_mod(fx, fy));
 	}
 	rdie(r, line, LLM_ERR_INTERNAL, "operator %s", op);
 }

@@ -202,6 +202,9 @@ static void unit(void)
 	expect("after a block tag too", "{% if true %}\nx\n{% endif %}\n", "{}", "x\n");
 	expect("\\r\\n and \\r become \\n, in strings too", "a\r\nb\rc{{ \"p\r\nq\" }}", "{}", "a\nb\ncp\nq");
 	expect("an undefined in a list prints as Undefined", "{{ [u] }}", "{}", "[Undefined]");
+	expect("float % and // as Python's", "{{ 1 % 1e400 }} {{ -1 % 1e400 }} {{ -1 // 1e400 }} {{ -7.5 // 2 }} "
+	       "{{ 7.5 % -2 }} {{ 5 // 0.1 }} {{ 0.0 // -3 }} {{ 5.5 % 2 }}", "{}",
+	       "1.0 inf -1.0 -4.0 -0.5 49.0 -0.0 1.5");
 	/* a float operand: its bytes are not read as a bool (UBSan, fuzzer) */
 	expect("float with int or bool operands", "{{ 7 / 5 + 1 }} {{ 2 * 1.5 }} {{ true + 1 }} {{ 7 / 5 - true }}", "{}",
 	       "2.4 3.0 2 0.3999999999999999");

@@ -487,10 +487,8 @@ static void lex_chunks(struct parser *P)
 		if (strip_next_ws)
 			while (ts < te && strchr(" \t\r\n\v\f", *ts))
 				ts++;
-		else if (trim_next_nl && ts < te && *ts == '\n')
+		else if (trim_next_nl && ts < te && *ts == '\n')   /* the source has no \r (llm_jinja_parse) */
 			ts++;
-		else if (trim_next_nl && ts + 1 < te && ts[0] == '\r' && ts[1] == '\n')
-			ts += 2;
 		strip_next_ws = trim_next_nl = false;
 		if (!o) {
 			if (te > ts)

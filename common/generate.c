@@ -9,6 +9,7 @@
  * running request never finds the cache full. */
 #include "generate.h"
 #include "lora.h"
+#include "reqout.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,20 +25,11 @@ struct req {
 	int32_t *ids;               /* (n_prompt + max_new) prompt, then output */
 	int n_prompt, n_ids;
 	int n_cached;               /* ids already in the KV cache */
-	int max_new, n_gen;
 	int seq;
 	int64_t blocks;             /* KV blocks accounted at admission */
-	struct llm_sample_params p;
-	char *stop_buf;             /* the stop strings, copied */
-	struct llm_sampler smp;
-	int (*on_token)(void *, const struct llm_token_event *);
-	void *user;
 	int cancel;
-	int silent;                 /* a distributed rank other than 0: no events */
-	void *dt;                   /* detokenizer state */
-	char *text;                 /* decoded output not yet released */
-	size_t text_len, text_cap;
-	size_t max_stop;            /* longest stop string */
+	struct llm_reqout out;      /* sampling, stops, text, events (quiet on a rank
+	                             * other than 0 of a distributed engine) */
 };
 
 struct llm_engine {
@@ -229,12 +221,8 @@ static void req_free(struct llm_engine *e, struct req *r)
 		return;
 	if (r->state != REQ_WAITING && r->state != REQ_DONE)
 		llm_kv_seq_free(&e->kv, r->seq);
-	if (r->dt && e->o.detok.close)
-		e->o.detok.close(r->dt);
-	llm_sampler_free(&r->smp);
+	llm_reqout_free(&r->out);
 	free(r->ids);
-	free(r->stop_buf);
-	free(r->text);
 	free(r);
 }
 
@@ -559,38 +547,11 @@ enum llm_status llm_engine_submit(struct llm_engine *e, const struct llm_request
 	}
 	memcpy(r->ids, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
 	r->n_prompt = r->n_ids = rq->n_prompt;
-	r->max_new = max_new;
 	r->blocks = need;
-	r->p = rq->params;
-	r->on_token = rq->on_token;
-	r->user = rq->user;
-	r->silent = !e->root;
 	r->seq = -1;
-	size_t total = 0;
-	for (int i = 0; i < r->p.n_stop; i++)
-		total += strlen(r->p.stop[i]) + 1;
-	if (total) {
-		char *q = r->stop_buf = malloc(total);
-		if (!q) {
-			s = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
-			goto fail;
-		}
-		for (int i = 0; i < r->p.n_stop; i++) {
-			size_t n = strlen(r->p.stop[i]);
-			memcpy(q, r->p.stop[i], n + 1);
-			r->p.stop[i] = q;
-			q += n + 1;
-			if (n > r->max_stop)
-				r->max_stop = n;
-		}
-	}
-	if ((s = llm_sampler_init(&r->smp, &r->p, c->n_vocab)))
+	if ((s = llm_reqout_init(&r->out, e->next_id, rq, c->n_vocab, max_new, &e->o.detok, e->o.eos_ids, e->o.n_eos)))
 		goto fail;
-	llm_sampler_prompt(&r->smp, rq->prompt, rq->n_prompt);
-	if (e->o.detok.open && !(r->dt = e->o.detok.open(e->o.detok.ctx))) {
-		s = llm_fail(LLM_ERR_NOMEM, "request: detokenizer state");
-		goto fail;
-	}
+	r->out.quiet = !e->root;
 	if (e->n_reqs == e->cap_reqs) {
 		int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
 		struct req **n = realloc(e->reqs, (size_t)cap * sizeof *n);
@@ -629,53 +590,6 @@ static void finish(struct llm_engine *e, struct req *r)
 		e->blocks_committed -= r->blocks;
 	}
 	r->state = REQ_DONE;
-}
-
-/* ---- text and stop strings --------------------------------------------- */
-
-static int text_append(struct req *r, const char *s, size_t n)
-{
-	if (r->text_len + n + 1 > r->text_cap) {
-		size_t cap = (r->text_len + n + 1) * 2;
-		char *t = realloc(r->text, cap);
-		if (!t)
-			return -1;
-		r->text = t;
-		r->text_cap = cap;
-	}
-	memcpy(r->text + r->text_len, s, n);
-	r->text_len += n;
-	r->text[r->text_len] = 0;
-	return 0;
-}
-
-/* Earliest stop string in the pending text: its offset and index, or -1. */
-static long stop_find(const struct req *r, int *which)
-{
-	long best = -1;
-	for (int i = 0; i < r->p.n_stop; i++) {
-		const char *hit = strstr(r->text, r->p.stop[i]);
-		if (hit && (best < 0 || hit - r->text < best)) {
-			best = hit - r->text;
-			*which = i;
-		}
-	}
-	return best;
-}
-
-/* Bytes at the end of the pending text that could start a stop string. */
-static size_t stop_holdback(const struct req *r)
-{
-	size_t keep = 0;
-	for (int i = 0; i < r->p.n_stop; i++) {
-		size_t sl = strlen(r->p.stop[i]);
-		for (size_t k = sl - 1; k > keep; k--)
-			if (k <= r->text_len && !memcmp(r->text + r->text_len - k, r->p.stop[i], k)) {
-				keep = k;
-				break;
-			}
-	}
-	return keep;
 }
 
 /* ---- one step ---------------------------------------------------------- */
@@ -734,100 +648,17 @@ static int plan_step(struct llm_engine *e, int *n_rows)
 	return n;
 }
 
-/* At the end: flush the detokenizer and release all pending text, up to a
- * stop string found in the flushed tail. */
-static void release_tail(struct llm_engine *e, struct req *r, struct llm_token_event *ev)
-{
-	if (r->dt && e->o.detok.flush) {
-		const char *t;
-		size_t n;
-		if (!e->o.detok.flush(r->dt, &t, &n) && n)
-			text_append(r, t, n);
-	}
-	ev->text = r->text ? r->text : "";
-	ev->text_len = r->text_len;
-	int w;
-	long at = r->p.n_stop && r->text ? stop_find(r, &w) : -1;
-	if (at >= 0) {
-		ev->text_len = (size_t)at;
-		ev->finish = LLM_FINISH_STOP;
-		ev->stop_index = r->p.n_stop_ids + w;
-	}
-}
-
-static int emit(struct req *r, struct llm_token_event *ev)
-{
-	if (!r->on_token || r->silent)
-		return 0;
-	return r->on_token(r->user, ev);
-}
-
-/* Handle the sampled token of R: checks, event, state. */
+/* Handle the sampled token of R. */
 static enum llm_status take_token(struct llm_engine *e, struct req *r, const float *logits, int32_t *tok)
 {
-	struct llm_sample_out so;
-	llm_sampler_sample(&r->smp, logits, &so);
-	*tok = so.token;
-	struct llm_token_event ev = {
-		.req = r->id, .index = r->n_gen, .token = so.token, .logprob = so.logprob,
-		.n_top = so.n_top, .top = so.top, .text = "", .stop_index = -1,
-	};
-	r->n_gen++;
-	llm_sampler_accept(&r->smp, so.token);
-	for (int i = 0; i < r->p.n_stop_ids; i++)
-		if (so.token == r->p.stop_ids[i]) {
-			ev.finish = LLM_FINISH_STOP;
-			ev.stop_index = i;
-		}
-	if (!ev.finish && !r->p.ignore_eos)
-		for (int i = 0; i < e->o.n_eos; i++)
-			if (so.token == e->o.eos_ids[i])
-				ev.finish = LLM_FINISH_EOS;
-	if (ev.finish) {
-		/* the stop or EOS token adds no text; what is pending is final */
-		release_tail(e, r, &ev);
-		emit(r, &ev);
+	enum llm_finish fin;
+	LLM_TRY(llm_reqout_take(&r->out, logits, tok, &fin));
+	if (fin) {
 		finish(e, r);
-		return LLM_OK;
-	}
-	r->ids[r->n_ids++] = so.token;
-	if (r->dt) {
-		const char *t;
-		size_t n;
-		if (e->o.detok.push(r->dt, so.token, &t, &n))
-			return llm_fail(LLM_ERR_INTERNAL, "request %d: detokenizer failed on id %d", r->id, so.token);
-		if (text_append(r, t, n))
-			return llm_fail(LLM_ERR_NOMEM, "request %d: out of memory", r->id);
-	}
-	size_t release = r->text_len;
-	if (r->p.n_stop) {
-		int w;
-		long at = stop_find(r, &w);
-		if (at >= 0) {
-			ev.finish = LLM_FINISH_STOP;
-			ev.stop_index = r->p.n_stop_ids + w;
-			release = (size_t)at;
-		} else {
-			release = r->text_len - stop_holdback(r);
-		}
-	}
-	if (!ev.finish && r->n_gen >= r->max_new)
-		ev.finish = LLM_FINISH_LENGTH;
-	if (ev.finish == LLM_FINISH_LENGTH) {
-		release_tail(e, r, &ev);
-		release = ev.text_len;
-	}
-	ev.text = r->text ? r->text : "";
-	ev.text_len = release;
-	int cancel = emit(r, &ev);
-	if (r->text_len) {                  /* drop the released bytes */
-		memmove(r->text, r->text + release, r->text_len - release + 1);
-		r->text_len -= release;
-	}
-	if (ev.finish || cancel)
-		finish(e, r);
-	else
+	} else {
+		r->ids[r->n_ids++] = *tok;
 		r->state = REQ_DECODE;
+	}
 	return LLM_OK;
 }
 
@@ -861,7 +692,7 @@ static enum llm_status sync_cancels(struct llm_engine *e)
  * finished, for whatever reason rank 0 found). */
 static void follow_token(struct llm_engine *e, struct req *r, int32_t tok, int done)
 {
-	r->n_gen++;
+	r->out.n_gen++;
 	if (done) {
 		finish(e, r);
 		return;
@@ -877,9 +708,7 @@ enum llm_status llm_engine_step(struct llm_engine *e, int *n_pending)
 	for (int i = 0; i < e->n_reqs; i++) {
 		struct req *r = e->reqs[i];
 		if (r->cancel && r->state != REQ_DONE) {
-			struct llm_token_event ev = { .req = r->id, .index = r->n_gen, .token = -1,
-			                              .text = "", .finish = LLM_FINISH_CANCEL, .stop_index = -1 };
-			emit(r, &ev);
+			llm_reqout_cancelled(&r->out);
 			finish(e, r);
 		}
 	}

@@ -61,6 +61,16 @@ enum llm_status llm_sample_params_check(const struct llm_sample_params *p)
 	for (int i = 0; i < p->n_stop; i++)
 		if (!p->stop[i] || !p->stop[i][0])
 			return llm_fail(LLM_ERR_USAGE, "stop string %d is empty", i);
+	if (p->min_tokens < 0)
+		return llm_fail(LLM_ERR_USAGE, "min_tokens: %d is negative", p->min_tokens);
+	if (p->max_tokens > 0 && p->min_tokens > p->max_tokens)
+		return llm_fail(LLM_ERR_USAGE, "min_tokens: %d exceeds max_tokens %d", p->min_tokens, p->max_tokens);
+	if (p->n_bias < 0 || p->n_bias > LLM_MAX_BIAS || (p->n_bias && !p->bias))
+		return llm_fail(LLM_ERR_USAGE, "logit_bias: %d entries (at most %d)", p->n_bias, LLM_MAX_BIAS);
+	for (int i = 0; i < p->n_bias; i++)
+		if (!(fabsf(p->bias[i].bias) <= 100))
+			return llm_fail(LLM_ERR_USAGE, "logit_bias: token %d: %g is outside [-100, 100]", p->bias[i].id,
+			                p->bias[i].bias);
 	return LLM_OK;
 }
 
@@ -74,24 +84,29 @@ enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_
 {
 	memset(s, 0, sizeof *s);
 	LLM_TRY(llm_sample_params_check(p));
+	for (int i = 0; i < p->n_bias; i++)
+		if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab)
+			return llm_fail(LLM_ERR_RANGE, "logit_bias: token id %d is not in the vocabulary [0, %d)",
+			                p->bias[i].id, n_vocab);
 	s->p = *p;
 	s->n_vocab = n_vocab;
 	llm_rng_seed(s->rng, p->seed);
 	/* only what the parameters use: a vocabulary-sized array is 200 KB at
 	 * 49152 tokens, and fresh pages cost a request its faults (greedy
 	 * without penalties, the common case in serving, needs none) */
-	int pen = penalized(p), smp = p->temperature != 0;
+	int pen = penalized(p), smp = p->temperature != 0, adj = pen || p->n_bias || p->min_tokens;
 	if (pen) {
 		s->count = calloc((size_t)n_vocab, sizeof *s->count);
 		s->seen = calloc((size_t)n_vocab, 1);
-		s->work = malloc((size_t)n_vocab * sizeof *s->work);
 	}
+	if (adj)
+		s->work = malloc((size_t)n_vocab * sizeof *s->work);
 	if (smp) {
 		s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
 		s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
 		s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
 	}
-	if ((pen && (!s->count || !s->seen || !s->work)) || (smp && (!s->idx || !s->tmp || !s->prob))) {
+	if ((pen && (!s->count || !s->seen)) || (adj && !s->work) || (smp && (!s->idx || !s->tmp || !s->prob))) {
 		llm_sampler_free(s);
 		return llm_fail(LLM_ERR_NOMEM, "sampler: out of memory");
 	}
@@ -109,6 +124,13 @@ void llm_sampler_free(struct llm_sampler *s)
 	memset(s, 0, sizeof *s);
 }
 
+void llm_sampler_hold(struct llm_sampler *s, const int32_t *ids, int n)
+{
+	for (int i = 0; i < n && s->n_hold < LLM_MAX_HOLD; i++)
+		if (ids[i] >= 0 && ids[i] < s->n_vocab)
+			s->hold[s->n_hold++] = ids[i];
+}
+
 void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n)
 {
 	for (int i = 0; i < n && s->seen; i++)
@@ -118,6 +140,7 @@ void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n)
 
 void llm_sampler_accept(struct llm_sampler *s, int32_t id)
 {
+	s->n_out++;
 	if (s->seen && id >= 0 && id < s->n_vocab) {
 		s->seen[id] = 1;
 		s->count[id]++;
@@ -290,17 +313,23 @@ void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_s
 {
 	const struct llm_sample_params *p = &s->p;
 	int n = s->n_vocab;
-	const float *w = logits;       /* the penalized copy where there are penalties */
-	if (penalized(p)) {
+	const float *w = logits;       /* the adjusted copy where something adjusts them */
+	int hold = s->n_hold && s->n_out < p->min_tokens;
+	if (penalized(p) || p->n_bias || hold) {
 		float *pw = s->work;
 		memcpy(pw, logits, (size_t)n * sizeof *pw);
 		w = pw;
-		for (int i = 0; i < n; i++) {
-			if (s->seen[i] && p->repetition_penalty != 1.0f)
-				pw[i] = pw[i] > 0 ? pw[i] / p->repetition_penalty : pw[i] * p->repetition_penalty;
-			if (s->count[i])
-				pw[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;
-		}
+		for (int i = 0; i < p->n_bias; i++)
+			pw[p->bias[i].id] += p->bias[i].bias;
+		for (int i = 0; hold && i < s->n_hold; i++)
+			pw[s->hold[i]] = -INFINITY;
+		if (penalized(p))
+			for (int i = 0; i < n; i++) {
+				if (s->seen[i] && p->repetition_penalty != 1.0f)
+					pw[i] = pw[i] > 0 ? pw[i] / p->repetition_penalty : pw[i] * p->repetition_penalty;
+				if (s->count[i])
+					pw[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;
+			}
 	}
 	int32_t tok = 0;
 	if (p->temperature == 0) {

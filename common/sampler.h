@@ -1,7 +1,9 @@
 /* common/sampler.h: per-request token sampling.
  *
- * Order (as vLLM/Hugging Face): penalties on the logits (repetition over
- * prompt and output, frequency and presence over the output), then greedy
+ * Order (as vLLM/Hugging Face): logit biases added to the logits, the ids
+ * held back before min_tokens (llm_sampler_hold) set to -inf, penalties
+ * (repetition over prompt and output, frequency and presence over the
+ * output), then greedy
  * argmax when temperature is 0 (ties: the lowest id, as run.c), else
  * temperature, top-k, top-p, min-p, and one draw. Reported log-probabilities
  * (the chosen token's and the top-n) are those of the raw model distribution,
@@ -17,6 +19,10 @@
 
 #define LLM_MAX_STOP 8
 #define LLM_MAX_LOGPROBS 20
+#define LLM_MAX_BIAS 1024
+#define LLM_MAX_HOLD 24         /* ids held back before min_tokens: EOS ids and stop ids */
+
+struct llm_logit_bias { int32_t id; float bias; };
 
 struct llm_sample_params {
 	float temperature;          /* 0: greedy */
@@ -28,6 +34,8 @@ struct llm_sample_params {
 	float presence_penalty;     /* 0: off; minus this once a token appeared */
 	uint64_t seed;
 	int max_tokens;             /* generated tokens at most; 0: up to the context */
+	int min_tokens;             /* generated tokens before EOS, a stop id or a stop string can
+	                             * end the request (0: off); at most max_tokens when that is set */
 	int n_logprobs;             /* top-n log-probs per token, 0..LLM_MAX_LOGPROBS */
 	int skip_logprob;           /* 1: the chosen token's log-prob is not wanted (NaN): saves a
 	                             * pass of exp over the vocabulary per token */
@@ -36,10 +44,14 @@ struct llm_sample_params {
 	int32_t stop_ids[LLM_MAX_STOP];   /* generated ids that stop (finish "stop") */
 	int n_stop;
 	const char *stop[LLM_MAX_STOP];   /* strings that stop, matched on the decoded text */
+	int n_bias;
+	const struct llm_logit_bias *bias;   /* (n_bias) added to the logits (an id twice: both
+	                                      * added), each in [-100, 100]; -100 all but bans */
 };
 #define LLM_SAMPLE_DEFAULT { .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f }
 
-/* Check ranges; LLM_ERR_USAGE naming the field. */
+/* Check ranges; LLM_ERR_USAGE naming the field (token ids are checked
+ * against the vocabulary by llm_sampler_init). */
 enum llm_status llm_sample_params_check(const struct llm_sample_params *p);
 
 struct llm_logprob { int32_t id; float logprob; };
@@ -60,10 +72,18 @@ struct llm_sampler {
 	float *work;                /* (n_vocab) */
 	int32_t *idx, *tmp;         /* (n_vocab) candidates, merge buffer */
 	double *prob;               /* (n_vocab) */
+	int n_out;                  /* tokens accepted */
+	int n_hold;
+	int32_t hold[LLM_MAX_HOLD]; /* no probability while n_out < p.min_tokens */
 };
 
-/* Allocates the per-request state (O(n_vocab)); P's strings are borrowed. */
+/* Allocates the per-request state (O(n_vocab)); P's strings and biases are
+ * borrowed. LLM_ERR_RANGE for a bias on an id outside [0, n_vocab). */
 enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_params *p, int n_vocab);
+/* IDS (N, at most LLM_MAX_HOLD; ids outside the vocabulary are left out)
+ * cannot be sampled until p.min_tokens tokens have been accepted: the ids
+ * that would end the request. */
+void llm_sampler_hold(struct llm_sampler *s, const int32_t *ids, int n);
 void llm_sampler_free(struct llm_sampler *s);
 /* Note prompt tokens (repetition penalty). */
 void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n);

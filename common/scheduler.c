@@ -15,6 +15,7 @@
  * distributed engine can mirror it to the other ranks with the next step;
  * the scheduler itself runs on rank 0 only and is the same either way. */
 #include "scheduler.h"
+#include "reqout.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,18 +29,9 @@ struct sreq {
 	enum sreq_state state;
 	int32_t *ids;               /* (n_prompt + max_new) prompt, then output */
 	int n_prompt, n_ids, n_cached;
-	int max_new, n_gen;
 	int seq;                    /* -1 when it holds none */
-	int admitted, registered, in_batch, cancel, quiet;
-	struct llm_sample_params p;
-	char *stop_buf;
-	size_t max_stop;
-	struct llm_sampler smp;
-	int (*on_token)(void *, const struct llm_token_event *);
-	void *user;
-	void *dt;
-	char *text;                 /* decoded output not yet released */
-	size_t text_len, text_cap;
+	int admitted, registered, in_batch, cancel;
+	struct llm_reqout out;      /* sampling, stops, text, events */
 };
 
 struct pentry {                 /* a prefix-cache entry */
@@ -145,12 +137,8 @@ static void req_free(struct llm_sched *s, struct sreq *r)
 	if (!r)
 		return;
 	req_release_seq(s, r);
-	if (r->dt && s->o.detok.close)
-		s->o.detok.close(r->dt);
-	llm_sampler_free(&r->smp);
+	llm_reqout_free(&r->out);
 	free(r->ids);
-	free(r->stop_buf);
-	free(r->text);
 	free(r);
 }
 
@@ -231,35 +219,8 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	}
 	memcpy(r->ids, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
 	r->n_prompt = r->n_ids = rq->n_prompt;
-	r->max_new = max_new;
-	r->p = rq->params;
-	r->on_token = rq->on_token;
-	r->user = rq->user;
-	size_t total = 0;
-	for (int i = 0; i < r->p.n_stop; i++)
-		total += strlen(r->p.stop[i]) + 1;
-	if (total) {
-		char *q = r->stop_buf = malloc(total);
-		if (!q) {
-			st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
-			goto fail;
-		}
-		for (int i = 0; i < r->p.n_stop; i++) {
-			size_t n = strlen(r->p.stop[i]);
-			memcpy(q, r->p.stop[i], n + 1);
-			r->p.stop[i] = q;
-			q += n + 1;
-			if (n > r->max_stop)
-				r->max_stop = n;
-		}
-	}
-	if ((st = llm_sampler_init(&r->smp, &r->p, s->n_vocab)))
+	if ((st = llm_reqout_init(&r->out, s->next_id, rq, s->n_vocab, max_new, &s->o.detok, s->o.eos_ids, s->o.n_eos)))
 		goto fail;
-	llm_sampler_prompt(&r->smp, rq->prompt, rq->n_prompt);
-	if (s->o.detok.open && !(r->dt = s->o.detok.open(s->o.detok.ctx))) {
-		st = llm_fail(LLM_ERR_NOMEM, "request: detokenizer state");
-		goto fail;
-	}
 	if (s->n_reqs == s->cap_reqs) {
 		int cap = s->cap_reqs ? 2 * s->cap_reqs : 32;
 		struct sreq **n = realloc(s->reqs, (size_t)cap * sizeof *n);
@@ -396,144 +357,16 @@ static void pc_register(struct llm_sched *s, struct sreq *r)
 	slot->last_use = ++s->clock;
 }
 
-/* ---- text and stop strings --------------------------------------------- */
-
-static int text_append(struct sreq *r, const char *t, size_t n)
-{
-	if (r->text_len + n + 1 > r->text_cap) {
-		size_t cap = (r->text_len + n + 1) * 2;
-		char *x = realloc(r->text, cap);
-		if (!x)
-			return -1;
-		r->text = x;
-		r->text_cap = cap;
-	}
-	memcpy(r->text + r->text_len, t, n);
-	r->text_len += n;
-	r->text[r->text_len] = 0;
-	return 0;
-}
-
-static long stop_find(const struct sreq *r, int *which)
-{
-	long best = -1;
-	for (int i = 0; i < r->p.n_stop; i++) {
-		const char *hit = strstr(r->text, r->p.stop[i]);
-		if (hit && (best < 0 || hit - r->text < best)) {
-			best = hit - r->text;
-			*which = i;
-		}
-	}
-	return best;
-}
-
-/* Bytes at the end of the pending text that could start a stop string. */
-static size_t stop_holdback(const struct sreq *r)
-{
-	size_t keep = 0;
-	for (int i = 0; i < r->p.n_stop; i++) {
-		size_t sl = strlen(r->p.stop[i]);
-		for (size_t k = sl - 1; k > keep; k--)
-			if (k <= r->text_len && !memcmp(r->text + r->text_len - k, r->p.stop[i], k)) {
-				keep = k;
-				break;
-			}
-	}
-	return keep;
-}
-
-static void release_tail(struct llm_sched *s, struct sreq *r, struct llm_token_event *ev)
-{
-	if (r->dt && s->o.detok.flush) {
-		const char *t;
-		size_t n;
-		if (!s->o.detok.flush(r->dt, &t, &n) && n)
-			text_append(r, t, n);
-	}
-	ev->text = r->text ? r->text : "";
-	ev->text_len = r->text_len;
-	int w;
-	long at = r->p.n_stop && r->text ? stop_find(r, &w) : -1;
-	if (at >= 0) {
-		ev->text_len = (size_t)at;
-		ev->finish = LLM_FINISH_STOP;
-		ev->stop_index = r->p.n_stop_ids + w;
-	}
-}
-
-static int emit(struct sreq *r, const struct llm_token_event *ev)
-{
-	if (r->quiet || !r->on_token)
-		return 0;
-	if (r->on_token(r->user, ev))
-		r->quiet = 1;
-	return r->quiet;
-}
-
 static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const float *logits)
 {
-	struct llm_sample_out so;
-	llm_sampler_sample(&r->smp, logits, &so);
-	struct llm_token_event ev = {
-		.req = r->id, .index = r->n_gen, .token = so.token, .logprob = so.logprob,
-		.n_top = so.n_top, .top = so.top, .text = "", .stop_index = -1,
-	};
-	r->n_gen++;
+	int32_t tok;
+	enum llm_finish fin;
+	LLM_TRY(llm_reqout_take(&r->out, logits, &tok, &fin));
 	s->st.gen_tokens++;
-	llm_sampler_accept(&r->smp, so.token);
-	for (int i = 0; i < r->p.n_stop_ids; i++)
-		if (so.token == r->p.stop_ids[i]) {
-			ev.finish = LLM_FINISH_STOP;
-			ev.stop_index = i;
-		}
-	if (!ev.finish && !r->p.ignore_eos)
-		for (int i = 0; i < s->o.n_eos; i++)
-			if (so.token == s->o.eos_ids[i])
-				ev.finish = LLM_FINISH_EOS;
-	if (ev.finish) {              /* the stop or EOS token adds no text */
-		release_tail(s, r, &ev);
-		emit(r, &ev);
+	if (fin)
 		finish(s, r);
-		return LLM_OK;
-	}
-	r->ids[r->n_ids++] = so.token;
-	if (r->dt) {
-		const char *t;
-		size_t n;
-		if (s->o.detok.push(r->dt, so.token, &t, &n)) {
-			t = "";             /* no text for it; the request goes on */
-			n = 0;
-		}
-		if (text_append(r, t, n))
-			return llm_fail(LLM_ERR_NOMEM, "request %d: out of memory", r->id);
-	}
-	size_t release = r->text_len;
-	if (r->p.n_stop) {
-		int w;
-		long at = stop_find(r, &w);
-		if (at >= 0) {
-			ev.finish = LLM_FINISH_STOP;
-			ev.stop_index = r->p.n_stop_ids + w;
-			release = (size_t)at;
-		} else {
-			release = r->text_len - stop_holdback(r);
-		}
-	}
-	if (!ev.finish && r->n_gen >= r->max_new)
-		ev.finish = LLM_FINISH_LENGTH;
-	if (ev.finish == LLM_FINISH_LENGTH) {
-		release_tail(s, r, &ev);
-		release = ev.text_len;
-	}
-	ev.text = r->text ? r->text : "";
-	ev.text_len = release;
-	int cancel = emit(r, &ev);
-	if (r->text_len) {
-		memmove(r->text, r->text + release, r->text_len - release + 1);
-		r->text_len -= release;
-	}
-	if (ev.finish || cancel)
-		finish(s, r);
+	else
+		r->ids[r->n_ids++] = tok;
 	return LLM_OK;
 }
 
@@ -660,7 +493,7 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 		r->state = SREQ_RUNNING;
 		running++;
 		if (!r->admitted && s->o.on_admit)
-			s->o.on_admit(r->user);
+			s->o.on_admit(r->out.user);
 		r->admitted = 1;
 	}
 	/* decode tokens first, one per running request */
@@ -718,9 +551,7 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 	for (int i = 0; i < s->n_reqs; i++) {
 		struct sreq *r = s->reqs[i];
 		if (r->cancel && r->state != SREQ_DONE) {
-			struct llm_token_event ev = { .req = r->id, .index = r->n_gen, .token = -1,
-			                              .text = "", .finish = LLM_FINISH_CANCEL, .stop_index = -1 };
-			emit(r, &ev);
+			llm_reqout_cancelled(&r->out);
 			finish(s, r);
 		}
 	}

@@ -172,6 +172,58 @@ static void test_rules(void)
 		free(big);
 	}
 
+	/* logit biases: added before greedy and sampling; log-probs stay raw */
+	{
+		struct llm_logit_bias b1[1] = { { 3, 10.0f } }, b2[2] = { { 1, -100.0f }, { 2, -100.0f } };
+		p = params(0, 0);
+		p.n_logprobs = 1;
+		p.n_bias = 1;
+		p.bias = b1;
+		llm_sampler_init(&s, &p, 4);
+		llm_sampler_sample(&s, l, &o);
+		check(o.token == 3 && fabs(o.logprob - (-2.0 - lse)) < 1e-6 && o.top[0].id == 1,
+		      "logit_bias +10 on id 3 makes it the greedy choice; its log-prob is the raw one (%g)", o.logprob);
+		llm_sampler_free(&s);
+		p.n_bias = 2;
+		p.bias = b2;
+		llm_sampler_init(&s, &p, 4);
+		check(draw(&s, l) == 0, "logit_bias -100 on the two best ids: greedy takes the next");
+		llm_sampler_free(&s);
+		struct llm_logit_bias b3[2] = { { 0, -100.0f }, { 2, logf(2.0f) } };
+		p = params(1, 12);
+		p.n_bias = 2;
+		p.bias = b3;
+		double wb[3] = { 0, 0.3 / 0.7, 0.4 / 0.7 };
+		freq_ok(&p, q, 3, wb, "logit_bias -100 on id 0 and +ln 2 on id 2 (p = 0, 3/7, 4/7)");
+		struct llm_logit_bias b4[1] = { { 4, 1.0f } };
+		p.n_bias = 1;
+		p.bias = b4;
+		check(llm_sampler_init(&s, &p, 4) == LLM_ERR_RANGE && strstr(llm_errmsg(), "logit_bias"),
+		      "a bias on an id outside the vocabulary is refused: %s", llm_errmsg());
+		b4[0] = (struct llm_logit_bias){ 1, 101.0f };
+		check(llm_sample_params_check(&p) == LLM_ERR_USAGE && strstr(llm_errmsg(), "[-100, 100]"),
+		      "a bias of 101 is refused: %s", llm_errmsg());
+	}
+	/* min_tokens: held ids get no probability before it */
+	{
+		p = params(0, 0);
+		p.min_tokens = 2;
+		int32_t h[2] = { 1, 7 };           /* 7: outside the vocabulary, left out */
+		llm_sampler_init(&s, &p, 4);
+		llm_sampler_hold(&s, h, 2);
+		int32_t a = draw(&s, l);
+		llm_sampler_accept(&s, a);
+		int32_t b = draw(&s, l);
+		llm_sampler_accept(&s, b);
+		int32_t c = draw(&s, l);
+		check(s.n_hold == 1 && a == 2 && b == 2 && c == 1,
+		      "min_tokens 2 holds id 1 back for two tokens (%d %d, then %d)", a, b, c);
+		llm_sampler_free(&s);
+		p.max_tokens = 1;
+		check(llm_sample_params_check(&p) == LLM_ERR_USAGE && strstr(llm_errmsg(), "min_tokens"),
+		      "min_tokens above max_tokens is refused: %s", llm_errmsg());
+	}
+
 	/* bad params */
 	p = params(-1, 0);
 	check(llm_sample_params_check(&p) == LLM_ERR_USAGE && strstr(llm_errmsg(), "temperature"),
@@ -315,6 +367,26 @@ static void test_engine(void)
 	size_t cut = at ? (size_t)(at - want) : 0;
 	check(o.finish == LLM_FINISH_STOP && o.tl == cut && !strncmp(o.text, want, cut) && !strstr(o.text, stop),
 	      "stop string spanning tokens: text ends right before it (%zu bytes, want %zu)", o.tl, cut);
+	/* min_tokens: the stop id cannot end it before, nor the stop string */
+	p = params(0, 0);
+	p.max_tokens = 20;
+	p.min_tokens = first + 3;
+	p.stop_ids[p.n_stop_ids++] = g.ids[5];
+	run1(e, prompt, 4, p, &o);
+	int held = o.n >= p.min_tokens;
+	for (int i = 0; i < p.min_tokens && i < o.n; i++)
+		held &= o.ids[i] != g.ids[5];
+	check(held && (o.finish == LLM_FINISH_LENGTH || o.ids[o.n - 1] == g.ids[5]),
+	      "min_tokens %d: the stop id is not sampled before (%d tokens, %s)", p.min_tokens, o.n,
+	      llm_finish_name(o.finish));
+	p = params(0, 0);
+	p.max_tokens = 20;
+	p.min_tokens = 12;
+	p.stop[p.n_stop++] = stop;
+	run1(e, prompt, 4, p, &o);
+	check(o.n == 20 && o.tl > cut + strlen(stop) && !strncmp(o.text, want, cut + strlen(stop)),
+	      "min_tokens 12: a stop string ending at token 9 does not stop it (%d tokens, %s)", o.n,
+	      llm_finish_name(o.finish));
 	/* cancel from the callback */
 	p = params(0, 0);
 	p.max_tokens = 20;

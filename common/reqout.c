@@ -1,0 +1,211 @@
+/* common/reqout.c: a request's output (see reqout.h for the order). */
+#include "reqout.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+enum llm_status llm_reqout_init(struct llm_reqout *o, int id, const struct llm_request *rq, int n_vocab,
+                                int max_new, const struct llm_detok *detok, const int32_t *eos, int n_eos)
+{
+	memset(o, 0, sizeof *o);
+	o->id = id;
+	o->p = rq->params;
+	o->max_new = max_new;
+	o->detok = detok && detok->push ? detok : NULL;
+	o->eos = eos;
+	o->n_eos = n_eos;
+	o->on_token = rq->on_token;
+	o->user = rq->user;
+	/* one buffer: the biases, then the stop strings */
+	size_t nb = (size_t)o->p.n_bias * sizeof *o->p.bias, total = nb;
+	for (int i = 0; i < o->p.n_stop; i++)
+		total += strlen(o->p.stop[i]) + 1;
+	if (total) {
+		char *q = o->buf = malloc(total);
+		if (!q)
+			return llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+		if (nb)
+			memcpy(q, o->p.bias, nb);
+		o->p.bias = nb ? (const struct llm_logit_bias *)(void *)q : NULL;
+		q += nb;
+		for (int i = 0; i < o->p.n_stop; i++) {
+			size_t n = strlen(o->p.stop[i]);
+			memcpy(q, o->p.stop[i], n + 1);
+			o->p.stop[i] = q;
+			q += n + 1;
+		}
+	}
+	enum llm_status s = llm_sampler_init(&o->smp, &o->p, n_vocab);
+	if (s) {
+		free(o->buf);
+		memset(o, 0, sizeof *o);
+		return s;
+	}
+	llm_sampler_prompt(&o->smp, rq->prompt, rq->n_prompt);
+	llm_sampler_hold(&o->smp, o->p.stop_ids, o->p.n_stop_ids);
+	if (!o->p.ignore_eos)
+		llm_sampler_hold(&o->smp, eos, n_eos);
+	if (o->detok && o->detok->open && !(o->dt = o->detok->open(o->detok->ctx))) {
+		llm_reqout_free(o);
+		return llm_fail(LLM_ERR_NOMEM, "request: detokenizer state");
+	}
+	return LLM_OK;
+}
+
+void llm_reqout_free(struct llm_reqout *o)
+{
+	if (o->dt && o->detok->close)
+		o->detok->close(o->dt);
+	llm_sampler_free(&o->smp);
+	free(o->buf);
+	free(o->text);
+	memset(o, 0, sizeof *o);
+}
+
+static int text_append(struct llm_reqout *o, const char *s, size_t n)
+{
+	if (o->text_len + n + 1 > o->text_cap) {
+		size_t cap = (o->text_len + n + 1) * 2;
+		char *t = realloc(o->text, cap);
+		if (!t)
+			return -1;
+		o->text = t;
+		o->text_cap = cap;
+	}
+	memcpy(o->text + o->text_len, s, n);
+	o->text_len += n;
+	o->text[o->text_len] = 0;
+	return 0;
+}
+
+/* Earliest stop string in the pending text: its offset and index, or -1. */
+static long stop_find(const struct llm_reqout *o, int *which)
+{
+	long best = -1;
+	for (int i = 0; o->text && i < o->p.n_stop; i++) {
+		const char *hit = strstr(o->text, o->p.stop[i]);
+		if (hit && (best < 0 || hit - o->text < best)) {
+			best = hit - o->text;
+			*which = i;
+		}
+	}
+	return best;
+}
+
+/* Bytes at the end of the pending text that could start a stop string. */
+static size_t stop_holdback(const struct llm_reqout *o)
+{
+	size_t keep = 0;
+	for (int i = 0; i < o->p.n_stop; i++) {
+		size_t sl = strlen(o->p.stop[i]);
+		for (size_t k = sl - 1; k > keep; k--)
+			if (k <= o->text_len && !memcmp(o->text + o->text_len - k, o->p.stop[i], k)) {
+				keep = k;
+				break;
+			}
+	}
+	return keep;
+}
+
+/* At the end: flush the detokenizer and release all pending text, up to a
+ * stop string found in the flushed tail. */
+static void release_tail(struct llm_reqout *o, struct llm_token_event *ev)
+{
+	if (o->dt && o->detok->flush) {
+		const char *t;
+		size_t n;
+		if (!o->detok->flush(o->dt, &t, &n) && n)
+			text_append(o, t, n);
+	}
+	ev->text = o->text ? o->text : "";
+	ev->text_len = o->text_len;
+	int w;
+	long at = stop_find(o, &w);
+	if (at >= 0) {
+		ev->text_len = (size_t)at;
+		ev->finish = LLM_FINISH_STOP;
+		ev->stop_index = o->p.n_stop_ids + w;
+	}
+}
+
+/* Hand EV to the callback; 1 when it asked to cancel. */
+static int emit(struct llm_reqout *o, const struct llm_token_event *ev)
+{
+	if (o->quiet || !o->on_token)
+		return 0;
+	if (o->on_token(o->user, ev))
+		o->quiet = 1;
+	return o->quiet;
+}
+
+void llm_reqout_cancelled(struct llm_reqout *o)
+{
+	struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
+	                              .finish = LLM_FINISH_CANCEL, .stop_index = -1 };
+	emit(o, &ev);
+}
+
+enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin)
+{
+	struct llm_sample_out so;
+	llm_sampler_sample(&o->smp, logits, &so);
+	*tok = so.token;
+	struct llm_token_event ev = {
+		.req = o->id, .index = o->n_gen, .token = so.token, .logprob = so.logprob,
+		.n_top = so.n_top, .top = so.top, .text = "", .stop_index = -1,
+	};
+	o->n_gen++;
+	llm_sampler_accept(&o->smp, so.token);
+	for (int i = 0; i < o->p.n_stop_ids; i++)
+		if (so.token == o->p.stop_ids[i]) {
+			ev.finish = LLM_FINISH_STOP;
+			ev.stop_index = i;
+		}
+	if (!ev.finish && !o->p.ignore_eos)
+		for (int i = 0; i < o->n_eos; i++)
+			if (so.token == o->eos[i])
+				ev.finish = LLM_FINISH_EOS;
+	if (ev.finish) {            /* the stop or EOS token adds no text; what is pending is final */
+		release_tail(o, &ev);
+		emit(o, &ev);
+		*fin = ev.finish;
+		return LLM_OK;
+	}
+	if (o->dt) {
+		const char *t;
+		size_t n;
+		if (o->detok->push(o->dt, so.token, &t, &n)) {
+			t = "";             /* no text for it; the request goes on */
+			n = 0;
+		}
+		if (text_append(o, t, n))
+			return llm_fail(LLM_ERR_NOMEM, "request %d: out of memory", o->id);
+	}
+	size_t release = o->text_len;
+	if (o->p.n_stop) {
+		int w;
+		long at = o->n_gen >= o->p.min_tokens ? stop_find(o, &w) : -1;
+		if (at >= 0) {
+			ev.finish = LLM_FINISH_STOP;
+			ev.stop_index = o->p.n_stop_ids + w;
+			release = (size_t)at;
+		} else {
+			release = o->text_len - stop_holdback(o);
+		}
+	}
+	if (!ev.finish && o->n_gen >= o->max_new) {
+		ev.finish = LLM_FINISH_LENGTH;
+		release_tail(o, &ev);
+		release = ev.text_len;
+	}
+	ev.text = o->text ? o->text : "";
+	ev.text_len = release;
+	int cancel = emit(o, &ev);
+	if (o->text_len) {          /* drop the released bytes */
+		memmove(o->text, o->text + release, o->text_len - release + 1);
+		o->text_len -= release;
+	}
+	*fin = ev.finish ? ev.finish : cancel ? LLM_FINISH_CANCEL : LLM_FINISH_NONE;
+	return LLM_OK;
+}

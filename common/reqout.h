@@ -1,0 +1,56 @@
+/* common/reqout.h: a request's output, as both request managers handle it
+ * (the engine's own queue in generate.c and the server's scheduler in
+ * scheduler.c): sampling, the conditions that end a request, the decoded
+ * text and the events handed to the request's callback.
+ *
+ * Per sampled token, in this order: the stop ids, then EOS (unless
+ * ignore_eos) end the request with that token, which adds no text; else
+ * the token's text joins the pending text, and a stop string found there
+ * ends the request at the string (the text before it is released, the
+ * string and what follows are not); else max new tokens ends it with
+ * LLM_FINISH_LENGTH. Until min_tokens tokens, the sampler gives the stop ids
+ * and EOS ids no probability and stop strings are not looked for. Text that
+ * could still start a stop string is held back; the last event releases
+ * all that is left (the detokenizer flushed). The callback's nonzero
+ * return cancels: no further events. */
+#ifndef LLM_REQOUT_H
+#define LLM_REQOUT_H
+
+#include "generate.h"
+
+struct llm_reqout {
+	int id;                     /* the request's, in events */
+	struct llm_sample_params p; /* stop strings and biases point into buf */
+	void *buf;
+	struct llm_sampler smp;
+	const struct llm_detok *detok;   /* the manager's (borrowed); NULL: no text */
+	const int32_t *eos;         /* (n_eos) the manager's (borrowed) */
+	int n_eos;
+	void *dt;                   /* the detokenizer's state */
+	char *text;                 /* decoded, not yet released */
+	size_t text_len, text_cap;
+	int max_new, n_gen;
+	int (*on_token)(void *, const struct llm_token_event *);
+	void *user;
+	int quiet;                  /* no more events: cancelled by the callback, or set by the
+	                             * manager on a rank that only follows rank 0 */
+};
+
+/* Set O up for request RQ (its params checked by the caller) with MAX_NEW
+ * tokens at most: copies the stop strings and biases, opens the sampler
+ * (seeing the prompt) and a detokenizer state. DETOK and EOS stay the
+ * caller's. On failure O holds nothing; else free it with llm_reqout_free. */
+enum llm_status llm_reqout_init(struct llm_reqout *o, int id, const struct llm_request *rq, int n_vocab,
+                                int max_new, const struct llm_detok *detok, const int32_t *eos, int n_eos);
+void llm_reqout_free(struct llm_reqout *o);
+
+/* Sample the token after LOGITS (n_vocab) and handle it as above: *TOK gets
+ * it, *FIN why the request ends (LLM_FINISH_NONE: it goes on;
+ * LLM_FINISH_CANCEL: the callback asked). LLM_ERR_NOMEM if the text
+ * cannot grow. A token the detokenizer refuses adds no text. */
+enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin);
+
+/* The event of a request cancelled from outside (token -1, no text). */
+void llm_reqout_cancelled(struct llm_reqout *o);
+
+#endif

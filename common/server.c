@@ -70,6 +70,7 @@ struct job {
 	int n_prompt;
 	struct llm_sample_params p;
 	char *stops[LLM_MAX_STOP];
+	struct llm_logit_bias *bias; /* (p.n_bias) */
 	struct choice ch[MAX_N];
 	int cancelled, cancel_sent, added, failed, http_status;
 	char errmsg[256];
@@ -194,6 +195,7 @@ static void job_unref_locked(struct job *j)
 	}
 	for (int i = 0; i < LLM_MAX_STOP; i++)
 		free(j->stops[i]);
+	free(j->bias);
 	pthread_cond_destroy(&j->cv);
 	free(j->inputs);
 	free(j->prompt);
@@ -609,6 +611,69 @@ static int get_stop(struct job *j, json_t *o, const char *k, struct perr *e)
 	return 1;
 }
 
+/* stop_token_ids: generated ids that end the request (finish "stop"). */
+static int get_stop_ids(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
+{
+	const char *k = "stop_token_ids";
+	json_t *v = json_object_get(o, k);
+	if (!v || json_is_null(v))
+		return 0;
+	if (!json_is_array(v))
+		return bad(e, k, "expected an array of token ids");
+	if (json_array_size(v) > LLM_MAX_STOP)
+		return bad(e, k, "%zu ids, at most %d", json_array_size(v), LLM_MAX_STOP);
+	for (size_t i = 0; i < json_array_size(v); i++) {
+		json_t *x = json_array_get(v, i);
+		if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->n_vocab)
+			return bad(e, k, "element %zu is not a token id in [0, %d)", i, s->n_vocab);
+		j->p.stop_ids[j->p.n_stop_ids++] = (int32_t)json_integer_value(x);
+	}
+	return 1;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100], ...} added to the logits. */
+static int get_logit_bias(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
+{
+	const char *k = "logit_bias";
+	json_t *v = json_object_get(o, k);
+	if (!v || json_is_null(v))
+		return 0;
+	if (!json_is_object(v))
+		return bad(e, k, "expected an object mapping token ids to biases");
+	size_t n = json_object_size(v);
+	if (n > LLM_MAX_BIAS)
+		return bad(e, k, "%zu entries, at most %d", n, LLM_MAX_BIAS);
+	if (!n)
+		return 0;
+	j->bias = malloc(n * sizeof *j->bias);
+	if (!j->bias)
+		return bad(e, k, "out of memory");
+	const char *key;
+	json_t *x;
+	json_object_foreach(v, key, x) {
+		char *end;
+		errno = 0;
+		long id = strtol(key, &end, 10);
+		if (*key < '0' || *key > '9' || *end || errno || id < 0 || id >= s->n_vocab)
+			return bad(e, k, "key '%.40s' is not a token id in [0, %d)", key, s->n_vocab);
+		if (!json_is_number(x) || !(fabs(json_number_value(x)) <= 100))
+			return bad(e, k, "token %ld: expected a number in [-100, 100]", id);
+		j->bias[j->p.n_bias++] = (struct llm_logit_bias){ (int32_t)id, (float)json_number_value(x) };
+	}
+	j->p.bias = j->bias;
+	return 1;
+}
+
+/* A field this server does not implement: refused (400) when it asks for
+ * anything but the default, rather than quietly ignored. */
+static int refuse_unless(json_t *o, const char *k, int is_default, const char *what, struct perr *e)
+{
+	json_t *v = json_object_get(o, k);
+	if (!v || json_is_null(v) || is_default)
+		return 0;
+	return bad(e, k, "not supported%s%s", what ? ": " : "", what ? what : "");
+}
+
 static int tokenize(struct llm_server *s, const char *text, size_t len, bool special, struct job *j, struct perr *e,
                     const char *param)
 {
@@ -693,13 +758,25 @@ static int parse_openai(struct llm_server *s, struct job *j, json_t *o, struct p
 			return -1;
 		j->include_usage = b;
 	}
-	if (get_stop(j, o, "stop", e) < 0)
+	if (get_stop(j, o, "stop", e) < 0 || get_stop_ids(s, j, o, e) < 0 || get_logit_bias(s, j, o, e) < 0)
 		return -1;
+	v = 0;
+	if (get_int(o, "min_tokens", 0, INT32_MAX, &v, e) < 0)
+		return -1;
+	j->p.min_tokens = (int)v;
 	b = 0;
 	if (get_bool(o, "echo", &b, e) < 0)
 		return -1;
 	if (b)
 		return bad(e, "echo", "not supported");
+	json_t *bo = json_object_get(o, "best_of"), *sf = json_object_get(o, "suffix");
+	json_t *rf = json_object_get(o, "response_format");
+	if (refuse_unless(o, "best_of", json_is_integer(bo) && json_integer_value(bo) == j->n, "only best_of = n", e) ||
+	    refuse_unless(o, "suffix", json_is_string(sf) && !json_string_length(sf), NULL, e) ||
+	    refuse_unless(o, "response_format", json_is_object(rf) && json_is_string(json_object_get(rf, "type")) &&
+	                  !strcmp(json_string_value(json_object_get(rf, "type")), "text"),
+	                  "only {\"type\": \"text\"}", e))
+		return -1;
 	return 0;
 }
 
@@ -715,6 +792,8 @@ static int parse_max_tokens(struct llm_server *s, struct job *j, json_t *o, cons
 		return bad(e, k, "prompt of %d tokens + %s %lld exceeds the context of %d tokens",
 		           j->n_prompt, k, v, s->n_ctx);
 	j->p.max_tokens = (int)v;
+	if (j->p.min_tokens > j->p.max_tokens)
+		return bad(e, "min_tokens", "%d exceeds %s %d", j->p.min_tokens, k, j->p.max_tokens);
 	return 0;
 }
 
@@ -868,7 +947,19 @@ static int parse_tgi(struct llm_server *s, struct job *j, json_t *o, struct perr
 	if (get_bool(p, "return_full_text", &b, e) < 0)
 		goto out;
 	j->full_text = b;
+	v = 0;
 	if (get_int(p, "top_n_tokens", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
+		goto out;
+	j->p.n_logprobs = (int)v;
+	json_t *bo = json_object_get(p, "best_of"), *tp = json_object_get(p, "typical_p");
+	if (refuse_unless(p, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1", e) ||
+	    refuse_unless(p, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL, e) ||
+	    refuse_unless(p, "watermark", json_is_false(json_object_get(p, "watermark")), NULL, e) ||
+	    refuse_unless(p, "decoder_input_details", json_is_false(json_object_get(p, "decoder_input_details")),
+	                  NULL, e))
+		goto out;
+	long long trunc = 0;
+	if (get_int(p, "truncate", 1, INT32_MAX, &trunc, e) < 0)
 		goto out;
 	if (!sample)
 		j->p.temperature = 0;
@@ -877,6 +968,10 @@ static int parse_tgi(struct llm_server *s, struct job *j, json_t *o, struct perr
 	if (j->n_prompt == 0) {
 		bad(e, "inputs", "empty");
 		goto out;
+	}
+	if (trunc > 0 && j->n_prompt > trunc) {   /* keep the last TRUNC tokens */
+		memmove(j->prompt, j->prompt + (j->n_prompt - trunc), (size_t)trunc * sizeof *j->prompt);
+		j->n_prompt = (int)trunc;
 	}
 	if (j->full_text)
 		j->inputs = llm_strdup(json_string_value(in));
@@ -899,11 +994,12 @@ static const char *tgi_finish(enum llm_finish f)
 	       f == LLM_FINISH_STOP ? "stop_sequence" : "abort";
 }
 
+/* A token's text as it reads in the output (its leading space kept). */
 static json_t *token_str(struct llm_server *s, int32_t id)
 {
 	char *t = NULL;
 	size_t n = 0;
-	if (llm_tokenizer_decode(s->tk, &id, 1, false, &t, &n))
+	if (llm_tokenizer_piece(s->tk, id, &t, &n))
 		return json_string("");
 	json_t *j = jstr(t, n);
 	free(t);
@@ -915,7 +1011,7 @@ static json_t *token_bytes(struct llm_server *s, int32_t id)
 	char *t = NULL;
 	size_t n = 0;
 	json_t *a = json_array();
-	if (!llm_tokenizer_decode(s->tk, &id, 1, false, &t, &n))
+	if (!llm_tokenizer_piece(s->tk, id, &t, &n))
 		for (size_t i = 0; i < n; i++)
 			json_array_append_new(a, json_integer((unsigned char)t[i]));
 	free(t);
@@ -1032,6 +1128,18 @@ static json_t *openai_full(struct llm_server *s, struct job *j)
 	                 "usage", usage_json(j));
 }
 
+/* TGI top_n_tokens: the best tokens at event V, best first. */
+static json_t *tgi_top(struct llm_server *s, const struct ev *v)
+{
+	json_t *a = json_array();
+	for (int k = 0; k < v->n_top; k++)
+		json_array_append_new(a, json_pack("{s:i, s:o, s:f, s:b}", "id", v->top[k].id,
+		                                   "text", token_str(s, v->top[k].id), "logprob",
+		                                   (double)v->top[k].logprob, "special",
+		                                   llm_tokenizer_is_special(s->tk, v->top[k].id)));
+	return a;
+}
+
 static json_t *tgi_details(struct job *j, struct llm_server *s, int with_tokens)
 {
 	struct choice *c = &j->ch[0];
@@ -1046,6 +1154,13 @@ static json_t *tgi_details(struct job *j, struct llm_server *s, int with_tokens)
 				                                      "logprob", (double)c->ev[i].logprob,
 				                                      "special", llm_tokenizer_is_special(s->tk, c->ev[i].token)));
 		json_object_set_new(d, "tokens", toks);
+		if (j->p.n_logprobs) {
+			json_t *tops = json_array();
+			for (int i = 0; i < c->n_ev; i++)
+				if (c->ev[i].token >= 0)
+					json_array_append_new(tops, tgi_top(s, &c->ev[i]));
+			json_object_set_new(d, "top_tokens", tops);
+		}
 	}
 	return d;
 }
@@ -1119,6 +1234,8 @@ static void stream_format(struct llm_server *s, struct job *j)
 				                        "logprob", (double)v->logprob, "special",
 				                        v->finish == LLM_FINISH_EOS || llm_tokenizer_is_special(s->tk, v->token));
 				json_t *o = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "token", tok, "generated_text", "details");
+				if (j->p.n_logprobs)
+					json_object_set_new(o, "top_tokens", tgi_top(s, v));
 				if (v->finish) {
 					json_object_set_new(o, "generated_text", tgi_generated(j));
 					json_object_set_new(o, "details", tgi_details(j, s, 0));

@@ -427,6 +427,8 @@ struct llm_tokenizer {
 	bool bytelevel_dec;             /* the decoder has a ByteLevel step */
 	char *chat_template;
 	char *config_json;
+	int32_t anchor[4];            /* "a" encoded: the text llm_tokenizer_piece decodes after */
+	size_t n_anchor;
 };
 
 /* ID names a token (model vocabulary or added): decodable. */
@@ -1151,6 +1153,15 @@ enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *o
 	    (st = parse_side(origin, files, "generation_config.json", &gen)))
 		goto out;
 	st = load_configs(&L, cfg, stm, gen);
+	if (!st) {
+		int32_t *a;
+		size_t na;
+		if (!llm_tokenizer_encode(tk, "a", 1, false, &a, &na) && na <= 4) {
+			memcpy(tk->anchor, a, na * sizeof *a);
+			tk->n_anchor = na;
+		}
+		free(a);
+	}
 out:
 	json_decref(j);
 	json_decref(cfg);
@@ -2042,6 +2053,36 @@ enum llm_status llm_tokenizer_decode(const struct llm_tokenizer *tk, const int32
 	*text = NULL;
 	*len = 0;
 	enum llm_status st = decode_buf(tk, ids, n, skip_special, &b);
+	if (st) {
+		free(b.p);
+		return st;
+	}
+	*text = b.p;
+	*len = b.n;
+	return LLM_OK;
+}
+
+enum llm_status llm_tokenizer_piece(const struct llm_tokenizer *tk, int32_t id, char **text, size_t *len)
+{
+	*text = NULL;
+	*len = 0;
+	if (!has_token(tk, id))
+		return llm_fail(LLM_ERR_RANGE, "token id %d: not in the vocabulary (n_vocab %d)", id, tk->n_vocab);
+	int32_t ids[5];
+	size_t na = tk->n_anchor;
+	memcpy(ids, tk->anchor, na * sizeof *ids);
+	ids[na] = id;
+	struct buf a = { 0 }, b = { 0 };
+	enum llm_status st = decode_buf(tk, ids, na, false, &a);
+	if (!st)
+		st = decode_buf(tk, ids, na + 1, false, &b);
+	if (!st && na && b.n >= a.n && !memcmp(b.p, a.p, a.n)) {
+		memmove(b.p, b.p + a.n, b.n - a.n + 1);
+		b.n -= a.n;
+	} else if (!st && na) {      /* the anchor's text changed: the token alone */
+		st = decode_buf(tk, ids + na, 1, false, &b);
+	}
+	free(a.p);
 	if (st) {
 		free(b.p);
 		return st;

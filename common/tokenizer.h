@@ -73,6 +73,12 @@ enum llm_status llm_tokenizer_encode(const struct llm_tokenizer *tk, const char 
 enum llm_status llm_tokenizer_decode(const struct llm_tokenizer *tk, const int32_t *ids,
                                      size_t n, bool skip_special, char **text, size_t *len);
 
+/* The text ID adds after other text, as decode gives it mid-sequence: a
+ * leading space that decode drops at the start of a text is kept (the
+ * text of the ids of "a" then ID, less that of "a"). Malloc'ed as decode's;
+ * LLM_ERR_RANGE as decode. For log-prob tokens. */
+enum llm_status llm_tokenizer_piece(const struct llm_tokenizer *tk, int32_t id, char **text, size_t *len);
+
 /* Streaming decode: push ids one at a time; each push returns only text
  * that later ids cannot change (whole UTF-8 characters, byte-fallback runs
  * that are complete, spaces that clean-up could still remove held back).

@@ -163,6 +163,26 @@ static void run_tokenizer(const char *ref, const char *name)
 	check(st.n > 0 && st.dec_s == st.n, "%s: decode with special tokens (%d/%d)", name, st.dec_s, st.n);
 	check(st.n > 0 && st.dec_p == st.n, "%s: decode without special tokens (%d/%d)", name, st.dec_p, st.n);
 	check(st.n > 0 && st.stream == st.n, "%s: streaming decode equals whole decode (%d/%d)", name, st.stream, st.n);
+	/* a token's piece keeps the leading space that decode drops at the start */
+	int32_t *ids = NULL;
+	size_t n = 0;
+	char *pc = NULL, *alone = NULL, *sp = NULL, *spd = NULL;
+	size_t pl = 0, al = 0, sl = 0, sdl = 0;
+	int32_t eos = llm_tokenizer_eos(tk);
+	int ok = !llm_tokenizer_encode(tk, "a there", 7, false, &ids, &n) && n == 2 &&
+	         !llm_tokenizer_piece(tk, ids[1], &pc, &pl) && !llm_tokenizer_decode(tk, ids + 1, 1, false, &alone, &al) &&
+	         eos >= 0 && !llm_tokenizer_piece(tk, eos, &sp, &sl) && !llm_tokenizer_decode(tk, &eos, 1, false, &spd, &sdl);
+	char *none;
+	size_t nl;
+	check(ok && pl == 6 && !memcmp(pc, " there", 6) && sl == sdl && !memcmp(sp, spd, sl) &&
+	      llm_tokenizer_piece(tk, -1, &none, &nl) == LLM_ERR_RANGE,
+	      "%s: the piece of ' there' is '%s' (decoded alone: '%s'); EOS's is its text '%s'", name,
+	      pc ? pc : "?", alone ? alone : "?", sp ? sp : "?");
+	free(ids);
+	free(pc);
+	free(alone);
+	free(sp);
+	free(spd);
 	llm_tokenizer_close(tk);
 }
 

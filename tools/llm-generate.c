@@ -446,6 +446,7 @@ static enum llm_status job_params(struct job *j, json_t *obj, int line)
 		{ "presence_penalty", 'f', offsetof(struct llm_sample_params, presence_penalty) },
 		{ "top_k", 'i', offsetof(struct llm_sample_params, top_k) },
 		{ "max_tokens", 'i', offsetof(struct llm_sample_params, max_tokens) },
+		{ "min_tokens", 'i', offsetof(struct llm_sample_params, min_tokens) },
 		{ "top_logprobs", 'i', offsetof(struct llm_sample_params, n_logprobs) },
 	};
 	for (size_t i = 0; i < sizeof num / sizeof *num; i++) {

@@ -77,6 +77,13 @@ check "the same seed gives the same sample" [ "$a" = "$b" ]
 check "another seed gives another sample" [ "$a" != "$c" ]
 out=$($G -m "$M" -p "Once upon a time" -n 60 --temp 0 --json --stop "Lily")
 check "--stop ends at the stop string, finish_reason stop" sh -c "echo '$out' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert o[\"finish_reason\"]==\"stop\" and \"Lily\" not in o[\"text\"], o'"
+printf '%s\n' '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": ["Lily"], "min_tokens": 20}' |
+	$G -m "$M" --json >"$T/mt.json"
+check "a JSONL min_tokens: the stop string in the first 20 tokens does not stop it" python3 -c "
+import json; o = json.load(open('$T/mt.json'))
+assert o['text'].startswith(', there was a little girl named Lily') and len(o['ids']) >= 20, o"
+check_fails "a JSONL min_tokens above max_tokens is a runtime error naming the line" 1 sh -c \
+	"printf '%s\\n' '{\"prompt\": \"a\", \"max_tokens\": 3, \"min_tokens\": 4}' | $G -m '$M' --json"
 echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "stop": ["zzz"]}' >"$T/one.jsonl"
 check "per-line max_tokens is obeyed" sh -c "$G -m '$M' --json <'$T/one.jsonl' | grep -q '\"finish_reason\":\"length\"'"
 

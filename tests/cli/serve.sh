@@ -97,6 +97,43 @@ import json; a = json.load(open('$T/n1.json')); b = json.load(open('$T/n2.json')
 assert len(a['choices']) == 3 and a['choices'] == b['choices'], (a, b)
 assert len({c['text'] for c in a['choices']}) > 1 and a['usage']['completion_tokens'] == 60"
 
+# logit_bias, stop_token_ids, min_tokens (c.json: the greedy 30 tokens)
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logit_bias": {"400": 100}, "logprobs": 1}' >"$T/lb.json"
+check "logit_bias +100 on one id: greedy takes it every time; log-probs stay the model's" python3 -c "
+import json; c = json.load(open('$T/lb.json'))['choices'][0]
+assert c['token_ids'] == [400] * 5 and c['logprobs']['token_logprobs'][0] < -1, c"
+t0=$(python3 -c "import json; print(json.load(open('$T/c.json'))['choices'][0]['token_ids'][0])")
+post "$URL/v1/completions" -d "{\"prompt\": \"Once upon a time\", \"max_tokens\": 5, \"temperature\": 0, \"logit_bias\": {\"$t0\": -100}}" >"$T/lb2.json"
+check "logit_bias -100 on the greedy first token: another one comes first" python3 -c "
+import json; c = json.load(open('$T/lb2.json'))['choices'][0]
+assert c['token_ids'][0] != $t0 and len(c['token_ids']) == 5, c"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop_token_ids": [286]}' >"$T/sid.json"
+check "stop_token_ids: ends at the first one, finish_reason stop" python3 -c "
+import json; full = json.load(open('$T/c.json'))['choices'][0]['token_ids']; c = json.load(open('$T/sid.json'))['choices'][0]
+k = full.index(286)
+assert c['finish_reason'] == 'stop' and c['token_ids'] == full[:k + 1], (c, full)"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": ["Lily"], "min_tokens": 20}' >"$T/mt.json"
+check "min_tokens 20: a stop string within the first 20 tokens does not stop it" python3 -c "
+import json; c = json.load(open('$T/mt.json'))['choices'][0]; full = json.load(open('$T/c.json'))['choices'][0]
+assert c['text'].startswith(', there was a little girl named Lily') and len(c['token_ids']) >= 20, c
+assert c['finish_reason'] == 'length' or 'Lily' in c['text'][len(', there was a little girl named Lily'):], c"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop_token_ids": [286], "min_tokens": 8}' >"$T/mt2.json"
+check "min_tokens 8: a stop id is not sampled before the 9th token" python3 -c "
+import json; c = json.load(open('$T/mt2.json'))['choices'][0]
+assert 286 not in c['token_ids'][:8] and len(c['token_ids']) >= 9, c"
+post "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 1}' >"$T/lo.json"
+check "logprobs: tokens keep their leading space, text_offset indexes the text" python3 -c "
+import json; c = json.load(open('$T/lo.json'))['choices'][0]; l = c['logprobs']
+assert ''.join(l['tokens']) == c['text'] and l['tokens'][1] == ' there', l
+assert all(c['text'][o:].startswith(t) for o, t in zip(l['text_offset'], l['tokens'])), l"
+for bad in '"logit_bias": {"x": 1}|logit_bias' '"logit_bias": {"400": 101}|logit_bias' '"logit_bias": {"512": 1}|logit_bias' \
+	'"min_tokens": 9|min_tokens' '"stop_token_ids": [512]|stop_token_ids' '"best_of": 2|best_of' '"suffix": "x"|suffix' \
+	'"response_format": {"type": "json_object"}|response_format'; do
+	f=${bad%|*}; name=${bad#*|}
+	c=$(code "$URL/v1/completions" -d "{\"prompt\": \"a\", \"max_tokens\": 8, $f}")
+	check "$f: 400 naming $name" sh -c "[ $c = 400 ] && grep -q '\"param\":\"$name\"' '$T/body'"
+done
+
 # chat, with the template of tests/data
 post "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12, "temperature": 0}' >"$T/chat.json"
 check "chat completion: an assistant message and usage" python3 -c "
@@ -126,6 +163,25 @@ ev = [json.loads(l[5:]) for l in open('$T/tgi.sse') if l.startswith('data:')]
 c = json.load(open('$T/c.json'))['choices'][0]
 assert [e['token']['id'] for e in ev] == c['token_ids'] and ev[-1]['generated_text'] == c['text']
 assert ev[-1]['details']['finish_reason'] == 'length' and all(e['generated_text'] is None for e in ev[:-1])"
+
+post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 6, "details": true, "top_n_tokens": 3}}' >"$T/tgi_top.json"
+post -N "$URL/generate_stream" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 6, "top_n_tokens": 3}}' >"$T/tgi_top.sse"
+check "/generate top_n_tokens 3: details.top_tokens per token, the greedy one first; the stream has them too" python3 -c "
+import json
+d = json.load(open('$T/tgi_top.json'))['details']
+assert len(d['top_tokens']) == 6 and all(len(t) == 3 for t in d['top_tokens']), d
+assert [t[0]['id'] for t in d['top_tokens']] == [x['id'] for x in d['tokens']], d
+ev = [json.loads(l[5:]) for l in open('$T/tgi_top.sse') if l.startswith('data:')]
+assert [e['top_tokens'] for e in ev] == d['top_tokens'], ev"
+post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 8, "truncate": 2}}' >"$T/tr.json"
+post "$URL/v1/completions" -d '{"prompt": [261, 378], "max_tokens": 8, "temperature": 0}' >"$T/tr2.json"
+check "/generate truncate 2: the last 2 prompt tokens only" python3 -c "
+import json; a = json.load(open('$T/tr.json')); b = json.load(open('$T/tr2.json'))
+assert a['generated_text'] == b['choices'][0]['text'], (a, b)"
+for bad in '"typical_p": 0.5' '"watermark": true' '"best_of": 2' '"decoder_input_details": true' '"truncate": 0'; do
+	c=$(code "$URL/generate" -d "{\"inputs\": \"a\", \"parameters\": {$bad}}")
+	check "/generate $bad: 400" sh -c "[ $c = 400 ] && grep -q validation '$T/body'"
+done
 
 # errors
 check "malformed JSON: 400" [ "$(code "$URL/v1/completions" -d '{"prompt": ')" = 400 ]

@@ -84,6 +84,13 @@ await t('chat logprobs with top_logprobs: 2', async () => {
 		x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob);
 });
 
+await t('logit_bias bans the greedy first token of a chat answer', async () => {
+	const first = chat.choices[0].token_ids[0];
+	const c = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0,
+		logit_bias: { [String(first)]: -100 } });
+	return c.choices[0].token_ids[0] !== first && c.usage.completion_tokens === 4;
+});
+
 await t('n: 2 gives two choices', async () => {
 	const c = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 1, seed: 5, n: 2 });
 	return c.choices.length === 2 && c.choices[1].index === 1;

@@ -1143,8 +1143,10 @@ static json_t *tgi_top(struct llm_server *s, const struct ev *v)
 static json_t *tgi_details(struct job *j, struct llm_server *s, int with_tokens)
 {
 	struct choice *c = &j->ch[0];
-	json_t *d = json_pack("{s:s, s:i, s:I}", "finish_reason", tgi_finish(c->finish),
-	                      "generated_tokens", gen_count(j), "seed", (json_int_t)(j->p.seed & INT64_MAX));
+	/* seed: the one drawn with, null when greedy (no draw) */
+	json_t *d = json_pack("{s:s, s:i, s:o}", "finish_reason", tgi_finish(c->finish),
+	                      "generated_tokens", gen_count(j), "seed",
+	                      j->p.temperature > 0 ? json_integer((json_int_t)(j->p.seed & INT64_MAX)) : json_null());
 	if (with_tokens) {
 		json_t *toks = json_array();
 		for (int i = 0; i < c->n_ev; i++)

@@ -154,7 +154,7 @@ post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_
 check "/generate: greedy generated_text equals the completion's, with details" python3 -c "
 import json; t = json.load(open('$T/tgi.json')); c = json.load(open('$T/c.json'))
 assert t['generated_text'] == c['choices'][0]['text'], t
-d = t['details']; assert d['finish_reason'] == 'length' and d['generated_tokens'] == 30
+d = t['details']; assert d['finish_reason'] == 'length' and d['generated_tokens'] == 30 and d['seed'] is None
 assert [x['id'] for x in d['tokens']] == c['choices'][0]['token_ids']"
 post -N "$URL/generate_stream" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 30}}' >"$T/tgi.sse"
 check "/generate_stream: one event per token, the last with generated_text" python3 -c "
@@ -173,6 +173,9 @@ assert len(d['top_tokens']) == 6 and all(len(t) == 3 for t in d['top_tokens']), 
 assert [t[0]['id'] for t in d['top_tokens']] == [x['id'] for x in d['tokens']], d
 ev = [json.loads(l[5:]) for l in open('$T/tgi_top.sse') if l.startswith('data:')]
 assert [e['top_tokens'] for e in ev] == d['top_tokens'], ev"
+post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 3, "details": true, "do_sample": true, "seed": 5}}' >"$T/sd.json"
+check "/generate details.seed: the seed sampled with (null when greedy, above)" python3 -c "
+import json; assert json.load(open('$T/sd.json'))['details']['seed'] == 5"
 post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 8, "truncate": 2}}' >"$T/tr.json"
 post "$URL/v1/completions" -d '{"prompt": [261, 378], "max_tokens": 8, "temperature": 0}' >"$T/tr2.json"
 check "/generate truncate 2: the last 2 prompt tokens only" python3 -c "

@@ -1011,7 +1011,7 @@ static json_t *token_bytes(struct llm_server *s, int32_t id)
 	char *t = NULL;
 	size_t n = 0;
 	json_t *a = json_array();
-	if (!llm_tokenizer_piece(s->tk, id, &t, &n))
+	if (!llm_tokenizer_piece_bytes(s->tk, id, &t, &n))
 		for (size_t i = 0; i < n; i++)
 			json_array_append_new(a, json_integer((unsigned char)t[i]));
 	free(t);

@@ -2092,6 +2092,46 @@ enum llm_status llm_tokenizer_piece(const struct llm_tokenizer *tk, int32_t id, 
 	return LLM_OK;
 }
 
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+enum llm_status llm_tokenizer_piece_bytes(const struct llm_tokenizer *tk, int32_t id, char **bytes, size_t *len)
+{
+	if (has_token(tk, id) && !(tk->flags[id] & TF_ADDED)) {
+		const struct str *t = &tk->tok[id];
+		unsigned char raw[256];
+		size_t m = 0;
+		if (tk->byte_fallback && t->len == 6 && !memcmp(t->s, "<0x", 3) && t->s[5] == '>' &&
+		    hexval(t->s[3]) >= 0 && hexval(t->s[4]) >= 0) {
+			raw[m++] = (unsigned char)(hexval(t->s[3]) * 16 + hexval(t->s[4]));
+		} else if (tk->bytelevel_dec) {
+			for (size_t q = 0; q < t->len && m < sizeof raw;) {
+				utf8proc_int32_t cp;
+				utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)t->s + q,
+				                                      (utf8proc_ssize_t)(t->len - q), &cp);
+				if (r <= 0 || cp >= 324 || cp_byte[cp] < 0) {
+					m = 0;      /* not byte-level text: its piece */
+					break;
+				}
+				raw[m++] = (unsigned char)cp_byte[cp];
+				q += (size_t)r;
+			}
+		}
+		if (m) {
+			*bytes = malloc(m + 1);
+			if (!*bytes)
+				return llm_fail(LLM_ERR_NOMEM, "out of memory");
+			memcpy(*bytes, raw, m);
+			(*bytes)[m] = 0;
+			*len = m;
+			return LLM_OK;
+		}
+	}
+	return llm_tokenizer_piece(tk, id, bytes, len);
+}
+
 /* ---------------------------------------------------------------- streaming */
 
 void llm_detok_stream_init(struct llm_detok_stream *s, const struct llm_tokenizer *tk, bool skip_special)

@@ -79,6 +79,12 @@ enum llm_status llm_tokenizer_decode(const struct llm_tokenizer *tk, const int32
  * LLM_ERR_RANGE as decode. For log-prob tokens. */
 enum llm_status llm_tokenizer_piece(const struct llm_tokenizer *tk, int32_t id, char **text, size_t *len);
 
+/* The bytes ID stands for, where its piece cannot show them (part of a
+ * UTF-8 character comes out as U+FFFD): a byte-fallback token (<0xXX>) is
+ * its byte, a byte-level token the bytes its characters map to. Other
+ * tokens: their piece. Malloc'ed; for log-prob "bytes". */
+enum llm_status llm_tokenizer_piece_bytes(const struct llm_tokenizer *tk, int32_t id, char **bytes, size_t *len);
+
 /* Streaming decode: push ids one at a time; each push returns only text
  * that later ids cannot change (whole UTF-8 characters, byte-fallback runs
  * that are complete, spaces that clean-up could still remove held back).

@@ -183,6 +183,31 @@ static void run_tokenizer(const char *ref, const char *name)
 	free(alone);
 	free(sp);
 	free(spd);
+	/* piece bytes: characters split over tokens come back whole when the
+	 * bytes of the ids are joined */
+	const char *emo = "a \xf0\x9f\xa6\x99\xf0\x9d\x94\xb8 there";
+	char all[256];
+	size_t al2 = 0;
+	int split = 0;
+	ok = !llm_tokenizer_encode(tk, emo, strlen(emo), false, &ids, &n);
+	for (size_t i = 0; ok && i < n; i++) {
+		char *b = NULL, *q = NULL;
+		size_t bl = 0, ql = 0;
+		ok = !llm_tokenizer_piece_bytes(tk, ids[i], &b, &bl) && !llm_tokenizer_piece(tk, ids[i], &q, &ql) &&
+		     al2 + bl < sizeof all;
+		if (ok) {
+			memcpy(all + al2, b, bl);
+			al2 += bl;
+			split += bl != ql || memcmp(b, q, bl);
+		}
+		free(b);
+		free(q);
+	}
+	size_t el = strlen(emo);
+	check(ok && split > 0 && ((al2 == el && !memcmp(all, emo, el)) || (al2 == el + 1 && all[0] == ' ' &&
+	      !memcmp(all + 1, emo, el))), "%s: the bytes of the %zu tokens of two 4-byte characters join to the text "
+	      "(%d tokens hold part of a character)", name, n, split);
+	free(ids);
 	llm_tokenizer_close(tk);
 }
 

@@ -140,6 +140,10 @@ check "chat completion: an assistant message and usage" python3 -c "
 import json; r = json.load(open('$T/chat.json'))
 assert r['object'] == 'chat.completion' and r['choices'][0]['message']['role'] == 'assistant'
 assert len(r['choices'][0]['message']['content']) > 0 and r['usage']['completion_tokens'] == 12, r"
+post "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 1, "temperature": 0, "logprobs": true, "logit_bias": {"243": 100}}' >"$T/chatb.json"
+check "chat logprobs: a byte-fallback token's bytes are its byte (<0xF0>: [240])" python3 -c "
+import json; lp = json.load(open('$T/chatb.json'))['choices'][0]['logprobs']['content']
+assert lp[0]['bytes'] == [240] and lp[0]['token'] == '\ufffd', lp"
 post -N "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12, "temperature": 0, "stream": true}' >"$T/chat.sse"
 check "streamed chat: a role delta, content deltas, [DONE], the same text" python3 -c "
 import json

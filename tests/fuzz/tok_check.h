@@ -45,6 +45,21 @@ static void check_ids(const struct llm_tokenizer *tk, const int32_t *ids, size_t
 		free(acc);
 		free(whole);
 	}
+	/* each id's piece and bytes: given for an id decode takes, refused
+	 * with LLM_ERR_RANGE otherwise */
+	for (size_t i = 0; i < n && i < 64; i++) {
+		char *one = NULL, *pc = NULL, *by = NULL;
+		size_t l1, lp, lb;
+		enum llm_status sd = llm_tokenizer_decode(tk, ids + i, 1, false, &one, &l1);
+		enum llm_status sp = llm_tokenizer_piece(tk, ids[i], &pc, &lp);
+		enum llm_status sb = llm_tokenizer_piece_bytes(tk, ids[i], &by, &lb);
+		if ((sd == LLM_OK) != (sp == LLM_OK) || sp != sb || (sp && sp != LLM_ERR_RANGE) ||
+		    (sp == LLM_OK && (!pc || !by || pc[lp] || by[lb])))
+			__builtin_trap();
+		free(one);
+		free(pc);
+		free(by);
+	}
 }
 
 #endif

@@ -429,6 +429,8 @@ struct llm_tokenizer {
 	char *config_json;
 	int32_t anchor[4];            /* "a" encoded: the text llm_tokenizer_piece decodes after */
 	size_t n_anchor;
+	char anchor_text[16];         /* their decoded text */
+	size_t anchor_len;
 };
 
 /* ID names a token (model vocabulary or added): decodable. */
@@ -1090,6 +1092,9 @@ static enum llm_status parse_side(const char *origin, const struct llm_tok_files
 	return LLM_OK;
 }
 
+static enum llm_status decode_buf(const struct llm_tokenizer *tk, const int32_t *ids, size_t n,
+                                  bool skip_special, struct buf *out);
+
 enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *origin,
                                        const struct llm_tok_files *files)
 {
@@ -1156,11 +1161,16 @@ enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *o
 	if (!st) {
 		int32_t *a;
 		size_t na;
-		if (!llm_tokenizer_encode(tk, "a", 1, false, &a, &na) && na <= 4) {
+		struct buf at = { 0 };
+		if (!llm_tokenizer_encode(tk, "a", 1, false, &a, &na) && na <= 4 &&
+		    !decode_buf(tk, a, na, false, &at) && at.n < sizeof tk->anchor_text) {
 			memcpy(tk->anchor, a, na * sizeof *a);
 			tk->n_anchor = na;
+			memcpy(tk->anchor_text, at.p, at.n);
+			tk->anchor_len = at.n;
 		}
 		free(a);
+		free(at.p);
 	}
 out:
 	json_decref(j);
@@ -1850,6 +1860,19 @@ enum llm_status llm_tokenizer_encode(const struct llm_tokenizer *tk, const char 
 
 /* ---------------------------------------------------------------- decoding */
 
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* The byte of a byte-fallback token's text <0xXX> (N bytes at S), or -1. */
+static int fallback_byte(const char *s, size_t n)
+{
+	if (!s || n != 6 || memcmp(s, "<0x", 3) || s[5] != '>' || hexval(s[3]) < 0 || hexval(s[4]) < 0)
+		return -1;
+	return hexval(s[3]) * 16 + hexval(s[4]);
+}
+
 static void decode_chain(const struct dec *d, struct pieces *ps, struct pieces *tmp)
 {
 	switch (d->type) {
@@ -1882,13 +1905,9 @@ static void decode_chain(const struct dec *d, struct pieces *ps, struct pieces *
 		for (size_t i = 0; i <= ps->n; i++) {
 			size_t n = 0;
 			const char *s = i < ps->n ? piece(ps, i, &n) : NULL;
-			unsigned v;
-			char hex[3];
+			int v = fallback_byte(s, n);
 			bool isbyte = false;
-			if (s && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' &&
-			    strchr("0123456789ABCDEFabcdef", s[3]) && strchr("0123456789ABCDEFabcdef", s[4]) && s[3] && s[4]) {
-				hex[0] = s[3]; hex[1] = s[4]; hex[2] = 0;
-				v = (unsigned)strtoul(hex, NULL, 16);
+			if (v >= 0) {
 				buf_putc(&run, (char)v);
 				n_run++;
 				isbyte = true;
@@ -2072,17 +2091,15 @@ enum llm_status llm_tokenizer_piece(const struct llm_tokenizer *tk, int32_t id, 
 	size_t na = tk->n_anchor;
 	memcpy(ids, tk->anchor, na * sizeof *ids);
 	ids[na] = id;
-	struct buf a = { 0 }, b = { 0 };
-	enum llm_status st = decode_buf(tk, ids, na, false, &a);
-	if (!st)
-		st = decode_buf(tk, ids, na + 1, false, &b);
-	if (!st && na && b.n >= a.n && !memcmp(b.p, a.p, a.n)) {
-		memmove(b.p, b.p + a.n, b.n - a.n + 1);
-		b.n -= a.n;
+	size_t al = tk->anchor_len;
+	struct buf b = { 0 };
+	enum llm_status st = decode_buf(tk, ids, na + 1, false, &b);
+	if (!st && na && b.n >= al && !memcmp(b.p, tk->anchor_text, al)) {
+		memmove(b.p, b.p + al, b.n - al + 1);
+		b.n -= al;
 	} else if (!st && na) {      /* the anchor's text changed: the token alone */
 		st = decode_buf(tk, ids + na, 1, false, &b);
 	}
-	free(a.p);
 	if (st) {
 		free(b.p);
 		return st;
@@ -2092,20 +2109,15 @@ enum llm_status llm_tokenizer_piece(const struct llm_tokenizer *tk, int32_t id, 
 	return LLM_OK;
 }
 
-static int hexval(char c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 enum llm_status llm_tokenizer_piece_bytes(const struct llm_tokenizer *tk, int32_t id, char **bytes, size_t *len)
 {
 	if (has_token(tk, id) && !(tk->flags[id] & TF_ADDED)) {
 		const struct str *t = &tk->tok[id];
 		unsigned char raw[256];
 		size_t m = 0;
-		if (tk->byte_fallback && t->len == 6 && !memcmp(t->s, "<0x", 3) && t->s[5] == '>' &&
-		    hexval(t->s[3]) >= 0 && hexval(t->s[4]) >= 0) {
-			raw[m++] = (unsigned char)(hexval(t->s[3]) * 16 + hexval(t->s[4]));
+		int fb = tk->byte_fallback ? fallback_byte(t->s, t->len) : -1;
+		if (fb >= 0) {
+			raw[m++] = (unsigned char)fb;
 		} else if (tk->bytelevel_dec) {
 			for (size_t q = 0; q < t->len && m < sizeof raw;) {
 				utf8proc_int32_t cp;
@@ -2161,7 +2173,7 @@ static size_t unstable_tail(const struct llm_tokenizer *tk, const int32_t *ids, 
 		const struct str *t = &tk->tok[id];
 		if (skip_special && (tk->flags[id] & TF_SPECIAL)) {
 			k++;
-		} else if (t->len == 6 && !memcmp(t->s, "<0x", 3) && t->s[5] == '>') {
+		} else if (fallback_byte(t->s, t->len) >= 0) {
 			k++;
 			fallback++;
 		} else {

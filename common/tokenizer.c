@@ -2113,13 +2113,15 @@ enum llm_status llm_tokenizer_piece_bytes(const struct llm_tokenizer *tk, int32_
 {
 	if (has_token(tk, id) && !(tk->flags[id] & TF_ADDED)) {
 		const struct str *t = &tk->tok[id];
-		unsigned char raw[256];
+		unsigned char *raw = malloc(t->len + 1);   /* a byte per character at most */
 		size_t m = 0;
+		if (!raw)
+			return llm_fail(LLM_ERR_NOMEM, "out of memory");
 		int fb = tk->byte_fallback ? fallback_byte(t->s, t->len) : -1;
 		if (fb >= 0) {
 			raw[m++] = (unsigned char)fb;
 		} else if (tk->bytelevel_dec) {
-			for (size_t q = 0; q < t->len && m < sizeof raw;) {
+			for (size_t q = 0; q < t->len;) {
 				utf8proc_int32_t cp;
 				utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)t->s + q,
 				                                      (utf8proc_ssize_t)(t->len - q), &cp);
@@ -2132,14 +2134,12 @@ enum llm_status llm_tokenizer_piece_bytes(const struct llm_tokenizer *tk, int32_
 			}
 		}
 		if (m) {
-			*bytes = malloc(m + 1);
-			if (!*bytes)
-				return llm_fail(LLM_ERR_NOMEM, "out of memory");
-			memcpy(*bytes, raw, m);
-			(*bytes)[m] = 0;
+			raw[m] = 0;
+			*bytes = (char *)raw;
 			*len = m;
 			return LLM_OK;
 		}
+		free(raw);
 	}
 	return llm_tokenizer_piece(tk, id, bytes, len);
 }

@@ -406,6 +406,29 @@ static void stream_skip_special(const char *ref)
 	}
 }
 
+/* A byte-level token longer than any fixed buffer: its bytes are all there. */
+static void long_piece_bytes(void)
+{
+	char json[1024];
+	char lng[301];
+	memset(lng, 'a', 300);
+	lng[300] = 0;
+	int n = snprintf(json, sizeof json, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"%s\": 1}, "
+	                 "\"merges\": []}, \"decoder\": {\"type\": \"ByteLevel\"}}", lng);
+	struct llm_tokenizer *tk;
+	if (!check(llm_tokenizer_open(&tk, write_tok("longtok", json, (size_t)n)) == LLM_OK,
+	           "a byte-level tokenizer with a 300-byte token opens")) {
+		check_diag("%s", llm_errmsg());
+		return;
+	}
+	char *b = NULL;
+	size_t bl = 0;
+	enum llm_status st = llm_tokenizer_piece_bytes(tk, 1, &b, &bl);
+	check(!st && bl == 300 && !memcmp(b, lng, 300), "its piece bytes are all 300 bytes (%zu)", bl);
+	free(b);
+	llm_tokenizer_close(tk);
+}
+
 int main(void)
 {
 	const char *ref = test_ref_dir();
@@ -418,5 +441,6 @@ int main(void)
 	}
 	stream_skip_special(ref);
 	malformed(ref);
+	long_piece_bytes();
 	return check_done();
 }

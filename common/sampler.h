@@ -54,6 +54,21 @@ struct llm_sample_params {
  * against the vocabulary by llm_sampler_init). */
 enum llm_status llm_sample_params_check(const struct llm_sample_params *p);
 
+/* The request forms of two fields, shared by llm-serve (OpenAI bodies) and
+ * llm-generate (JSONL lines and flags); common/sample_json.c. V is the
+ * field's JSON value (a jansson json_t, not null). Token ids must lie in
+ * [0, N_VOCAB) when N_VOCAB > 0 (else llm_sampler_init checks the biases).
+ * On bad input LLM_ERR_USAGE with a message that does not name the field:
+ * the caller prefixes it. */
+struct json_t;
+/* logit_bias: {"ID": BIAS in [-100, 100], ...}, at most LLM_MAX_BIAS
+ * entries; *BIAS is malloc'd (NULL when there are none). */
+enum llm_status llm_json_logit_bias(struct json_t *v, int n_vocab, struct llm_logit_bias **bias, int *n);
+/* stop_token_ids: [ID, ...], at most LLM_MAX_STOP. */
+enum llm_status llm_json_stop_ids(struct json_t *v, int n_vocab, int32_t ids[LLM_MAX_STOP], int *n);
+/* "ID=BIAS", a command line's form of one logit bias. */
+enum llm_status llm_logit_bias_parse(const char *spec, struct llm_logit_bias *b);
+
 struct llm_logprob { int32_t id; float logprob; };
 
 struct llm_sample_out {

@@ -618,16 +618,8 @@ static int get_stop_ids(struct llm_server *s, struct job *j, json_t *o, struct p
 	json_t *v = json_object_get(o, k);
 	if (!v || json_is_null(v))
 		return 0;
-	if (!json_is_array(v))
-		return bad(e, k, "expected an array of token ids");
-	if (json_array_size(v) > LLM_MAX_STOP)
-		return bad(e, k, "%zu ids, at most %d", json_array_size(v), LLM_MAX_STOP);
-	for (size_t i = 0; i < json_array_size(v); i++) {
-		json_t *x = json_array_get(v, i);
-		if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->n_vocab)
-			return bad(e, k, "element %zu is not a token id in [0, %d)", i, s->n_vocab);
-		j->p.stop_ids[j->p.n_stop_ids++] = (int32_t)json_integer_value(x);
-	}
+	if (llm_json_stop_ids(v, s->n_vocab, j->p.stop_ids, &j->p.n_stop_ids))
+		return bad(e, k, "%s", llm_errmsg());
 	return 1;
 }
 
@@ -638,28 +630,8 @@ static int get_logit_bias(struct llm_server *s, struct job *j, json_t *o, struct
 	json_t *v = json_object_get(o, k);
 	if (!v || json_is_null(v))
 		return 0;
-	if (!json_is_object(v))
-		return bad(e, k, "expected an object mapping token ids to biases");
-	size_t n = json_object_size(v);
-	if (n > LLM_MAX_BIAS)
-		return bad(e, k, "%zu entries, at most %d", n, LLM_MAX_BIAS);
-	if (!n)
-		return 0;
-	j->bias = malloc(n * sizeof *j->bias);
-	if (!j->bias)
-		return bad(e, k, "out of memory");
-	const char *key;
-	json_t *x;
-	json_object_foreach(v, key, x) {
-		char *end;
-		errno = 0;
-		long id = strtol(key, &end, 10);
-		if (*key < '0' || *key > '9' || *end || errno || id < 0 || id >= s->n_vocab)
-			return bad(e, k, "key '%.40s' is not a token id in [0, %d)", key, s->n_vocab);
-		if (!json_is_number(x) || !(fabs(json_number_value(x)) <= 100))
-			return bad(e, k, "token %ld: expected a number in [-100, 100]", id);
-		j->bias[j->p.n_bias++] = (struct llm_logit_bias){ (int32_t)id, (float)json_number_value(x) };
-	}
+	if (llm_json_logit_bias(v, s->n_vocab, &j->bias, &j->p.n_bias))
+		return bad(e, k, "%s", llm_errmsg());
 	j->p.bias = j->bias;
 	return 1;
 }

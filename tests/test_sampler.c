@@ -8,6 +8,7 @@
 #include "sampler.h"
 #include "generate.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -482,8 +483,61 @@ static void test_argmax(void)
 	      (double)o2.logprob, (double)o.logprob, want);
 }
 
+/* The request forms of logit_bias and stop_token_ids (sample_json.c). */
+static void test_forms(void)
+{
+	struct llm_logit_bias b;
+	static const struct { const char *spec; int ok; int32_t id; float bias; } cl[] = {
+		{ "5=-100", 1, 5, -100 }, { "0=2.5", 1, 0, 2.5f }, { "31999=+1e2", 1, 31999, 100 },
+		{ "5", 0, 0, 0 }, { "5=", 0, 0, 0 }, { "=1", 0, 0, 0 }, { "-5=1", 0, 0, 0 }, { "5=100.5", 0, 0, 0 },
+		{ "5=nan", 0, 0, 0 }, { "5= 1", 0, 0, 0 }, { "5=1x", 0, 0, 0 }, { "x=1", 0, 0, 0 },
+		{ "99999999999=1", 0, 0, 0 },
+	};
+	for (size_t i = 0; i < sizeof cl / sizeof *cl; i++) {
+		enum llm_status s = llm_logit_bias_parse(cl[i].spec, &b);
+		check(cl[i].ok ? !s && b.id == cl[i].id && b.bias == cl[i].bias : s == LLM_ERR_USAGE,
+		      "--logit-bias %s: %s", cl[i].spec, cl[i].ok ? "parsed" : "refused");
+	}
+	json_t *v = json_loads("{\"3\": -100, \"10\": 0.5}", 0, NULL);
+	struct llm_logit_bias *bias = NULL;
+	int n = -1;
+	enum llm_status s = llm_json_logit_bias(v, 16, &bias, &n);
+	int ok = !s && n == 2;
+	for (int i = 0; ok && i < n; i++)
+		ok = (bias[i].id == 3 && bias[i].bias == -100) || (bias[i].id == 10 && bias[i].bias == 0.5f);
+	check(ok, "logit_bias object: two entries read");
+	free(bias);
+	json_decref(v);
+	static const char *bad[] = { "[1]", "{\"16\": 1}", "{\"03x\": 1}", "{\"-1\": 1}", "{\"1\": \"a\"}",
+	                             "{\"1\": 101}", "{\"\": 1}" };
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		v = json_loads(bad[i], JSON_DECODE_ANY, NULL);
+		bias = (void *)1;
+		s = llm_json_logit_bias(v, 16, &bias, &n);
+		check(s == LLM_ERR_USAGE && !bias && n == 0, "logit_bias %s refused: %s", bad[i], llm_errmsg());
+		json_decref(v);
+	}
+	v = json_loads("{\"1000000\": 1}", 0, NULL);
+	check(!llm_json_logit_bias(v, 0, &bias, &n) && n == 1 && bias[0].id == 1000000,
+	      "logit_bias without a vocabulary: ids are left to the sampler");
+	free(bias);
+	json_decref(v);
+	int32_t ids[LLM_MAX_STOP];
+	v = json_loads("[2, 7]", JSON_DECODE_ANY, NULL);
+	check(!llm_json_stop_ids(v, 8, ids, &n) && n == 2 && ids[0] == 2 && ids[1] == 7, "stop_token_ids read");
+	json_decref(v);
+	static const char *bad_ids[] = { "[8]", "[-1]", "[1.5]", "7", "[0,1,2,3,4,5,6,7,0]" };
+	for (size_t i = 0; i < sizeof bad_ids / sizeof *bad_ids; i++) {
+		v = json_loads(bad_ids[i], JSON_DECODE_ANY, NULL);
+		check(llm_json_stop_ids(v, 8, ids, &n) == LLM_ERR_USAGE && n == 0, "stop_token_ids %s refused: %s",
+		      bad_ids[i], llm_errmsg());
+		json_decref(v);
+	}
+}
+
 int main(void)
 {
+	test_forms();
 	test_argmax();
 	test_rules();
 	test_seeds();

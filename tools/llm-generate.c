@@ -30,8 +30,8 @@ struct generate_cfg {
 	const char *chat_template;    /* FILE overriding the model's template */
 	/* generation */
 	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
-	struct llm_strlist stop;
-	int64_t n_predict, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs;
+	struct llm_strlist stop, logit_bias;
+	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
 	int json, score, chat, show_tokens, ignore_eos;
 };
@@ -66,6 +66,9 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "seed", "N", &cfg.seed, "random seed of each request (-1: from the clock)", -1, INT64_MAX),
 	LLM_LIST(0, "stop", "TEXT", &cfg.stop, "stop when the output contains TEXT (repeatable)"),
 	LLM_FLAG(0, "ignore-eos", &cfg.ignore_eos, "keep generating past the end-of-sequence token"),
+	LLM_INT(0, "min-tokens", "N", &cfg.min_tokens, "generate at least N tokens before EOS or a stop can end", 0, INT32_MAX),
+	LLM_LIST(0, "logit-bias", "ID=BIAS", &cfg.logit_bias,
+	         "add BIAS (-100 to 100; -100 all but bans) to token ID's logit (repeatable)"),
 	LLM_INT(0, "logprobs", "N", &cfg.n_logprobs, "--json: the N most likely tokens and log-probs at each position", 0, 20),
 	LLM_FLAG(0, "chat", &cfg.chat, "wrap the prompt as a user message in the model's chat template"),
 	LLM_STR(0, "system", "TEXT", &cfg.system, "--chat: the system message"),
@@ -341,6 +344,7 @@ struct job {
 	size_t n_prompt;
 	struct llm_sample_params p;
 	char *stop_own[LLM_MAX_STOP];
+	struct llm_logit_bias *bias_own;   /* a JSONL line's logit_bias */
 	int32_t *ids;
 	float *logprob;
 	struct llm_logprob *top;       /* (n, n_logprobs) */
@@ -416,8 +420,13 @@ static int on_token(void *user, const struct llm_token_event *ev)
 	return 0;
 }
 
+/* --logit-bias, parsed once by main */
+static struct llm_logit_bias cli_bias[sizeof cfg.logit_bias.v / sizeof *cfg.logit_bias.v];
+static int n_cli_bias;
+
 /* Parameters of the command line, then those a JSONL line names (OpenAI
- * spelling); a wrong type is an error naming the line and the field. */
+ * spelling, each replacing its flag); a wrong type is an error naming the
+ * line and the field. */
 static enum llm_status job_params(struct job *j, json_t *obj, int line)
 {
 	struct llm_sample_params *p = &j->p;
@@ -433,8 +442,11 @@ static enum llm_status job_params(struct job *j, json_t *obj, int line)
 	p->max_tokens = (int)cfg.n_predict;
 	p->n_logprobs = (int)cfg.n_logprobs;
 	p->ignore_eos = cfg.ignore_eos;
+	p->min_tokens = (int)cfg.min_tokens;
 	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)
 		p->stop[p->n_stop++] = cfg.stop.v[i];
+	p->n_bias = n_cli_bias;
+	p->bias = n_cli_bias ? cli_bias : NULL;
 	if (!obj)
 		return llm_sample_params_check(p);
 	static const struct { const char *key; int type; size_t off; } num[] = {
@@ -467,6 +479,21 @@ static enum llm_status job_params(struct job *j, json_t *obj, int line)
 			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: seed is not an integer", line);
 		p->seed = (uint64_t)json_integer_value(v);
 	}
+	v = json_object_get(obj, "ignore_eos");
+	if (v && !json_is_null(v)) {
+		if (!json_is_boolean(v))
+			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: ignore_eos is not true or false", line);
+		p->ignore_eos = json_is_true(v);
+	}
+	v = json_object_get(obj, "logit_bias");
+	if (v && !json_is_null(v)) {
+		if (llm_json_logit_bias(v, 0, &j->bias_own, &p->n_bias))
+			return llm_fail_prefix(LLM_ERR_USAGE, "stdin: line %d: logit_bias", line);
+		p->bias = j->bias_own;
+	}
+	v = json_object_get(obj, "stop_token_ids");
+	if (v && !json_is_null(v) && llm_json_stop_ids(v, 0, p->stop_ids, &p->n_stop_ids))
+		return llm_fail_prefix(LLM_ERR_USAGE, "stdin: line %d: stop_token_ids", line);
 	v = json_object_get(obj, "logprobs");
 	if (json_is_true(v) && !p->n_logprobs)
 		p->n_logprobs = 1;
@@ -624,6 +651,7 @@ static void job_free(struct job *j)
 	free(j->text);
 	for (int i = 0; i < LLM_MAX_STOP; i++)
 		free(j->stop_own[i]);
+	free(j->bias_own);
 }
 
 /* Read the prompts: -p, -f, or one per line of stdin. */
@@ -944,6 +972,11 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--logprobs goes with --json");
 	if (!cfg.model)
 		return llm_args_usage_error(&cli, "missing -m DIR");
+	for (int i = 0; i < cfg.logit_bias.n; i++)
+		if (llm_logit_bias_parse(cfg.logit_bias.v[i], &cli_bias[n_cli_bias++]))
+			return llm_args_usage_error(&cli, "--logit-bias %s", llm_errmsg());
+	if ((cfg.logit_bias.n || cfg.min_tokens) && mode != &generate)
+		return llm_args_usage_error(&cli, "--logit-bias and --min-tokens go with generation");
 	if (cfg.no_special && mode->run != run_tokenize)
 		return llm_args_usage_error(&cli, "--no-special goes with --tokenize");
 	if (cfg.skip_special && mode->run != run_detokenize)

@@ -84,6 +84,40 @@ import json; o = json.load(open('$T/mt.json'))
 assert o['text'].startswith(', there was a little girl named Lily') and len(o['ids']) >= 20, o"
 check_fails "a JSONL min_tokens above max_tokens is a runtime error naming the line" 1 sh -c \
 	"printf '%s\\n' '{\"prompt\": \"a\", \"max_tokens\": 3, \"min_tokens\": 4}' | $G -m '$M' --json"
+out=$($G -m "$M" -p "Once upon a time" -n 30 --temp 0 --json --stop "Lily" --min-tokens 20)
+check "--min-tokens: the stop string in the first 20 tokens does not stop it" sh -c "echo '$out' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert len(o[\"ids\"]) >= 20 and \"Lily\" in o[\"text\"], o'"
+# logit biases: greedy's first token is 432 (",")
+out=$($G -m "$M" -p "Once upon a time" -n 12 --temp 0 --json --logit-bias 432=-100)
+check "--logit-bias ID=-100 bans the token greedy chose" sh -c "echo '$out' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert 432 not in o[\"ids\"] and len(o[\"ids\"]) == 12, o'"
+out=$($G -m "$M" -p "Once upon a time" -n 6 --temp 0.8 --seed 3 --json --logit-bias 298=100 --logit-bias 5=-1.5)
+check "--logit-bias ID=100 (repeatable) makes the token certain, sampled too" sh -c "echo '$out' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert o[\"ids\"] == [298] * 6, o'"
+printf '%s\n' '{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "logit_bias": {"432": -100, "383": -100}}' \
+	'{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}' \
+	'{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "stop_token_ids": [376]}' \
+	'{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "stop_token_ids": [376], "min_tokens": 6}' |
+	$G -m "$M" --json --logit-bias 432=100 >"$T/lb.jsonl"
+check "JSONL logit_bias, stop_token_ids: per line, a line's bias replacing the flag's" python3 -c "
+import json; o = [json.loads(l) for l in open('$T/lb.jsonl')]
+assert 432 not in o[0]['ids'] and 383 not in o[0]['ids'] and len(o[0]['ids']) == 12, o[0]
+assert o[1]['ids'] == [432] * 12, o[1]
+assert o[2]['ids'] == [432] * 12 and o[2]['finish_reason'] == 'length', o[2]"
+printf '%s\n' '{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "stop_token_ids": [376]}' \
+	'{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "stop_token_ids": [376], "min_tokens": 6}' |
+	$G -m "$M" --json >"$T/si.jsonl"
+check "JSONL stop_token_ids ends at the id (finish stop), held back by min_tokens" python3 -c "
+import json; o = [json.loads(l) for l in open('$T/si.jsonl')]
+assert o[0]['ids'] == [432, 383, 286, 261, 376] and o[0]['finish_reason'] == 'stop' and o[0]['text'] == ', there was a', o[0]
+assert 376 not in o[1]['ids'][:6] and len(o[1]['ids']) >= 6, o[1]"
+check_fails "--logit-bias without =BIAS is a usage error" 2 $G -m "$M" -p a --logit-bias 5
+check_fails "--logit-bias outside [-100, 100] is a usage error" 2 $G -m "$M" -p a --logit-bias 5=101
+check_fails "a JSONL logit_bias key that is not a token id is an error" 1 sh -c \
+	"printf '%s\\n' '{\"prompt\": \"a\", \"logit_bias\": {\"x\": 1}}' | $G -m '$M'"
+check "... naming the line and the field" sh -c \
+	"printf '%s\\n' '{\"prompt\": \"a\", \"logit_bias\": {\"x\": 1}}' | $G -m '$M' 2>&1 | grep -q \"line 1: logit_bias: key 'x'\""
+check_fails "a JSONL logit_bias on an id past the vocabulary is an error" 1 sh -c \
+	"printf '%s\\n' '{\"prompt\": \"a\", \"logit_bias\": {\"512\": 1}}' | $G -m '$M'"
+check_fails "a JSONL ignore_eos that is not a boolean is an error" 1 sh -c \
+	"printf '%s\\n' '{\"prompt\": \"a\", \"ignore_eos\": 1}' | $G -m '$M'"
 echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "stop": ["zzz"]}' >"$T/one.jsonl"
 check "per-line max_tokens is obeyed" sh -c "$G -m '$M' --json <'$T/one.jsonl' | grep -q '\"finish_reason\":\"length\"'"
 

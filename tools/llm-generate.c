@@ -485,15 +485,16 @@ static enum llm_status job_params(struct job *j, json_t *obj, int line)
 			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: ignore_eos is not true or false", line);
 		p->ignore_eos = json_is_true(v);
 	}
+	enum llm_status s;
 	v = json_object_get(obj, "logit_bias");
 	if (v && !json_is_null(v)) {
-		if (llm_json_logit_bias(v, 0, &j->bias_own, &p->n_bias))
-			return llm_fail_prefix(LLM_ERR_USAGE, "stdin: line %d: logit_bias", line);
+		if ((s = llm_json_logit_bias(v, 0, &j->bias_own, &p->n_bias)))
+			return llm_fail_prefix(s, "stdin: line %d: logit_bias", line);
 		p->bias = j->bias_own;
 	}
 	v = json_object_get(obj, "stop_token_ids");
-	if (v && !json_is_null(v) && llm_json_stop_ids(v, 0, p->stop_ids, &p->n_stop_ids))
-		return llm_fail_prefix(LLM_ERR_USAGE, "stdin: line %d: stop_token_ids", line);
+	if (v && !json_is_null(v) && (s = llm_json_stop_ids(v, 0, p->stop_ids, &p->n_stop_ids)))
+		return llm_fail_prefix(s, "stdin: line %d: stop_token_ids", line);
 	v = json_object_get(obj, "logprobs");
 	if (json_is_true(v) && !p->n_logprobs)
 		p->n_logprobs = 1;
@@ -511,7 +512,7 @@ static enum llm_status job_params(struct job *j, json_t *obj, int line)
 			p->stop[p->n_stop++] = j->stop_own[i];
 		}
 	}
-	enum llm_status s = llm_sample_params_check(p);
+	s = llm_sample_params_check(p);
 	return s ? llm_fail_prefix(s, "stdin: line %d", line) : LLM_OK;
 }
 

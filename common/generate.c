@@ -1,36 +1,16 @@
-/* common/generate.c: the engine (see generate.h): request queue, step
- * scheduling, sampling, stop handling, scoring and perplexity.
- *
- * Scheduling policy (plan_step) is kept apart from the mechanics so the
- * server's scheduler can replace it: decode tokens of running requests
- * first, one each, then prefill chunks in admission order until the token
- * budget or the logit rows run out. Admission reserves, by accounting, the
- * KV blocks of a request's whole length (prompt + max new tokens), so a
- * running request never finds the cache full. */
+/* common/generate.c: the engine (see generate.h): the model, its backend,
+ * the paged KV cache and the activations, one forward step at a time, and
+ * the step protocol of a distributed run (rank 0 plans and broadcasts, the
+ * other ranks replay). Requests, their scheduling and sampling are the
+ * scheduler's (scheduler.c); scoring and perplexity are in score.c. */
 #include "generate.h"
 #include "lora.h"
-#include "reqout.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
-
-enum req_state { REQ_WAITING, REQ_PREFILL, REQ_DECODE, REQ_DONE };
-
-struct req {
-	int id;
-	enum req_state state;
-	int32_t *ids;               /* (n_prompt + max_new) prompt, then output */
-	int n_prompt, n_ids;
-	int n_cached;               /* ids already in the KV cache */
-	int seq;
-	int64_t blocks;             /* KV blocks accounted at admission */
-	int cancel;
-	struct llm_reqout out;      /* sampling, stops, text, events (quiet on a rank
-	                             * other than 0 of a distributed engine) */
-};
 
 struct llm_engine {
 	struct llm_model model;
@@ -41,18 +21,8 @@ struct llm_engine {
 	struct llm_engine_opts o;
 	int n_ctx;
 	float *logits;              /* (max_logits, n_vocab) */
-	struct req **reqs;          /* live requests in submission order */
-	int n_reqs, cap_reqs;
-	int next_id;
-	int64_t blocks_committed;
-	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) the step's batch */
-	int8_t *b_logits;
-	struct req **b_req;         /* (max_logits) request of each logit row */
-	/* distributed: rank 0's decisions, broadcast each step */
 	struct llm_comm *world;     /* NULL: a single process */
-	int root;                   /* this rank samples and runs callbacks (rank 0, or alone) */
-	int32_t *b_sync;            /* (2 * max_logits) token and finished flag of each row */
-	int8_t *c_sync;             /* (cap_reqs) cancel flags of the live requests */
+	int root;                   /* this rank plans the steps (rank 0, or alone) */
 	/* distributed serving (llm_engine_serve_begin): rank 0 journals its KV
 	 * operations and broadcasts them with each forward batch */
 	int serving;
@@ -85,12 +55,12 @@ static void resolve_opts(const struct llm_model *m, const struct llm_engine_opts
 	if (o->max_batch_tokens <= 0)
 		o->max_batch_tokens = 512;
 	*n_ctx = o->n_ctx > 0 && o->n_ctx < m->cfg.max_ctx ? o->n_ctx : m->cfg.max_ctx;
-	/* default pool: max_seqs sequences of min(n_ctx, 4096) positions (one
-	 * request may still use up to the whole pool) */
+	/* default pool: kv_seqs (else max_seqs) sequences of min(n_ctx, 4096)
+	 * positions (one request may still use up to the whole pool) */
 	int per = *n_ctx < 4096 ? *n_ctx : 4096;
 	int64_t per_seq = (per + o->kv_block_size - 1) / o->kv_block_size;
 	if (o->kv_blocks <= 0)
-		o->kv_blocks = per_seq * o->max_seqs;
+		o->kv_blocks = per_seq * (o->kv_seqs > 0 && o->kv_seqs < o->max_seqs ? o->kv_seqs : o->max_seqs);
 	if (o->max_logits <= 0)
 		o->max_logits = o->max_seqs > 64 ? o->max_seqs : 64;
 	if (o->max_logits > o->max_batch_tokens)
@@ -169,10 +139,6 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		s = llm_fail(LLM_ERR_USAGE, "kv dtype: %s (f32 or bf16)", llm_dtype_name(e->o.kv_dtype));
 		goto fail;
 	}
-	if (e->o.n_eos == 0) {
-		e->o.n_eos = e->model.cfg.n_eos;
-		memcpy(e->o.eos_ids, e->model.cfg.eos_id, sizeof e->model.cfg.eos_id);
-	}
 	struct llm_backend_opts bo = LLM_BACKEND_OPTS_DEFAULT;
 	bo.n_threads = e->o.n_threads;
 	bo.isa = e->o.isa;
@@ -196,15 +162,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		goto fail;
 	if ((s = llm_scratch_init(&e->scratch, &e->model, e->be, e->o.max_batch_tokens, e->o.max_logits)))
 		goto fail;
-	size_t nb = (size_t)e->o.max_batch_tokens;
 	e->logits = malloc((size_t)e->o.max_logits * (size_t)e->model.cfg.n_vocab * sizeof(float));
-	e->b_tok = malloc(nb * sizeof(int32_t));
-	e->b_pos = malloc(nb * sizeof(int32_t));
-	e->b_seq = malloc(nb * sizeof(int32_t));
-	e->b_logits = malloc(nb);
-	e->b_req = malloc((size_t)e->o.max_logits * sizeof *e->b_req);
-	e->b_sync = malloc(2 * (size_t)e->o.max_logits * sizeof *e->b_sync);
-	if (!e->logits || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits || !e->b_req || !e->b_sync) {
+	if (!e->logits) {
 		s = llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
 		goto fail;
 	}
@@ -215,32 +174,11 @@ fail:
 	return s;
 }
 
-static void req_free(struct llm_engine *e, struct req *r)
-{
-	if (!r)
-		return;
-	if (r->state != REQ_WAITING && r->state != REQ_DONE)
-		llm_kv_seq_free(&e->kv, r->seq);
-	llm_reqout_free(&r->out);
-	free(r->ids);
-	free(r);
-}
-
 void llm_engine_close(struct llm_engine *e)
 {
 	if (!e)
 		return;
-	for (int i = 0; i < e->n_reqs; i++)
-		req_free(e, e->reqs[i]);
-	free(e->reqs);
 	free(e->logits);
-	free(e->b_tok);
-	free(e->b_pos);
-	free(e->b_seq);
-	free(e->b_logits);
-	free(e->b_req);
-	free(e->b_sync);
-	free(e->c_sync);
 	free(e->jr);
 	free(e->sbuf);
 	llm_scratch_free(&e->scratch);
@@ -502,396 +440,4 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
 	if (e->serving)
 		LLM_TRY(serve_send(e, b));
 	return llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->logits, n_out);
-}
-
-/* ---- requests ---------------------------------------------------------- */
-
-static int64_t blocks_for(const struct llm_engine *e, int64_t n_pos)
-{
-	return (n_pos + e->o.kv_block_size - 1) / e->o.kv_block_size;
-}
-
-enum llm_status llm_engine_submit(struct llm_engine *e, const struct llm_request *rq, int *id)
-{
-	const struct llm_config *c = &e->model.cfg;
-	if (id)
-		*id = -1;
-	LLM_TRY(llm_sample_params_check(&rq->params));
-	if (!rq->prompt || rq->n_prompt < 1)
-		return llm_fail(LLM_ERR_USAGE, "request: empty prompt");
-	if (rq->n_prompt > e->n_ctx)
-		return llm_fail(LLM_ERR_RANGE, "request: prompt of %d tokens exceeds the context of %d",
-		                rq->n_prompt, e->n_ctx);
-	for (int i = 0; i < rq->n_prompt; i++)
-		if (rq->prompt[i] < 0 || rq->prompt[i] >= c->n_vocab)
-			return llm_fail(LLM_ERR_RANGE, "request: prompt token %d: id %d is not in the vocabulary [0, %d)",
-			                i, rq->prompt[i], c->n_vocab);
-	if (rq->params.n_stop > 0 && !e->o.detok.push)
-		return llm_fail(LLM_ERR_USAGE, "request: stop strings need a detokenizer");
-	/* a full context of positions leaves one more token from the last logits */
-	int room = e->n_ctx - rq->n_prompt + 1;
-	int max_new = rq->params.max_tokens > 0 && rq->params.max_tokens < room ? rq->params.max_tokens : room;
-	int64_t need = blocks_for(e, rq->n_prompt + max_new - 1);
-	if (need > e->kv.n_block)
-		return llm_fail(LLM_ERR_RANGE, "request: %d prompt + %d new tokens need %lld KV blocks, the cache has %lld",
-		                rq->n_prompt, max_new, (long long)need, (long long)e->kv.n_block);
-
-	struct req *r = calloc(1, sizeof *r);
-	if (!r)
-		return llm_fail(LLM_ERR_NOMEM, "request: out of memory");
-	enum llm_status s;
-	r->ids = malloc(((size_t)rq->n_prompt + (size_t)max_new) * sizeof(int32_t));
-	if (!r->ids) {
-		s = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
-		goto fail;
-	}
-	memcpy(r->ids, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
-	r->n_prompt = r->n_ids = rq->n_prompt;
-	r->blocks = need;
-	r->seq = -1;
-	if ((s = llm_reqout_init(&r->out, e->next_id, rq, c->n_vocab, max_new, &e->o.detok, e->o.eos_ids, e->o.n_eos)))
-		goto fail;
-	r->out.quiet = !e->root;
-	if (e->n_reqs == e->cap_reqs) {
-		int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
-		struct req **n = realloc(e->reqs, (size_t)cap * sizeof *n);
-		if (n)
-			e->reqs = n;
-		int8_t *cs = n ? realloc(e->c_sync, (size_t)cap) : NULL;
-		if (!cs) {
-			s = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
-			goto fail;
-		}
-		e->c_sync = cs;
-		e->cap_reqs = cap;
-	}
-	r->id = e->next_id++;
-	r->state = REQ_WAITING;
-	e->reqs[e->n_reqs++] = r;
-	if (id)
-		*id = r->id;
-	return LLM_OK;
-fail:
-	req_free(e, r);
-	return s;
-}
-
-void llm_engine_cancel(struct llm_engine *e, int id)
-{
-	for (int i = 0; i < e->n_reqs; i++)
-		if (e->reqs[i]->id == id && e->reqs[i]->state != REQ_DONE)
-			e->reqs[i]->cancel = 1;
-}
-
-static void finish(struct llm_engine *e, struct req *r)
-{
-	if (r->state == REQ_PREFILL || r->state == REQ_DECODE) {
-		llm_kv_seq_free(&e->kv, r->seq);
-		e->blocks_committed -= r->blocks;
-	}
-	r->state = REQ_DONE;
-}
-
-/* ---- one step ---------------------------------------------------------- */
-
-/* The scheduling policy: fill the batch arrays; returns the token count. */
-static int plan_step(struct llm_engine *e, int *n_rows)
-{
-	int budget = e->o.max_batch_tokens, rows = e->o.max_logits, n = 0;
-	/* admission: in submission order, while a slot and the blocks are free */
-	for (int i = 0; i < e->n_reqs; i++) {
-		struct req *r = e->reqs[i];
-		if (r->state != REQ_WAITING || r->cancel)
-			continue;
-		if (e->blocks_committed + r->blocks > e->kv.n_block)
-			break;
-		int seq;
-		if (llm_kv_seq_new(&e->kv, &seq))
-			break;
-		r->seq = seq;
-		r->state = REQ_PREFILL;
-		e->blocks_committed += r->blocks;
-	}
-	*n_rows = 0;
-	/* decode tokens first: one per running request */
-	for (int i = 0; i < e->n_reqs && n < budget && *n_rows < rows; i++) {
-		struct req *r = e->reqs[i];
-		if (r->state != REQ_DECODE || r->cancel)
-			continue;
-		e->b_tok[n] = r->ids[r->n_ids - 1];
-		e->b_pos[n] = r->n_ids - 1;
-		e->b_seq[n] = r->seq;
-		e->b_logits[n] = 1;
-		e->b_req[(*n_rows)++] = r;
-		r->n_cached = r->n_ids;
-		n++;
-	}
-	/* then prefill chunks */
-	for (int i = 0; i < e->n_reqs && n < budget; i++) {
-		struct req *r = e->reqs[i];
-		if (r->state != REQ_PREFILL || r->cancel)
-			continue;
-		int left = r->n_prompt - r->n_cached, take = left < budget - n ? left : budget - n;
-		if (take == left && *n_rows == rows)
-			take--;                    /* the last prompt token needs a logit row */
-		for (int j = 0; j < take; j++) {
-			e->b_tok[n] = r->ids[r->n_cached];
-			e->b_pos[n] = r->n_cached;
-			e->b_seq[n] = r->seq;
-			e->b_logits[n] = r->n_cached == r->n_prompt - 1;
-			if (e->b_logits[n])
-				e->b_req[(*n_rows)++] = r;
-			r->n_cached++;
-			n++;
-		}
-	}
-	return n;
-}
-
-/* Handle the sampled token of R. */
-static enum llm_status take_token(struct llm_engine *e, struct req *r, const float *logits, int32_t *tok)
-{
-	enum llm_finish fin;
-	LLM_TRY(llm_reqout_take(&r->out, logits, tok, &fin));
-	if (fin) {
-		finish(e, r);
-	} else {
-		r->ids[r->n_ids++] = *tok;
-		r->state = REQ_DECODE;
-	}
-	return LLM_OK;
-}
-
-static void reap(struct llm_engine *e)
-{
-	int k = 0;
-	for (int i = 0; i < e->n_reqs; i++) {
-		if (e->reqs[i]->state == REQ_DONE)
-			req_free(e, e->reqs[i]);
-		else
-			e->reqs[k++] = e->reqs[i];
-	}
-	e->n_reqs = k;
-}
-
-/* Distributed: rank 0's cancel flags of the live requests (the same list,
- * in the same order, on every rank). */
-static enum llm_status sync_cancels(struct llm_engine *e)
-{
-	if (!e->world || !e->n_reqs)
-		return LLM_OK;
-	for (int i = 0; e->root && i < e->n_reqs; i++)
-		e->c_sync[i] = (int8_t)(e->reqs[i]->cancel != 0);
-	LLM_TRY(llm_comm_bcast(e->world, e->c_sync, (size_t)e->n_reqs, 0));
-	for (int i = 0; i < e->n_reqs; i++)
-		e->reqs[i]->cancel = e->c_sync[i];
-	return LLM_OK;
-}
-
-/* A rank other than 0 takes the token rank 0 sampled for R (DONE: R
- * finished, for whatever reason rank 0 found). */
-static void follow_token(struct llm_engine *e, struct req *r, int32_t tok, int done)
-{
-	r->out.n_gen++;
-	if (done) {
-		finish(e, r);
-		return;
-	}
-	r->ids[r->n_ids++] = tok;
-	r->state = REQ_DECODE;
-}
-
-enum llm_status llm_engine_step(struct llm_engine *e, int *n_pending)
-{
-	LLM_TRY(sync_cancels(e));
-	/* cancellations first */
-	for (int i = 0; i < e->n_reqs; i++) {
-		struct req *r = e->reqs[i];
-		if (r->cancel && r->state != REQ_DONE) {
-			llm_reqout_cancelled(&r->out);
-			finish(e, r);
-		}
-	}
-	reap(e);
-	int rows, n = plan_step(e, &rows);
-	if (n > 0) {
-		struct llm_batch b = { n, e->b_tok, e->b_pos, e->b_seq, e->b_logits };
-		int n_out;
-		enum llm_status s = llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, &b, e->logits, &n_out);
-		if (s)
-			return s;
-		if (n_out != rows)
-			return llm_fail(LLM_ERR_INTERNAL, "engine: %d logit rows, planned %d", n_out, rows);
-		size_t nv = (size_t)e->model.cfg.n_vocab;
-		for (int i = 0; e->root && i < rows; i++) {
-			struct req *r = e->b_req[i];
-			LLM_TRY(take_token(e, r, e->logits + (size_t)i * nv, &e->b_sync[2 * i]));
-			e->b_sync[2 * i + 1] = r->state == REQ_DONE;
-		}
-		if (e->world) {
-			LLM_TRY(llm_comm_bcast(e->world, e->b_sync, 2 * (size_t)rows * sizeof *e->b_sync, 0));
-			for (int i = 0; !e->root && i < rows; i++)
-				follow_token(e, e->b_req[i], e->b_sync[2 * i], e->b_sync[2 * i + 1]);
-		}
-		reap(e);
-	} else if (e->n_reqs > 0) {
-		return llm_fail(LLM_ERR_INTERNAL, "engine: %d requests but nothing to run", e->n_reqs);
-	}
-	if (n_pending)
-		*n_pending = e->n_reqs;
-	return LLM_OK;
-}
-
-enum llm_status llm_engine_run(struct llm_engine *e)
-{
-	int pending = e->n_reqs;
-	while (pending > 0)
-		LLM_TRY(llm_engine_step(e, &pending));
-	return LLM_OK;
-}
-
-/* ---- scoring ----------------------------------------------------------- */
-
-/* Feed TOK[0..n) to SEQ from its current length; for each token i with
- * want[i] (NULL: none), LP gets log p(target[i]) and GREEDY is cleared when
- * target[i] was not the argmax. */
-static enum llm_status feed(struct llm_engine *e, int seq, const int32_t *tok, int n,
-                            const int32_t *target, double *lp, int *greedy, float *lps)
-{
-	int chunk = target ? e->o.max_logits : e->o.max_batch_tokens;
-	size_t nv = (size_t)e->model.cfg.n_vocab;
-	for (int i0 = 0; i0 < n; i0 += chunk) {
-		int m = n - i0 < chunk ? n - i0 : chunk;
-		int32_t p0 = llm_kv_seq_len(&e->kv, seq);
-		for (int j = 0; j < m; j++) {
-			e->b_tok[j] = tok[i0 + j];
-			e->b_pos[j] = p0 + j;
-			e->b_seq[j] = seq;
-			e->b_logits[j] = target != NULL;
-		}
-		struct llm_batch b = { m, e->b_tok, e->b_pos, e->b_seq, e->b_logits };
-		int n_out;
-		LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, &b, e->logits, &n_out));
-		for (int j = 0; target && e->root && j < m; j++) {   /* logits: rank 0 only */
-			const float *l = e->logits + (size_t)j * nv;
-			int32_t t = target[i0 + j];
-			double v = llm_logprob(l, (int)nv, t);
-			*lp += v;
-			if (lps)
-				lps[i0 + j] = (float)v;
-			if (greedy)
-				for (size_t k = 0; k < nv; k++)
-					if (l[k] > l[t] || (l[k] == l[t] && (int32_t)k < t)) {
-						*greedy = 0;
-						break;
-					}
-		}
-	}
-	return LLM_OK;
-}
-
-enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
-                          const int32_t *const *cont, const int *n_cont, int n,
-                          double *logprob, int *is_greedy)
-{
-	const struct llm_config *c = &e->model.cfg;
-	if (n_ctx < 1)
-		return llm_fail(LLM_ERR_USAGE, "score: empty context");
-	for (int i = 0; i < n_ctx; i++)
-		if (ctx[i] < 0 || ctx[i] >= c->n_vocab)
-			return llm_fail(LLM_ERR_RANGE, "score: context token %d: id %d is not in the vocabulary", i, ctx[i]);
-	for (int k = 0; k < n; k++) {
-		if (n_cont[k] < 1)
-			return llm_fail(LLM_ERR_USAGE, "score: continuation %d is empty", k);
-		if ((int64_t)n_ctx + n_cont[k] - 1 > e->n_ctx)
-			return llm_fail(LLM_ERR_RANGE, "score: context + continuation %d: %d tokens exceed the context of %d",
-			                k, n_ctx + n_cont[k], e->n_ctx);
-		for (int i = 0; i < n_cont[k]; i++)
-			if (cont[k][i] < 0 || cont[k][i] >= c->n_vocab)
-				return llm_fail(LLM_ERR_RANGE, "score: continuation %d token %d: id %d is not in the vocabulary",
-				                k, i, cont[k][i]);
-	}
-	int base;
-	LLM_TRY(llm_kv_seq_new(&e->kv, &base));
-	enum llm_status s = LLM_OK;
-	/* the context except its last token, once; the last one goes with each
-	 * continuation so its logits score the continuation's first token */
-	if (n_ctx > 1 && (s = feed(e, base, ctx, n_ctx - 1, NULL, NULL, NULL, NULL)))
-		goto out;
-	for (int k = 0; k < n; k++) {
-		int fork;
-		if ((s = llm_kv_seq_fork(&e->kv, base, n_ctx - 1, &fork)))
-			goto out;
-		/* inputs: ctx[-1], cont[0..m-2]; targets: cont[0..m-1] */
-		int m = n_cont[k];
-		int32_t *in = malloc((size_t)m * sizeof *in);
-		if (!in) {
-			llm_kv_seq_free(&e->kv, fork);
-			s = llm_fail(LLM_ERR_NOMEM, "score: out of memory");
-			goto out;
-		}
-		in[0] = ctx[n_ctx - 1];
-		memcpy(in + 1, cont[k], (size_t)(m - 1) * sizeof *in);
-		double lp = 0;
-		int g = 1;
-		s = feed(e, fork, in, m, cont[k], &lp, &g, NULL);
-		free(in);
-		llm_kv_seq_free(&e->kv, fork);
-		if (s)
-			goto out;
-		logprob[k] = lp;
-		if (is_greedy)
-			is_greedy[k] = g;
-	}
-out:
-	llm_kv_seq_free(&e->kv, base);
-	return s;
-}
-
-enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t n, int chunk,
-                               int32_t bos, double *nll, int64_t *count, float *logprobs)
-{
-	const struct llm_config *c = &e->model.cfg;
-	*nll = 0;
-	*count = 0;
-	int lead = bos >= 0;
-	if (chunk < 1 || chunk + lead > e->n_ctx)
-		return llm_fail(LLM_ERR_RANGE, "perplexity: chunk of %d tokens%s does not fit the context of %d",
-		                chunk, lead ? " + BOS" : "", e->n_ctx);
-	for (int64_t i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= c->n_vocab)
-			return llm_fail(LLM_ERR_RANGE, "perplexity: token %lld: id %d is not in the vocabulary",
-			                (long long)i, ids[i]);
-	int32_t *in = malloc(((size_t)chunk + 1) * sizeof *in);
-	if (!in)
-		return llm_fail(LLM_ERR_NOMEM, "perplexity: out of memory");
-	enum llm_status s = LLM_OK;
-	double total = 0;
-	for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-		int m = n - c0 < chunk ? (int)(n - c0) : chunk;
-		int seq;
-		if ((s = llm_kv_seq_new(&e->kv, &seq)))
-			break;
-		double lp = 0;
-		if (lead) {       /* inputs [BOS] + chunk[0..m-2], targets chunk[0..m-1] */
-			in[0] = bos;
-			memcpy(in + 1, ids + c0, (size_t)(m - 1) * sizeof *in);
-			s = feed(e, seq, in, m, ids + c0, &lp, NULL, logprobs ? logprobs + c0 : NULL);
-			*count += m;
-		} else {          /* inputs chunk[0..m-2], targets chunk[1..m-1] */
-			if (logprobs)
-				logprobs[c0] = NAN;
-			if (m > 1)
-				s = feed(e, seq, ids + c0, m - 1, ids + c0 + 1, &lp, NULL,
-				         logprobs ? logprobs + c0 + 1 : NULL);
-			*count += m - 1;
-		}
-		llm_kv_seq_free(&e->kv, seq);
-		total -= lp;
-		if (s)
-			break;
-	}
-	free(in);
-	*nll = total;
-	return s;
 }

@@ -1,37 +1,30 @@
-/* common/generate.h: the inference engine a tool drives: batched generation
- * with per-request sampling and streaming, scoring, perplexity.
+/* common/generate.h: the inference engine every tool drives: the model
+ * (mmap'd checkpoint), a backend with its thread pool, the paged KV cache
+ * and the activation buffers, all sized at open (llm_engine_plan() reports
+ * the sizes), and one forward step at a time (llm_engine_forward()).
  *
- * An engine owns the model (mmap'd checkpoint), a backend with its thread
- * pool, the paged KV cache and the activation buffers, all sized at open
- * (llm_engine_plan() reports the sizes). Requests are queued with
- * llm_engine_submit() and advanced by llm_engine_step(): one forward pass
- * over at most max_batch_tokens tokens, decode tokens of running requests
- * first, then prefill chunks of the others (admission in submission order,
- * when a sequence slot and KV blocks for the whole request are free). Each
- * generated token is reported through the request's callback.
+ * Requests are not the engine's: the scheduler (scheduler.h: continuous
+ * batching with Dynamic SplitFuse, preemption, prefix caching) queues them,
+ * plans each step over the engine's cache and samples; llm-serve and
+ * llm-generate both drive it. Scoring and perplexity (llm_score,
+ * llm_perplexity, score.c) run their own steps through the same calls.
  *
- * Batch invariance: a request's tokens and log-probs do not depend on the
- * other requests (kernels with fixed reduction order, per-request RNG), so
- * greedy output for a prompt is the same alone or among others.
- *
- * A scheduler of its own (the server's Dynamic SplitFuse) can skip
- * submit/step and drive llm_engine_forward() directly with the engine's
- * cache (llm_engine_kv()). The library never prints; errors are statuses
- * with llm_errmsg(). An engine is used from one thread at a time.
+ * Batch invariance: a sequence's logits do not depend on the other
+ * sequences of a step (kernels with fixed reduction order), so greedy
+ * output for a prompt is the same alone or among others.
  *
  * Distributed runs (mpirun -np T*P over a checkpoint partitioned by
- * llm-repartition --tp T --pp P; partition.h): when the communicator has
- * more than one rank, open maps this rank's file and every call below that
- * computes is collective: each rank makes the same calls with the same
- * requests in the same order (the tool broadcasts its input), so every
- * rank's engine plans the same steps. Logits reach world rank 0 only; rank
- * 0 samples, and the tokens and finished requests it decides (and its
- * cancellations) are broadcast each step, so every rank's cache and
- * requests advance identically. Callbacks run on rank 0 only; results of
- * llm_score, llm_perplexity and llm_engine_forward's logits are valid on
- * rank 0 only. Distributed ranks compute on the CPU backend ("auto" means
- * cpu there). Greedy tokens equal the single-process run; logits agree
- * within f32 rounding (the all-reduce sums in another order). */
+ * llm-repartition --tp T --pp P; partition.h): open maps this rank's file.
+ * One protocol serves every tool: rank 0 alone reads the input, plans and
+ * samples; after llm_engine_serve_begin() each llm_engine_forward() of rank
+ * 0 broadcasts the step (the KV operations made since the last one through
+ * llm_engine_kv_*, then the batch), and the other ranks, in
+ * llm_engine_serve_worker(), replay the KV operations on their caches and
+ * run the same forward; logits reach rank 0 only. Distributed ranks compute
+ * on the CPU backend ("auto" means cpu there). Greedy tokens equal the
+ * single-process run; logits agree within f32 rounding (the all-reduce sums
+ * in another order). The library never prints; errors are statuses with
+ * llm_errmsg(). An engine is used from one thread at a time. */
 #ifndef LLM_GENERATE_H
 #define LLM_GENERATE_H
 
@@ -74,14 +67,12 @@ struct llm_engine_opts {
 	enum llm_cpu_isa isa;       /* LLM_ISA_AUTO: best, or $LLM_CPU_ISA */
 	enum llm_dtype kv_dtype;    /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
 	int kv_block_size;          /* positions per KV block */
-	int64_t kv_blocks;          /* 0: max_seqs x min(n_ctx, 4096) positions */
+	int64_t kv_blocks;          /* 0: kv_seqs x min(n_ctx, 4096) positions */
+	int kv_seqs;                /* 0 (or over max_seqs): max_seqs */
 	int max_seqs;               /* sequences in flight */
 	int n_ctx;                  /* 0: max_position_embeddings */
 	int max_batch_tokens;       /* tokens per forward step (the step budget) */
 	int max_logits;             /* 0: max(max_seqs, 64), at most max_batch_tokens */
-	struct llm_detok detok;     /* optional */
-	int n_eos;                  /* 0: eos_token_id of config.json */
-	int32_t eos_ids[16];        /* ids that finish with LLM_FINISH_EOS */
 	struct llm_comm *comm;      /* the ranks of a distributed run; NULL: llm_comm_world()
 	                               (NULL before llm_comm_init: one process) */
 	const char *lora_dir;       /* a PEFT LoRA adapter to apply (lora.h); NULL: none */
@@ -118,10 +109,10 @@ struct llm_backend *llm_engine_backend(struct llm_engine *e);
 struct llm_kv *llm_engine_kv(struct llm_engine *e);
 int llm_engine_n_ctx(const struct llm_engine *e);
 
-/* ---- generation -------------------------------------------------------- */
+/* ---- requests (the scheduler's, scheduler.h) ---------------------------- */
 
 struct llm_token_event {
-	int req;                    /* id from llm_engine_submit() */
+	int req;                    /* id from llm_sched_add() */
 	int index;                  /* 0-based index of the token in the output */
 	int32_t token;              /* -1 on a cancel event */
 	float logprob;              /* log p(token), raw model distribution */
@@ -135,9 +126,9 @@ struct llm_token_event {
 };
 
 struct llm_request {
-	const int32_t *prompt;      /* copied at submit; at least one token */
+	const int32_t *prompt;      /* copied by llm_sched_add(); at least one token */
 	int n_prompt;
-	struct llm_sample_params params;   /* stop strings copied at submit */
+	struct llm_sample_params params;   /* stop strings copied too */
 	/* Called for each generated token (a stop id or EOS token included, with
 	 * finish set and no text). Return nonzero to cancel the request: no
 	 * further events. May be NULL. */
@@ -145,34 +136,21 @@ struct llm_request {
 	void *user;
 };
 
-/* Queue a request; *ID identifies it in events. Checks now: params, token
- * ids in the vocabulary (LLM_ERR_RANGE), prompt within the context
- * (LLM_ERR_RANGE "prompt of N tokens exceeds the context of M"), stop
- * strings without a detokenizer (LLM_ERR_USAGE). */
-enum llm_status llm_engine_submit(struct llm_engine *e, const struct llm_request *r, int *id);
-/* One forward step; *N_PENDING (may be NULL) gets the requests not finished. */
-enum llm_status llm_engine_step(struct llm_engine *e, int *n_pending);
-/* Step until every request has finished. */
-enum llm_status llm_engine_run(struct llm_engine *e);
-/* Finish request ID with LLM_FINISH_CANCEL at the next step (an event with
- * token -1). Unknown or finished ids are ignored. */
-void llm_engine_cancel(struct llm_engine *e, int id);
+/* ---- one step --------------------------------------------------------- */
 
-/* ---- low level: one step of a scheduler of one's own ------------------- */
-
-/* Forward B through the engine's cache (sequence ids from
- * llm_kv_seq_new(llm_engine_kv(e), ...)); *LOGITS points at n_out rows of
- * n_vocab floats, valid until the next call. At most max_batch_tokens
- * tokens and max_logits logit rows. Sequences used here must not be those of
- * submitted requests. */
+/* Forward B through the engine's cache (sequences from llm_engine_kv_new()
+ * and friends); *LOGITS points at n_out rows of n_vocab floats, valid until
+ * the next call. At most max_batch_tokens tokens and max_logits logit rows.
+ * On rank 0 of a distributed engine after llm_engine_serve_begin() the
+ * step goes to every rank first. */
 enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch *b,
                                    const float **logits, int *n_out);
 
-/* ---- distributed serving: a scheduler of one's own over ranks ---------- */
+/* ---- the step protocol of distributed runs ----------------------------- */
 
-/* The KV operations of a scheduler of one's own (scheduler.c) on the
+/* The KV operations of a step's planner (scheduler.c, score.c) on the
  * engine's cache, the llm_kv_* calls of the same names. On rank 0 of a
- * distributed engine that is serving (llm_engine_serve_begin) each one that
+ * distributed engine that is leading (llm_engine_serve_begin) each one that
  * succeeds is also journaled, and the next llm_engine_forward() broadcasts
  * the journal with its batch: the other ranks (llm_engine_serve_worker)
  * replay it on their own caches (their layers and kv heads), so block
@@ -182,7 +160,7 @@ enum llm_status llm_engine_kv_fork(struct llm_engine *e, int src, int32_t n, int
 void llm_engine_kv_free(struct llm_engine *e, int seq);
 enum llm_status llm_engine_kv_reserve(struct llm_engine *e, int seq, int32_t n);
 
-/* Traffic of serving, as seen by this rank: steps followed (or led), KV
+/* Traffic of the step protocol, as seen by this rank: steps followed (or led), KV
  * operations and batch tokens in them, bytes broadcast by rank 0 (step
  * headers and payloads: 16 B per KV operation, 13 B per token). */
 struct llm_serve_stats {
@@ -190,7 +168,8 @@ struct llm_serve_stats {
 	uint64_t bytes;
 };
 
-/* Rank 0 of a distributed engine: start serving. Collective with the other
+/* Rank 0 of a distributed engine: start leading the other ranks (every
+ * tool: llm-serve's engine thread, llm-generate's modes). Collective with the other
  * ranks' llm_engine_serve_worker(): returns when every rank has opened its
  * engine. From then on every llm_engine_forward() first broadcasts a step
  * (the KV journal, then the batch: tokens, positions, sequences, logit
@@ -209,14 +188,15 @@ enum llm_status llm_engine_serve_end(struct llm_engine *e);
 enum llm_status llm_engine_serve_worker(struct llm_engine *e);
 void llm_engine_serve_stats(const struct llm_engine *e, struct llm_serve_stats *st);
 
-/* ---- scoring ----------------------------------------------------------- */
+/* ---- scoring (score.c) -------------------------------------------------- */
 
 /* Log-likelihood of N continuations after one context (lm-eval style).
  * CTX (n_ctx >= 1 tokens) runs once; each continuation forks its cache
  * (blocks shared by reference count, nothing recomputed) and LOGPROB[i] =
  * sum_j log p(cont[i][j] | ctx, cont[i][<j]); IS_GREEDY[i] (may be NULL) is
  * 1 when every continuation token was the argmax. Needs two free sequence
- * slots: call it on an engine with no requests in flight. */
+ * slots (the engine keeps two beyond max_seqs). On rank 0 of a leading
+ * distributed engine the other ranks follow its steps; results on rank 0. */
 enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
                           const int32_t *const *cont, const int *n_cont, int n,
                           double *logprob, int *is_greedy);

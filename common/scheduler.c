@@ -594,6 +594,33 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 	return LLM_OK;
 }
 
+enum llm_status llm_sched_run(struct llm_sched *s)
+{
+	int pending = s->n_reqs;
+	while (pending > 0)
+		LLM_TRY(llm_sched_step(s, &pending));
+	return LLM_OK;
+}
+
+void llm_sched_opts_tokenizer(struct llm_sched_opts *o, const struct llm_config *c,
+                              const struct llm_tokenizer *tk)
+{
+	llm_tokenizer_detok(&o->detok, tk);
+	if (o->n_eos)
+		return;
+	const int32_t *ids;
+	size_t n = llm_tokenizer_eos_ids(tk, &ids);
+	int cap = (int)(sizeof o->eos_ids / sizeof *o->eos_ids);
+	for (int i = 0; i < c->n_eos + (int)n && o->n_eos < cap; i++) {
+		int32_t id = i < c->n_eos ? c->eos_id[i] : ids[i - c->n_eos];
+		int dup = 0;
+		for (int k = 0; k < o->n_eos; k++)
+			dup |= o->eos_ids[k] == id;
+		if (!dup)
+			o->eos_ids[o->n_eos++] = id;
+	}
+}
+
 void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st)
 {
 	*st = s->st;

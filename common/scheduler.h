@@ -1,6 +1,7 @@
-/* common/scheduler.h: the server's scheduler: continuous batching with Dynamic
- * SplitFuse over the engine's paged KV cache, with preemption and prefix
- * caching. It drives llm_engine_forward() directly (not submit/step).
+/* common/scheduler.h: the one scheduler of requests: continuous batching with
+ * Dynamic SplitFuse over the engine's paged KV cache, with preemption and
+ * prefix caching. llm-serve's engine thread and llm-generate's batches both
+ * drive it; it drives llm_engine_forward().
  *
  * Every step carries at most max_batch_tokens tokens: first one decode token
  * of each running request (admission order), then chunks of prompts that
@@ -33,13 +34,18 @@
  * llm_finish): stop ids, stop strings on the detokenized text, EOS,
  * max_tokens or the context. One thread owns a scheduler and its engine.
  *
+ * Admission follows vLLM's rule: a prompt must be shorter than the
+ * context, and prompt + max_tokens must fit it; max_tokens 0 means up to
+ * the context (n_ctx - prompt tokens).
+ *
  * Distributed engines (generate.h): the scheduler runs on rank 0 only; its
- * cache operations go through llm_engine_kv_*, which a serving engine
+ * cache operations go through llm_engine_kv_*, which a leading engine
  * (llm_engine_serve_begin) mirrors to the other ranks with each step. */
 #ifndef LLM_SCHED_H
 #define LLM_SCHED_H
 
 #include "generate.h"
+#include "tokenizer.h"
 
 struct llm_sched_opts {
 	int max_running;            /* requests holding a sequence at once */
@@ -81,7 +87,15 @@ void llm_sched_cancel(struct llm_sched *s, int id);
 /* One step; *N_PENDING (may be NULL) gets the requests not finished. A
  * step with nothing to do returns at once. */
 enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending);
+/* Step until every request has finished. */
+enum llm_status llm_sched_run(struct llm_sched *s);
 void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st);
+/* O's detokenizer over TK (special tokens left out) and, when O names no
+ * EOS ids, the end-of-sequence ids of config C and of TK together (as
+ * config.json, tokenizer_config.json and generation_config.json name
+ * them). */
+void llm_sched_opts_tokenizer(struct llm_sched_opts *o, const struct llm_config *c,
+                              const struct llm_tokenizer *tk);
 /* Drop every prefix-cache entry (their blocks return to the pool). */
 void llm_sched_prefix_clear(struct llm_sched *s);
 

@@ -345,17 +345,8 @@ static enum llm_status engine_load(struct llm_server *s)
 {
 	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
 	struct llm_sched_opts so = s->o.sched;
-	llm_tokenizer_detok(&so.detok, s->tk);
+	llm_sched_opts_tokenizer(&so, &llm_engine_model(s->e)->cfg, s->tk);
 	so.on_admit = on_admit;
-	if (so.n_eos == 0) {
-		const int32_t *ids;
-		size_t n = llm_tokenizer_eos_ids(s->tk, &ids);
-		const struct llm_config *c = &llm_engine_model(s->e)->cfg;
-		for (int i = 0; i < c->n_eos && so.n_eos < 16; i++)
-			so.eos_ids[so.n_eos++] = c->eos_id[i];
-		for (size_t i = 0; i < n && so.n_eos < 16; i++)
-			so.eos_ids[so.n_eos++] = ids[i];
-	}
 	LLM_TRY(llm_sched_open(&s->sch, s->e, &so));
 	/* distributed: returns when every rank has its engine (so /health says
 	 * ready only then); from here each step is mirrored to the other ranks */

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "model.h"
 #include "generate.h"
+#include "sched_run.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -160,20 +161,20 @@ static struct llm_engine *open_engine(const char *path, enum llm_dtype kv, int t
 	return e;
 }
 
-/* Run prompts [first, first + n) submitted together; C[k] gets prompt first + k. */
+/* Run prompts [first, first + n) queued together; C[k] gets prompt first + k. */
 static int run_greedy(struct llm_engine *e, int first, int n, struct collect *c)
 {
+	struct llm_request *r = calloc((size_t)n, sizeof *r);
+	if (!r)
+		return 0;
 	for (int k = 0; k < n; k++) {
 		const struct prompt *p = &P[first + k];
 		memset(&c[k], 0, sizeof c[k]);
-		struct llm_request r = { p->prompt, p->n_prompt, greedy_params(p), on_token, &c[k] };
-		int id;
-		if (llm_engine_submit(e, &r, &id)) {
-			check_diag("submit %s: %s", p->id, llm_errmsg());
-			return 0;
-		}
+		r[k] = (struct llm_request){ p->prompt, p->n_prompt, greedy_params(p), on_token, &c[k] };
 	}
-	if (llm_engine_run(e)) {
+	enum llm_status s = test_sched_run(e, r, n, NULL);
+	free(r);
+	if (s) {
 		check_diag("run: %s", llm_errmsg());
 		return 0;
 	}
@@ -354,18 +355,35 @@ static void test_bad_input(void)
 	int32_t longp[65];
 	for (int i = 0; i < 65; i++)
 		longp[i] = i ? 300 : 1;
+	struct llm_sched_opts so = { .max_running = 4, .max_batch_tokens = 64 };
+	struct llm_sched *sch = NULL;
+	if (!check(llm_sched_open(&sch, e, &so) == LLM_OK, "a scheduler over it")) {
+		llm_engine_close(e);
+		return;
+	}
 	struct llm_request r = { longp, 65, LLM_SAMPLE_DEFAULT, NULL, NULL };
 	int id;
-	enum llm_status s = llm_engine_submit(e, &r, &id);
+	enum llm_status s = llm_sched_add(sch, &r, &id);
 	check(s == LLM_ERR_RANGE && strstr(llm_errmsg(), "exceeds the context"),
 	      "a prompt longer than the context is refused: %s", llm_errmsg());
+	/* vLLM's rule: a prompt must leave room for one new token */
+	r.n_prompt = 64;
+	s = llm_sched_add(sch, &r, &id);
+	check(s == LLM_ERR_RANGE && strstr(llm_errmsg(), "prompt of 64 tokens + max_tokens 0 exceeds the context of 64"),
+	      "a prompt as long as the context is refused: %s", llm_errmsg());
+	r.n_prompt = 60;
+	r.params.max_tokens = 5;
+	s = llm_sched_add(sch, &r, &id);
+	check(s == LLM_ERR_RANGE && strstr(llm_errmsg(), "prompt of 60 tokens + max_tokens 5 exceeds the context of 64"),
+	      "prompt + max_tokens over the context is refused: %s", llm_errmsg());
+	r.params.max_tokens = 0;
 	int32_t bad[3] = { 1, 512, 3 };
 	r.prompt = bad;
 	r.n_prompt = 3;
-	s = llm_engine_submit(e, &r, &id);
+	s = llm_sched_add(sch, &r, &id);
 	check(s == LLM_ERR_RANGE && strstr(llm_errmsg(), "512"), "an unknown token id is refused: %s", llm_errmsg());
 	bad[1] = -1;
-	s = llm_engine_submit(e, &r, &id);
+	s = llm_sched_add(sch, &r, &id);
 	check(s == LLM_ERR_RANGE, "a negative token id is refused: %s", llm_errmsg());
 	/* the low-level forward checks too */
 	struct llm_kv *kv = llm_engine_kv(e);
@@ -389,8 +407,19 @@ static void test_bad_input(void)
 	r.n_prompt = 2;
 	r.params.n_stop = 1;
 	r.params.stop[0] = "x";
-	s = llm_engine_submit(e, &r, &id);
+	s = llm_sched_add(sch, &r, &id);
 	check(s == LLM_ERR_USAGE, "stop strings without a detokenizer are refused: %s", llm_errmsg());
+	/* max_tokens 0: up to the context, n_ctx - prompt tokens */
+	struct collect c;
+	memset(&c, 0, sizeof c);
+	r = (struct llm_request){ longp, 60, LLM_SAMPLE_DEFAULT, on_token, &c };
+	r.params.temperature = 0;
+	r.params.ignore_eos = 1;
+	s = test_sched_run(e, &r, 1, NULL);
+	check(s == LLM_OK && c.n == 4 && c.finish == LLM_FINISH_LENGTH,
+	      "max_tokens 0 with a 60-token prompt in a 64 context: 4 tokens, finish length (%d, %s)",
+	      c.n, llm_finish_name(c.finish));
+	llm_sched_close(sch);
 	llm_engine_close(e);
 
 	/* corrupt checkpoints */
@@ -728,20 +757,17 @@ static void test_llama3_random(void)
 		sp.temperature = 0;
 		sp.max_tokens = 30;
 		sp.ignore_eos = 1;
+		struct llm_request r3[3];
 		for (int i = 0; i < 3; i++) {
 			memset(&c1[i], 0, sizeof c1[i]);
 			struct llm_request r = { pr[i], 10 + 15 * i, sp, on_token, &c1[i] };
-			int id;
-			llm_engine_submit(e, &r, &id);
-			llm_engine_run(e);
+			test_sched_run(e, &r, 1, NULL);
 		}
 		for (int i = 0; i < 3; i++) {
 			memset(&c3[i], 0, sizeof c3[i]);
-			struct llm_request r = { pr[i], 10 + 15 * i, sp, on_token, &c3[i] };
-			int id;
-			llm_engine_submit(e, &r, &id);
+			r3[i] = (struct llm_request){ pr[i], 10 + 15 * i, sp, on_token, &c3[i] };
 		}
-		llm_engine_run(e);
+		test_sched_run(e, r3, 3, NULL);
 		int same = 1;
 		for (int i = 0; i < 3; i++)
 			same &= c1[i].n == 30 && c3[i].n == 30 && !memcmp(c1[i].ids, c3[i].ids, 30 * 4)

@@ -7,6 +7,7 @@
 #include "check.h"
 #include "sampler.h"
 #include "generate.h"
+#include "sched_run.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -307,12 +308,14 @@ static int cb(void *user, const struct llm_token_event *ev)
 	return o->cancel_at && o->n == o->cancel_at;
 }
 
+/* the detokenizer of these tests: each id becomes "<id>" */
+static const struct llm_detok fd_detok = { fd_open, fd_push, NULL, fd_close, NULL };
+
 static int run1(struct llm_engine *e, const int32_t *prompt, int np, struct llm_sample_params p, struct out *o)
 {
 	memset(o, 0, sizeof *o);
 	struct llm_request r = { prompt, np, p, cb, o };
-	int id;
-	if (llm_engine_submit(e, &r, &id) || llm_engine_run(e)) {
+	if (test_sched_run(e, &r, 1, &fd_detok)) {
 		check_diag("%s", llm_errmsg());
 		return 0;
 	}
@@ -330,7 +333,6 @@ static void test_engine(void)
 		return;
 	}
 	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
-	eo.detok = (struct llm_detok){ fd_open, fd_push, NULL, fd_close, NULL };
 	eo.n_threads = 2;
 	eo.max_batch_tokens = 32;
 	struct llm_engine *e;
@@ -395,9 +397,7 @@ static void test_engine(void)
 	memset(&o, 0, sizeof o);
 	o.cancel_at = 3;
 	struct llm_request rq = { prompt, 4, p, cb, &o };
-	int id;
-	llm_engine_submit(e, &rq, &id);
-	llm_engine_run(e);
+	test_sched_run(e, &rq, 1, &fd_detok);
 	check(o.n == 3 && o.events_after_finish == 0, "the callback cancels: no events after it (%d tokens)", o.n);
 
 	/* seeded sampling: alone == among other requests */
@@ -409,15 +409,15 @@ static void test_engine(void)
 		sp.max_tokens = 40;
 		run1(e, prompt, 4 - k % 2, sp, &alone[k]);
 	}
+	struct llm_request rs[3];
 	for (int k = 0; k < 3; k++) {
 		struct llm_sample_params sp = params(0.9f, seeds[k]);
 		sp.top_p = 0.95f;
 		sp.max_tokens = 40;
 		memset(&together[k], 0, sizeof together[k]);
-		struct llm_request r = { prompt, 4 - k % 2, sp, cb, &together[k] };
-		llm_engine_submit(e, &r, &id);
+		rs[k] = (struct llm_request){ prompt, 4 - k % 2, sp, cb, &together[k] };
 	}
-	llm_engine_run(e);
+	test_sched_run(e, rs, 3, &fd_detok);
 	int same = 1;
 	for (int k = 0; k < 3; k++)
 		same &= alone[k].n == together[k].n && !memcmp(alone[k].ids, together[k].ids, (size_t)alone[k].n * 4);

@@ -1,7 +1,7 @@
-/* tests/test_sched.c: the server's scheduler (common/scheduler.c) on stories260K.
+/* tests/test_sched.c: the one scheduler (common/scheduler.c) on stories260K.
  *
- * The reference is the engine's own generation of each prompt alone
- * (llm_engine_submit/run, one sequence). Under the scheduler, with many
+ * The reference is each prompt generated alone (one sequence, no prefix
+ * cache, no preemption). Under the scheduler, with many
  * requests, a KV pool too small for all of them (so requests are preempted
  * and recomputed), a small SplitFuse budget (prompts cut into chunks) and
  * the prefix cache, every greedy output must be identical, every block must
@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "scheduler.h"
+#include "sched_run.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -106,7 +107,7 @@ int main(void)
 		check_skip("no stories260K model or reference prompts", "scheduler tests");
 		return check_done();
 	}
-	/* references: each prompt alone through the engine's own scheduler */
+	/* references: each prompt alone, one sequence, no prefix cache */
 	static struct out ref[N_REQ + 2], got[N_REQ + 2];
 	struct llm_engine_opts ro = LLM_ENGINE_OPTS_DEFAULT;
 	ro.max_seqs = 1;
@@ -127,7 +128,7 @@ int main(void)
 	prompts[N_REQ + 1][n_prompt[N_REQ + 1]++] = 301;
 	for (int k = 0; k < N_REQ + 2; k++) {
 		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &ref[k] };
-		if (llm_engine_submit(re, &rq, NULL) || llm_engine_run(re)) {
+		if (test_sched_run(re, &rq, 1, NULL)) {
 			check(0, "reference generation %d: %s", k, llm_errmsg());
 			return check_done();
 		}

@@ -7,10 +7,10 @@
  * the exit code (0 ok, 1 runtime error, 2 usage error).
  *
  * Distributed (mpirun -np T*P over a checkpoint partitioned by
- * llm-repartition): every rank runs the same mode on the same input; rank 0
- * reads standard input and broadcasts it, only rank 0 writes standard
- * output; an error on any rank ends the whole job with a message naming
- * the rank (generate.h: the engine's collective calls). */
+ * llm-repartition): rank 0 alone reads the input, runs the mode and writes
+ * standard output; the other ranks open the same engine and follow rank
+ * 0's steps (generate.h: the step protocol llm-serve uses too). An error on
+ * any rank ends the whole job with a message naming the rank. */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <stdio.h>
@@ -31,14 +31,14 @@ struct generate_cfg {
 	/* generation */
 	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
 	struct llm_strlist stop, logit_bias;
-	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs;
+	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
 	int json, score, chat, show_tokens, ignore_eos;
 };
 
 static struct generate_cfg cfg = {
 	.n_predict = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
-	.seed = -1, .parallel = 8, .batch_tokens = 512, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
+	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
 };
 
 static const struct llm_opt opts[] = {
@@ -78,6 +78,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "perplexity", "FILE", &cfg.perplexity, "token count, negative log-likelihood and perplexity of FILE in windows of -c"),
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences generated together", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
+	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
@@ -147,25 +148,10 @@ static void agree(enum llm_status s)
 	exit(1);
 }
 
-/* Standard input: read by rank 0 and broadcast to every rank. */
+/* Standard input (rank 0 alone reads it). */
 static enum llm_status read_stdin(char **buf, size_t *len)
 {
-	if (!dist())
-		return llm_read_file("-", buf, len);
-	uint64_t n = 0;
-	*buf = NULL;
-	if (root()) {
-		if (llm_read_file("-", buf, len))
-			die_msg();         /* the others are waiting in the broadcast */
-		n = *len;
-	}
-	LLM_TRY(llm_comm_bcast(world, &n, sizeof n, 0));
-	if (!root() && !(*buf = malloc(n + 1)))
-		llm_comm_die("stdin: out of memory for %llu bytes", (unsigned long long)n);
-	LLM_TRY(llm_comm_bcast(world, *buf, n, 0));
-	(*buf)[n] = 0;
-	*len = n;
-	return LLM_OK;
+	return llm_read_file("-", buf, len);
 }
 
 /* -v: each rank's traffic (model.h), gathered to rank 0 and printed there. */
@@ -190,6 +176,16 @@ static void report_traffic(struct llm_engine *e)
 		        st->boundary_unfused / tok, st->boundary_whole / tok, st->boundary_recvd / tok,
 		        st->tp_allreduce / tok, st->tp_allgather / tok, st->logits_sent / tok);
 	}
+	/* the step protocol: every rank followed the steps rank 0 led */
+	struct llm_serve_stats sst, *ss = calloc((size_t)world->size, sizeof *ss);
+	llm_engine_serve_stats(e, &sst);
+	if (!ss || llm_comm_allgather(world, &sst, sizeof sst, ss))
+		die_msg();
+	for (int r = 0; root() && r < world->size; r++)
+		fprintf(stderr, "%s: step protocol: rank %d %s %lld steps of rank 0 (%lld KV operations, %lld tokens; %llu B)\n",
+		        llm_progname(), r, r ? "followed" : "led", (long long)ss[r].steps, (long long)ss[r].kv_ops,
+		        (long long)ss[r].tokens, (unsigned long long)ss[r].bytes);
+	free(ss);
 	if (root() && P > 1) {
 		/* one boundary: stage 0 -> 1, summed over its T ranks */
 		double sent = 0, unf = 0, whole = 0, tok = all[0].tokens ? (double)all[0].tokens : 1;
@@ -307,7 +303,7 @@ static enum llm_status run_apply_template(struct llm_tokenizer *tk)
 
 /* ---- generation --------------------------------------------------------- */
 
-static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *tk, int max_seqs)
+static enum llm_status engine_open(struct llm_engine **e, int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	int kv = llm_dtype_parse_flag(cfg.kv_dtype);
@@ -323,19 +319,51 @@ static enum llm_status engine_open(struct llm_engine **e, struct llm_tokenizer *
 	o.kv_dtype = (enum llm_dtype)kv;
 	o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs;
+	o.kv_seqs = kv_seqs;
 	o.max_batch_tokens = (int)cfg.batch_tokens;
-	if (tk) {
-		llm_tokenizer_detok(&o.detok, tk);
-		const int32_t *eos;
-		size_t n = llm_tokenizer_eos_ids(tk, &eos);
-		for (size_t i = 0; i < n && i < 16; i++)
-			o.eos_ids[o.n_eos++] = eos[i];
-	}
 	double t0 = llm_now();
 	LLM_TRY(llm_engine_open(e, cfg.model, &o));
 	if (root())
 		LLM_DEBUG("%s: model loaded in %.0f ms\n", llm_progname(), (llm_now() - t0) * 1e3);
 	return LLM_OK;
+}
+
+/* Rank 0, its input read: tell the other ranks the engine's sequence
+ * counts, open the engine everywhere, and lead their steps from here. */
+static struct llm_engine *lead_open(int max_seqs, int kv_seqs)
+{
+	int32_t sizes[2] = { max_seqs, kv_seqs };
+	if (dist() && llm_comm_bcast_idle(world, sizes, sizeof sizes, 0))
+		die_msg();
+	struct llm_engine *e = NULL;
+	agree(engine_open(&e, max_seqs, kv_seqs));
+	if (llm_engine_serve_begin(e))
+		die_msg();
+	return e;
+}
+
+/* Rank 0: the other ranks stop following; -v traffic; close. */
+static void lead_close(struct llm_engine *e)
+{
+	if (llm_engine_serve_end(e))
+		die_msg();
+	report_traffic(e);
+	llm_engine_close(e);
+}
+
+/* A rank other than 0: wait for rank 0's engine sizes (it reads the input
+ * first), open the same engine and follow its steps until it is done. */
+static void follow(void)
+{
+	int32_t sizes[2];
+	if (llm_comm_bcast_idle(world, sizes, sizeof sizes, 0))
+		die_msg();
+	struct llm_engine *e = NULL;
+	agree(engine_open(&e, sizes[0], sizes[1]));
+	if (llm_engine_serve_worker(e))
+		die_msg();
+	report_traffic(e);
+	llm_engine_close(e);
 }
 
 /* One prompt: its ids, parameters, and what came back. */
@@ -756,24 +784,32 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 {
 	struct job *jobs = NULL;
 	size_t n = 0;
-	agree(read_jobs(tk, &jobs, &n));
-	struct llm_engine *e = NULL;
-	agree(engine_open(&e, tk, (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n)));
-	enum llm_status s = LLM_OK;
+	if (read_jobs(tk, &jobs, &n))
+		die_msg();
+	int n_run = (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n);
+	struct llm_engine *e = lead_open(n_run + (int)cfg.prefix_cache, n_run);
+	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens,
+	                             .prefix_entries = (int)cfg.prefix_cache };
+	if (tk)
+		llm_sched_opts_tokenizer(&so, &llm_engine_model(e)->cfg, tk);
+	struct llm_sched *sch = NULL;
+	if (llm_sched_open(&sch, e, &so))
+		die_msg();
 	int single = !cfg.prompt && !cfg.prompt_file ? 0 : 1;
-	for (size_t i = 0; !s && i < n; i++) {
+	for (size_t i = 0; i < n; i++) {
 		struct llm_request r = { jobs[i].prompt, (int)jobs[i].n_prompt, jobs[i].p, on_token, &jobs[i] };
 		int id;
 		jobs[i].stream = single && !cfg.json;
 		jobs[i].t_submit = llm_now();
-		s = llm_engine_submit(e, &r, &id);
+		enum llm_status s = llm_sched_add(sch, &r, &id);
 		if (s && !single)
 			llm_fail_prefix(s, "prompt %zu", i + 1);
+		if (s)
+			die_msg();
 	}
-	agree(s);
-	if (llm_engine_run(e))
-		die_msg();             /* mid-step: the other ranks cannot agree any more */
-	for (size_t i = 0; root() && i < n; i++) {
+	if (llm_sched_run(sch))
+		die_msg();
+	for (size_t i = 0; i < n; i++) {
 		if (cfg.json)
 			print_json(&jobs[i], (int)i);
 		else if (!single)
@@ -782,19 +818,27 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 			putchar('\n');
 	}
 	fflush(stdout);
-	for (size_t i = 0; root() && i < n && llm_log_level >= 2; i++) {
+	for (size_t i = 0; i < n && llm_log_level >= 2; i++) {
 		const struct job *j = &jobs[i];
 		double ttft = j->t_first - j->t_submit, gen = j->t_end - j->t_first;
 		fprintf(stderr, "%s: prompt %zu: %zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; first token %.1f ms; %s\n",
 		        llm_progname(), i + 1, j->n_prompt, ttft > 0 ? j->n_prompt / ttft : 0.0, j->n,
 		        gen > 0 && j->n > 1 ? (j->n - 1) / gen : 0.0, ttft * 1e3, llm_finish_name(j->finish));
 	}
-	report_traffic(e);
+	if (llm_log_level >= 2) {
+		struct llm_sched_stats st;
+		llm_sched_stats(sch, &st);
+		fprintf(stderr, "%s: %lld steps; %lld prompt tokens computed, %lld taken from the prefix cache; "
+		        "%lld generated; %lld preemptions\n", llm_progname(), (long long)st.steps,
+		        (long long)st.prompt_tokens, (long long)st.prefix_hit_tokens, (long long)st.gen_tokens,
+		        (long long)st.preemptions);
+	}
+	llm_sched_close(sch);
 	for (size_t i = 0; i < n; i++)
 		job_free(&jobs[i]);
 	free(jobs);
-	llm_engine_close(e);
-	return s;
+	lead_close(e);
+	return LLM_OK;
 }
 
 /* --score: {"context": ..., "continuations": [...]} per line. The
@@ -804,10 +848,10 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 {
 	char *buf;
 	size_t len;
-	LLM_TRY(read_stdin(&buf, &len));
-	struct llm_engine *e = NULL;
-	enum llm_status s = engine_open(&e, tk, 2);
-	agree(s);
+	if (read_stdin(&buf, &len))
+		die_msg();
+	struct llm_engine *e = lead_open(2, 2);
+	enum llm_status s = LLM_OK;
 	int line = 0;
 	for (char *p = buf, *nl; !s && p < buf + len; p = nl + 1) {
 		nl = memchr(p, '\n', (size_t)(buf + len - p));
@@ -820,10 +864,9 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 		json_error_t je;
 		json_t *o = json_loads(p, 0, &je), *ctx = json_object_get(o, "context"), *conts = json_object_get(o, "continuations");
 		if (!json_is_string(ctx) || !json_is_array(conts) || !json_array_size(conts)) {
-			s = llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"context\" (a string) and \"continuations\" (a non-empty array of strings)%s%s",
-			             line, o ? "" : ": ", o ? "" : je.text);
-			json_decref(o);
-			agree(s);
+			llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"context\" (a string) and \"continuations\" (a non-empty array of strings)%s%s",
+			         line, o ? "" : ": ", o ? "" : je.text);
+			die_msg();
 		}
 		size_t nc = json_array_size(conts), n_ctx;
 		int32_t *cids = NULL, **cont = calloc(nc, sizeof *cont);
@@ -852,14 +895,15 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 			}
 			free(wids);
 		}
-		if (s)
+		if (s) {
 			llm_fail_prefix(s, "stdin: line %d", line);
-		agree(s);
+			die_msg();
+		}
 		if (llm_score(e, cids, (int)n_ctx, (const int32_t *const *)cont, ncont, (int)nc, lp, greedy)) {
 			llm_fail_prefix(LLM_ERR_INTERNAL, "stdin: line %d", line);
 			die_msg();
 		}
-		if (root()) {
+		{
 			json_t *r = json_object(), *a = json_array(), *an = json_array(), *g = json_array(), *nt = json_array();
 			for (size_t i = 0; i < nc; i++) {
 				size_t chars = json_string_length(json_array_get(conts, i));
@@ -889,7 +933,7 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 	}
 	fflush(stdout);
 	free(buf);
-	llm_engine_close(e);
+	lead_close(e);
 	return s;
 }
 
@@ -905,19 +949,19 @@ static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 	free(buf);
 	if (s)
 		return llm_fail_prefix(s, "%s", cfg.perplexity);
-	struct llm_engine *e = NULL;
-	agree(engine_open(&e, tk, 1));
+	struct llm_engine *e = lead_open(1, 1);
 	int32_t bos = llm_tokenizer_bos(tk);
-	int window = cfg.n_ctx ? (int)cfg.n_ctx : (e ? llm_engine_n_ctx(e) : 0);
+	int window = cfg.n_ctx ? (int)cfg.n_ctx : llm_engine_n_ctx(e);
 	int chunk = bos >= 0 ? window - 1 : window;
 	double nll = 0;
 	int64_t count = 0;
-	if (!s && chunk < 1)
-		s = llm_fail(LLM_ERR_USAGE, "--ctx-size %d leaves no room for a token", window);
-	agree(s);
+	if (chunk < 1) {
+		llm_fail(LLM_ERR_USAGE, "--ctx-size %d leaves no room for a token", window);
+		die_msg();
+	}
 	if (llm_perplexity(e, ids, (int64_t)n, chunk, bos, &nll, &count, NULL))
 		die_msg();
-	if (root()) {
+	{
 		double ppl = count ? exp(nll / (double)count) : NAN;
 		if (cfg.json)
 			printf("{\"file\":\"%s\",\"tokens\":%lld,\"window\":%d,\"nll\":%.6f,\"ppl\":%.6f}\n", cfg.perplexity,
@@ -927,7 +971,7 @@ static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 			       (long long)count, window, nll, ppl);
 	}
 	free(ids);
-	llm_engine_close(e);
+	lead_close(e);
 	return s;
 }
 
@@ -987,8 +1031,11 @@ int main(int argc, char **argv)
 	if (llm_comm_init(&world, &argc, &argv))
 		llm_die("%s", llm_errmsg());
 	int tok_mode = mode->run == run_tokenize || mode->run == run_detokenize || mode->run == run_apply_template;
-	if (tok_mode && !root()) {      /* the tokenizer modes run on rank 0 alone */
-		llm_comm_finalize(world);
+	if (!root()) {          /* the tokenizer modes run on rank 0 alone; the others follow its engine */
+		if (!tok_mode)
+			follow();
+		if (llm_comm_finalize(world))
+			llm_die("%s", llm_errmsg());
 		return 0;
 	}
 	struct llm_tokenizer *tk = NULL;

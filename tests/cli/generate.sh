@@ -156,9 +156,35 @@ t = subprocess.run([sys.argv[2], "-m", sys.argv[3], "--detokenize"], input=json.
 assert o["text"] == t.rstrip("\n") or o["text"] == t, (o["text"], t)
 PY
 
+# the prefix cache serves offline batches too: a system prompt shared by
+# every line is prefilled once (whole blocks of 16), and the outputs equal
+# those computed without it
+sys="Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine with her friends."
+for q in "One day," "She saw a dog." "Her mom said" "The sun was"; do
+	echo "{\"prompt\": \"$sys $q\", \"max_tokens\": 12, \"temperature\": 0}"
+done >"$T/shared.jsonl"
+$G -m "$M" --json --parallel 1 -v <"$T/shared.jsonl" >"$T/pc.jsonl" 2>"$T/pc.err"
+$G -m "$M" --json --parallel 1 --prefix-cache 0 -v <"$T/shared.jsonl" >"$T/nopc.jsonl" 2>"$T/nopc.err"
+hit=$(sed -n 's/.* \([0-9]*\) taken from the prefix cache.*/\1/p' "$T/pc.err")
+check "--prefix-cache: 3 of 4 lines take the shared system prompt from the cache ($hit tokens)" [ "${hit:-0}" -ge 48 ]
+check "--prefix-cache 0: nothing taken from it" grep -q " 0 taken from the prefix cache" "$T/nopc.err"
+check "... and the outputs are the same ids" python3 -c "
+import json
+a = [json.loads(l)['ids'] for l in open('$T/pc.jsonl')]; b = [json.loads(l)['ids'] for l in open('$T/nopc.jsonl')]
+assert a == b and len(a) == 4, (a, b)"
+
 # bad input: one line, exit 1
 long=$(python3 -c "print('Once upon a time ' * 200)")
 check_fails "a prompt longer than the context is refused" 1 $G -m "$M" -p "$long" -c 64
+# the scheduler's admission rule (vLLM's), the same in llm-serve (serve.sh):
+# a prompt must be shorter than the context, prompt + max_tokens must fit,
+# and -n 0 (max_tokens 0) means up to the context
+python3 -c "import json; print(json.dumps({'prompt_ids': [1] + [300] * 15, 'max_tokens': 0}))" >"$T/full.jsonl"
+check_fails "a prompt as long as the context (-c 16) is refused" 1 sh -c "$G -m '$M' -c 16 <'$T/full.jsonl'"
+check "... with the numbers, as llm-serve says them" grep -q "prompt 1: prompt of 16 tokens + max_tokens 0 exceeds the context of 16" "$T/err"
+check_fails "prompt + -n over the context is refused" 1 sh -c "echo '{\"prompt_ids\": [1, 300, 301]}' | $G -m '$M' -c 16 -n 14"
+check "-n 0: a 12-token prompt in a 16-token context gets 4 tokens, finish length" sh -c "python3 -c \"import json; print(json.dumps({'prompt_ids': [1] + [300] * 11}))\" |
+	$G -m '$M' -c 16 -n 0 --temp 0 --ignore-eos --json | python3 -c 'import json,sys; o=json.load(sys.stdin); assert len(o[\"ids\"]) == 4 and o[\"finish_reason\"] == \"length\", o'"
 echo '{"prompt_ids": [1, 99999]}' >"$T/badid.jsonl"
 check_fails "an unknown token id is refused" 1 sh -c "$G -m '$M' <'$T/badid.jsonl'"
 mkdir -p "$T/notok"; cp "$M/model.safetensors" "$M/config.json" "$T/notok/"

@@ -83,6 +83,13 @@ line=$(grep "stage boundary 0->1 per token" "$T/v.err")
 if echo "$line" | grep -q "256 B sent.* 512 B unfused (2.0x); 512 B unsliced (2.0x)"; then ok "-v: the boundary carries 256 B/token (d_model 64 f32), 2x less than unfused, 2x (T) less than unsliced"
 else notok "-v boundary line: '$line'"; sed 's/^/#   /' "$T/v.err" | head -8; fi
 check "-v: every rank's traffic is reported by rank 0" [ "$(grep -c '^llm-generate: rank [0-3] (stage' "$T/v.err")" = 4 ]
+# one protocol (the server's): rank 0 plans and leads, the others replay its steps
+check "-v: ranks 1-3 followed every step rank 0 led ($(grep -o 'rank 0 led [0-9]* steps' "$T/v.err"))" python3 - "$T/v.err" <<'EOF'
+import re, sys
+st = {int(r): (int(n), int(k), int(t)) for r, n, k, t in
+      re.findall(r"step protocol: rank (\d) (?:led|followed) (\d+) steps of rank 0 \((\d+) KV operations, (\d+) tokens", open(sys.argv[1]).read())}
+assert sorted(st) == [0, 1, 2, 3] and st[0][0] > 0 and len(set(st.values())) == 1, st
+EOF
 check "-v: the long prefill step ran as pipeline micro-batches ($(grep -o '[0-9]* steps ([0-9]* micro-batches)' "$T/v.err" | head -1))" \
 	sh -c "grep '^llm-generate: rank 0 ' '$T/v.err' | grep -qE '([0-9]+) steps \(([0-9]+) micro' && [ \$(grep '^llm-generate: rank 0 ' '$T/v.err' | sed -E 's/.* ([0-9]+) steps \(([0-9]+) micro.*/\2 - \1/' | bc) -gt 0 ]"
 

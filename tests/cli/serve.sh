@@ -196,6 +196,9 @@ check "a wrong type: 400 naming the field" sh -c "[ \"\$(curl -s -m 10 -o '$T/b'
 check "temperature out of range: 400 naming it" sh -c "curl -s -m 10 '$URL/v1/completions' -d '{\"prompt\": \"a\", \"temperature\": 7}' | grep -q 'temperature: 7 is out of range'"
 c=$(code "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 600}')
 check "prompt + max_tokens beyond the context: 400 with the numbers" sh -c "[ $c = 400 ] && grep -q 'prompt of 5 tokens + max_tokens 600 exceeds the context of 512' '$T/body'"
+ids512=$(python3 -c "print([1] + [300] * 511)")
+c=$(code "$URL/v1/completions" -d "{\"prompt\": $ids512, \"max_tokens\": 1}")
+check "a prompt as long as the context: 400 with the numbers, as llm-generate says them" sh -c "[ $c = 400 ] && grep -q 'prompt of 512 tokens + max_tokens 1 exceeds the context of 512' '$T/body'"
 head -c 5000 /dev/zero | tr '\0' 'a' >"$T/big"
 check "a body over --max-body: 413" [ "$(code "$URL/v1/completions" --data-binary @"$T/big")" = 413 ]
 check "an unknown endpoint: 404" [ "$(code "$URL/v1/nope")" = 404 ]

@@ -19,6 +19,7 @@ CFLAGS   ?= -O2 -g
 override CFLAGS += -std=c11 -Wall -Wextra -pthread -MMD -MP -iquote common -iquote tests/lib
 override LDFLAGS += -pthread
 LDLIBS   += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm
+LDLIBS   += -lcurl
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 # make CUDA=0 forces a CPU-only build (no comment after a value: make keeps the spaces)
 CUDA     ?= $(if $(NVCC),1,0)

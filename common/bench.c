@@ -1,25 +1,22 @@
 /* common/bench.c: llm-bench's load generator and model throughput test
- * (see bench.h). The HTTP client is a plain HTTP/1.1 client on a socket
- * (one connection per request, Connection: close), enough for loopback and
- * for any server speaking chunked or close-delimited bodies. */
+ * (see bench.h). HTTP goes through libcurl: one easy handle per client,
+ * reused across that client's requests so its connection is kept alive.
+ * The streamed body is split into SSE events in the write callback, so a
+ * token is timed when the bytes that complete its event arrive. */
 #define _GNU_SOURCE
 #include "bench.h"
 #include "generate.h"
 
-#include <errno.h>
+#include <curl/curl.h>
 #include <jansson.h>
 #include <math.h>
-#include <netdb.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <time.h>
-#include <unistd.h>
 #include "banned.h"
 
-/* ---- a minimal HTTP client --------------------------------------------- */
+/* ---- HTTP through libcurl ---------------------------------------------- */
 
 struct url { char host[256], port[8], prefix[512]; };
 
@@ -51,166 +48,122 @@ static enum llm_status parse_url(const char *u, struct url *x)
 	return LLM_OK;
 }
 
-static int http_connect(const struct url *u, double timeout)
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc = CURLE_FAILED_INIT;
+
+static void curl_init(void)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *ai, *p;
-	if (getaddrinfo(u->host, u->port, &hints, &ai))
-		return -1;
-	int fd = -1;
-	for (p = ai; p; p = p->ai_next) {
-		fd = socket(p->ai_family, p->ai_socktype, p->ai_protocol);
-		if (fd < 0)
-			continue;
-		struct timeval tv = { (time_t)timeout, (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6) };
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
-			break;
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(ai);
-	return fd;
+	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-static int send_all(int fd, const char *b, size_t n)
+/* curl_global_init, once per process (it is never cleaned up: the handles
+ * of any thread may still use it). */
+static enum llm_status http_global(void)
 {
-	while (n) {
-		ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-		if (w <= 0) {
-			if (w < 0 && errno == EINTR)
-				continue;
-			return -1;
-		}
-		b += w;
-		n -= (size_t)w;
-	}
-	return 0;
+	pthread_once(&curl_once, curl_init);
+	return curl_init_rc == CURLE_OK ? LLM_OK
+	                                : llm_fail(LLM_ERR_IO, "libcurl: %s", curl_easy_strerror(curl_init_rc));
 }
 
-/* A response being read: headers, then the body (de-chunked) handed to
- * on_body as it arrives. */
-struct resp {
-	int status, chunked, headers_done;
-	char *raw;                  /* bytes received, not yet consumed */
-	size_t raw_len, raw_cap;
-	int64_t chunk_left;         /* bytes left in the current chunk; -1: need a size line */
-	int body_done;
-	void (*on_body)(void *, const char *, size_t);
-	void *user;
+/* A client: one easy handle with its request headers, used by one thread at
+ * a time for request after request (libcurl keeps the connection open). */
+struct http {
+	CURL *h;
+	struct curl_slist *hdr;
+	char err[CURL_ERROR_SIZE];  /* libcurl's message on the last failure */
 };
 
-static int raw_add(struct resp *r, const char *b, size_t n)
+static void http_close(struct http *c)
 {
-	if (r->raw_len + n + 1 > r->raw_cap) {
-		size_t cap = (r->raw_len + n + 1) * 2;
-		char *x = realloc(r->raw, cap);
+	if (c->h)
+		curl_easy_cleanup(c->h);
+	curl_slist_free_all(c->hdr);
+	c->h = NULL;
+	c->hdr = NULL;
+}
+
+static enum llm_status http_open(struct http *c, const char *api_key)
+{
+	memset(c, 0, sizeof *c);
+	LLM_TRY(http_global());
+	c->h = curl_easy_init();
+	/* an empty Expect: sends a large body at once, without waiting for 100 Continue */
+	struct curl_slist *a = curl_slist_append(NULL, "Content-Type: application/json");
+	struct curl_slist *b = a ? curl_slist_append(a, "Expect:") : NULL;
+	c->hdr = b ? b : a;
+	int ok = c->h && b;
+	if (ok && api_key) {
+		size_t n = strlen(api_key) + 32;
+		char *line = malloc(n);
+		struct curl_slist *k = NULL;
+		if (line) {
+			snprintf(line, n, "Authorization: Bearer %s", api_key);
+			k = curl_slist_append(c->hdr, line);   /* copies LINE */
+			free(line);
+		}
+		ok = k != NULL;
+	}
+	if (!ok) {
+		http_close(c);
+		return llm_fail(LLM_ERR_NOMEM, "libcurl: out of memory");
+	}
+	curl_easy_setopt(c->h, CURLOPT_NOSIGNAL, 1L);        /* threads: timeouts without SIGALRM */
+	curl_easy_setopt(c->h, CURLOPT_PROTOCOLS_STR, "http");
+	curl_easy_setopt(c->h, CURLOPT_HTTPHEADER, c->hdr);
+	curl_easy_setopt(c->h, CURLOPT_ERRORBUFFER, c->err);
+	return LLM_OK;
+}
+
+/* POST BODY (GET when BODY is NULL) to PATH under U; the response body goes
+ * to ON_BODY as it arrives (returning other than its size aborts). Returns
+ * the HTTP status, or -1 when no response came (connection refused, a
+ * timeout before the status line); c->err then says why. TIMEOUT bounds
+ * the whole request, in seconds. */
+static long http_request(struct http *c, const struct url *u, const char *path, const char *body,
+                         double timeout, size_t (*on_body)(char *, size_t, size_t, void *), void *user)
+{
+	char url[sizeof u->host + sizeof u->port + sizeof u->prefix + 64];
+	if ((size_t)snprintf(url, sizeof url, "http://%s:%s%s%s", u->host, u->port, u->prefix, path) >= sizeof url) {
+		snprintf(c->err, sizeof c->err, "URL too long");
+		return -1;
+	}
+	long ms = (long)(timeout * 1e3);
+	c->err[0] = 0;
+	curl_easy_setopt(c->h, CURLOPT_URL, url);
+	if (body) {
+		curl_easy_setopt(c->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+		curl_easy_setopt(c->h, CURLOPT_POSTFIELDS, body);
+	} else {
+		curl_easy_setopt(c->h, CURLOPT_HTTPGET, 1L);
+	}
+	curl_easy_setopt(c->h, CURLOPT_TIMEOUT_MS, ms > 0 ? ms : 1L);   /* 0 would be no limit */
+	curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(c->h, CURLOPT_WRITEDATA, user);
+	CURLcode rc = curl_easy_perform(c->h);
+	long status = 0;
+	curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &status);
+	if (rc != CURLE_OK && !c->err[0])
+		snprintf(c->err, sizeof c->err, "%s", curl_easy_strerror(rc));
+	return status > 0 ? status : -1;
+}
+
+/* A growing byte buffer, kept 0-terminated. */
+struct buf { char *p; size_t len, cap; };
+
+static int buf_add(struct buf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = (b->len + n + 1) * 2;
+		char *x = realloc(b->p, cap);
 		if (!x)
 			return -1;
-		r->raw = x;
-		r->raw_cap = cap;
+		b->p = x;
+		b->cap = cap;
 	}
-	memcpy(r->raw + r->raw_len, b, n);
-	r->raw_len += n;
-	r->raw[r->raw_len] = 0;
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = 0;
 	return 0;
-}
-
-static void raw_drop(struct resp *r, size_t n)
-{
-	memmove(r->raw, r->raw + n, r->raw_len - n + 1);
-	r->raw_len -= n;
-}
-
-/* Consume what can be consumed of r->raw. */
-static void resp_feed(struct resp *r)
-{
-	if (!r->headers_done) {
-		char *e = strstr(r->raw, "\r\n\r\n");
-		if (!e)
-			return;
-		*e = 0;
-		int maj, min;
-		if (sscanf(r->raw, "HTTP/%d.%d %d", &maj, &min, &r->status) != 3)
-			r->status = -1;
-		for (char *l = strstr(r->raw, "\r\n"); l; l = strstr(l + 2, "\r\n"))
-			if (!strncasecmp(l + 2, "Transfer-Encoding:", 18) && strcasestr(l + 2, "chunked"))
-				r->chunked = 1;
-		r->headers_done = 1;
-		r->chunk_left = -1;
-		raw_drop(r, (size_t)(e + 4 - r->raw));
-	}
-	if (!r->chunked) {
-		if (r->raw_len)
-			r->on_body(r->user, r->raw, r->raw_len);
-		raw_drop(r, r->raw_len);
-		return;
-	}
-	while (!r->body_done) {
-		if (r->chunk_left < 0) {
-			char *nl = strstr(r->raw, "\r\n");
-			if (!nl)
-				return;
-			r->chunk_left = strtoll(r->raw, NULL, 16);
-			raw_drop(r, (size_t)(nl + 2 - r->raw));
-			if (r->chunk_left == 0) {
-				r->body_done = 1;
-				return;
-			}
-		}
-		if (r->raw_len == 0)
-			return;
-		size_t take = r->raw_len < (size_t)r->chunk_left ? r->raw_len : (size_t)r->chunk_left;
-		r->on_body(r->user, r->raw, take);
-		raw_drop(r, take);
-		r->chunk_left -= (int64_t)take;
-		if (r->chunk_left == 0) {
-			if (r->raw_len < 2)
-				return;         /* wait for the CRLF after the chunk */
-			raw_drop(r, 2);
-			r->chunk_left = -1;
-		}
-	}
-}
-
-/* POST (or GET when BODY is NULL) PATH; the body goes to ON_BODY. Returns
- * the HTTP status, or -1 when the connection failed. */
-static int http_request(const struct url *u, const char *api_key, const char *path, const char *body,
-                        double timeout, void (*on_body)(void *, const char *, size_t), void *user)
-{
-	int fd = http_connect(u, timeout);
-	if (fd < 0)
-		return -1;
-	char head[2048];
-	int hn = snprintf(head, sizeof head,
-	                  "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nAccept: */*\r\n%s%s%s"
-	                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-	                  body ? "POST" : "GET", u->prefix, path, u->host, u->port,
-	                  api_key ? "Authorization: Bearer " : "", api_key ? api_key : "", api_key ? "\r\n" : "",
-	                  body ? strlen(body) : 0);
-	struct resp r = { .on_body = on_body, .user = user };
-	int status = -1;
-	if (hn > 0 && (size_t)hn < sizeof head && !send_all(fd, head, (size_t)hn) &&
-	    (!body || !send_all(fd, body, strlen(body)))) {
-		char buf[16384];
-		for (;;) {
-			ssize_t n = recv(fd, buf, sizeof buf, 0);
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			if (raw_add(&r, buf, (size_t)n))
-				break;
-			resp_feed(&r);
-			if (r.body_done)
-				break;
-		}
-		if (r.headers_done)
-			status = r.status;
-	}
-	close(fd);
-	free(r.raw);
-	return status;
 }
 
 /* ---- one streamed completion ------------------------------------------- */
@@ -220,12 +173,13 @@ struct req {
 	const struct url *u;
 	const struct llm_bench_prompt *p;
 	const char *model;
+	struct pool *pool;          /* the run's idle clients (open loop) */
 	double t_send, t_first, t_last, t_end;
-	int status, tokens, done, bad_json;
+	long status;
+	int tokens, done, bad_json;
 	double *gaps;               /* (tokens) inter-token gaps, s */
 	int n_gaps, cap_gaps;
-	char *line;                 /* the SSE text not yet split into events */
-	size_t len, cap;
+	struct buf sse;             /* the SSE text not yet split into events */
 };
 
 static void gap_add(struct req *q, double g)
@@ -241,7 +195,8 @@ static void gap_add(struct req *q, double g)
 	q->gaps[q->n_gaps++] = g;
 }
 
-static void on_event(struct req *q, const char *data, size_t n)
+/* One "data: " event that arrived at time T. */
+static void on_event(struct req *q, const char *data, size_t n, double t)
 {
 	if (n == 6 && !memcmp(data, "[DONE]", 6)) {
 		q->done = 1;
@@ -259,7 +214,6 @@ static void on_event(struct req *q, const char *data, size_t n)
 	json_decref(o);
 	if (k == 0)
 		return;
-	double t = llm_now();
 	if (q->tokens == 0)
 		q->t_first = t;
 	else
@@ -270,40 +224,36 @@ static void on_event(struct req *q, const char *data, size_t n)
 	q->tokens += k;
 }
 
-static void on_body(void *user, const char *b, size_t n)
+/* libcurl's write callback for a stream: every event that these bytes
+ * complete (text up to a blank line) is timed at their arrival. */
+static size_t on_sse(char *b, size_t size, size_t nmemb, void *user)
 {
 	struct req *q = user;
-	if (q->len + n + 1 > q->cap) {
-		size_t cap = (q->len + n + 1) * 2;
-		char *x = realloc(q->line, cap);
-		if (!x)
-			return;
-		q->line = x;
-		q->cap = cap;
-	}
-	memcpy(q->line + q->len, b, n);
-	q->len += n;
-	q->line[q->len] = 0;
+	double t = llm_now();
+	size_t n = size * nmemb;
+	if (buf_add(&q->sse, b, n))
+		return 0;
 	char *e;
-	while ((e = strstr(q->line, "\n\n"))) {
+	while ((e = strstr(q->sse.p, "\n\n"))) {
 		*e = 0;
-		for (char *l = q->line; l && *l;) {
+		for (char *l = q->sse.p; l && *l;) {
 			char *nl = strchr(l, '\n');
 			if (nl)
 				*nl = 0;
 			if (!strncmp(l, "data: ", 6))
-				on_event(q, l + 6, strlen(l + 6));
+				on_event(q, l + 6, strlen(l + 6), t);
 			l = nl ? nl + 1 : NULL;
 		}
-		size_t used = (size_t)(e + 2 - q->line);
-		memmove(q->line, q->line + used, q->len - used + 1);
-		q->len -= used;
+		size_t used = (size_t)(e + 2 - q->sse.p);
+		memmove(q->sse.p, q->sse.p + used, q->sse.len - used + 1);
+		q->sse.len -= used;
 	}
+	return n;
 }
 
-static void *run_req(void *arg)
+/* Send Q on client C (NULL: no client could be made, the request fails). */
+static void run_req(struct req *q, struct http *c)
 {
-	struct req *q = arg;
 	json_t *b = json_pack("{s:s, s:i, s:f, s:b, s:b}", "model", q->model, "max_tokens", q->p->output_len,
 	                      "temperature", 0.0, "stream", 1, "ignore_eos", 1);
 	if (q->p->text) {
@@ -317,20 +267,18 @@ static void *run_req(void *arg)
 	char *body = json_dumps(b, JSON_COMPACT);
 	json_decref(b);
 	q->t_send = llm_now();
-	q->status = body ? http_request(q->u, q->o->api_key, "/v1/completions", body, q->o->timeout, on_body, q) : -1;
+	q->status = body && c ? http_request(c, q->u, "/v1/completions", body, q->o->timeout, on_sse, q) : -1;
 	q->t_end = llm_now();
 	free(body);
-	free(q->line);
-	q->line = NULL;
-	return NULL;
+	free(q->sse.p);
+	q->sse = (struct buf){ 0 };
 }
 
 /* ---- runs -------------------------------------------------------------- */
 
-static void on_models(void *user, const char *b, size_t n)
+static size_t on_whole(char *b, size_t size, size_t nmemb, void *user)
 {
-	struct req *q = user;
-	on_body(q, b, n);
+	return buf_add(user, b, size * nmemb) ? 0 : size * nmemb;
 }
 
 enum llm_status llm_bench_serve_model(const struct llm_bench_serve_opts *o, char **name)
@@ -342,20 +290,27 @@ enum llm_status llm_bench_serve_model(const struct llm_bench_serve_opts *o, char
 		*name = strdup(o->model);
 		return *name ? LLM_OK : llm_fail(LLM_ERR_NOMEM, "out of memory");
 	}
-	struct req q = { 0 };
-	int st = http_request(&u, o->api_key, "/v1/models", NULL, 10, on_models, &q);
+	struct http c;
+	LLM_TRY(http_open(&c, o->api_key));
+	struct buf body = { 0 };
+	long st = http_request(&c, &u, "/v1/models", NULL, 10, on_whole, &body);
+	enum llm_status rc = LLM_OK;
 	if (st != 200) {
-		free(q.line);
-		return st < 0 ? llm_fail(LLM_ERR_IO, "%s: cannot connect", o->url)
-		              : llm_fail(LLM_ERR_IO, "%s/v1/models: HTTP %d", o->url, st);
+		rc = st < 0 ? llm_fail(LLM_ERR_IO, "%s: cannot connect (%s)", o->url, c.err)
+		            : llm_fail(LLM_ERR_IO, "%s/v1/models: HTTP %ld", o->url, st);
+		goto out;
 	}
-	json_t *j = q.line ? json_loads(q.line, 0, NULL) : NULL;
-	free(q.line);
+	json_t *j = body.p ? json_loads(body.p, 0, NULL) : NULL;
 	const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
 	if (id)
 		*name = strdup(id);
 	json_decref(j);
-	return *name ? LLM_OK : llm_fail(LLM_ERR_FORMAT, "%s/v1/models: no model id", o->url);
+	if (!*name)
+		rc = llm_fail(LLM_ERR_FORMAT, "%s/v1/models: no model id", o->url);
+out:
+	free(body.p);
+	http_close(&c);
+	return rc;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -379,19 +334,66 @@ static void pct(double *v, int n, double out[3])
 	}
 }
 
-struct pool { pthread_mutex_t mu; int next, n; struct req *q; double t_stop; };
+/* A run's clients: a closed-loop worker keeps one for all its requests; an
+ * open-loop request takes an idle one (or opens one) and gives it back, so
+ * a later request reuses its connection. */
+struct pool {
+	pthread_mutex_t mu;
+	int next, n;                /* closed loop: the next of N requests */
+	struct req *q;
+	double t_stop;
+	const char *api_key;
+	struct http **idle;         /* (n) clients not in use: one per request at most */
+	int n_idle;
+};
+
+/* An idle client, or a new one; NULL when none can be made. */
+static struct http *client_get(struct pool *p)
+{
+	struct http *c = NULL;
+	pthread_mutex_lock(&p->mu);
+	if (p->n_idle > 0)
+		c = p->idle[--p->n_idle];
+	pthread_mutex_unlock(&p->mu);
+	if (!c && (c = malloc(sizeof *c)) && http_open(c, p->api_key)) {
+		free(c);
+		c = NULL;
+	}
+	return c;
+}
+
+static void client_put(struct pool *p, struct http *c)
+{
+	if (!c)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->idle[p->n_idle++] = c;
+	pthread_mutex_unlock(&p->mu);
+}
 
 static void *conc_worker(void *arg)
 {
 	struct pool *p = arg;
+	struct http *c = client_get(p);
 	for (;;) {
 		pthread_mutex_lock(&p->mu);
 		int i = p->next < p->n && (p->t_stop == 0 || llm_now() < p->t_stop) ? p->next++ : -1;
 		pthread_mutex_unlock(&p->mu);
 		if (i < 0)
-			return NULL;
-		run_req(&p->q[i]);
+			break;
+		run_req(&p->q[i], c);
 	}
+	client_put(p, c);
+	return NULL;
+}
+
+static void *open_req(void *arg)
+{
+	struct req *q = arg;
+	struct http *c = client_get(q->pool);
+	run_req(q, c);
+	client_put(q->pool, c);
+	return NULL;
 }
 
 enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double rate, int concurrency,
@@ -404,36 +406,39 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 	LLM_TRY(parse_url(o->url, &u));
 	if (o->n_prompts < 1 || o->n_requests < 1)
 		return llm_fail(LLM_ERR_USAGE, "bench: no prompts or requests");
+	LLM_TRY(http_global());
 	char *model = NULL;
 	LLM_TRY(llm_bench_serve_model(o, &model));
 	int n = o->n_requests;
 	struct req *q = calloc((size_t)n, sizeof *q);
 	pthread_t *th = calloc((size_t)n, sizeof *th);
 	char *started = calloc((size_t)n, 1);
-	if (!q || !th || !started) {
+	struct pool p = { .n = n, .q = q, .api_key = o->api_key, .idle = calloc((size_t)n, sizeof *p.idle) };
+	if (!q || !th || !started || !p.idle) {
 		free(q);
 		free(th);
 		free(started);
+		free(p.idle);
 		free(model);
 		return llm_fail(LLM_ERR_NOMEM, "bench: out of memory");
 	}
+	pthread_mutex_init(&p.mu, NULL);
 	for (int i = 0; i < n; i++) {
 		q[i].o = o;
 		q[i].u = &u;
 		q[i].p = &o->prompts[i % o->n_prompts];
 		q[i].model = model;
+		q[i].pool = &p;
 	}
 	double t0 = llm_now();
 	if (concurrency > 0) {
-		struct pool p = { .next = 0, .n = n, .q = q, .t_stop = o->duration > 0 ? t0 + o->duration : 0 };
-		pthread_mutex_init(&p.mu, NULL);
+		p.t_stop = o->duration > 0 ? t0 + o->duration : 0;
 		int nt = concurrency < n ? concurrency : n;
 		for (int i = 0; i < nt; i++)
 			started[i] = !pthread_create(&th[i], NULL, conc_worker, &p);
 		for (int i = 0; i < nt; i++)
 			if (started[i])
 				pthread_join(th[i], NULL);
-		pthread_mutex_destroy(&p.mu);
 		for (int i = 0; i < n; i++)
 			started[i] = q[i].t_send > 0;
 	} else {
@@ -448,7 +453,7 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 				struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
 				nanosleep(&ts, NULL);
 			}
-			started[i] = !pthread_create(&th[i], NULL, run_req, &q[i]);
+			started[i] = !pthread_create(&th[i], NULL, open_req, &q[i]);
 			if (isfinite(rate) && rate > 0) {
 				x ^= x << 13;
 				x ^= x >> 7;
@@ -461,6 +466,12 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 			if (started[i])
 				pthread_join(th[i], NULL);
 	}
+	for (int i = 0; i < p.n_idle; i++) {
+		http_close(p.idle[i]);
+		free(p.idle[i]);
+	}
+	free(p.idle);
+	pthread_mutex_destroy(&p.mu);
 	/* statistics */
 	double *ttft = calloc((size_t)n, sizeof(double)), *tpot = calloc((size_t)n, sizeof(double));
 	double *e2e = calloc((size_t)n, sizeof(double));

@@ -47,6 +47,25 @@ printf 'nope\n' >"$T/bad.jsonl"
 check_fails "a malformed trace is a runtime error naming the line" 1 $B serve "$URL" --trace "$T/bad.jsonl"
 $B serve "$URL" --requests 2 --input-len 8 --output-len 4 --min-tok-s 1e12 >/dev/null 2>&1
 check "--min-tok-s turns the run into a gate: exit 3" [ $? = 3 ]
+# errors are counted per request, the run goes on: an HTTP error status, and
+# a request cut by --timeout (the whole request, not an idle gap)
+wrong_row() { $B serve "$URL" --requests 3 --output-len "$@" --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6; }
+r=$(wrong_row 4 --model nosuch)
+check "a model the server lacks (HTTP 404): every request wrong" [ "$r" = 3,0,0,3 ]
+r=$(wrong_row 200 --timeout 0.001)
+check "--timeout 0.001: every request cut and wrong, open loop" [ "$r" = 3,0,0,3 ]
+r=$(wrong_row 200 --timeout 0.001 --concurrency 2)
+check "--timeout 0.001: every request cut and wrong, reused clients" [ "$r" = 3,0,0,3 ]
+kill -TERM $SP; wait $SP
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port2" -t 1 --api-key sekret 2>"$T/server2.log" & SP=$!
+for i in $(seq 1 150); do
+	[ -s "$T/port2" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port2")/health" >/dev/null && break
+	sleep 0.1
+done
+URL=http://127.0.0.1:$(cat "$T/port2")
+check "--api-key: every request right" sh -c "$B serve '$URL' --api-key sekret --concurrency 2 --requests 4 --output-len 4 --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6 | grep -qx '4,4,0,0'"
+check_fails "no --api-key against a server that wants one is a runtime error" 1 $B serve "$URL"
+grep -q "^llm-bench: $URL/v1/models: HTTP 401\$" "$T/err" && ok "the error names the URL and the status" || notok "the error names the URL and the status"
 kill -TERM $SP; wait $SP
 $B model "$(stories)" -p 32 -n 8 -b 1,2 -r 2 -t 1 --format csv >"$T/model.csv"
 check "model: pp and tg rows per batch size, none wrong" python3 -c "

@@ -17,6 +17,7 @@
 #include "sampler.h"
 #include "generate.h"
 #include "scheduler.h"
+#include "memplan.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

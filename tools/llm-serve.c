@@ -1,8 +1,9 @@
 /* tools/llm-serve.c: an OpenAI- and TGI-compatible HTTP server with
  * continuous batching (Dynamic SplitFuse), a paged KV cache with preemption
- * and prefix caching. The work is in libllm (server.c, scheduler.c); main
- * parses flags, sizes the KV cache (or prints the plan), starts the server
- * and waits for SIGTERM/SIGINT, then drains.
+ * and prefix caching. The work is in libllm (server.c, scheduler.c, the KV
+ * sizing in memplan.c); main parses flags, asks the library to size the KV
+ * cache (or print the plan), starts the server and waits for
+ * SIGTERM/SIGINT, then drains.
  *
  * Distributed (mpirun -np T*P over a checkpoint partitioned by
  * llm-repartition): rank 0 serves; the other ranks open their share of the
@@ -72,75 +73,12 @@ static const struct llm_cli cli = {
 	.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 0, .max_pos = 0,
 };
 
-static void human(size_t b, char *out, size_t n)
-{
-	if (b >= (1u << 30))
-		snprintf(out, n, "%.0fMiB", (double)b / (1 << 20) + 0.5);
-	else
-		snprintf(out, n, "%.0fKiB", (double)b / 1024 + 0.5);
-}
-
-/* Fill the engine options; check that one full context fits the cache. */
-static int size_cache(const struct llm_model *m, struct llm_engine_opts *eo, struct llm_mem_plan *p)
-{
-	int n_ctx = cfg.ctx_size > 0 && cfg.ctx_size < m->cfg.max_ctx ? (int)cfg.ctx_size : m->cfg.max_ctx;
-	eo->n_ctx = n_ctx;
-	eo->kv_blocks = 1;
-	llm_mem_plan(m, eo, p);
-	size_t per_tok = p->kv_bytes_per_token, bs = (size_t)cfg.kv_block_size;
-	int64_t blocks;
-	const char *knob;
-	char have[64], need[64];
-	if (cfg.max_kv_tokens > 0) {
-		blocks = (cfg.max_kv_tokens + (int64_t)bs - 1) / (int64_t)bs;
-		knob = "--max-kv-tokens";
-		snprintf(have, sizeof have, "%lld", (long long)cfg.max_kv_tokens);
-		snprintf(need, sizeof need, "%d", n_ctx);
-	} else if (cfg.kv_memory > 0) {
-		blocks = (int64_t)(cfg.kv_memory / (per_tok * bs));
-		knob = "--kv-memory";
-		human(cfg.kv_memory, have, sizeof have);
-		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
-	} else {
-		int64_t full = (int64_t)cfg.max_running * ((n_ctx + (int64_t)bs - 1) / (int64_t)bs);
-		int64_t cap = (int64_t)((size_t)1 << 30) / (int64_t)(per_tok * bs);
-		blocks = full < cap ? full : cap;
-		knob = "--kv-memory";
-		snprintf(have, sizeof have, "1GiB (the default)");
-		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
-	}
-	if (blocks * (int64_t)bs < n_ctx) {
-		if (world->rank == 0)   /* every rank finds the same */
-			llm_warn("%s %s holds %lld tokens, less than one context of %d: need %s %s, or --ctx-size %lld",
-			         knob, have, (long long)(blocks * (int64_t)bs), n_ctx, knob, need, (long long)(blocks * (int64_t)bs));
-		return -1;
-	}
-	eo->kv_blocks = blocks;
-	llm_mem_plan(m, eo, p);
-	return 0;
-}
-
 /* End with MSG: naming the rank (and ending the job) when distributed. */
 static _Noreturn void fatal(const char *msg)
 {
 	if (world && world->size > 1)
 		llm_comm_die("%s", msg);
 	llm_die("%s", msg);
-}
-
-/* Distributed: the whole model's geometry from config.json (no weights are
- * mapped), for sizing the cache as one process would. */
-static void config_model(struct llm_model *m)
-{
-	char *path = llm_path_join(cfg.model, "config.json"), *json = NULL;
-	size_t len;
-	if (!path || llm_read_file(path, &json, &len) || llm_config_parse(&m->cfg, json, len, path))
-		llm_comm_die("%s", llm_errmsg());
-	m->layer_begin = 0;
-	m->layer_end = m->cfg.n_layer;
-	m->n_kv_head_loc = m->cfg.n_kv_head;
-	free(json);
-	free(path);
 }
 
 /* Distributed: what cannot run over ranks, refused by rank 0 in one line;
@@ -239,29 +177,27 @@ int main(int argc, char **argv)
 	if (dist && (rc = refuse_dist()))
 		return rc;
 
-	/* the plan: the model is mapped, not loaded */
+	/* the plan: the model is mapped, not loaded; distributed, every rank
+	 * sizes the cache from config.json alone, so all find the same */
 	struct llm_model m = { 0 };
-	if (dist)
-		config_model(&m);
-	else if (llm_model_open(&m, cfg.model))
-		llm_die("%s", llm_errmsg());
+	if (dist ? llm_model_geometry(&m, cfg.model) : llm_model_open(&m, cfg.model))
+		fatal(llm_errmsg());
 	struct llm_mem_plan p;
-	int fits = size_cache(&m, &eo, &p) == 0;
-	if (cfg.plan) {
-		int64_t kv_tokens = p.kv_blocks * p.kv_block_size;
-		printf("{\"model\": \"%s\", \"weight_bytes\": %zu, \"kv_bytes_per_token\": %zu, \"kv_block_size\": %d, "
-		       "\"kv_blocks\": %lld, \"kv_bytes\": %zu, \"kv_tokens\": %lld, \"activation_bytes\": %zu, "
-		       "\"logits_bytes\": %zu, \"total_bytes\": %zu, \"n_ctx\": %d, \"max_running\": %d, "
-		       "\"max_batch_tokens\": %d, \"max_context_that_fits\": %lld, \"fits\": %s}\n",
-		       cfg.model, p.weight_bytes, p.kv_bytes_per_token, p.kv_block_size, (long long)p.kv_blocks,
-		       p.kv_bytes, (long long)kv_tokens, p.scratch_bytes, p.logits_bytes, p.total, p.n_ctx,
-		       (int)cfg.max_running, p.max_batch_tokens,
-		       (long long)(kv_tokens < p.n_ctx ? kv_tokens : p.n_ctx), fits ? "true" : "false");
-		llm_model_close(&m);
-		return fits ? 0 : 1;
-	}
+	struct llm_kv_size ks = { .tokens = cfg.max_kv_tokens, .bytes = cfg.kv_memory,
+	                          .full_contexts = (int)cfg.max_running, .default_cap = LLM_KV_DEFAULT_CAP };
+	int fits = llm_kv_size_opts(&m, (int)cfg.ctx_size, &ks, &eo, &p) == LLM_OK;
+	if (!fits && world->rank == 0)
+		llm_warn("%s", llm_errmsg());
 	if (!dist)
 		llm_model_close(&m);
+	if (cfg.plan) {
+		char *js = llm_mem_plan_json(cfg.model, &p, (int)cfg.max_running, fits);
+		if (!js)
+			llm_die("out of memory");
+		puts(js);
+		free(js);
+		return fits ? 0 : 1;
+	}
 	if (!fits) {
 		if (dist)
 			llm_comm_finalize(world);

@@ -8,6 +8,7 @@
 #include "tokenizer.h"
 #include "jinja.h"
 #include "fileio.h"
+#include "hash.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -285,14 +286,6 @@ enum llm_status llm_dataset_load(struct llm_dataset *d, const char *path,
 
 /* ---- packing ----------------------------------------------------------------- */
 
-static uint64_t mix(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ull;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 void llm_packed_free(struct llm_packed *p)
 {
 	free(p->tok);
@@ -308,9 +301,9 @@ enum llm_status llm_dataset_pack(const struct llm_dataset *d, int seq_len, int p
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	for (int i = 0; i < d->n; i++)
 		order[i] = i;
-	uint64_t st = mix(seed ^ mix((uint64_t)epoch));
+	uint64_t st = llm_hash_u64(seed ^ llm_hash_u64((uint64_t)epoch));
 	for (int i = d->n - 1; i > 0; i--) {       /* Fisher-Yates */
-		st = mix(st);
+		st = llm_hash_u64(st);
 		int j = (int)(st % (uint64_t)(i + 1));
 		int x = order[i];
 		order[i] = order[j];

@@ -4,6 +4,7 @@
  * and double (the gradient check). */
 #define _GNU_SOURCE
 #include "train.h"
+#include "hash.h"
 #include "pool.h"
 
 #include <math.h>
@@ -89,17 +90,10 @@ static void weight_slice(const struct llm_weight *w, int64_t r, int64_t c0, int6
 	}
 }
 
-static uint64_t hash64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* Whether column c of token i survives the dropout of (layer, target). */
 static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i, int64_t c, int64_t din)
 {
-	uint64_t h = hash64(t->drop_key ^ hash64(((uint64_t)layer << 3 | (uint64_t)tg) + 0x9e3779b97f4a7c15ull)
+	uint64_t h = llm_hash_mix64(t->drop_key ^ llm_hash_mix64(((uint64_t)layer << 3 | (uint64_t)tg) + LLM_SPLITMIX_GAMMA)
 	                    ^ (t->drop_tok[i] * (uint64_t)din + (uint64_t)c) * 0xd1342543de82ef95ull);
 	return (uint32_t)(h >> 32) >= t->drop_thresh;
 }
@@ -394,7 +388,7 @@ enum llm_status llm_trainer_step(struct llm_trainer *t, const struct llm_train_b
                                  double *loss_sum, int64_t *n_count)
 {
 	LLM_TRY(check_batch(t, b));
-	t->drop_key = hash64(dropout_key + 0x632be59bd9b4e019ull);
+	t->drop_key = llm_hash_mix64(dropout_key + 0x632be59bd9b4e019ull);
 	/* a row's tokens are (row id << 24) + slot: unique while rows are
 	 * shorter than 2^24 slots (llm_trainer_open's limit) */
 	for (int r = 0; r < b->n_seq; r++)

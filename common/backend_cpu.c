@@ -8,7 +8,7 @@
  * vectorized, the same bits at every ISA). Log-probabilities are computed
  * by the callers, in double.
  *
- * Threads: a persistent pool; each op splits its independent output rows
+ * Threads: a persistent pool (pool.h); each op splits its independent output rows
  * (matmul: weight rows; attention: (token, heads of a KV group) items; the
  * rest: tokens or elements)
  * among the threads and never splits a reduction, so results do not depend
@@ -17,201 +17,19 @@
 #define _GNU_SOURCE
 #include "backend.h"
 #include "kvcache.h"
+#include "pool.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "banned.h"
 
-/* ---- thread pool -------------------------------------------------------
- * A job is N chunks, fn(ctx, chunk, N), dealt in contiguous parts, one per
- * thread (the caller is thread 0): a thread takes the chunks of its own
- * part in order, front first, then takes what is left of the others' parts
- * from their backs, so a descheduled worker never holds the job up. A
- * chunk covers a fixed range of output rows, computed the same way by any
- * thread: results do not depend on who ran what. A thread's chunks being
- * neighbours, a matmul prefetches the first rows of the next chunk while it
- * finishes one. A part's claim word holds (job generation << 32 | front <<
- * 16 | back), so a worker that wakes late cannot claim a chunk of a newer
- * job with the function and context of an older one. */
-
-#define POOL_MAX_CHUNKS 65535
-
-struct pool_part { _Alignas(64) _Atomic uint64_t w; };
-
-struct cpu_pool {
-	int n;                           /* threads including the caller */
-	pthread_t *th;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int n_sleeping;                  /* under mu */
-	_Atomic uint32_t gen;            /* bumped once per job */
-	struct pool_part *part;          /* (n) gen << 32 | front << 16 | back */
-	_Atomic int done;                /* chunks finished */
-	_Atomic int stop;
-	void (*_Atomic fn)(void *ctx, int chunk, int n_chunk);
-	void *_Atomic ctx;
-	_Atomic int n_chunk;
-};
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
-
-/* The next chunk of part Q of job G, from its front (FRONT) or its back;
- * -1 when the part is empty or the job is another. */
-static int pool_claim(struct cpu_pool *p, int q, uint32_t g, int front)
-{
-	_Atomic uint64_t *w = &p->part[q].w;
-	for (;;) {
-		uint64_t c = atomic_load(w);
-		uint32_t f = (uint32_t)(c >> 16) & 0xffff, b = (uint32_t)c & 0xffff;
-		if ((uint32_t)(c >> 32) != g || f >= b)
-			return -1;
-		uint64_t nc = front ? c + ((uint64_t)1 << 16) : c - 1;
-		if (atomic_compare_exchange_weak(w, &c, nc))
-			return (int)(front ? f : b - 1);
-	}
-}
-
-/* Run chunks of job G as thread SELF until none is left: its own part in
- * order, then the others' from their backs. */
-static void pool_work(struct cpu_pool *p, uint32_t g, int self)
-{
-	void (*fn)(void *, int, int) = atomic_load(&p->fn);
-	void *ctx = atomic_load(&p->ctx);
-	int n = atomic_load(&p->n_chunk);
-	for (int k = 0; k < p->n; k++) {
-		int q = (self + k) % p->n, c;
-		while ((c = pool_claim(p, q, g, k == 0)) >= 0) {
-			fn(ctx, c, n);
-			atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
-		}
-	}
-}
-
-struct worker_arg { struct cpu_pool *p; int ith; };
-
-static void *worker_main(void *arg)
-{
-	struct worker_arg a = *(struct worker_arg *)arg;
-	free(arg);
-	struct cpu_pool *p = a.p;
-	uint32_t seen = atomic_load(&p->gen);
-	for (;;) {
-		/* spin briefly (jobs come back to back inside a forward), then sleep */
-		for (int i = 0; i < 2000 && atomic_load_explicit(&p->gen, memory_order_acquire) == seen; i++)
-			cpu_relax();
-		if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
-			pthread_mutex_lock(&p->mu);
-			p->n_sleeping++;
-			while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
-				pthread_cond_wait(&p->cv, &p->mu);
-			p->n_sleeping--;
-			pthread_mutex_unlock(&p->mu);
-		}
-		if (atomic_load(&p->stop))
-			return NULL;
-		seen = atomic_load_explicit(&p->gen, memory_order_acquire);
-		pool_work(p, seen, a.ith);
-	}
-}
-
-static void pool_free(struct cpu_pool *p)
-{
-	if (!p->th)
-		return;
-	pthread_mutex_lock(&p->mu);
-	atomic_store(&p->stop, 1);
-	atomic_fetch_add(&p->gen, 1);
-	pthread_cond_broadcast(&p->cv);
-	pthread_mutex_unlock(&p->mu);
-	for (int i = 1; i < p->n; i++)
-		pthread_join(p->th[i], NULL);
-	free(p->th);
-	free(p->part);
-	pthread_mutex_destroy(&p->mu);
-	pthread_cond_destroy(&p->cv);
-	p->th = NULL;
-}
-
-static enum llm_status pool_init(struct cpu_pool *p, int n)
-{
-	memset(p, 0, sizeof *p);
-	p->n = n;
-	pthread_mutex_init(&p->mu, NULL);
-	pthread_cond_init(&p->cv, NULL);
-	p->th = calloc((size_t)n, sizeof *p->th);
-	p->part = aligned_alloc(64, (size_t)n * sizeof *p->part);
-	if (!p->th || !p->part) {
-		free(p->th);
-		free(p->part);
-		p->th = NULL;
-		p->part = NULL;
-		return llm_fail(LLM_ERR_NOMEM, "cpu backend: out of memory");
-	}
-	for (int i = 0; i < n; i++)
-		atomic_init(&p->part[i].w, 0);
-	for (int i = 1; i < n; i++) {
-		struct worker_arg *a = malloc(sizeof *a);
-		if (a) {
-			a->p = p;
-			a->ith = i;
-		}
-		if (!a || pthread_create(&p->th[i], NULL, worker_main, a)) {
-			free(a);
-			p->n = i;
-			pool_free(p);
-			return llm_fail(LLM_ERR_NOMEM, "cpu backend: cannot start thread %d", i);
-		}
-	}
-	return LLM_OK;
-}
-
-/* Run fn(ctx, i, n_chunk) for every i < n_chunk, on the pool when n_chunk > 1. */
-static void pool_run(struct cpu_pool *p, int n_chunk, void (*fn)(void *, int, int), void *ctx)
-{
-	if (n_chunk <= 1 || p->n <= 1) {
-		for (int i = 0; i < n_chunk; i++)
-			fn(ctx, i, n_chunk);
-		return;
-	}
-	atomic_store(&p->fn, fn);
-	atomic_store(&p->ctx, ctx);
-	atomic_store(&p->n_chunk, n_chunk);
-	atomic_store(&p->done, 0);
-	uint32_t g = atomic_load(&p->gen) + 1;
-	for (int q = 0; q < p->n; q++) {        /* part q: chunks [q n_chunk / n, (q + 1) n_chunk / n) */
-		uint64_t f = (uint64_t)q * (uint64_t)n_chunk / (uint64_t)p->n;
-		uint64_t b = (uint64_t)(q + 1) * (uint64_t)n_chunk / (uint64_t)p->n;
-		atomic_store(&p->part[q].w, (uint64_t)g << 32 | f << 16 | b);
-	}
-	atomic_store_explicit(&p->gen, g, memory_order_release);
-	pthread_mutex_lock(&p->mu);
-	if (p->n_sleeping)
-		pthread_cond_broadcast(&p->cv);
-	pthread_mutex_unlock(&p->mu);
-	pool_work(p, g, 0);
-	for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_chunk; i++) {
-		if (i < 4000)
-			cpu_relax();
-		else
-			sched_yield();
-	}
-}
-
 /* ---- backend state ----------------------------------------------------- */
 
 struct cpu_be {
-	struct cpu_pool pool;
+	struct llm_pool *pool;   /* the threads every op runs on */
 	enum llm_cpu_isa isa;
 	float *scratch;        /* (CHUNKS_PER_THREAD n_threads, scratch_per) per chunk: attention scores + k/v row */
 	size_t scratch_per;
@@ -236,12 +54,13 @@ static struct cpu_be *cpu(struct llm_backend *be) { return be->priv; }
 #define CHUNKS_PER_THREAD 4
 static int nth_for(struct llm_backend *be, double work)
 {
-	if (work < 131072.0 || cpu(be)->pool.n == 1)
+	int nt = llm_pool_threads(cpu(be)->pool);
+	if (work < 131072.0 || nt == 1)
 		return 1;
-	int n = CHUNKS_PER_THREAD * cpu(be)->pool.n;
-	if (n > POOL_MAX_CHUNKS)
-		n = POOL_MAX_CHUNKS / cpu(be)->pool.n * cpu(be)->pool.n;
-	return work / n < 32768.0 ? cpu(be)->pool.n : n;
+	int n = CHUNKS_PER_THREAD * nt;
+	if (n > LLM_POOL_MAX_CHUNKS)
+		n = LLM_POOL_MAX_CHUNKS / nt * nt;
+	return work / n < 32768.0 ? nt : n;
 }
 
 static void split(int64_t n, int ith, int nth, int64_t align, int64_t *b, int64_t *e)
@@ -479,7 +298,7 @@ static enum llm_status norm_run(struct llm_backend *be, const char *op, struct n
 {
 	LLM_TRY(need_f32(op, j->x));
 	j->xb = chain_out(cpu(be), j->out);
-	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)j->x.rows * (double)j->x.cols), norm_task, j);
+	llm_pool_run(cpu(be)->pool, nth_for(be, 16.0 * (double)j->x.rows * (double)j->x.cols), norm_task, j);
 	chain_made(cpu(be), j->xb, j->out);
 	return LLM_OK;
 }
@@ -586,7 +405,7 @@ static enum llm_status cpu_matmul_n(struct llm_backend *be, int n, const struct 
 	}
 	c->xbf_of.data = NULL;          /* taken (or xbf rewritten) */
 	double work = (double)x.rows * (double)j.off[n] * (double)x.cols;
-	pool_run(&c->pool, nth_for(be, work), mm_task, &j);
+	llm_pool_run(c->pool, nth_for(be, work), mm_task, &j);
 	return LLM_OK;
 }
 
@@ -736,8 +555,8 @@ static enum llm_status rope_run(struct llm_backend *be, struct rope_job *j)
 			max_pos = j->pos[t] > max_pos ? j->pos[t] : max_pos;
 		j->tab = rope_table(c, max_pos, j->d_head / 2, j->inv_freq);
 	}
-	int64_t n_chunk = n < 2 ? 1 : n < 2 * c->pool.n ? n : 2 * c->pool.n;
-	pool_run(&c->pool, (int)n_chunk, rope_task, j);
+	int64_t n_chunk = n < 2 ? 1 : n < 2 * llm_pool_threads(c->pool) ? n : 2 * llm_pool_threads(c->pool);
+	llm_pool_run(c->pool, (int)n_chunk, rope_task, j);
 	return LLM_OK;
 }
 
@@ -885,7 +704,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	size_t per = (size_t)ATTN_GS * (size_t)kv->max_ctx + (size_t)kv->d_head;
 	per = (per + 15) / 16 * 16;
 	if (c->scratch_per < per) {     /* first use with this cache: sized once */
-		float *s = malloc((size_t)(CHUNKS_PER_THREAD * c->pool.n) * per * sizeof(float));   /* per chunk */
+		float *s = malloc((size_t)(CHUNKS_PER_THREAD * llm_pool_threads(c->pool)) * per * sizeof(float));   /* per chunk */
 		if (!s)
 			return llm_fail(LLM_ERR_NOMEM, "attention: scratch of %zu floats", per);
 		free(c->scratch);
@@ -908,7 +727,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	if ((int64_t)b->n_tok * (n_head / gs) < 4 * (int64_t)n_chunk)
 		gs = 1;
 	struct attn_job j = { out, q, kv, layer, n_head, gs, b, c, chain_out(c, out) };
-	pool_run(&c->pool, n_chunk, attn_task, &j);
+	llm_pool_run(c->pool, n_chunk, attn_task, &j);
 	chain_made(c, j.xb, out);
 	return LLM_OK;
 }
@@ -934,7 +753,7 @@ static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
 	LLM_TRY(need_f32("swiglu", gate));
 	struct swiglu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out) };
 	/* an exp costs about what 16 multiply-adds do */
-	pool_run(&cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
+	llm_pool_run(cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
 	chain_made(cpu(be), j.xb, out);
 	return LLM_OK;
 }
@@ -994,7 +813,7 @@ static enum llm_status cpu_init(struct llm_backend *be, const struct llm_backend
 	if (n > 256)
 		n = 256;
 	be->priv = c;
-	enum llm_status s = pool_init(&c->pool, n);
+	enum llm_status s = llm_pool_open(&c->pool, n);
 	if (s) {
 		free(c);
 		be->priv = NULL;
@@ -1010,7 +829,7 @@ static void cpu_fini(struct llm_backend *be)
 	struct cpu_be *c = cpu(be);
 	if (!c)
 		return;
-	pool_free(&c->pool);
+	llm_pool_close(c->pool);
 	for (size_t i = 0; i < sizeof c->big / sizeof *c->big; i++)
 		if (c->big[i].p)
 			munmap(c->big[i].p, c->big[i].n);

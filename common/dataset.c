@@ -8,6 +8,8 @@
 #include "tokenizer.h"
 #include "jinja.h"
 #include "fileio.h"
+#include "buf.h"
+#include "hash.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -16,24 +18,15 @@
 #include "banned.h"
 
 /* A growing token list with its loss flags. */
-struct toks { int32_t *ids; uint8_t *loss; int n, cap; };
+struct toks { int32_t *ids; uint8_t *loss; int n; size_t cap_ids, cap_loss; };
 
 static enum llm_status toks_add(struct toks *t, const int32_t *ids, size_t n, int loss)
 {
-	if ((size_t)t->n + n > (size_t)t->cap) {
-		size_t cap = ((size_t)t->n + n) * 2 + 16;
-		if (cap > (size_t)1 << 30)
-			return llm_fail(LLM_ERR_RANGE, "sample too long");
-		int32_t *ni = realloc(t->ids, cap * sizeof *ni);
-		if (!ni)
-			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		t->ids = ni;
-		uint8_t *nl = realloc(t->loss, cap);
-		if (!nl)
-			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		t->loss = nl;
-		t->cap = (int)cap;
-	}
+	size_t need = (size_t)t->n + n;
+	if (need > (size_t)1 << 29)              /* n stays an int */
+		return llm_fail(LLM_ERR_RANGE, "sample too long");
+	LLM_TRY(LLM_ARRAY_RESERVE(t->ids, t->cap_ids, need));
+	LLM_TRY(LLM_ARRAY_RESERVE(t->loss, t->cap_loss, need));
 	for (size_t i = 0; i < n; i++) {
 		t->ids[t->n] = ids[i];
 		t->loss[t->n++] = (uint8_t)loss;
@@ -211,7 +204,8 @@ enum llm_status llm_dataset_load(struct llm_dataset *d, const char *path,
 			return s;
 		}
 	}
-	int cap = 0, line = 0;
+	size_t cap = 0;
+	int line = 0;
 	for (char *p = buf, *e; p < buf + len && !s; p = e + 1) {
 		e = memchr(p, '\n', (size_t)(buf + len - p));
 		if (!e)
@@ -243,15 +237,7 @@ enum llm_status llm_dataset_load(struct llm_dataset *d, const char *path,
 				t.loss[i] = 1;
 		if (!s && t.n) {
 			t.loss[0] = 0;      /* the first token is never predicted */
-			if (d->n == cap) {
-				cap = cap ? cap * 2 : 64;
-				struct llm_sample *ns = realloc(d->s, (size_t)cap * sizeof *ns);
-				if (!ns) {
-					s = llm_fail(LLM_ERR_NOMEM, "out of memory");
-				} else {
-					d->s = ns;
-				}
-			}
+			s = LLM_ARRAY_RESERVE(d->s, cap, (size_t)d->n + 1);
 			if (!s) {
 				struct llm_sample smp = { t.ids, t.loss, t.n, line };
 				d->s[d->n++] = smp;
@@ -285,14 +271,6 @@ enum llm_status llm_dataset_load(struct llm_dataset *d, const char *path,
 
 /* ---- packing ----------------------------------------------------------------- */
 
-static uint64_t mix(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ull;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 void llm_packed_free(struct llm_packed *p)
 {
 	free(p->tok);
@@ -308,9 +286,9 @@ enum llm_status llm_dataset_pack(const struct llm_dataset *d, int seq_len, int p
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	for (int i = 0; i < d->n; i++)
 		order[i] = i;
-	uint64_t st = mix(seed ^ mix((uint64_t)epoch));
+	uint64_t st = llm_hash_u64(seed ^ llm_hash_u64((uint64_t)epoch));
 	for (int i = d->n - 1; i > 0; i--) {       /* Fisher-Yates */
-		st = mix(st);
+		st = llm_hash_u64(st);
 		int j = (int)(st % (uint64_t)(i + 1));
 		int x = order[i];
 		order[i] = order[j];

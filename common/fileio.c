@@ -1,6 +1,7 @@
 /* common/fileio.c: whole-file reads, atomic writes, tree removal. */
 #define _GNU_SOURCE
 #include "fileio.h"
+#include "buf.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -36,44 +37,38 @@ enum llm_status llm_read_file(const char *path, char **buf, size_t *len)
 	int fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : 0;
 	if (fd < 0)
 		return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(errno));
-	size_t cap = 1 << 16, n = 0;
+	struct llm_buf b = { 0 };
 	struct stat st;
+	size_t want = 1 << 16;
 	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
-		cap = (size_t)st.st_size + 1;
-	char *b = malloc(cap);
+		want = (size_t)st.st_size + 1;
 	for (;;) {
-		if (!b) {
+		/* full (a regular file: at its end, or it grew): twice the room */
+		if (b.len + 1 >= b.cap && llm_buf_reserve(&b, b.cap ? 2 * b.cap : want)) {
+			llm_buf_free(&b);
 			if (fd)
 				close(fd);
 			return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
 		}
-		if (n + 1 >= cap) {
-			char *nb = realloc(b, cap * 2);
-			if (!nb)
-				free(b);
-			b = nb;
-			cap *= 2;
-			continue;
-		}
-		ssize_t r = read(fd, b + n, cap - n - 1);
+		ssize_t r = read(fd, b.p + b.len, b.cap - b.len - 1);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
 			int e = errno;
-			free(b);
+			llm_buf_free(&b);
 			if (fd)
 				close(fd);
 			return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(e));
 		}
 		if (r == 0)
 			break;
-		n += (size_t)r;
+		b.len += (size_t)r;
 	}
 	if (fd)
 		close(fd);
-	b[n] = 0;
-	*buf = b;
-	*len = n;
+	b.p[b.len] = 0;
+	*buf = b.p;
+	*len = b.len;
 	return LLM_OK;
 }
 

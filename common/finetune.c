@@ -11,6 +11,7 @@
 #include "tokenizer.h"
 #include "fileio.h"
 #include "comm.h"
+#include "hash.h"
 
 #include <errno.h>
 #include <math.h>
@@ -39,22 +40,6 @@ enum llm_status llm_finetune_tokenizer(const struct llm_model *m, const char *pa
 
 static void warn_line(const char *msg) { llm_warn("%s", msg); }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *c = p;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ c[i]) * 0x100000001b3ull;
-	return h;
-}
-
-static uint64_t mix(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ull;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* Everything that shapes the trajectory: a resumed run must match it. */
 static uint64_t fingerprint(const struct llm_finetune_opts *o, const struct llm_lora *lo,
                             const struct llm_dataset *d, int64_t steps)
@@ -66,10 +51,10 @@ static uint64_t fingerprint(const struct llm_finetune_opts *o, const struct llm_
 	                 o->seq_len, o->micro_batch, o->grad_accum, (long long)steps, a->lr, a->min_lr_ratio,
 	                 (long long)a->warmup, a->beta1, a->beta2, a->eps, a->weight_decay, a->clip,
 	                 (unsigned long long)o->seed, o->pack, o->data_o.train_on_prompt);
-	uint64_t h = fnv(0xcbf29ce484222325ull, buf, (size_t)n);
+	uint64_t h = llm_hash_fnv1a(LLM_FNV1A_INIT, buf, (size_t)n);
 	for (int i = 0; i < d->n; i++) {
-		h = fnv(h, d->s[i].ids, (size_t)d->s[i].n * sizeof(int32_t));
-		h = fnv(h, d->s[i].loss, (size_t)d->s[i].n);
+		h = llm_hash_fnv1a(h, d->s[i].ids, (size_t)d->s[i].n * sizeof(int32_t));
+		h = llm_hash_fnv1a(h, d->s[i].loss, (size_t)d->s[i].n);
 	}
 	return h;
 }
@@ -513,7 +498,7 @@ static int fail_here(int rank, int64_t step)
 
 static uint64_t params_hash(const float *p, size_t n)
 {
-	return fnv(0xcbf29ce484222325ull, p, n * sizeof *p);
+	return llm_hash_fnv1a(LLM_FNV1A_INIT, p, n * sizeof *p);
 }
 
 enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finetune_result *r)
@@ -719,7 +704,7 @@ setup_done:
 			struct llm_train_batch b = { nr, L, tok, tgt, pos, start, row_id };
 			double ls;
 			int64_t c;
-			uint64_t key = mix(o->seed ^ mix((uint64_t)step));
+			uint64_t key = llm_hash_u64(o->seed ^ llm_hash_u64((uint64_t)step));
 			if ((s = llm_trainer_step(tr, &b, count ? 1.0 / (double)count : 0.0, key,
 			                          LLM_TRAIN_GRAD | LLM_TRAIN_DROPOUT, &ls, &c)))
 				goto out;

@@ -4,6 +4,7 @@
 #include "lora.h"
 #include "model.h"
 #include "fileio.h"
+#include "hash.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -97,20 +98,11 @@ static enum llm_status layout(struct llm_lora *lo, const struct llm_config *c, i
 	return LLM_OK;
 }
 
-/* splitmix64: the seeded stream of the A initialization */
-static uint64_t mix64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 enum llm_status llm_lora_init(struct llm_lora *lo, const struct llm_config *c, int rank,
                               float alpha, float dropout, unsigned targets, uint64_t seed)
 {
 	LLM_TRY(layout(lo, c, rank, alpha, dropout, targets));
-	uint64_t st = seed;
+	uint64_t st = seed;                 /* the splitmix64 stream of the A initialization */
 	for (int l = 0; l < lo->n_layer; l++)
 		for (int t = 0; t < LLM_LORA_N; t++) {
 			if (!llm_lora_has(lo, l, t))
@@ -118,7 +110,7 @@ enum llm_status llm_lora_init(struct llm_lora *lo, const struct llm_config *c, i
 			float *a = llm_lora_a(lo, l, t);
 			double bound = 1.0 / sqrt((double)lo->d_in[t]);
 			for (int64_t i = 0; i < (int64_t)rank * lo->d_in[t]; i++) {
-				double u = (double)(mix64(&st) >> 11) * 0x1.0p-53;   /* [0, 1) */
+				double u = (double)(llm_rng_splitmix64(&st) >> 11) * 0x1.0p-53;   /* [0, 1) */
 				a[i] = (float)((2.0 * u - 1.0) * bound);
 			}
 		}

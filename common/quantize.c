@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "quantize.h"
 #include "fileio.h"
+#include "hash.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -136,22 +137,6 @@ struct source {
 	uint64_t seed;
 };
 
-static uint64_t splitmix64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint64_t hash_name(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;           /* FNV-1a */
-	for (; *s; s++)
-		h = (h ^ (uint8_t)*s) * 1099511628211ull;
-	return h;
-}
-
 static int is_norm(const char *name)
 {
 	size_t n = strlen(name);
@@ -169,10 +154,12 @@ static void random_rows(uint64_t seed, const struct llm_tensor *t, int64_t r0, i
 		return;
 	}
 	const float a = 0.02f * 1.7320508f;           /* sqrt(3) * std */
-	uint64_t th = hash_name(t->name) ^ seed * 0x2545f4914f6cdd1dull;
+	/* FNV-1a of the name from 1469598103934665603, the offset basis short of
+	 * its last digit: random checkpoints are pinned by it */
+	uint64_t th = llm_hash_fnv1a(1469598103934665603ull, t->name, strlen(t->name)) ^ seed * 0x2545f4914f6cdd1dull;
 	for (int64_t r = r0; r < r1; r++) {
-		uint64_t s = th + (uint64_t)r * 0x9e3779b97f4a7c15ull;
-		uint64_t x = splitmix64(&s) | 1;
+		uint64_t s = th + (uint64_t)r * LLM_SPLITMIX_GAMMA;
+		uint64_t x = llm_rng_splitmix64(&s) | 1;
 		float *d = dst + (r - r0) * cols;
 		for (int64_t c = 0; c < cols; c++) {
 			x ^= x << 13, x ^= x >> 7, x ^= x << 17;          /* xorshift64 */

@@ -1,5 +1,6 @@
 /* common/reqout.c: a request's output (see reqout.h for the order). */
 #include "reqout.h"
+#include "buf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,14 +66,8 @@ void llm_reqout_free(struct llm_reqout *o)
 
 static int text_append(struct llm_reqout *o, const char *s, size_t n)
 {
-	if (o->text_len + n + 1 > o->text_cap) {
-		size_t cap = (o->text_len + n + 1) * 2;
-		char *t = realloc(o->text, cap);
-		if (!t)
-			return -1;
-		o->text = t;
-		o->text_cap = cap;
-	}
+	if (LLM_ARRAY_RESERVE(o->text, o->text_cap, o->text_len + n + 1))
+		return -1;
 	memcpy(o->text + o->text_len, s, n);
 	o->text_len += n;
 	o->text[o->text_len] = 0;

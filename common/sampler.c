@@ -1,23 +1,16 @@
 /* common/sampler.c: sampling (see sampler.h for the order and guarantees). */
 #include "sampler.h"
+#include "hash.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
 
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 void llm_rng_seed(uint64_t st[4], uint64_t seed)
 {
 	for (int i = 0; i < 4; i++)
-		st[i] = splitmix64(&seed);
+		st[i] = llm_rng_splitmix64(&seed);
 }
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

@@ -1,12 +1,13 @@
-/* common/train.c: the LoRA trainer (see train.h): a thread pool, the
- * helpers the kernels share, and the forward/backward pass of
- * train_impl.h instantiated for float (training) and double (the gradient
- * check). */
+/* common/train.c: the LoRA trainer (see train.h): the helpers the kernels
+ * share (their loops run on the engine's thread pool, pool.h), and the
+ * forward/backward pass of train_impl.h instantiated for float (training)
+ * and double (the gradient check). */
 #define _GNU_SOURCE
 #include "train.h"
+#include "hash.h"
+#include "pool.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,86 +19,6 @@
 #define MMT_TILE 32           /* rows of W dequantized at once by the dx kernel */
 #define DEFAULT_CHUNK 64
 
-/* ---- thread pool ------------------------------------------------------------- */
-
-struct pool {
-	int n;                    /* threads including the caller */
-	pthread_t *th;
-	pthread_mutex_t mu;
-	pthread_cond_t go, done;
-	uint64_t gen;
-	int pending, stop;
-	void (*fn)(void *, int, int);
-	void *ctx;
-};
-
-struct pool_arg { struct pool *p; int ith; };
-
-static void *pool_main(void *arg)
-{
-	struct pool_arg a = *(struct pool_arg *)arg;
-	free(arg);
-	struct pool *p = a.p;
-	uint64_t seen = 0;
-	pthread_mutex_lock(&p->mu);
-	for (;;) {
-		while (p->gen == seen && !p->stop)
-			pthread_cond_wait(&p->go, &p->mu);
-		if (p->stop)
-			break;
-		seen = p->gen;
-		pthread_mutex_unlock(&p->mu);
-		p->fn(p->ctx, a.ith, p->n);
-		pthread_mutex_lock(&p->mu);
-		if (--p->pending == 0)
-			pthread_cond_signal(&p->done);
-	}
-	pthread_mutex_unlock(&p->mu);
-	return NULL;
-}
-
-static void pool_free(struct pool *p)
-{
-	if (!p->th)
-		return;
-	pthread_mutex_lock(&p->mu);
-	p->stop = 1;
-	pthread_cond_broadcast(&p->go);
-	pthread_mutex_unlock(&p->mu);
-	for (int i = 1; i < p->n; i++)
-		pthread_join(p->th[i], NULL);
-	free(p->th);
-	pthread_mutex_destroy(&p->mu);
-	pthread_cond_destroy(&p->go);
-	pthread_cond_destroy(&p->done);
-	p->th = NULL;
-}
-
-static enum llm_status pool_init(struct pool *p, int n)
-{
-	memset(p, 0, sizeof *p);
-	p->n = n;
-	pthread_mutex_init(&p->mu, NULL);
-	pthread_cond_init(&p->go, NULL);
-	pthread_cond_init(&p->done, NULL);
-	if (!(p->th = calloc((size_t)n, sizeof *p->th)))
-		return llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
-	for (int i = 1; i < n; i++) {
-		struct pool_arg *a = malloc(sizeof *a);
-		if (a) {
-			a->p = p;
-			a->ith = i;
-		}
-		if (!a || pthread_create(&p->th[i], NULL, pool_main, a)) {
-			free(a);
-			p->n = i;
-			pool_free(p);
-			return llm_fail(LLM_ERR_NOMEM, "trainer: cannot start thread %d", i);
-		}
-	}
-	return LLM_OK;
-}
-
 /* ---- the trainer ----------------------------------------------------------------- */
 
 struct llm_trainer {
@@ -108,7 +29,7 @@ struct llm_trainer {
 	enum llm_cpu_isa isa;
 	int nth;
 	int chunk;                /* logit rows per lm_head chunk */
-	struct pool pool;
+	struct llm_pool *pool;    /* NULL: one thread */
 	void *st;                 /* struct state_f32 or state_f64 */
 	int32_t *lg_idx, *lg_tgt; /* (chunk) */
 	double *lg_loss;          /* (chunk) */
@@ -117,26 +38,17 @@ struct llm_trainer {
 	uint32_t drop_thresh;     /* a column is dropped when hash < thresh (of 2^32) */
 };
 
-/* Run FN on the pool when WORK (multiply-adds) is worth it. */
+/* Run FN(ctx, ith, nth) for every ith < nth (the trainer's thread count)
+ * on the pool when WORK (multiply-adds) is worth it, else FN(ctx, 0, 1).
+ * A task's rows and its scratch (tscr + ith * tscr_per) follow ith alone,
+ * whichever thread runs it (pool.h): the same bits as one thread per ith. */
 static void par(struct llm_trainer *t, double work, void (*fn)(void *, int, int), void *ctx)
 {
-	struct pool *p = &t->pool;
-	if (t->nth <= 1 || work < 32768.0) {
+	if (!t->pool || work < 32768.0) {
 		fn(ctx, 0, 1);
 		return;
 	}
-	pthread_mutex_lock(&p->mu);
-	p->fn = fn;
-	p->ctx = ctx;
-	p->pending = p->n - 1;
-	p->gen++;
-	pthread_cond_broadcast(&p->go);
-	pthread_mutex_unlock(&p->mu);
-	fn(ctx, 0, p->n);
-	pthread_mutex_lock(&p->mu);
-	while (p->pending > 0)
-		pthread_cond_wait(&p->done, &p->mu);
-	pthread_mutex_unlock(&p->mu);
+	llm_pool_run(t->pool, t->nth, fn, ctx);
 }
 
 static void split(int64_t n, int ith, int nth, int64_t align, int64_t *b, int64_t *e)
@@ -178,17 +90,10 @@ static void weight_slice(const struct llm_weight *w, int64_t r, int64_t c0, int6
 	}
 }
 
-static uint64_t hash64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* Whether column c of token i survives the dropout of (layer, target). */
 static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i, int64_t c, int64_t din)
 {
-	uint64_t h = hash64(t->drop_key ^ hash64(((uint64_t)layer << 3 | (uint64_t)tg) + 0x9e3779b97f4a7c15ull)
+	uint64_t h = llm_hash_mix64(t->drop_key ^ llm_hash_mix64(((uint64_t)layer << 3 | (uint64_t)tg) + LLM_SPLITMIX_GAMMA)
 	                    ^ (t->drop_tok[i] * (uint64_t)din + (uint64_t)c) * 0xd1342543de82ef95ull);
 	return (uint32_t)(h >> 32) >= t->drop_thresh;
 }
@@ -413,7 +318,7 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	if (!t->lg_idx || !t->lg_tgt || !t->lg_loss || !t->drop_tok)
 		s = llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
 	if (!s && t->nth > 1)
-		s = pool_init(&t->pool, t->nth);
+		s = llm_pool_open(&t->pool, t->nth);
 	if (!s)
 		s = o->f64 ? open_f64(t) : open_f32(t);
 	if (!s) {
@@ -447,7 +352,7 @@ void llm_trainer_close(struct llm_trainer *t)
 		close_f64(t);
 	else
 		close_f32(t);
-	pool_free(&t->pool);
+	llm_pool_close(t->pool);
 	free(t->lg_idx);
 	free(t->lg_tgt);
 	free(t->lg_loss);
@@ -483,7 +388,7 @@ enum llm_status llm_trainer_step(struct llm_trainer *t, const struct llm_train_b
                                  double *loss_sum, int64_t *n_count)
 {
 	LLM_TRY(check_batch(t, b));
-	t->drop_key = hash64(dropout_key + 0x632be59bd9b4e019ull);
+	t->drop_key = llm_hash_mix64(dropout_key + 0x632be59bd9b4e019ull);
 	/* a row's tokens are (row id << 24) + slot: unique while rows are
 	 * shorter than 2^24 slots (llm_trainer_open's limit) */
 	for (int r = 0; r < b->n_seq; r++)

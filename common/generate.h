@@ -6,8 +6,7 @@
  * Requests are not the engine's: the scheduler (scheduler.h: continuous
  * batching with Dynamic SplitFuse, preemption, prefix caching) queues them,
  * plans each step over the engine's cache and samples; llm-serve and
- * llm-generate both drive it. Scoring and perplexity (llm_score,
- * llm_perplexity, score.c) run their own steps through the same calls.
+ * llm-generate both drive it, scoring and perplexity too (score.h).
  *
  * Batch invariance: a sequence's logits do not depend on the other
  * sequences of a step (kernels with fixed reduction order), so greedy
@@ -134,6 +133,24 @@ struct llm_request {
 	 * further events. May be NULL. */
 	int (*on_token)(void *user, const struct llm_token_event *ev);
 	void *user;
+	/* Scoring (log-likelihood, perplexity): with score_from >= 1, the
+	 * log-prob of each prompt token from index score_from on, from the
+	 * logits of the position before it, goes to on_score once, in order
+	 * (IS_ARGMAX: the token was the greedy choice, the lowest id among
+	 * equals). A nonzero return cancels the request. */
+	int score_from;
+	int (*on_score)(void *user, int index, int32_t token, double logprob, int is_argmax);
+	/* Nothing is generated: the prompt but its last token is computed (the
+	 * last one is only scored), then one event with token -1 and finish
+	 * LLM_FINISH_LENGTH ends the request. Needs 2 prompt tokens or more. */
+	int prefill_only;
+	/* n_shared > 0: the first n_shared prompt tokens are those of request
+	 * PARENT (an id of the same scheduler, given earlier): this request
+	 * waits until the parent has computed them and forks its KV blocks
+	 * instead of computing them again (the parent's sequence is kept for
+	 * its children after it ends). n_shared must leave a token to compute
+	 * and, when scoring, stop before score_from. */
+	int parent, n_shared;
 };
 
 /* ---- one step --------------------------------------------------------- */
@@ -187,29 +204,5 @@ enum llm_status llm_engine_serve_end(struct llm_engine *e);
  * (a bug); the caller then ends the job (llm_comm_abort). */
 enum llm_status llm_engine_serve_worker(struct llm_engine *e);
 void llm_engine_serve_stats(const struct llm_engine *e, struct llm_serve_stats *st);
-
-/* ---- scoring (score.c) -------------------------------------------------- */
-
-/* Log-likelihood of N continuations after one context (lm-eval style).
- * CTX (n_ctx >= 1 tokens) runs once; each continuation forks its cache
- * (blocks shared by reference count, nothing recomputed) and LOGPROB[i] =
- * sum_j log p(cont[i][j] | ctx, cont[i][<j]); IS_GREEDY[i] (may be NULL) is
- * 1 when every continuation token was the argmax. Needs two free sequence
- * slots (the engine keeps two beyond max_seqs). On rank 0 of a leading
- * distributed engine the other ranks follow its steps; results on rank 0. */
-enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
-                          const int32_t *const *cont, const int *n_cont, int n,
-                          double *logprob, int *is_greedy);
-
-/* Teacher-forced negative log-likelihood of IDS (N text tokens, without BOS)
- * in the scheme of llama.cpp's perplexity and ../shared/reference
- * perplexity.json: the tokens are cut into consecutive chunks of at most
- * CHUNK; each chunk runs as [BOS] + chunk from position 0 in a fresh
- * sequence, and every chunk token is scored (the first from BOS alone).
- * With BOS < 0 a chunk runs alone and its first token is not scored.
- * *NLL = -sum of natural-log probabilities, *COUNT = tokens scored,
- * LOGPROBS (N floats, may be NULL) per token (NAN where not scored). */
-enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t n, int chunk,
-                               int32_t bos, double *nll, int64_t *count, float *logprobs);
 
 #endif

@@ -18,6 +18,7 @@
 #include "generate.h"
 #include "scheduler.h"
 #include "memplan.h"
+#include "score.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

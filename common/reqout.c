@@ -134,11 +134,16 @@ static int emit(struct llm_reqout *o, const struct llm_token_event *ev)
 	return o->quiet;
 }
 
-void llm_reqout_cancelled(struct llm_reqout *o)
+void llm_reqout_end(struct llm_reqout *o, enum llm_finish fin)
 {
 	struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
-	                              .finish = LLM_FINISH_CANCEL, .stop_index = -1 };
+	                              .finish = fin, .stop_index = -1 };
 	emit(o, &ev);
+}
+
+void llm_reqout_cancelled(struct llm_reqout *o)
+{
+	llm_reqout_end(o, LLM_FINISH_CANCEL);
 }
 
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin)

@@ -1,6 +1,5 @@
-/* common/reqout.h: a request's output, as both request managers handle it
- * (the engine's own queue in generate.c and the server's scheduler in
- * scheduler.c): sampling, the conditions that end a request, the decoded
+/* common/reqout.h: a request's output, as the scheduler (scheduler.c)
+ * handles it: sampling, the conditions that end a request, the decoded
  * text and the events handed to the request's callback.
  *
  * Per sampled token, in this order: the stop ids, then EOS (unless
@@ -50,7 +49,10 @@ void llm_reqout_free(struct llm_reqout *o);
  * cannot grow. A token the detokenizer refuses adds no text. */
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin);
 
-/* The event of a request cancelled from outside (token -1, no text). */
+/* The last event of a request that ends without a token (token -1, no
+ * text): FIN is why (a prefill-only request ends with LLM_FINISH_LENGTH). */
+void llm_reqout_end(struct llm_reqout *o, enum llm_finish fin);
+/* The event of a request cancelled from outside: llm_reqout_end(CANCEL). */
 void llm_reqout_cancelled(struct llm_reqout *o);
 
 #endif

@@ -9,7 +9,16 @@
  * cannot deadlock. A running request has ids[0..n_ids) of which the first
  * n_cached are in its KV sequence; it feeds the rest, and the row of
  * ids[n_ids - 1] gives the logits of its next token. Decoding is the case
- * n_ids - n_cached == 1, prefill or recompute the case > 1.
+ * n_ids - n_cached == 1, prefill or recompute the case > 1. A prefill-only
+ * request (scoring) feeds ids[0 .. n_prompt - 1) and samples nothing; its
+ * logit rows are those of the prompt tokens it scores.
+ *
+ * Forks: a request with n_shared > 0 is admitted only once its parent (an
+ * older request, so admission order is kept) has those positions cached,
+ * and forks them. A parent that ends keeps its sequence while children
+ * still have to fork it (hold); a child that cannot fork any more (its
+ * parent cancelled or preempted away for good) computes the prefix
+ * itself.
  *
  * Every change to the cache goes through llm_engine_kv_* (generate.h), so a
  * distributed engine can mirror it to the other ranks with the next step;
@@ -31,6 +40,11 @@ struct sreq {
 	int n_prompt, n_ids, n_cached;
 	int seq;                    /* -1 when it holds none */
 	int admitted, registered, in_batch, cancel;
+	int prefill_only;           /* scoring: nothing is sampled */
+	int score_from, scored;     /* score prompt ids [score_from, n_prompt); scored: the next one due */
+	int (*on_score)(void *, int, int32_t, double, int);
+	int parent, n_shared;       /* n_shared > 0: fork the parent's first n_shared positions */
+	int hold;                   /* children still to fork this request's sequence */
 	struct llm_reqout out;      /* sampling, stops, text, events */
 };
 
@@ -53,6 +67,7 @@ struct llm_sched {
 	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) */
 	int8_t *b_logits;
 	struct sreq **b_req;        /* (max_rows) the request of each logit row */
+	int32_t *b_rowpos;          /* (max_rows) the position of each logit row */
 	struct sreq **pf;           /* (max_running) a step's prefilling requests */
 	int32_t *cnt;               /* (n_block) scratch of stats */
 	double ctx_cost;            /* a prompt token at context c costs 1 + c / ctx_cost tokens */
@@ -111,10 +126,12 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 	s->b_seq = malloc(nb * sizeof(int32_t));
 	s->b_logits = malloc(nb);
 	s->b_req = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_req);
+	s->b_rowpos = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_rowpos);
 	s->pf = malloc((size_t)s->o.max_running * sizeof *s->pf);
 	s->pc = calloc((size_t)o->prefix_entries + 1, sizeof *s->pc);
 	s->cnt = calloc((size_t)s->kv->n_block, sizeof *s->cnt);
-	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->pf || !s->pc || !s->cnt) {
+	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->b_rowpos || !s->pf || !s->pc
+	    || !s->cnt) {
 		llm_sched_close(s);
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
 	}
@@ -174,6 +191,7 @@ void llm_sched_close(struct llm_sched *s)
 	free(s->b_seq);
 	free(s->b_logits);
 	free(s->b_req);
+	free(s->b_rowpos);
 	free(s->pf);
 	free(s);
 }
@@ -185,6 +203,67 @@ static int64_t blocks_for(const struct llm_sched *s, int64_t n_pos)
 	return (n_pos + s->kv->block_size - 1) / s->kv->block_size;
 }
 
+static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
+{
+	int n = na < nb ? na : nb, i = 0;
+	while (i < n && a[i] == b[i])
+		i++;
+	return i;
+}
+
+/* The live request ID (ids increase along the list), or NULL. */
+static struct sreq *find(struct llm_sched *s, int id)
+{
+	int lo = 0, hi = s->n_reqs - 1;
+	while (lo <= hi) {
+		int m = (lo + hi) / 2;
+		if (s->reqs[m]->id == id)
+			return s->reqs[m];
+		if (s->reqs[m]->id < id)
+			lo = m + 1;
+		else
+			hi = m - 1;
+	}
+	return NULL;
+}
+
+/* Where R's feeding ends: every id, or a prefill-only prompt but its last. */
+static int feed_end(const struct sreq *r)
+{
+	return r->prefill_only ? r->n_prompt - 1 : r->n_ids;
+}
+
+static int is_decode(const struct sreq *r)
+{
+	return !r->prefill_only && r->n_ids - r->n_cached == 1;
+}
+
+/* Whether position P of R needs a logit row: the next token's (sampling),
+ * or a prompt token still to score. */
+static int need_row(const struct sreq *r, int p)
+{
+	if (!r->prefill_only && p == r->n_ids - 1)
+		return 1;
+	return r->score_from > 0 && p + 1 >= r->scored && p + 1 < r->n_prompt;
+}
+
+/* One child of P will not fork it (it did, or gave up, or ended): when
+ * none is left and P has ended, its sequence goes. */
+static void unhold(struct llm_sched *s, struct sreq *p)
+{
+	if (p && p->hold > 0 && --p->hold == 0 && p->state == SREQ_DONE)
+		req_release_seq(s, p);
+}
+
+/* R no longer waits for its parent. */
+static void drop_parent(struct llm_sched *s, struct sreq *r)
+{
+	if (r->n_shared > 0) {
+		r->n_shared = 0;
+		unhold(s, find(s, r->parent));
+	}
+}
+
 enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq, int *id)
 {
 	if (id)
@@ -193,17 +272,41 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	if (!rq->prompt || rq->n_prompt < 1)
 		return llm_fail(LLM_ERR_USAGE, "prompt: empty");
 	int mt = rq->params.max_tokens;
-	if (rq->n_prompt >= s->n_ctx || (int64_t)rq->n_prompt + mt > s->n_ctx)
+	if (rq->prefill_only) {
+		/* the last prompt token is only scored: n_prompt - 1 positions */
+		if (rq->n_prompt < 2)
+			return llm_fail(LLM_ERR_USAGE, "prompt: a prefill-only request needs 2 tokens or more");
+		if (rq->n_prompt - 1 > s->n_ctx)
+			return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens (%d positions) exceeds the context of %d",
+			                rq->n_prompt, rq->n_prompt - 1, s->n_ctx);
+		mt = 0;
+	} else if (rq->n_prompt >= s->n_ctx || (int64_t)rq->n_prompt + mt > s->n_ctx) {
 		return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens + max_tokens %d exceeds the context of %d",
 		                rq->n_prompt, mt, s->n_ctx);
+	}
+	if (rq->score_from < 0 || rq->score_from >= rq->n_prompt || (rq->score_from && !rq->on_score))
+		return llm_fail(LLM_ERR_USAGE, "score_from: %d is not a prompt index from 1 (with a callback)", rq->score_from);
+	struct sreq *par = NULL;
+	if (rq->n_shared > 0) {
+		int end = rq->prefill_only ? rq->n_prompt - 1 : rq->n_prompt;
+		if (rq->n_shared >= end || (rq->score_from && rq->n_shared > rq->score_from - 1))
+			return llm_fail(LLM_ERR_USAGE, "n_shared: %d leaves nothing to compute before the scored tokens",
+			                rq->n_shared);
+		par = find(s, rq->parent);
+		if (par && lcp(par->ids, par->n_prompt, rq->prompt, rq->n_shared) < rq->n_shared)
+			return llm_fail(LLM_ERR_USAGE, "parent: request %d's prompt does not start with the %d shared tokens",
+			                rq->parent, rq->n_shared);
+		if (par && par->state == SREQ_DONE && par->seq < 0)
+			par = NULL;          /* ended and gone: compute the prefix */
+	}
 	for (int i = 0; i < rq->n_prompt; i++)
 		if (rq->prompt[i] < 0 || rq->prompt[i] >= s->n_vocab)
 			return llm_fail(LLM_ERR_RANGE, "prompt: token %d: id %d is not in the vocabulary [0, %d)",
 			                i, rq->prompt[i], s->n_vocab);
 	if (rq->params.n_stop > 0 && !s->o.detok.push)
 		return llm_fail(LLM_ERR_USAGE, "stop: stop strings need a detokenizer");
-	int max_new = mt > 0 ? mt : s->n_ctx - rq->n_prompt;
-	int64_t need = blocks_for(s, (int64_t)rq->n_prompt + max_new);
+	int max_new = rq->prefill_only ? 0 : mt > 0 ? mt : s->n_ctx - rq->n_prompt;
+	int64_t need = blocks_for(s, (int64_t)rq->n_prompt + max_new - rq->prefill_only);
 	if (need > s->kv->n_block)
 		return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens + max_tokens %d need %lld KV blocks, the cache has %lld",
 		                rq->n_prompt, max_new, (long long)need, (long long)s->kv->n_block);
@@ -219,6 +322,13 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	}
 	memcpy(r->ids, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
 	r->n_prompt = r->n_ids = rq->n_prompt;
+	r->prefill_only = rq->prefill_only != 0;
+	r->score_from = r->scored = rq->score_from;
+	r->on_score = rq->on_score;
+	if (par) {
+		r->parent = par->id;
+		r->n_shared = rq->n_shared;
+	}
 	if ((st = llm_reqout_init(&r->out, s->next_id, rq, s->n_vocab, max_new, &s->o.detok, s->o.eos_ids, s->o.n_eos)))
 		goto fail;
 	if (s->n_reqs == s->cap_reqs) {
@@ -234,6 +344,8 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	r->id = s->next_id++;
 	r->state = SREQ_WAITING;
 	s->reqs[s->n_reqs++] = r;
+	if (par)
+		par->hold++;
 	if (id)
 		*id = r->id;
 	return LLM_OK;
@@ -251,19 +363,13 @@ void llm_sched_cancel(struct llm_sched *s, int id)
 
 static void finish(struct llm_sched *s, struct sreq *r)
 {
-	req_release_seq(s, r);
+	if (!r->hold)
+		req_release_seq(s, r);
+	drop_parent(s, r);
 	r->state = SREQ_DONE;
 }
 
 /* ---- prefix cache ------------------------------------------------------ */
-
-static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
-{
-	int n = na < nb ? na : nb, i = 0;
-	while (i < n && a[i] == b[i])
-		i++;
-	return i;
-}
 
 /* Evict the least recently used entry; 0 when there was none. */
 static int pc_evict(struct llm_sched *s)
@@ -278,17 +384,43 @@ static int pc_evict(struct llm_sched *s)
 	return 1;
 }
 
-/* Give R a sequence: a fork of the longest cached prefix of its ids (whole
- * blocks, leaving at least one id to feed), or a fresh one. */
+/* Whether R may be admitted as far as its parent goes: none, or the
+ * parent has the shared positions cached (or never will: R gives up on it
+ * and computes them). */
+static int parent_ready(struct llm_sched *s, struct sreq *r)
+{
+	if (r->n_shared <= 0)
+		return 1;
+	struct sreq *p = find(s, r->parent);
+	if (p && p->seq >= 0 && p->n_cached >= r->n_shared)
+		return 1;
+	if (!p || p->state == SREQ_DONE)
+		drop_parent(s, r);
+	return r->n_shared <= 0;
+}
+
+/* Give R a sequence: a fork of its parent's shared positions, or of the
+ * longest cached prefix of its ids (whole blocks, leaving at least one id
+ * to feed and every position to score), or a fresh one. */
 static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 {
-	int bs = s->kv->block_size, best = 0;
+	if (r->n_shared > 0) {
+		struct sreq *p = find(s, r->parent);
+		LLM_TRY(llm_engine_kv_fork(s->e, p->seq, r->n_shared, &r->seq));
+		r->n_cached = r->n_shared;
+		s->st.prefix_hit_tokens += r->n_shared;
+		drop_parent(s, r);
+		return LLM_OK;
+	}
+	int bs = s->kv->block_size, best = 0, limit = feed_end(r) - 1;
+	if (r->score_from > 0 && r->scored - 1 < limit)
+		limit = r->scored - 1;
 	struct pentry *src = NULL;
 	for (int i = 0; i < s->o.prefix_entries; i++) {
 		struct pentry *p = &s->pc[i];
 		if (p->seq < 0)
 			continue;
-		int m = lcp(p->ids, p->n, r->ids, r->n_ids - 1) / bs * bs;
+		int m = lcp(p->ids, p->n, r->ids, limit) / bs * bs;
 		if (m > best) {
 			best = m;
 			src = p;
@@ -321,7 +453,7 @@ static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 /* Keep the whole blocks of R's prompt, now in its cache, for later requests. */
 static void pc_register(struct llm_sched *s, struct sreq *r)
 {
-	int bs = s->kv->block_size, n = r->n_prompt / bs * bs;
+	int bs = s->kv->block_size, n = (r->n_cached < r->n_prompt ? r->n_cached : r->n_prompt) / bs * bs;
 	r->registered = 1;
 	if (s->o.prefix_entries == 0 || n < bs)
 		return;
@@ -370,13 +502,29 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 	return LLM_OK;
 }
 
+/* The log-prob of prompt id P + 1 of R from LOGITS (the row of position
+ * P), to its callback. */
+static void score_row(struct llm_sched *s, struct sreq *r, int p, const float *logits)
+{
+	int32_t t = r->ids[p + 1];
+	double lp = llm_logprob(logits, s->n_vocab, t);
+	int argmax = 1;
+	for (int k = 0; k < s->n_vocab && argmax; k++)
+		argmax = !(logits[k] > logits[t] || (logits[k] == logits[t] && k < t));
+	r->scored = p + 2;
+	if (!r->out.quiet && r->on_score(r->out.user, p + 1, t, lp, argmax)) {
+		r->out.quiet = 1;        /* the callback cancels: no more events */
+		r->cancel = 1;
+	}
+}
+
 /* ---- one step ---------------------------------------------------------- */
 
 static void reap(struct llm_sched *s)
 {
 	int k = 0;
 	for (int i = 0; i < s->n_reqs; i++) {
-		if (s->reqs[i]->state == SREQ_DONE)
+		if (s->reqs[i]->state == SREQ_DONE && !s->reqs[i]->hold)
 			req_free(s, s->reqs[i]);
 		else
 			s->reqs[k++] = s->reqs[i];
@@ -423,9 +571,11 @@ static void put(struct llm_sched *s, struct sreq *r, int take, int *n, int *rows
 		s->b_tok[*n] = r->ids[p];
 		s->b_pos[*n] = p;
 		s->b_seq[*n] = r->seq;
-		s->b_logits[*n] = p == r->n_ids - 1;
-		if (s->b_logits[*n])
+		s->b_logits[*n] = (int8_t)need_row(r, p);
+		if (s->b_logits[*n]) {
+			s->b_rowpos[*rows] = p;
 			s->b_req[(*rows)++] = r;
+		}
 		(*n)++;
 	}
 	r->in_batch = take;
@@ -473,6 +623,18 @@ static int chunk_take(int64_t c, int take, double avail, double k)
 	return t < 1 ? 1 : t;
 }
 
+/* The most of TAKE ids of R from n_cached whose logit rows fit in AVAIL. */
+static int rows_fit(const struct sreq *r, int take, int avail)
+{
+	int t = 0;
+	for (int used = 0; t < take; t++) {
+		used += need_row(r, r->n_cached + t);
+		if (used > avail)
+			break;
+	}
+	return t;
+}
+
 static int plan_step(struct llm_sched *s, int *n_rows)
 {
 	int budget = s->o.max_batch_tokens, n = 0, rows = 0, running = 0;
@@ -488,7 +650,7 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 		int64_t want = blocks_for(s, r->n_ids) + 1;
 		if (running > 0 && want > s->kv->n_free)
 			break;
-		if (attach_seq(s, r))
+		if (!parent_ready(s, r) || attach_seq(s, r))
 			break;
 		r->state = SREQ_RUNNING;
 		running++;
@@ -499,7 +661,7 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 	/* decode tokens first, one per running request */
 	for (int i = 0; i < s->n_reqs && n < budget && rows < s->max_rows; i++) {
 		struct sreq *r = s->reqs[i];
-		if (r->state != SREQ_RUNNING || r->n_ids - r->n_cached != 1)
+		if (r->state != SREQ_RUNNING || !is_decode(r))
 			continue;
 		if (reserve(s, r, 1) < 1) {
 			preempt(s, r);       /* it is the youngest left */
@@ -515,10 +677,10 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 	int n_pf = 0;
 	for (int i = 0; i < s->n_reqs && n_pf < s->o.max_running; i++) {
 		struct sreq *r = s->reqs[i];
-		if (r->state != SREQ_RUNNING || r->in_batch || r->n_ids - r->n_cached < 2)
+		if (r->state != SREQ_RUNNING || r->in_batch || is_decode(r) || feed_end(r) - r->n_cached < 1)
 			continue;
 		int k = n_pf++;
-		for (; k > 0 && s->pf[k - 1]->n_ids - s->pf[k - 1]->n_cached > r->n_ids - r->n_cached; k--)
+		for (; k > 0 && feed_end(s->pf[k - 1]) - s->pf[k - 1]->n_cached > feed_end(r) - r->n_cached; k--)
 			s->pf[k] = s->pf[k - 1];
 		s->pf[k] = r;
 	}
@@ -531,10 +693,9 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 		struct sreq *r = s->pf[i];
 		if (r->state != SREQ_RUNNING)
 			continue;            /* preempted to make room for an earlier one */
-		int left = r->n_ids - r->n_cached, take = left < budget - n ? left : budget - n;
+		int left = feed_end(r) - r->n_cached, take = left < budget - n ? left : budget - n;
 		take = chunk_take(r->n_cached, take, budget - used, s->ctx_cost);
-		if (take == left && rows == s->max_rows)
-			take--;              /* the last id needs a logit row */
+		take = rows_fit(r, take, s->max_rows - rows);
 		if (take > 0)
 			take = reserve(s, r, take);
 		if (take > 0) {
@@ -570,15 +731,31 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 			struct sreq *r = s->reqs[i];
 			if (!r->in_batch)
 				continue;
-			if (r->n_ids - r->n_cached > 1)
+			if (!is_decode(r))
 				s->st.prompt_tokens += r->in_batch;
 			r->n_cached += r->in_batch;
-			if (!r->registered && r->n_cached >= r->n_prompt)
+			if (!r->registered && r->n_cached >= (r->prefill_only ? r->n_prompt - 1 : r->n_prompt))
 				pc_register(s, r);
 		}
 		size_t nv = (size_t)s->n_vocab;
-		for (int i = 0; i < rows; i++)
-			LLM_TRY(take_token(s, s->b_req[i], logits + (size_t)i * nv));
+		for (int i = 0; i < rows; i++) {
+			struct sreq *r = s->b_req[i];
+			const float *l = logits + (size_t)i * nv;
+			if (r->state == SREQ_DONE)
+				continue;
+			if (!r->prefill_only && s->b_rowpos[i] == r->n_ids - 1)
+				LLM_TRY(take_token(s, r, l));
+			else
+				score_row(s, r, s->b_rowpos[i], l);
+		}
+		/* prefill-only requests end when their prompt is in */
+		for (int i = 0; i < s->n_reqs; i++) {
+			struct sreq *r = s->reqs[i];
+			if (r->in_batch && r->prefill_only && r->state == SREQ_RUNNING && r->n_cached >= r->n_prompt - 1) {
+				llm_reqout_end(&r->out, r->cancel ? LLM_FINISH_CANCEL : LLM_FINISH_LENGTH);
+				finish(s, r);
+			}
+		}
 		reap(s);
 	} else if (s->n_reqs > 0) {
 		/* nothing could start (no sequence slot): give up the prefix

@@ -1,157 +1,125 @@
-/* common/score.c: log-likelihood scoring and perplexity over the engine
- * (see generate.h): teacher-forced steps through llm_engine_forward() and
- * the llm_engine_kv_* operations, so a distributed engine's other ranks
- * follow them like any other step (rank 0 alone computes the results).
+/* common/score.c: log-likelihood scoring and perplexity as requests of the
+ * one scheduler (scheduler.h): prefill-only requests that score their
+ * prompt tokens, so scoring shares steps with everything else, runs many
+ * items at once and, distributed, is followed by the other ranks like any
+ * step.
  *
  * Scores are natural-log probabilities of the raw model distribution
- * (llm_logprob: log-softmax in f64 over the logits row). */
-#include "generate.h"
+ * (llm_logprob: log-softmax in f64 over the logits row), summed in token
+ * order, so a result does not depend on what it was batched with. */
+#include "score.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
 
-/* The arrays of one step; sized from the engine's plan. */
-struct feeder {
-	struct llm_engine *e;
-	int n_vocab, max_tok, max_rows;
-	int32_t *tok, *pos, *seq;   /* (max_tok) */
-	int8_t *want;               /* (max_tok) a logit row for the token */
-};
+static int on_cont(void *user, int index, int32_t token, double logprob, int is_argmax)
+{
+	(void)index;
+	(void)token;
+	struct llm_score_result *r = user;
+	r->logprob += logprob;
+	r->is_greedy &= is_argmax;
+	r->n_scored++;
+	return 0;
+}
 
-static enum llm_status feeder_init(struct feeder *f, struct llm_engine *e)
+enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_ctx,
+                                const int32_t *const *cont, const int *n_cont, int n,
+                                struct llm_score_result *res)
+{
+	if (n_ctx < 1)
+		return llm_fail(LLM_ERR_USAGE, "score: empty context");
+	int max = 0;
+	for (int k = 0; k < n; k++) {
+		if (n_cont[k] < 1)
+			return llm_fail(LLM_ERR_USAGE, "score: continuation %d is empty", k);
+		max = n_cont[k] > max ? n_cont[k] : max;
+		res[k] = (struct llm_score_result){ .is_greedy = 1 };
+	}
+	int32_t *p = malloc(((size_t)n_ctx + (size_t)max) * sizeof *p);
+	if (!p)
+		return llm_fail(LLM_ERR_NOMEM, "score: out of memory");
+	memcpy(p, ctx, (size_t)n_ctx * sizeof *p);
+	/* the parent computes the context but its last token, once; each
+	 * continuation forks it and feeds ctx[-1], cont[0 .. m-2], whose
+	 * logits score cont[0 .. m-1] */
+	enum llm_status st = LLM_OK;
+	int parent = -1;
+	if (n_ctx > 1) {
+		struct llm_request rq = { .prompt = p, .n_prompt = n_ctx, .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1 };
+		rq.params.temperature = 0;
+		st = llm_sched_add(s, &rq, &parent);
+	}
+	for (int k = 0; !st && k < n; k++) {
+		memcpy(p + n_ctx, cont[k], (size_t)n_cont[k] * sizeof *p);
+		struct llm_request rq = { .prompt = p, .n_prompt = n_ctx + n_cont[k], .params = LLM_SAMPLE_DEFAULT,
+		                          .prefill_only = 1, .score_from = n_ctx, .on_score = on_cont, .user = &res[k],
+		                          .parent = parent, .n_shared = parent >= 0 ? n_ctx - 1 : 0 };
+		rq.params.temperature = 0;
+		st = llm_sched_add(s, &rq, NULL);
+		if (st)
+			llm_fail_prefix(st, "score: continuation %d", k);
+	}
+	free(p);
+	return st;
+}
+
+/* The requests that score a whole file run as one scheduler's batch. */
+static enum llm_status run_alone(struct llm_engine *e, struct llm_sched **s)
 {
 	struct llm_mem_plan p;
 	llm_engine_plan(e, &p);
-	memset(f, 0, sizeof *f);
-	f->e = e;
-	f->n_vocab = llm_engine_model(e)->cfg.n_vocab;
-	f->max_tok = p.max_batch_tokens;
-	f->max_rows = (int)(p.logits_bytes / ((size_t)f->n_vocab * sizeof(float)));
-	size_t n = (size_t)f->max_tok;
-	f->tok = malloc(n * sizeof *f->tok);
-	f->pos = malloc(n * sizeof *f->pos);
-	f->seq = malloc(n * sizeof *f->seq);
-	f->want = malloc(n);
-	if (!f->tok || !f->pos || !f->seq || !f->want)
-		return llm_fail(LLM_ERR_NOMEM, "score: out of memory");
-	return LLM_OK;
-}
-
-static void feeder_free(struct feeder *f)
-{
-	free(f->tok);
-	free(f->pos);
-	free(f->seq);
-	free(f->want);
-}
-
-/* Feed TOK[0..n) to SEQ from its current length; for each token i with a
- * TARGET (NULL: none), LP gets log p(target[i]) and GREEDY is cleared when
- * target[i] was not the argmax (ties: the lowest id wins, as greedy
- * sampling picks); LPS (may be NULL) gets each log-prob. */
-static enum llm_status feed(struct feeder *f, int seq, const int32_t *tok, int n,
-                            const int32_t *target, double *lp, int *greedy, float *lps)
-{
-	struct llm_kv *kv = llm_engine_kv(f->e);
-	int chunk = target ? f->max_rows : f->max_tok;
-	size_t nv = (size_t)f->n_vocab;
-	for (int i0 = 0; i0 < n; i0 += chunk) {
-		int m = n - i0 < chunk ? n - i0 : chunk;
-		int32_t p0 = llm_kv_seq_len(kv, seq);
-		for (int j = 0; j < m; j++) {
-			f->tok[j] = tok[i0 + j];
-			f->pos[j] = p0 + j;
-			f->seq[j] = seq;
-			f->want[j] = target != NULL;
-		}
-		LLM_TRY(llm_engine_kv_reserve(f->e, seq, m));
-		struct llm_batch b = { m, f->tok, f->pos, f->seq, f->want };
-		const float *logits;
-		int n_out;
-		LLM_TRY(llm_engine_forward(f->e, &b, &logits, &n_out));
-		for (int j = 0; target && j < n_out; j++) {   /* logits: rank 0 only */
-			const float *l = logits + (size_t)j * nv;
-			int32_t t = target[i0 + j];
-			double v = llm_logprob(l, (int)nv, t);
-			*lp += v;
-			if (lps)
-				lps[i0 + j] = (float)v;
-			if (greedy)
-				for (size_t k = 0; k < nv; k++)
-					if (l[k] > l[t] || (l[k] == l[t] && (int32_t)k < t)) {
-						*greedy = 0;
-						break;
-					}
-		}
-	}
-	return LLM_OK;
+	struct llm_sched_opts o = { .max_running = p.max_seqs, .max_batch_tokens = p.max_batch_tokens };
+	return llm_sched_open(s, e, &o);
 }
 
 enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
                           const int32_t *const *cont, const int *n_cont, int n,
                           double *logprob, int *is_greedy)
 {
-	const struct llm_config *c = &llm_engine_model(e)->cfg;
-	int max_ctx = llm_engine_n_ctx(e);
-	if (n_ctx < 1)
-		return llm_fail(LLM_ERR_USAGE, "score: empty context");
-	for (int i = 0; i < n_ctx; i++)
-		if (ctx[i] < 0 || ctx[i] >= c->n_vocab)
-			return llm_fail(LLM_ERR_RANGE, "score: context token %d: id %d is not in the vocabulary", i, ctx[i]);
-	for (int k = 0; k < n; k++) {
-		if (n_cont[k] < 1)
-			return llm_fail(LLM_ERR_USAGE, "score: continuation %d is empty", k);
-		if ((int64_t)n_ctx + n_cont[k] - 1 > max_ctx)
-			return llm_fail(LLM_ERR_RANGE, "score: context + continuation %d: %d tokens exceed the context of %d",
-			                k, n_ctx + n_cont[k], max_ctx);
-		for (int i = 0; i < n_cont[k]; i++)
-			if (cont[k][i] < 0 || cont[k][i] >= c->n_vocab)
-				return llm_fail(LLM_ERR_RANGE, "score: continuation %d token %d: id %d is not in the vocabulary",
-				                k, i, cont[k][i]);
-	}
-	struct feeder f;
-	enum llm_status s = feeder_init(&f, e);
-	int base = -1;
-	if (!s)
-		s = llm_engine_kv_new(e, &base);
-	/* the context except its last token, once; the last one goes with each
-	 * continuation so its logits score the continuation's first token */
-	if (!s && n_ctx > 1)
-		s = feed(&f, base, ctx, n_ctx - 1, NULL, NULL, NULL, NULL);
-	for (int k = 0; !s && k < n; k++) {
-		int fork;
-		if ((s = llm_engine_kv_fork(e, base, n_ctx - 1, &fork)))
-			break;
-		/* inputs: ctx[-1], cont[0..m-2]; targets: cont[0..m-1] */
-		int m = n_cont[k];
-		int32_t *in = malloc((size_t)m * sizeof *in);
-		if (!in) {
-			llm_engine_kv_free(e, fork);
-			s = llm_fail(LLM_ERR_NOMEM, "score: out of memory");
-			break;
-		}
-		in[0] = ctx[n_ctx - 1];
-		memcpy(in + 1, cont[k], (size_t)(m - 1) * sizeof *in);
-		double lp = 0;
-		int g = 1;
-		s = feed(&f, fork, in, m, cont[k], &lp, &g, NULL);
-		free(in);
-		llm_engine_kv_free(e, fork);
-		logprob[k] = lp;
+	struct llm_score_result *r = calloc((size_t)(n > 0 ? n : 1), sizeof *r);
+	if (!r)
+		return llm_fail(LLM_ERR_NOMEM, "score: out of memory");
+	struct llm_sched *s = NULL;
+	enum llm_status st = run_alone(e, &s);
+	if (!st)
+		st = llm_sched_score(s, ctx, n_ctx, cont, n_cont, n, r);
+	if (!st)
+		st = llm_sched_run(s);
+	for (int k = 0; !st && k < n; k++) {
+		logprob[k] = r[k].logprob;
 		if (is_greedy)
-			is_greedy[k] = g;
+			is_greedy[k] = r[k].is_greedy;
 	}
-	llm_engine_kv_free(e, base);
-	feeder_free(&f);
-	return s;
+	llm_sched_close(s);
+	free(r);
+	return st;
+}
+
+/* ---- perplexity ---------------------------------------------------------- */
+
+struct ppl_chunk {
+	double lp;                  /* sum of the chunk's log-probs, in order */
+	float *logprobs;            /* prompt index i's goes to logprobs[base + i] (NULL: nowhere) */
+	int64_t base;
+};
+
+static int on_ppl(void *user, int index, int32_t token, double logprob, int is_argmax)
+{
+	(void)token;
+	(void)is_argmax;
+	struct ppl_chunk *c = user;
+	c->lp += logprob;
+	if (c->logprobs)
+		c->logprobs[c->base + index] = (float)logprob;
+	return 0;
 }
 
 enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t n, int chunk,
                                int32_t bos, double *nll, int64_t *count, float *logprobs)
 {
-	const struct llm_config *c = &llm_engine_model(e)->cfg;
 	int max_ctx = llm_engine_n_ctx(e);
 	*nll = 0;
 	*count = 0;
@@ -159,40 +127,45 @@ enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t
 	if (chunk < 1 || chunk + lead > max_ctx)
 		return llm_fail(LLM_ERR_RANGE, "perplexity: chunk of %d tokens%s does not fit the context of %d",
 		                chunk, lead ? " + BOS" : "", max_ctx);
-	for (int64_t i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= c->n_vocab)
-			return llm_fail(LLM_ERR_RANGE, "perplexity: token %lld: id %d is not in the vocabulary",
-			                (long long)i, ids[i]);
-	struct feeder f;
-	enum llm_status s = feeder_init(&f, e);
+	int64_t n_chunk = (n + chunk - 1) / chunk;
+	struct ppl_chunk *ch = calloc((size_t)(n_chunk > 0 ? n_chunk : 1), sizeof *ch);
 	int32_t *in = malloc(((size_t)chunk + 1) * sizeof *in);
-	if (!s && !in)
-		s = llm_fail(LLM_ERR_NOMEM, "perplexity: out of memory");
-	double total = 0;
-	for (int64_t c0 = 0; !s && c0 < n; c0 += chunk) {
+	struct llm_sched *s = NULL;
+	enum llm_status st = !ch || !in ? llm_fail(LLM_ERR_NOMEM, "perplexity: out of memory") : run_alone(e, &s);
+	for (int64_t c = 0; !st && c < n_chunk; c++) {
+		int64_t c0 = c * chunk;
 		int m = n - c0 < chunk ? (int)(n - c0) : chunk;
-		int seq;
-		if ((s = llm_engine_kv_new(e, &seq)))
-			break;
-		double lp = 0;
-		if (lead) {       /* inputs [BOS] + chunk[0..m-2], targets chunk[0..m-1] */
-			in[0] = bos;
-			memcpy(in + 1, ids + c0, (size_t)(m - 1) * sizeof *in);
-			s = feed(&f, seq, in, m, ids + c0, &lp, NULL, logprobs ? logprobs + c0 : NULL);
-			*count += m;
-		} else {          /* inputs chunk[0..m-2], targets chunk[1..m-1] */
-			if (logprobs)
+		/* with BOS: [BOS] + chunk, every chunk token scored; without, the
+		 * chunk alone and its first token not scored */
+		struct llm_request rq = { .prompt = lead ? in : ids + c0, .n_prompt = m + lead,
+		                          .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1, .score_from = 1,
+		                          .on_score = on_ppl, .user = &ch[c] };
+		rq.params.temperature = 0;
+		if (logprobs) {
+			ch[c].logprobs = logprobs;
+			ch[c].base = c0 - lead;
+			if (!lead)
 				logprobs[c0] = NAN;
-			if (m > 1)
-				s = feed(&f, seq, ids + c0, m - 1, ids + c0 + 1, &lp, NULL,
-				         logprobs ? logprobs + c0 + 1 : NULL);
-			*count += m - 1;
 		}
-		llm_engine_kv_free(e, seq);
-		total -= lp;
+		if (lead) {
+			in[0] = bos;
+			memcpy(in + 1, ids + c0, (size_t)m * sizeof *in);
+		}
+		if (rq.n_prompt < 2)
+			continue;            /* one token alone: nothing to score */
+		*count += m - !lead;
+		st = llm_sched_add(s, &rq, NULL);
+		if (st)
+			llm_fail_prefix(st, "perplexity: chunk %lld", (long long)c);
 	}
-	free(in);
-	feeder_free(&f);
+	if (!st)
+		st = llm_sched_run(s);
+	double total = 0;
+	for (int64_t c = 0; !st && c < n_chunk; c++)
+		total -= ch[c].lp;
 	*nll = total;
-	return s;
+	llm_sched_close(s);
+	free(in);
+	free(ch);
+	return st;
 }

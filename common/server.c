@@ -393,7 +393,7 @@ static void *engine_main(void *arg)
 				struct llm_sample_params p = j->p;
 				if (c > 0)
 					p.seed += (uint64_t)c;
-				struct llm_request rq = { j->prompt, j->n_prompt, p, on_token, &j->ch[c] };
+				struct llm_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt, .params = p, .on_token = on_token, .user = &j->ch[c] };
 				pthread_mutex_unlock(&s->mu);
 				st = llm_sched_add(s->sch, &rq, &j->ch[c].sched_id);
 				pthread_mutex_lock(&s->mu);

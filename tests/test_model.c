@@ -12,6 +12,7 @@
 #include "model.h"
 #include "generate.h"
 #include "sched_run.h"
+#include "score.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -170,7 +171,7 @@ static int run_greedy(struct llm_engine *e, int first, int n, struct collect *c)
 	for (int k = 0; k < n; k++) {
 		const struct prompt *p = &P[first + k];
 		memset(&c[k], 0, sizeof c[k]);
-		r[k] = (struct llm_request){ p->prompt, p->n_prompt, greedy_params(p), on_token, &c[k] };
+		r[k] = (struct llm_request){ .prompt = p->prompt, .n_prompt = p->n_prompt, .params = greedy_params(p), .on_token = on_token, .user = &c[k] };
 	}
 	enum llm_status s = test_sched_run(e, r, n, NULL);
 	free(r);
@@ -361,7 +362,7 @@ static void test_bad_input(void)
 		llm_engine_close(e);
 		return;
 	}
-	struct llm_request r = { longp, 65, LLM_SAMPLE_DEFAULT, NULL, NULL };
+	struct llm_request r = { .prompt = longp, .n_prompt = 65, .params = LLM_SAMPLE_DEFAULT, .on_token = NULL, .user = NULL };
 	int id;
 	enum llm_status s = llm_sched_add(sch, &r, &id);
 	check(s == LLM_ERR_RANGE && strstr(llm_errmsg(), "exceeds the context"),
@@ -412,7 +413,7 @@ static void test_bad_input(void)
 	/* max_tokens 0: up to the context, n_ctx - prompt tokens */
 	struct collect c;
 	memset(&c, 0, sizeof c);
-	r = (struct llm_request){ longp, 60, LLM_SAMPLE_DEFAULT, on_token, &c };
+	r = (struct llm_request){ .prompt = longp, .n_prompt = 60, .params = LLM_SAMPLE_DEFAULT, .on_token = on_token, .user = &c };
 	r.params.temperature = 0;
 	r.params.ignore_eos = 1;
 	s = test_sched_run(e, &r, 1, NULL);
@@ -760,12 +761,12 @@ static void test_llama3_random(void)
 		struct llm_request r3[3];
 		for (int i = 0; i < 3; i++) {
 			memset(&c1[i], 0, sizeof c1[i]);
-			struct llm_request r = { pr[i], 10 + 15 * i, sp, on_token, &c1[i] };
+			struct llm_request r = { .prompt = pr[i], .n_prompt = 10 + 15 * i, .params = sp, .on_token = on_token, .user = &c1[i] };
 			test_sched_run(e, &r, 1, NULL);
 		}
 		for (int i = 0; i < 3; i++) {
 			memset(&c3[i], 0, sizeof c3[i]);
-			r3[i] = (struct llm_request){ pr[i], 10 + 15 * i, sp, on_token, &c3[i] };
+			r3[i] = (struct llm_request){ .prompt = pr[i], .n_prompt = 10 + 15 * i, .params = sp, .on_token = on_token, .user = &c3[i] };
 		}
 		test_sched_run(e, r3, 3, NULL);
 		int same = 1;

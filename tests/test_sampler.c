@@ -314,7 +314,7 @@ static const struct llm_detok fd_detok = { fd_open, fd_push, NULL, fd_close, NUL
 static int run1(struct llm_engine *e, const int32_t *prompt, int np, struct llm_sample_params p, struct out *o)
 {
 	memset(o, 0, sizeof *o);
-	struct llm_request r = { prompt, np, p, cb, o };
+	struct llm_request r = { .prompt = prompt, .n_prompt = np, .params = p, .on_token = cb, .user = o };
 	if (test_sched_run(e, &r, 1, &fd_detok)) {
 		check_diag("%s", llm_errmsg());
 		return 0;
@@ -396,7 +396,7 @@ static void test_engine(void)
 	run1(e, prompt, 4, p, &o);
 	memset(&o, 0, sizeof o);
 	o.cancel_at = 3;
-	struct llm_request rq = { prompt, 4, p, cb, &o };
+	struct llm_request rq = { .prompt = prompt, .n_prompt = 4, .params = p, .on_token = cb, .user = &o };
 	test_sched_run(e, &rq, 1, &fd_detok);
 	check(o.n == 3 && o.events_after_finish == 0, "the callback cancels: no events after it (%d tokens)", o.n);
 
@@ -415,7 +415,7 @@ static void test_engine(void)
 		sp.top_p = 0.95f;
 		sp.max_tokens = 40;
 		memset(&together[k], 0, sizeof together[k]);
-		rs[k] = (struct llm_request){ prompt, 4 - k % 2, sp, cb, &together[k] };
+		rs[k] = (struct llm_request){ .prompt = prompt, .n_prompt = 4 - k % 2, .params = sp, .on_token = cb, .user = &together[k] };
 	}
 	test_sched_run(e, rs, 3, &fd_detok);
 	int same = 1;

@@ -127,7 +127,7 @@ int main(void)
 	prompts[N_REQ][n_prompt[N_REQ]++] = 300;
 	prompts[N_REQ + 1][n_prompt[N_REQ + 1]++] = 301;
 	for (int k = 0; k < N_REQ + 2; k++) {
-		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &ref[k] };
+		struct llm_request rq = { .prompt = prompts[k], .n_prompt = n_prompt[k], .params = greedy(MAX_NEW), .on_token = on_token, .user = &ref[k] };
 		if (test_sched_run(re, &rq, 1, NULL)) {
 			check(0, "reference generation %d: %s", k, llm_errmsg());
 			return check_done();
@@ -158,7 +158,7 @@ int main(void)
 	}
 	int bad = 0, over = 0;
 	for (int k = 0; k < N_REQ; k++) {
-		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &got[k] };
+		struct llm_request rq = { .prompt = prompts[k], .n_prompt = n_prompt[k], .params = greedy(MAX_NEW), .on_token = on_token, .user = &got[k] };
 		bad += llm_sched_add(s, &rq, NULL) != LLM_OK;
 	}
 	check(bad == 0, "12 requests queued");
@@ -183,7 +183,7 @@ int main(void)
 	llm_sched_prefix_clear(s);
 	int64_t hits0 = st.prefix_hit_tokens;
 	for (int k = N_REQ; k < N_REQ + 2; k++) {
-		struct llm_request rq = { prompts[k], n_prompt[k], greedy(MAX_NEW), on_token, &got[k] };
+		struct llm_request rq = { .prompt = prompts[k], .n_prompt = n_prompt[k], .params = greedy(MAX_NEW), .on_token = on_token, .user = &got[k] };
 		if (llm_sched_add(s, &rq, NULL))
 			check_diag("add: %s", llm_errmsg());
 		drain(s, 5000, 32, &over);
@@ -202,7 +202,7 @@ int main(void)
 	/* cancellation frees the blocks at the next step */
 	struct out c = { 0 };
 	int id;
-	struct llm_request rq = { prompts[3], n_prompt[3], greedy(MAX_NEW), on_token, &c };
+	struct llm_request rq = { .prompt = prompts[3], .n_prompt = n_prompt[3], .params = greedy(MAX_NEW), .on_token = on_token, .user = &c };
 	llm_sched_add(s, &rq, &id);
 	for (int i = 0; i < 3; i++)
 		llm_sched_step(s, NULL);
@@ -215,7 +215,7 @@ int main(void)
 	check(st.kv_blocks_used == 0, "its blocks are free (%lld used)", (long long)st.kv_blocks_used);
 
 	/* context overflow names the numbers */
-	struct llm_request big = { prompts[0], n_prompt[0], greedy(600), on_token, &c };
+	struct llm_request big = { .prompt = prompts[0], .n_prompt = n_prompt[0], .params = greedy(600), .on_token = on_token, .user = &c };
 	enum llm_status rc = llm_sched_add(s, &big, NULL);
 	check(rc == LLM_ERR_RANGE && strstr(llm_errmsg(), "max_tokens 600") && strstr(llm_errmsg(), "512"),
 	      "prompt + max_tokens beyond the context is refused with the numbers (%s)", llm_errmsg());
@@ -232,8 +232,8 @@ int main(void)
 			for (int j = k ? 1 : 0; j < n_prompt[k] && nl < 120; j++)
 				longp[nl++] = prompts[k][j];
 		struct out lo = { 0 }, sh = { 0 }, alone = { 0 };
-		struct llm_request lr = { longp, nl, greedy(8), on_token, &lo };
-		struct llm_request sr = { prompts[1], n_prompt[1], greedy(8), on_token, &sh };
+		struct llm_request lr = { .prompt = longp, .n_prompt = nl, .params = greedy(8), .on_token = on_token, .user = &lo };
+		struct llm_request sr = { .prompt = prompts[1], .n_prompt = n_prompt[1], .params = greedy(8), .on_token = on_token, .user = &sh };
 		llm_sched_add(s, &lr, NULL);
 		llm_sched_step(s, NULL);                  /* the long prefill has begun */
 		llm_sched_add(s, &sr, NULL);
@@ -251,7 +251,7 @@ int main(void)
 		 * each cost at most the budget, and shrink as the context grows */
 		int chunk[64], n_chunk = 0, sum = 0, costly = 0;
 		if (llm_sched_open(&s, e, &fo) == LLM_OK) {
-			struct llm_request lr2 = { longp, nl, greedy(8), on_token, &alone };
+			struct llm_request lr2 = { .prompt = longp, .n_prompt = nl, .params = greedy(8), .on_token = on_token, .user = &alone };
 			llm_sched_add(s, &lr2, NULL);
 			while (alone.events == 0 && n_chunk < 64 && !llm_sched_step(s, NULL)) {
 				llm_sched_stats(s, &st);

@@ -797,7 +797,7 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 		die_msg();
 	int single = !cfg.prompt && !cfg.prompt_file ? 0 : 1;
 	for (size_t i = 0; i < n; i++) {
-		struct llm_request r = { jobs[i].prompt, (int)jobs[i].n_prompt, jobs[i].p, on_token, &jobs[i] };
+		struct llm_request r = { .prompt = jobs[i].prompt, .n_prompt = (int)jobs[i].n_prompt, .params = jobs[i].p, .on_token = on_token, .user = &jobs[i] };
 		int id;
 		jobs[i].stream = single && !cfg.json;
 		jobs[i].t_submit = llm_now();

@@ -1,0 +1,43 @@
+/* common/score.h: log-likelihood scoring (lm-eval style multiple choice)
+ * and perplexity, as prefill-only requests of the scheduler (score.c).
+ *
+ * A context is computed once: its continuations fork its KV blocks (the
+ * scheduler's parent/child requests) and each scores its own tokens. */
+#ifndef LLM_SCORE_H
+#define LLM_SCORE_H
+
+#include "scheduler.h"
+
+struct llm_score_result {       /* one continuation */
+	double logprob;             /* sum_j log p(cont[j] | ctx, cont[<j]) */
+	int is_greedy;              /* every continuation token was the argmax */
+	int n_scored;               /* tokens scored (the continuation's) */
+};
+
+/* Queue on S the scoring of N continuations (each >= 1 token) after one
+ * context (>= 1 token): RES[i] is filled as the requests run
+ * (llm_sched_step / llm_sched_run) and must stay valid until then. Any
+ * number of items can be queued before running: they share steps. */
+enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_ctx,
+                                const int32_t *const *cont, const int *n_cont, int n,
+                                struct llm_score_result *res);
+
+/* One item on engine E alone (a scheduler of E's sizes, run to the end):
+ * LOGPROB[i] and IS_GREEDY[i] (may be NULL) of continuation i. */
+enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
+                          const int32_t *const *cont, const int *n_cont, int n,
+                          double *logprob, int *is_greedy);
+
+/* Teacher-forced negative log-likelihood of IDS (N text tokens, without BOS)
+ * in the scheme of llama.cpp's perplexity and ../shared/reference
+ * perplexity.json: the tokens are cut into consecutive chunks of at most
+ * CHUNK; each chunk runs as [BOS] + chunk from position 0 in a fresh
+ * sequence, and every chunk token is scored (the first from BOS alone).
+ * With BOS < 0 a chunk runs alone and its first token is not scored.
+ * The chunks run together, as many at once as E has sequences.
+ * *NLL = -sum of natural-log probabilities, *COUNT = tokens scored,
+ * LOGPROBS (N floats, may be NULL) per token (NAN where not scored). */
+enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t n, int chunk,
+                               int32_t bos, double *nll, int64_t *count, float *logprobs);
+
+#endif

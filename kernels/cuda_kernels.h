@@ -4,8 +4,9 @@
  * STREAM and returns the launch status (cudaGetLastError()); nothing here
  * synchronizes. Pointers are device pointers unless a comment says otherwise.
  * Shapes and semantics are those of the op of the same name in
- * common/backend.h; the CPU backend (common/backend_cpu.c, cpu_matmul.c) is
- * the reference each one is tested against (tests/test_cuda.c).
+ * common/backend.h; the CPU backend (common/backend_cpu.c, cpu_matmul.c,
+ * cpu_attention.c) is the reference each one is tested against
+ * (tests/test_cuda.c).
  *
  * Activations on the interface are f32 row-major with a row stride in
  * elements (>= cols), as struct llm_view. Weights are struct llm_cuda_mat:
@@ -72,7 +73,7 @@ cudaError_t llm_cuda_f32_to_bf16(uint16_t *dst, const float *src, int64_t ss, in
 /* dst (rows, cols) bf16 = the dequantized E4M3 weight (the cuBLAS baseline). */
 cudaError_t llm_cuda_e4m3_to_bf16(uint16_t *dst, const struct llm_cuda_mat *w, cudaStream_t stream);
 
-/* ---- row ops (rowwise.cu) ------------------------------------------------ */
+/* ---- row ops (rmsnorm.cu, rope.cu, swiglu.cu, add.cu, gather.cu, embed.cu) */
 
 /* out[i] = x[i] * (1 / sqrt(mean(x[i]^2) + eps)) * w; w (1, cols) any dtype.
  * OUT may equal X. */

@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_chat.c: libFuzzer harness for chat rendering (jinja.c),
+/* tests/fuzz/fuzz_chat.c: libFuzzer harness for chat rendering (common/jinja_*.c),
  * which llm-serve runs on every /v1/chat/completions body. Byte 0 picks:
  *   0, 1: the rest is the request JSON ({"messages": [...], ...}), rendered
  *        with the chat template of the reference tokenizer llama3 or qwen3

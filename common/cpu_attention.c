@@ -1,0 +1,315 @@
+/* common/cpu_attention.c: the CPU backend's attention over one KV block
+ * (scores q . k / scale and the weighted sum of values, AVX-512, for 1 to 4
+ * heads sharing a KV head), and the e^x they and SwiGLU use: llm_cpu_exp,
+ * llm_cpu_silu_mul and llm_cpu_softmax (backend.h).
+ *
+ * Guarantees: every level gives the same bits. A score equals
+ * llm_cpu_dot(isa, q, k) / scale, e^x is one sequence of f32 operations a
+ * lane at a time or sixteen, and the softmax sum is taken in one fixed
+ * order (see each section). A caller whose level is below AVX-512 gets
+ * false from llm_cpu_attn_* and runs the loops of backend_cpu.c. */
+#include "backend.h"
+
+#include <math.h>
+#include <immintrin.h>
+#include "cpu_simd.h"
+#include "banned.h"
+
+/* ---- attention over one KV block ---------------------------------------
+ * The scores and the weighted sum of values, a run of positions whose rows
+ * are KSTRIDE elements apart (F32 or BF16; bf16 -> f32 is exact). A score is
+ * llm_cpu_dot(isa, q, k) / scale bit for bit (four positions share the lane
+ * reduction, in the same pairs), and o[i] = fmaf(a, v[i], o[i]), positions
+ * in order (one rounding per term; the loops below AVX-512 in backend_cpu.c
+ * round the product too). */
+
+T512 static INL __m512 kv_load_512(const void *base, enum llm_dtype dt, size_t off, __mmask16 m)
+{
+	if (dt == LLM_DTYPE_F32)
+		return _mm512_maskz_loadu_ps(m, (const float *)base + off);
+	__m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + off));
+	return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* NH heads (compile-time at each call) over 4 positions at a time: the
+ * four key rows are loaded once per 16 columns, each head's four lane sums
+ * reduced in the pairs of reduce4_512. */
+T512 static INL void scores_512(float *att, size_t as, const float *q, const int nh, const void *k,
+                                enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
+{
+	int p = 0;
+	for (; p + 4 <= n_pos; p += 4) {
+		__m512 a[4][4];
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++)
+#pragma GCC unroll 4
+			for (int u = 0; u < 4; u++)
+				a[j][u] = _mm512_setzero_ps();
+		size_t o = (size_t)p * (size_t)ks;
+		for (int c = 0; c < d; c += 16) {
+			int left = d - c;
+			__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+			__m512 kv[4];
+#pragma GCC unroll 4
+			for (int u = 0; u < 4; u++)
+				kv[u] = kv_load_512(k, dt, o + (size_t)u * (size_t)ks + (size_t)c, m);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++) {
+				__m512 qv = _mm512_maskz_loadu_ps(m, q + (size_t)j * (size_t)d + c);
+#pragma GCC unroll 4
+				for (int u = 0; u < 4; u++)
+					a[j][u] = _mm512_fmadd_ps(qv, kv[u], a[j][u]);
+			}
+		}
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++) {
+			/* reduce4_512 without the bf16 target: the same pairs */
+			__m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a[j][0], a[j][1], 0x44),
+			                          _mm512_shuffle_f32x4(a[j][0], a[j][1], 0xee));
+			__m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(a[j][2], a[j][3], 0x44),
+			                          _mm512_shuffle_f32x4(a[j][2], a[j][3], 0xee));
+			__m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+			s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
+			s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
+			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
+			_mm_storeu_ps(att + (size_t)j * as + p, _mm_div_ps(_mm512_castps512_ps128(s), _mm_set1_ps(scale)));
+		}
+	}
+	for (; p < n_pos; p++) {
+		size_t o = (size_t)p * (size_t)ks;
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++) {
+			__m512 a0 = _mm512_setzero_ps();
+			for (int c = 0; c < d; c += 16) {
+				int left = d - c;
+				__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+				a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (size_t)j * (size_t)d + c),
+				                     kv_load_512(k, dt, o + (size_t)c, m), a0);
+			}
+			att[(size_t)j * as + p] = _mm512_reduce_add_ps(a0) / scale;
+		}
+	}
+}
+
+/* NH heads, 64 columns of each in registers: a value row is loaded once
+ * for all of them. */
+T512 static INL void wsum_512(float *out, const int nh, const float *att, size_t as, const void *v,
+                              enum llm_dtype dt, int64_t vs, int n_pos, int d)
+{
+	for (int c = 0; c < d; c += 64) {
+		__mmask16 m[4];
+		__m512 o[4][4];
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++) {
+			int left = d - c - 16 * i;
+			m[i] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++)
+				o[j][i] = _mm512_maskz_loadu_ps(m[i], out + (size_t)j * (size_t)d + c + 16 * i);
+		}
+		for (int p = 0; p < n_pos; p++) {
+			size_t off = (size_t)p * (size_t)vs + (size_t)c;
+			__m512 vv[4];
+#pragma GCC unroll 4
+			for (int i = 0; i < 4; i++)
+				vv[i] = kv_load_512(v, dt, off + 16 * (size_t)i, m[i]);
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++) {
+				__m512 a = _mm512_set1_ps(att[(size_t)j * as + p]);
+#pragma GCC unroll 4
+				for (int i = 0; i < 4; i++)
+					o[j][i] = _mm512_fmadd_ps(a, vv[i], o[j][i]);
+			}
+		}
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+			for (int j = 0; j < nh; j++)
+				_mm512_mask_storeu_ps(out + (size_t)j * (size_t)d + c + 16 * i, m[i], o[j][i]);
+	}
+}
+
+#define ATTN_NH(F, nh, ...)                                            \
+	switch (nh) {                                                  \
+	case 1: F(__VA_ARGS__, 1); break;                              \
+	case 2: F(__VA_ARGS__, 2); break;                              \
+	case 3: F(__VA_ARGS__, 3); break;                              \
+	default: F(__VA_ARGS__, 4); break;                             \
+	}
+
+T512 static void scores_512_n(float *att, size_t as, const float *q, int nh, const void *k,
+                              enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
+{
+#define SC(dummy, NH) scores_512(att, as, q, NH, k, dt, ks, n_pos, d, scale)
+	ATTN_NH(SC, nh, 0)
+#undef SC
+}
+
+T512 static void wsum_512_n(float *out, int nh, const float *att, size_t as, const void *v,
+                            enum llm_dtype dt, int64_t vs, int n_pos, int d)
+{
+#define WS(dummy, NH) wsum_512(out, NH, att, as, v, dt, vs, n_pos, d)
+	ATTN_NH(WS, nh, 0)
+#undef WS
+}
+
+bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
+                         const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale)
+{
+	if (isa < LLM_ISA_AVX512 || nh < 1 || nh > 4)
+		return false;
+	scores_512_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
+	return true;
+}
+
+bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,
+                       const void *v, enum llm_dtype dt, int64_t v_stride, int n_pos, int d)
+{
+	if (isa < LLM_ISA_AVX512 || nh < 1 || nh > 4)
+		return false;
+	wsum_512_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
+	return true;
+}
+
+/* ---- e^x for the softmax and SiLU ---------------------------------------
+ * One sequence of f32 operations, run a lane at a time (fmaf) or sixteen
+ * (AVX-512) with the same bits: range reduction by ln 2 in two parts
+ * (t = rint(x log2 e)), a degree-6 polynomial for e^r, then times 2^t,
+ * exact because the input is clamped to [-87, 88] where every result is a
+ * normal float (e^-87 = 1.6e-38 stands in for anything smaller, e^88 for
+ * anything larger; NaN gives e^88). Within 2 ulp of e^x (test_ops measures
+ * it); libm expf had to run one call per element. */
+
+static const float EXP_LO = -87.0f, EXP_HI = 88.0f, EXP_L2E = 1.44269504089f;
+static const float EXP_C1 = 0.693359375f, EXP_C2 = -2.12194440e-4f;
+static const float EXP_P[6] = { 1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f };
+
+static inline float exp_1(float x)
+{
+	x = fmaxf(fminf(x, EXP_HI), EXP_LO);
+	float t = rintf(x * EXP_L2E);
+	float r = fmaf(-t, EXP_C2, fmaf(-t, EXP_C1, x));
+	float p = fmaf(EXP_P[0], r, EXP_P[1]);
+	p = fmaf(p, r, EXP_P[2]);
+	p = fmaf(p, r, EXP_P[3]);
+	p = fmaf(p, r, EXP_P[4]);
+	p = fmaf(p, r, EXP_P[5]);
+	p = fmaf(p * r, r, r + 1.0f);
+	union { uint32_t u; float f; } two = { (uint32_t)((int32_t)t + 127) << 23 };
+	return p * two.f;
+}
+
+T512 static INL __m512 exp_512(__m512 x)
+{
+	x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(EXP_HI)), _mm512_set1_ps(EXP_LO));
+	__m512 t = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_L2E)),
+	                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fnmadd_ps(t, _mm512_set1_ps(EXP_C2), _mm512_fnmadd_ps(t, _mm512_set1_ps(EXP_C1), x));
+	__m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P[0]), r, _mm512_set1_ps(EXP_P[1]));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[2]));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[3]));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[4]));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[5]));
+	p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+	__m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(127)), 23);
+	return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+float llm_cpu_exp(float x)
+{
+	return exp_1(x);
+}
+
+T512 static void silu_mul_512(float *o, const float *g, const float *u, int64_t n)
+{
+	const __m512 one = _mm512_set1_ps(1.0f);
+	for (int64_t i = 0; i < n; i += 16) {
+		int64_t left = n - i;
+		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+		__m512 v = _mm512_maskz_loadu_ps(k, g + i);
+		__m512 e = exp_512(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u))));
+		v = _mm512_mul_ps(v, _mm512_div_ps(one, _mm512_add_ps(one, e)));
+		_mm512_mask_storeu_ps(o + i, k, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, u + i)));
+	}
+}
+
+void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const float *u, int64_t n)
+{
+	if (isa >= LLM_ISA_AVX512) {
+		silu_mul_512(o, g, u, n);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		float v = g[i];
+		v *= 1.0f / (1.0f + exp_1(-v));
+		o[i] = v * u[i];
+	}
+}
+
+/* ---- softmax ------------------------------------------------------------
+ * a[i] = e^(a[i] - max) / sum in place, the sum taken in 16 lanes (lane l
+ * adds elements l, l + 16, ... in order) and the lanes added in the tree of
+ * _mm512_reduce_add_ps (l + l+8, then +4, +2, +1): one order for the vector
+ * code and its scalar twin, so every ISA gives the same bits. Returns the
+ * sum. */
+T512 static float softmax_512(float *a, int64_t n)
+{
+	__m512 vm = _mm512_set1_ps(a[0]);
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		vm = _mm512_max_ps(_mm512_loadu_ps(a + i), vm);
+	float mx = _mm512_reduce_max_ps(vm);
+	for (; i < n; i++)
+		if (a[i] > mx)
+			mx = a[i];
+	if (a[0] != a[0])
+		mx = a[0];
+	const __m512 m = _mm512_set1_ps(mx);
+	__m512 acc = _mm512_setzero_ps();
+	for (i = 0; i < n; i += 16) {
+		int64_t left = n - i;
+		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+		__m512 e = _mm512_maskz_mov_ps(k, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, a + i), m)));
+		_mm512_mask_storeu_ps(a + i, k, e);
+		acc = _mm512_add_ps(acc, e);
+	}
+	__m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+	                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	float sum = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
+	const __m512 sv = _mm512_set1_ps(sum);
+	for (i = 0; i < n; i += 16) {
+		int64_t left = n - i;
+		__mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+		_mm512_mask_storeu_ps(a + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, a + i), sv));
+	}
+	return sum;
+}
+
+float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n)
+{
+	if (n < 1)
+		return 0.0f;
+	if (isa >= LLM_ISA_AVX512)
+		return softmax_512(a, n);
+	float mx = a[0], lane[16] = { 0 };
+	for (int64_t i = 1; i < n; i++)
+		if (a[i] > mx)
+			mx = a[i];
+	for (int64_t i = 0; i < n; i++) {
+		a[i] = exp_1(a[i] - mx);
+		lane[i % 16] += a[i];
+	}
+	for (int l = 0; l < 8; l++)
+		lane[l] += lane[l + 8];
+	for (int l = 0; l < 4; l++)
+		lane[l] += lane[l + 4];
+	lane[0] += lane[2];
+	lane[1] += lane[3];
+	float sum = lane[0] + lane[1];
+	for (int64_t i = 0; i < n; i++)
+		a[i] /= sum;
+	return sum;
+}

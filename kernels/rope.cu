@@ -1,0 +1,35 @@
+/* kernels/rope.cu: the CUDA rope op, in place on f32 rows with a row
+ * stride (HF rotate_half pairs).
+ *
+ * Reference: cpu_rope in common/backend_cpu.c: the angle pos * inv_freq in
+ * f32, then cosf/sinf (CUDA's are within 2 ulp, glibc's within 1). */
+#include "cuda_device.h"
+
+/* One thread per (token, head, pair j). */
+__global__ void rope_f32_kernel(float *x, int64_t xs, int64_t rows, const int32_t *pos,
+                                int n_head, int d_head, const float *inv_freq)
+{
+	int half = d_head / 2;
+	int64_t n = rows * n_head * half;
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+		int64_t t = i / ((int64_t)n_head * half);
+		int rem = (int)(i % ((int64_t)n_head * half));
+		int h = rem / half, j = rem % half;
+		float a = (float)pos[t] * inv_freq[j];
+		float c = cosf(a), s = sinf(a);
+		float *p = x + t * xs + (int64_t)h * d_head;
+		float v0 = p[j], v1 = p[j + half];
+		p[j] = v0 * c - v1 * s;
+		p[j + half] = v0 * s + v1 * c;
+	}
+}
+
+extern "C" cudaError_t llm_cuda_rope(float *x, int64_t xs, int64_t rows, const int32_t *pos,
+                                     int n_head, int d_head, const float *inv_freq, cudaStream_t stream)
+{
+	int64_t n = rows * n_head * (d_head / 2);
+	if (n < 1)
+		return cudaSuccess;
+	rope_f32_kernel<<<llm_grid_1d(n, 256), 256, 0, stream>>>(x, xs, rows, pos, n_head, d_head, inv_freq);
+	return cudaGetLastError();
+}

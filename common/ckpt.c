@@ -8,7 +8,6 @@
 #define _GNU_SOURCE
 #include "ckpt.h"
 #include "fileio.h"
-#include "partition.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -376,6 +375,45 @@ static void config_block(const struct llm_ckpt *ck, int64_t *bn, int64_t *bk)
 	json_decref(root);
 }
 
+enum llm_status llm_ckpt_fp8_scale(const struct llm_ckpt *ck, const char *name, int64_t rows, int64_t cols,
+                                   const struct llm_tensor **scale, int64_t *bn, int64_t *bk)
+{
+	char sname[1024];
+	snprintf(sname, sizeof sname, "%s_scale_inv", name);
+	const struct llm_tensor *sc = llm_ckpt_find(ck, sname);
+	int inv = sc != NULL;
+	if (!sc) {
+		snprintf(sname, sizeof sname, "%s_scale", name);
+		sc = llm_ckpt_find(ck, sname);
+	}
+	if (!sc)
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is F8_E4M3 but has no '%s_scale_inv' or '%s_scale'",
+		                ck->path, name, name, name);
+	int64_t sn = llm_tensor_numel(sc);
+	if (inv && sc->n_dim == 2) {
+		config_block(ck, bn, bk);
+		if (*bn <= 0 || *bk <= 0) {       /* no config: derive from the shapes */
+			*bn = sc->shape[0] ? (rows + sc->shape[0] - 1) / sc->shape[0] : 0;
+			*bk = sc->shape[1] ? (cols + sc->shape[1] - 1) / sc->shape[1] : 0;
+		}
+		if (*bn <= 0 || *bk <= 0 || sc->shape[0] != (rows + *bn - 1) / *bn || sc->shape[1] != (cols + *bk - 1) / *bk)
+			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape [%lld, %lld] does not match blocks %lldx%lld of a %lldx%lld weight",
+			                ck->path, sname, (long long)sc->shape[0], (long long)sc->shape[1],
+			                (long long)*bn, (long long)*bk, (long long)rows, (long long)cols);
+	} else if (sn == 1) {                    /* per tensor */
+		*bn = rows;
+		*bk = cols;
+	} else if (sn == rows && (sc->n_dim == 1 || (sc->n_dim == 2 && sc->shape[1] == 1))) {
+		*bn = 1;                             /* per output channel */
+		*bk = cols;
+	} else {
+		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': unsupported scale shape for a %lldx%lld weight",
+		                ck->path, sname, (long long)rows, (long long)cols);
+	}
+	*scale = sc;
+	return LLM_OK;
+}
+
 size_t llm_weight_data_bytes(const struct llm_weight *w)
 {
 	return (size_t)(w->rows * w->cols) * llm_dtype_size(w->dtype);
@@ -405,53 +443,19 @@ enum llm_status llm_ckpt_weight(struct llm_ckpt *ck, const char *name, struct ll
 	if (t->dtype != LLM_DTYPE_E4M3)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: tensor '%s': unsupported weight dtype %s",
 		                ck->path, name, llm_dtype_name(t->dtype));
-	char sname[1024];
-	snprintf(sname, sizeof sname, "%s_scale_inv", name);
-	const struct llm_tensor *sc = llm_ckpt_find(ck, sname);
-	int inv = sc != NULL;
-	if (!sc) {
-		snprintf(sname, sizeof sname, "%s_scale", name);
-		sc = llm_ckpt_find(ck, sname);
-	}
-	if (!sc)
-		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is F8_E4M3 but has no '%s_scale_inv' or '%s_scale'",
-		                ck->path, name, name, name);
+	const struct llm_tensor *sc;
+	LLM_TRY(llm_ckpt_fp8_scale(ck, name, w->rows, w->cols, &sc, &w->block_rows, &w->block_cols));
 	int64_t sn = llm_tensor_numel(sc);
-	if (inv && sc->n_dim == 2) {
-		int64_t bn, bk;
-		config_block(ck, &bn, &bk);
-		if (bn <= 0 || bk <= 0) {         /* no config: derive from the shapes */
-			bn = (w->rows + sc->shape[0] - 1) / (sc->shape[0] ? sc->shape[0] : 1);
-			bk = (w->cols + sc->shape[1] - 1) / (sc->shape[1] ? sc->shape[1] : 1);
-		}
-		if (bn <= 0 || bk <= 0 || sc->shape[0] != (w->rows + bn - 1) / bn || sc->shape[1] != (w->cols + bk - 1) / bk)
-			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape [%lld, %lld] does not match blocks %lldx%lld of a %lldx%lld weight",
-			                ck->path, sname, (long long)sc->shape[0], (long long)sc->shape[1],
-			                (long long)bn, (long long)bk, (long long)w->rows, (long long)w->cols);
-		w->block_rows = bn;
-		w->block_cols = bk;
-		w->scale_rows = sc->shape[0];
-		w->scale_cols = sc->shape[1];
-	} else if (sn == 1) {                    /* per tensor */
-		w->block_rows = w->rows;
-		w->block_cols = w->cols;
-		w->scale_rows = w->scale_cols = 1;
-	} else if (sn == w->rows && (sc->n_dim == 1 || (sc->n_dim == 2 && sc->shape[1] == 1))) {
-		w->block_rows = 1;                   /* per output channel */
-		w->block_cols = w->cols;
-		w->scale_rows = w->rows;
-		w->scale_cols = 1;
-	} else {
-		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': unsupported scale shape for a %lldx%lld weight",
-		                ck->path, sname, (long long)w->rows, (long long)w->cols);
-	}
+	/* a per-tensor scale of an empty weight is still one scale */
+	w->scale_rows = w->block_rows ? (w->rows + w->block_rows - 1) / w->block_rows : 1;
+	w->scale_cols = w->block_cols ? (w->cols + w->block_cols - 1) / w->block_cols : 1;
 	if (sc->dtype == LLM_DTYPE_F32) {
 		w->scale = sc->data;
 		return LLM_OK;
 	}
 	if (sc->dtype != LLM_DTYPE_BF16 && sc->dtype != LLM_DTYPE_F16)
 		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': scale dtype %s is not F32, BF16 or F16",
-		                ck->path, sname, llm_dtype_name(sc->dtype));
+		                ck->path, sc->name, llm_dtype_name(sc->dtype));
 	float **nc = realloc(ck->scale_copies, (ck->n_scale_copies + 1) * sizeof *nc);
 	float *c = malloc((size_t)sn * sizeof *c);
 	if (!nc || !c) {

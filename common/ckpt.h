@@ -24,7 +24,7 @@ struct llm_aux {
 	size_t len;
 };
 
-struct llm_partition;             /* partition.h */
+struct llm_partition;             /* below */
 
 struct llm_ckpt {
 	char *path;
@@ -81,6 +81,17 @@ struct llm_weight {
 	int64_t scale_rows, scale_cols;
 	int64_t block_rows, block_cols;
 };
+/* The FP8 scale rules, stated once (llm_ckpt_weight and the partition
+ * planner use them): the scale tensor of the E4M3 weight NAME of ROWS x COLS
+ * is "<NAME>_scale_inv" or else "<NAME>_scale"; a 2-D "_scale_inv" holds
+ * blocks of config.json's quantization_config.weight_block_size, or when
+ * config.json has none, blocks derived from the two shapes; otherwise one
+ * element is a per-tensor scale and ROWS elements ((rows) or (rows, 1)) are
+ * per output channel. *SCALE gets the scale tensor, *BN x *BK the weight
+ * elements one scale covers. LLM_ERR_FORMAT naming the tensor when the scale
+ * is missing or its shape fits none of these. */
+enum llm_status llm_ckpt_fp8_scale(const struct llm_ckpt *ck, const char *name, int64_t rows, int64_t cols,
+                                   const struct llm_tensor **scale, int64_t *bn, int64_t *bk);
 /* Resolve NAME (e.g. "model.layers.0.mlp.up_proj.weight") and its scale
  * tensor, whichever layout the checkpoint uses. */
 enum llm_status llm_ckpt_weight(struct llm_ckpt *ck, const char *name, struct llm_weight *w);
@@ -115,5 +126,83 @@ enum llm_status llm_ckpt_write_commit(struct llm_ckpt_writer *w);
 void llm_ckpt_write_abort(struct llm_ckpt_writer *w);
 /* Bytes written so far and in total (for progress). */
 void llm_ckpt_write_progress(const struct llm_ckpt_writer *w, size_t *done, size_t *total);
+
+/* ---- partitioned checkpoints ----------------------------------------
+ * Written by llm-repartition (partition.h, which also states the split);
+ * read here, as part of opening a checkpoint (ckpt_part.c). */
+
+#define LLM_PART_FILE "partition.json"   /* the record, in the checkpoint directory */
+#define LLM_PART_META "llm_partition"    /* the record, in each rank file's __metadata__ */
+#define LLM_PART_MAX_RANKS 4096
+
+/* Where a tensor of a rank file lies in the whole tensor. */
+struct llm_slice {
+	int dim;                 /* split dimension: 0 (rows) or the last; -1 whole */
+	int64_t start, len;      /* range along dim, in elements (scales: in blocks) */
+	int64_t full;            /* the whole tensor's extent along dim */
+};
+
+struct llm_part_rank {
+	int rank, stage, tp_rank;
+	int layer_begin, layer_end;   /* [begin, end) */
+	char *file;                   /* file name inside the checkpoint directory */
+	uint64_t bytes;               /* tensor bytes in the file */
+};
+
+struct llm_part_src;              /* pieces of a partitioned checkpoint (ckpt_part.c) */
+
+/* The partition record (partition.json, or one rank file's metadata). */
+struct llm_partition {
+	int tp, pp, n_layer, n_rank;
+	int *layer0;                  /* (pp + 1): stage p holds [layer0[p], layer0[p+1]) */
+	struct llm_part_rank *ranks;  /* (n_rank), index = rank; read from one file: only
+	                                 ranks[rank] is filled */
+	size_t n_tensor;
+	struct llm_tensor *tensors;   /* (n_tensor) the whole model in its original order:
+	                                 name, dtype, full shape, nbytes; data NULL */
+	int *split;                   /* (n_tensor) split dimension, -1: never split */
+	/* one rank's view (llm_ckpt_open_rank, or a rank file opened alone) */
+	int rank;                     /* -1: the whole checkpoint */
+	size_t n_slice;
+	char **slice_name;            /* (n_slice) sorted; tensors not listed are whole */
+	struct llm_slice *slice;      /* (n_slice) */
+	struct llm_part_src *src;     /* open rank files behind a merged view */
+};
+
+/* ---- reading partitioned checkpoints (ckpt_part.c) ---------------------- */
+
+/* Whether the directory PATH holds partition.json. */
+int llm_partition_is_dir(const char *path);
+/* Parse DIR/partition.json (the ranks and the whole-model tensor list). */
+enum llm_status llm_partition_load(struct llm_partition **p, const char *dir);
+/* Parse a rank file's LLM_PART_META metadata (its rank and slices). */
+enum llm_status llm_partition_from_meta(struct llm_partition **p, const struct llm_st_file *f);
+void llm_partition_free(struct llm_partition *p);
+/* Open the rank files of DIR and fill CK (zeroed, path set) with one virtual
+ * file holding the whole tensors in their original order: tensors held
+ * whole by some rank point into its mapping; split tensors are assembled
+ * into heap copies when ASSEMBLE, else left with data NULL (read them with
+ * llm_partition_read). Sets ck->part. Side files are left to the caller. */
+enum llm_status llm_partition_open_view(struct llm_ckpt *ck, const char *dir, int assemble);
+/* Copy rows [r0, r1) x columns [c0, c1) of whole tensor T of a view opened
+ * by llm_ckpt_open_lazy (T viewed as 2-D: rows = shape[0] for 2-D tensors, 1
+ * for 1-D) into DST, row-major and c1 - c0 wide. */
+enum llm_status llm_partition_read(const struct llm_ckpt *ck, const struct llm_tensor *t,
+                                   int64_t r0, int64_t r1, int64_t c0, int64_t c1, void *dst);
+/* Attach the loaded record P to CK, a rank file opened alone whose metadata
+ * record is ck->part: checks they agree (rank, tp, pp, file) and keeps the
+ * slices. Takes P in every case. */
+enum llm_status llm_partition_attach(struct llm_ckpt *ck, struct llm_partition *p, int rank);
+/* This rank's slice of tensor NAME, or NULL when it holds NAME whole. */
+const struct llm_slice *llm_partition_slice(const struct llm_partition *p, const char *name);
+/* LLM_ERR_USAGE naming PATH when the partition needs other than SIZE ranks. */
+enum llm_status llm_partition_check_world(const struct llm_partition *p, int size, const char *path);
+/* T as the 2-D matrix slices cut (llm_partition_read): COLS the last
+ * dimension, ROWS the rest; whether a split along DIM cuts T's rows. */
+void llm_partition_view2d(const struct llm_tensor *t, int64_t *rows, int64_t *cols);
+int llm_partition_split_rows(const struct llm_tensor *t, int dim);
+/* Drop the source pages of T, a tensor of CK (a merged view or not), from
+ * the resident set (streaming), as llm_ckpt_release. */
+void llm_partition_release(const struct llm_ckpt *ck, const struct llm_tensor *t);
 
 #endif

@@ -29,6 +29,7 @@
 
 #include "model.h"
 #include "sampler.h"
+#include "detok.h"
 
 enum llm_finish {
 	LLM_FINISH_NONE = 0,   /* the request goes on */
@@ -38,18 +39,6 @@ enum llm_finish {
 	LLM_FINISH_CANCEL,     /* llm_engine_cancel() or the callback said stop */
 };
 const char *llm_finish_name(enum llm_finish f);   /* "length", "stop", ... */
-
-/* A streaming detokenizer (e.g. over tokenizer.h's llm_detok_stream), one
- * state per request, needed for stop strings and event text. push() gives
- * the text that ID makes final (UTF-8 complete); *TEXT stays valid until the
- * next call on that state. Return 0, or -1 on error. */
-struct llm_detok {
-	void *(*open)(void *ctx);
-	int (*push)(void *state, int32_t id, const char **text, size_t *len);
-	int (*flush)(void *state, const char **text, size_t *len);   /* may be NULL */
-	void (*close)(void *state);
-	void *ctx;
-};
 
 /* Where the CPU reads the weights from. */
 enum llm_weight_pages {

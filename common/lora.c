@@ -2,7 +2,8 @@
  * PEFT adapter files and merging into a checkpoint (see lora.h). */
 #define _GNU_SOURCE
 #include "lora.h"
-#include "model.h"
+#include "config.h"
+#include "backend.h"
 #include "fileio.h"
 #include "hash.h"
 

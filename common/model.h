@@ -1,4 +1,5 @@
-/* common/model.h: the Llama-family model: config.json, weights, forward pass.
+/* common/model.h: the Llama-family model: config.json (config.h), weights,
+ * forward pass.
  *
  * Supported (anything else is refused at load with the field named):
  * model_type "llama" or "mistral" (no sliding window), hidden_act "silu", no
@@ -13,29 +14,11 @@
 #define LLM_MODEL_H
 
 #include "status.h"
+#include "config.h"
 #include "ckpt.h"
 #include "backend.h"
 #include "kvcache.h"
 #include "comm.h"
-
-#define LLM_MAX_EOS 8
-
-struct llm_config {
-	int n_layer, n_head, n_kv_head;
-	int d_model, d_head, d_ff, n_vocab;
-	int max_ctx;                /* max_position_embeddings */
-	float rms_eps, rope_theta;
-	int tied;                   /* tie_word_embeddings */
-	int rope_llama3;            /* rope_scaling type llama3 */
-	float rope_factor, rope_low_freq, rope_high_freq;
-	int rope_orig_ctx;
-	int32_t bos_id;             /* -1: none */
-	int n_eos;
-	int32_t eos_id[LLM_MAX_EOS];
-};
-
-/* Parse and check config.json (JSON of LEN bytes; PATH names it in errors). */
-enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t len, const char *path);
 
 struct llm_layer {
 	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;

@@ -1,7 +1,7 @@
 /* common/partition.h: tensor x pipeline partitioning of a Llama checkpoint:
  * the plan (which rank holds which slice of which tensor), the partitioned
- * checkpoint on disk (written by llm-repartition, read by every tool through
- * ckpt.c), and the split the distributed forward pass computes with.
+ * checkpoint on disk (written here by llm-repartition, read by every tool
+ * through ckpt.h, ckpt_part.c), and the split the distributed forward pass computes with.
  *
  * Guarantees: a plan is checked completely before anything is written (a
  * refusal names the tensor and the sizes); slices are byte copies, so
@@ -68,43 +68,9 @@
 
 #include "ckpt.h"
 
-#define LLM_PART_FILE "partition.json"   /* the record, in the checkpoint directory */
-#define LLM_PART_META "llm_partition"    /* the record, in each rank file's __metadata__ */
-#define LLM_PART_MAX_RANKS 4096
-
-/* Where a tensor of a rank file lies in the whole tensor. */
-struct llm_slice {
-	int dim;                 /* split dimension: 0 (rows) or the last; -1 whole */
-	int64_t start, len;      /* range along dim, in elements (scales: in blocks) */
-	int64_t full;            /* the whole tensor's extent along dim */
-};
-
-struct llm_part_rank {
-	int rank, stage, tp_rank;
-	int layer_begin, layer_end;   /* [begin, end) */
-	char *file;                   /* file name inside the checkpoint directory */
-	uint64_t bytes;               /* tensor bytes in the file */
-};
-
-struct llm_part_src;              /* pieces of a partitioned checkpoint (partition.c) */
-
-/* The partition record (partition.json, or one rank file's metadata). */
-struct llm_partition {
-	int tp, pp, n_layer, n_rank;
-	int *layer0;                  /* (pp + 1): stage p holds [layer0[p], layer0[p+1]) */
-	struct llm_part_rank *ranks;  /* (n_rank), index = rank; read from one file: only
-	                                 ranks[rank] is filled */
-	size_t n_tensor;
-	struct llm_tensor *tensors;   /* (n_tensor) the whole model in its original order:
-	                                 name, dtype, full shape, nbytes; data NULL */
-	int *split;                   /* (n_tensor) split dimension, -1: never split */
-	/* one rank's view (llm_ckpt_open_rank, or a rank file opened alone) */
-	int rank;                     /* -1: the whole checkpoint */
-	size_t n_slice;
-	char **slice_name;            /* (n_slice) sorted; tensors not listed are whole */
-	struct llm_slice *slice;      /* (n_slice) */
-	struct llm_part_src *src;     /* open rank files behind a merged view */
-};
+/* The record and the reading of partitioned checkpoints (struct
+ * llm_partition, llm_partition_load ...) are in ckpt.h, part of the
+ * checkpoint layer (ckpt_part.c). */
 
 /* ---- planning and writing: llm-repartition ----------------------------- */
 
@@ -136,34 +102,5 @@ void llm_part_range(int64_t n, int tp, int t, int64_t *start, int64_t *len);
  * LAYER0 (pp + 1) receives the boundaries. */
 enum llm_status llm_part_balance(const int64_t *cost, int n_layer, int64_t first_extra,
                                  int64_t last_extra, int pp, int *layer0);
-
-/* ---- reading (called by ckpt.c) ---------------------------------------- */
-
-/* Whether the directory PATH holds partition.json. */
-int llm_partition_is_dir(const char *path);
-/* Parse DIR/partition.json (the ranks and the whole-model tensor list). */
-enum llm_status llm_partition_load(struct llm_partition **p, const char *dir);
-/* Parse a rank file's LLM_PART_META metadata (its rank and slices). */
-enum llm_status llm_partition_from_meta(struct llm_partition **p, const struct llm_st_file *f);
-void llm_partition_free(struct llm_partition *p);
-/* Open the rank files of DIR and fill CK (zeroed, path set) with one virtual
- * file holding the whole tensors in their original order: tensors held
- * whole by some rank point into its mapping; split tensors are assembled
- * into heap copies when ASSEMBLE, else left with data NULL (read them with
- * llm_partition_read). Sets ck->part. Side files are left to the caller. */
-enum llm_status llm_partition_open_view(struct llm_ckpt *ck, const char *dir, int assemble);
-/* Copy rows [r0, r1) x columns [c0, c1) of whole tensor T of a view opened
- * by llm_ckpt_open_lazy (T viewed as 2-D: rows = shape[0] for 2-D tensors, 1
- * for 1-D) into DST, row-major and c1 - c0 wide. */
-enum llm_status llm_partition_read(const struct llm_ckpt *ck, const struct llm_tensor *t,
-                                   int64_t r0, int64_t r1, int64_t c0, int64_t c1, void *dst);
-/* Attach the loaded record P to CK, a rank file opened alone whose metadata
- * record is ck->part: checks they agree (rank, tp, pp, file) and keeps the
- * slices. Takes P in every case. */
-enum llm_status llm_partition_attach(struct llm_ckpt *ck, struct llm_partition *p, int rank);
-/* This rank's slice of tensor NAME, or NULL when it holds NAME whole. */
-const struct llm_slice *llm_partition_slice(const struct llm_partition *p, const char *name);
-/* LLM_ERR_USAGE naming PATH when the partition needs other than SIZE ranks. */
-enum llm_status llm_partition_check_world(const struct llm_partition *p, int size, const char *path);
 
 #endif

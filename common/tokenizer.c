@@ -10,7 +10,7 @@
  * they name no longer exists. */
 #define _GNU_SOURCE
 #include "tokenizer.h"
-#include "generate.h"
+#include "detok.h"
 
 #include <errno.h>
 #include <stdio.h>

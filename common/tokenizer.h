@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "status.h"
+#include "detok.h"
 
 struct llm_tokenizer;
 
@@ -109,12 +110,11 @@ enum llm_status llm_detok_stream_flush(struct llm_detok_stream *s, const char **
                                        size_t *len);
 void llm_detok_stream_free(struct llm_detok_stream *s);
 
-/* Fill D, the engine's detokenizer interface (generate.h), with one
+/* Fill D, the engine's detokenizer interface (detok.h), with one
  * llm_detok_stream per request over TK, special tokens left out. An id TK
  * lacks adds no text, as Hugging Face's decode drops it: models pad their
  * vocabulary past the tokenizer's (and random checkpoints are given any
  * tokenizer), and a sampled padding id must not end the request. */
-struct llm_detok;
 void llm_tokenizer_detok(struct llm_detok *d, const struct llm_tokenizer *tk);
 
 /* Lookups. n_vocab is one more than the largest id (model vocab and added

@@ -1,0 +1,95 @@
+# tests/cli/layers.sh: the engine's include layers hold. The table of floors
+# is common/README (one unit per line: a header and the sources that
+# implement it, grouped under "floor N"). For every #include "x.h" in
+# common/*.c and common/*.h: the includer's floor is above x.h's, or x.h is
+# of its own unit, or the pair is in ALLOW below; there is no include cycle
+# between units or between files; every file has a floor and every file the
+# table names exists.
+#   tests/cli/layers.sh [DIR]   check the sources in DIR (default common)
+#                               against the table of common/README
+. tests/lib/tap.sh
+dir=${1:-common}
+table=common/README
+# unit pairs "FROM:TO" allowed to include each other on the same floor
+ALLOW=""
+
+[ -f "$table" ] || { notok "$table exists"; tap_done; }
+ls "$dir"/*.c "$dir"/*.h 2>/dev/null | sed 's|.*/||' >"$TMPD/files"
+grep -H -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$dir"/*.c "$dir"/*.h |
+	sed -E 's|^.*/([^/:]*):[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]*)".*$|\1 \2|' >"$TMPD/includes"
+[ -s "$TMPD/files" ] || { notok "$dir holds sources"; tap_done; }
+
+awk -v allow="$ALLOW" -v table="$table" -v dir="$dir" '
+function fail(msg) { print "not ok - " msg; bad = 1 }
+# depth-first search for a cycle from node N of graph G ("u" units, "f" files)
+function dfs(g, n, path,    i, j, k, m, p, c) {
+	state[g, n] = 1
+	for (i = 1; i <= nout[g, n]; i++) {
+		m = out[g, n, i]
+		if (state[g, m] == 1) {
+			k = split(path, p, " -> ")
+			for (j = 1; p[j] != m; j++) ;
+			for (c = m; ++j <= k; ) c = c " -> " p[j]
+			fail("include cycle between " (g == "u" ? "units" : "files") ": " c " -> " m)
+		} else if (!state[g, m])
+			dfs(g, m, path " -> " m)
+	}
+	state[g, n] = 2
+}
+function edge(g, a, b) {
+	if (seen[g, a, b]++) return
+	out[g, a, ++nout[g, a]] = b
+	if (!(g SUBSEP a in isnode)) { isnode[g, a] = 1; nodes[g, ++nn[g]] = a }
+	if (!(g SUBSEP b in isnode)) { isnode[g, b] = 1; nodes[g, ++nn[g]] = b }
+}
+FILENAME == table && /^floor [0-9]+$/ { fl = $2; next }
+FILENAME == table && /^\t/ {
+	u = ""
+	for (i = 1; i <= NF && $i ~ /\.[ch]$/; i++) {
+		if ($i in floor) fail(table ": " $i " is placed twice")
+		if (u == "") { u = $i; sub(/\.[ch]$/, "", u) }
+		floor[$i] = fl; unit[$i] = u; named[$i] = 1
+	}
+	next
+}
+FILENAME == table { next }
+FILENAME ~ /files$/ { have[$1] = 1; nfile++; next }
+{ inc[++ninc] = $1 " " $2 }
+END {
+	n = 0
+	for (f in have) if (!(f in floor)) { fail(dir "/" f " has no floor in " table); n++ }
+	if (!n) print "ok - every " dir "/*.c and *.h has a floor in " table " (" nfile " files)"
+	n = 0
+	for (f in named) if (!(f in have)) { fail(table " names " f ", which is not in " dir "/"); n++ }
+	if (!n) print "ok - every file " table " names is in " dir "/"
+	split(allow, al, " ")
+	for (i in al) allowed[al[i]] = 1
+	n = 0
+	for (k = 1; k <= ninc; k++) {
+		split(inc[k], e, " "); a = e[1]; b = e[2]
+		if (!(a in floor) || !(b in floor)) {
+			if (!(b in floor) && !(b in have)) fail(a " includes " b ", which is not in " dir "/")
+			else if (!(b in floor)) fail(a " includes " b ", which has no floor")
+			n++
+			continue
+		}
+		edge("f", a, b)
+		ua = unit[a]; ub = unit[b]
+		if (ua == ub) continue
+		edge("u", ua, ub)
+		if (floor[a] > floor[b]) continue
+		if (floor[a] == floor[b] && ((ua ":" ub) in allowed)) continue
+		fail(a " (floor " floor[a] ") includes " b " (floor " floor[b] (floor[a] == floor[b] ? ", another unit" : "") ")")
+		n++
+	}
+	if (!n) print "ok - every include goes down a floor or stays in its unit (" ninc " includes)"
+	for (g = 0; g < 2; g++) {
+		gg = g ? "f" : "u"
+		bad_before = bad; bad = 0
+		for (i = 1; i <= nn[gg]; i++) if (!state[gg, nodes[gg, i]]) dfs(gg, nodes[gg, i], nodes[gg, i])
+		if (!bad) print "ok - no include cycle between " (g ? "files" : "units")
+		bad = bad || bad_before
+	}
+	exit bad
+}' "$table" "$TMPD/files" "$TMPD/includes" || tap_fail=1
+tap_done

@@ -16,6 +16,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "generate.h"
+#include "request.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

@@ -16,6 +16,7 @@
 #include "tokenizer.h"
 #include "jinja.h"
 #include "args.h"
+#include "request.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -30,7 +31,7 @@
 #include <time.h>
 #include "banned.h"
 
-#define MAX_N 16                 /* choices per request */
+#define MAX_N LLM_MAX_N            /* choices per request */
 
 enum kind { K_COMPLETION, K_CHAT, K_TGI };
 
@@ -529,430 +530,6 @@ static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c
 	return send_json(c, status, j, status == 429 || status == 503 ? "1" : NULL);
 }
 
-/* ---- request parsing --------------------------------------------------- */
-
-struct perr { int status; char param[64]; char msg[400]; };
-
-static int bad(struct perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(struct perr *e, const char *param, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	char m[360];
-	vsnprintf(m, sizeof m, fmt, ap);
-	va_end(ap);
-	e->status = 400;
-	snprintf(e->param, sizeof e->param, "%s", param);
-	snprintf(e->msg, sizeof e->msg, "%s: %s", param, m);
-	return -1;
-}
-
-/* Optional number field in [lo, hi]; -1 on a wrong type or range. */
-static int get_num(json_t *o, const char *k, double lo, double hi, double *out, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (!json_is_number(v))
-		return bad(e, k, "expected a number, got %s", json_is_string(v) ? "a string" : "another type");
-	double d = json_number_value(v);
-	if (!(d >= lo && d <= hi))
-		return bad(e, k, "%g is out of range [%g, %g]", d, lo, hi);
-	*out = d;
-	return 1;
-}
-
-static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (!json_is_integer(v))
-		return bad(e, k, "expected an integer");
-	long long d = json_integer_value(v);
-	if (d < lo || d > hi)
-		return bad(e, k, "%lld is out of range [%lld, %lld]", d, lo, hi);
-	*out = d;
-	return 1;
-}
-
-static int get_bool(json_t *o, const char *k, int *out, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (!json_is_boolean(v))
-		return bad(e, k, "expected true or false");
-	*out = json_is_true(v);
-	return 1;
-}
-
-static int get_stop(struct job *j, json_t *o, const char *k, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	json_t *one[1] = { v };
-	size_t n = 1;
-	if (json_is_array(v))
-		n = json_array_size(v);
-	else if (!json_is_string(v))
-		return bad(e, k, "expected a string or an array of strings");
-	if (n > LLM_MAX_STOP)
-		return bad(e, k, "%zu stop strings, at most %d", n, LLM_MAX_STOP);
-	for (size_t i = 0; i < n; i++) {
-		json_t *x = json_is_array(v) ? json_array_get(v, i) : one[0];
-		if (!json_is_string(x) || json_string_length(x) == 0)
-			return bad(e, k, "expected non-empty strings");
-		j->stops[j->p.n_stop] = llm_strdup(json_string_value(x));
-		j->p.stop[j->p.n_stop] = j->stops[j->p.n_stop];
-		j->p.n_stop++;
-	}
-	return 1;
-}
-
-/* stop_token_ids: generated ids that end the request (finish "stop"). */
-static int get_stop_ids(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	const char *k = "stop_token_ids";
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (llm_json_stop_ids(v, s->n_vocab, j->p.stop_ids, &j->p.n_stop_ids))
-		return bad(e, k, "%s", llm_errmsg());
-	return 1;
-}
-
-/* logit_bias: {"token id": bias in [-100, 100], ...} added to the logits. */
-static int get_logit_bias(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	const char *k = "logit_bias";
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (llm_json_logit_bias(v, s->n_vocab, &j->bias, &j->p.n_bias))
-		return bad(e, k, "%s", llm_errmsg());
-	j->p.bias = j->bias;
-	return 1;
-}
-
-/* A field this server does not implement: refused (400) when it asks for
- * anything but the default, rather than quietly ignored. */
-static int refuse_unless(json_t *o, const char *k, int is_default, const char *what, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v) || is_default)
-		return 0;
-	return bad(e, k, "not supported%s%s", what ? ": " : "", what ? what : "");
-}
-
-static int tokenize(struct llm_server *s, const char *text, size_t len, bool special, struct job *j, struct perr *e,
-                    const char *param)
-{
-	int32_t *ids;
-	size_t n;
-	if (llm_tokenizer_encode(s->tk, text, len, special, &ids, &n))
-		return bad(e, param, "%s", llm_errmsg());
-	j->prompt = ids;
-	j->n_prompt = (int)n;
-	return 0;
-}
-
-/* The sampling fields common to OpenAI requests. */
-static int parse_openai(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	double d;
-	long long v;
-	int b;
-	json_t *m = json_object_get(o, "model");
-	if (m && !json_is_string(m))
-		return bad(e, "model", "expected a string");
-	if (m && strcmp(json_string_value(m), s->model_name)) {
-		bad(e, "model", "the model '%s' does not exist (this server has '%s')", json_string_value(m), s->model_name);
-		e->status = 404;
-		return -1;
-	}
-	j->p.temperature = 1.0f;
-	if (get_num(o, "temperature", 0, 2, &d, e) < 0)
-		return -1;
-	else if (json_object_get(o, "temperature") && !json_is_null(json_object_get(o, "temperature")))
-		j->p.temperature = (float)d;
-	if (get_num(o, "top_p", 0, 1, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "top_p"))) {
-		if (d <= 0)
-			return bad(e, "top_p", "must be > 0");
-		j->p.top_p = (float)d;
-	}
-	if (get_num(o, "frequency_penalty", -2, 2, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "frequency_penalty")))
-		j->p.frequency_penalty = (float)d;
-	if (get_num(o, "presence_penalty", -2, 2, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "presence_penalty")))
-		j->p.presence_penalty = (float)d;
-	if (get_num(o, "repetition_penalty", 0.01, 100, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "repetition_penalty")))
-		j->p.repetition_penalty = (float)d;
-	if (get_num(o, "min_p", 0, 1, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "min_p")))
-		j->p.min_p = (float)d;
-	v = 0;
-	if (get_int(o, "top_k", -1, 1 << 30, &v, e) < 0)
-		return -1;
-	j->p.top_k = v > 0 ? (int)v : 0;
-	if (get_int(o, "seed", INT64_MIN, INT64_MAX, &v, e) < 0)
-		return -1;
-	else if (json_is_integer(json_object_get(o, "seed")))
-		j->p.seed = (uint64_t)v;
-	else
-		j->p.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
-	v = 1;
-	if (get_int(o, "n", 1, MAX_N, &v, e) < 0)
-		return -1;
-	j->n = (int)v;
-	b = 0;
-	if (get_bool(o, "stream", &b, e) < 0)
-		return -1;
-	j->stream = b;
-	if (get_bool(o, "ignore_eos", &b, e) < 0)
-		return -1;
-	j->p.ignore_eos = b;
-	json_t *so = json_object_get(o, "stream_options");
-	if (so && !json_is_null(so)) {
-		if (!json_is_object(so))
-			return bad(e, "stream_options", "expected an object");
-		b = 0;
-		if (get_bool(so, "include_usage", &b, e) < 0)
-			return -1;
-		j->include_usage = b;
-	}
-	if (get_stop(j, o, "stop", e) < 0 || get_stop_ids(s, j, o, e) < 0 || get_logit_bias(s, j, o, e) < 0)
-		return -1;
-	v = 0;
-	if (get_int(o, "min_tokens", 0, INT32_MAX, &v, e) < 0)
-		return -1;
-	j->p.min_tokens = (int)v;
-	b = 0;
-	if (get_bool(o, "echo", &b, e) < 0)
-		return -1;
-	if (b)
-		return bad(e, "echo", "not supported");
-	json_t *bo = json_object_get(o, "best_of"), *sf = json_object_get(o, "suffix");
-	json_t *rf = json_object_get(o, "response_format");
-	if (refuse_unless(o, "best_of", json_is_integer(bo) && json_integer_value(bo) == j->n, "only best_of = n", e) ||
-	    refuse_unless(o, "suffix", json_is_string(sf) && !json_string_length(sf), NULL, e) ||
-	    refuse_unless(o, "response_format", json_is_object(rf) && json_is_string(json_object_get(rf, "type")) &&
-	                  !strcmp(json_string_value(json_object_get(rf, "type")), "text"),
-	                  "only {\"type\": \"text\"}", e))
-		return -1;
-	return 0;
-}
-
-static int parse_max_tokens(struct llm_server *s, struct job *j, json_t *o, const char *k, int def, struct perr *e)
-{
-	long long v = def;
-	int r = get_int(o, k, 1, INT32_MAX, &v, e);
-	if (r < 0)
-		return -1;
-	if (r == 0 && def == 0)   /* up to the context */
-		v = s->n_ctx - j->n_prompt;
-	if (j->n_prompt >= s->n_ctx || j->n_prompt + v > s->n_ctx)
-		return bad(e, k, "prompt of %d tokens + %s %lld exceeds the context of %d tokens",
-		           j->n_prompt, k, v, s->n_ctx);
-	j->p.max_tokens = (int)v;
-	if (j->p.min_tokens > j->p.max_tokens)
-		return bad(e, "min_tokens", "%d exceeds %s %d", j->p.min_tokens, k, j->p.max_tokens);
-	return 0;
-}
-
-static int parse_completion(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	if (parse_openai(s, j, o, e))
-		return -1;
-	json_t *pr = json_object_get(o, "prompt");
-	if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
-		pr = json_array_get(pr, 0);
-	if (json_is_string(pr)) {
-		if (tokenize(s, json_string_value(pr), json_string_length(pr), true, j, e, "prompt"))
-			return -1;
-	} else if (json_is_array(pr) && json_array_size(pr) > 0) {
-		size_t n = json_array_size(pr);
-		j->prompt = malloc(n * sizeof(int32_t));
-		if (!j->prompt)
-			return bad(e, "prompt", "out of memory");
-		for (size_t i = 0; i < n; i++) {
-			json_t *x = json_array_get(pr, i);
-			if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->n_vocab)
-				return bad(e, "prompt", "element %zu is not a token id in [0, %d) (one prompt per request)",
-				           i, s->n_vocab);
-			j->prompt[i] = (int32_t)json_integer_value(x);
-		}
-		j->n_prompt = (int)n;
-	} else {
-		return bad(e, "prompt", "expected a string or a non-empty array of token ids");
-	}
-	if (j->n_prompt == 0)
-		return bad(e, "prompt", "empty after tokenization");
-	json_t *lp = json_object_get(o, "logprobs");
-	if (json_is_integer(lp)) {
-		long long v;
-		if (get_int(o, "logprobs", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
-			return -1;
-		j->logprobs = 1;
-		j->p.n_logprobs = (int)v;
-	} else if (lp && !json_is_null(lp)) {
-		return bad(e, "logprobs", "expected an integer in [0, %d]", LLM_MAX_LOGPROBS);
-	}
-	return parse_max_tokens(s, j, o, "max_tokens", s->o.default_max_tokens, e);
-}
-
-static int parse_chat(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	if (parse_openai(s, j, o, e))
-		return -1;
-	json_t *msgs = json_object_get(o, "messages");
-	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-		return bad(e, "messages", "expected a non-empty array of messages");
-	for (size_t i = 0; i < json_array_size(msgs); i++) {
-		json_t *m = json_array_get(msgs, i);
-		json_t *c = json_object_get(m, "content");
-		if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")) ||
-		    !(json_is_string(c) || json_is_array(c) || json_is_null(c)))
-			return bad(e, "messages", "message %zu: expected {\"role\": string, \"content\": string}", i);
-	}
-	if (!s->template_src && !llm_tokenizer_chat_template(s->tk))
-		return bad(e, "messages", "this model has no chat template (start llm-serve with --chat-template FILE)");
-	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", 1);
-	json_t *kw = json_object_get(o, "chat_template_kwargs");
-	if (json_is_object(kw))
-		json_object_set(req, "chat_template_kwargs", kw);
-	json_t *tools = json_object_get(o, "tools");
-	if (json_is_array(tools))
-		json_object_set(req, "tools", tools);
-	char *rs = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
-	json_decref(req);
-	char *text = NULL;
-	size_t len;
-	enum llm_status st = rs ? llm_chat_render(s->tk, s->template_src, rs, &text, &len) : LLM_ERR_NOMEM;
-	free(rs);
-	if (st)
-		return bad(e, "messages", "chat template: %s", llm_errmsg());
-	int r = tokenize(s, text, len, false, j, e, "messages");
-	free(text);
-	if (r)
-		return -1;
-	if (j->n_prompt == 0)
-		return bad(e, "messages", "empty prompt");
-	int b = 0;
-	if (get_bool(o, "logprobs", &b, e) < 0)
-		return -1;
-	j->logprobs = b;
-	long long v = 0;
-	if (get_int(o, "top_logprobs", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
-		return -1;
-	if (v && !b)
-		return bad(e, "top_logprobs", "needs logprobs: true");
-	j->p.n_logprobs = (int)v;
-	const char *k = json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-	return parse_max_tokens(s, j, o, k, 0, e);
-}
-
-static int parse_tgi(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	json_t *in = json_object_get(o, "inputs");
-	if (!json_is_string(in))
-		return bad(e, "inputs", "expected a string");
-	json_t *p = json_object_get(o, "parameters");
-	if (p && !json_is_null(p) && !json_is_object(p))
-		return bad(e, "parameters", "expected an object");
-	if (!p || json_is_null(p))
-		p = json_object();
-	else
-		json_incref(p);
-	int rc = -1;
-	double d;
-	long long v;
-	int b = 0, sample = 0;
-	j->n = 1;
-	j->p.temperature = 1.0f;
-	j->p.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
-	if (get_bool(p, "do_sample", &b, e) < 0)
-		goto out;
-	sample = b;
-	if (get_num(p, "temperature", 0, 100, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "temperature"))) {
-		j->p.temperature = (float)d;
-		sample = sample || d > 0;
-	}
-	if (get_num(p, "top_p", 0, 1, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "top_p")))
-		j->p.top_p = (float)(d > 0 ? d : 1);
-	v = 0;
-	if (get_int(p, "top_k", 0, 1 << 30, &v, e) < 0)
-		goto out;
-	j->p.top_k = (int)v;
-	if (get_num(p, "repetition_penalty", 0.01, 100, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "repetition_penalty")))
-		j->p.repetition_penalty = (float)d;
-	if (get_num(p, "frequency_penalty", -2, 2, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "frequency_penalty")))
-		j->p.frequency_penalty = (float)d;
-	if (get_int(p, "seed", 0, INT64_MAX, &v, e) < 0)
-		goto out;
-	if (json_is_integer(json_object_get(p, "seed")))
-		j->p.seed = (uint64_t)v;
-	if (get_stop(j, p, "stop", e) < 0)
-		goto out;
-	b = 0;
-	if (get_bool(p, "details", &b, e) < 0)
-		goto out;
-	j->details = b;
-	b = 0;
-	if (get_bool(p, "return_full_text", &b, e) < 0)
-		goto out;
-	j->full_text = b;
-	v = 0;
-	if (get_int(p, "top_n_tokens", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
-		goto out;
-	j->p.n_logprobs = (int)v;
-	json_t *bo = json_object_get(p, "best_of"), *tp = json_object_get(p, "typical_p");
-	if (refuse_unless(p, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1", e) ||
-	    refuse_unless(p, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL, e) ||
-	    refuse_unless(p, "watermark", json_is_false(json_object_get(p, "watermark")), NULL, e) ||
-	    refuse_unless(p, "decoder_input_details", json_is_false(json_object_get(p, "decoder_input_details")),
-	                  NULL, e))
-		goto out;
-	long long trunc = 0;
-	if (get_int(p, "truncate", 1, INT32_MAX, &trunc, e) < 0)
-		goto out;
-	if (!sample)
-		j->p.temperature = 0;
-	if (tokenize(s, json_string_value(in), json_string_length(in), true, j, e, "inputs"))
-		goto out;
-	if (j->n_prompt == 0) {
-		bad(e, "inputs", "empty");
-		goto out;
-	}
-	if (trunc > 0 && j->n_prompt > trunc) {   /* keep the last TRUNC tokens */
-		memmove(j->prompt, j->prompt + (j->n_prompt - trunc), (size_t)trunc * sizeof *j->prompt);
-		j->n_prompt = (int)trunc;
-	}
-	if (j->full_text)
-		j->inputs = llm_strdup(json_string_value(in));
-	rc = parse_max_tokens(s, j, p, "max_new_tokens", 20, e);
-out:
-	json_decref(p);
-	return rc;
-}
-
 /* ---- output formatting ------------------------------------------------- */
 
 static const char *openai_finish(enum llm_finish f)
@@ -1332,24 +909,41 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->t_arrival = now_s();
 	j->created = (long long)time(NULL);
 	j->fd = -1;
-	struct llm_sample_params def = LLM_SAMPLE_DEFAULT;
-	j->p = def;
-	struct perr e = { 0 };
-	int r = k == K_COMPLETION ? parse_completion(s, j, o, &e) : k == K_CHAT ? parse_chat(s, j, o, &e) : parse_tgi(s, j, o, &e);
-	/* the chosen tokens' log-probs: TGI's token events carry them; OpenAI's
-	 * only when asked for */
-	j->p.skip_logprob = k != K_TGI && !j->logprobs;
+	struct llm_api_env env = { .defaults = LLM_SAMPLE_DEFAULT, .tk = s->tk, .chat_template = s->template_src,
+	                           .model_name = s->model_name, .max_n = MAX_N };
+	env.defaults.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
+	env.defaults.max_tokens = k == K_COMPLETION ? s->o.default_max_tokens : 0;
+	pthread_mutex_lock(&s->mu);
+	env.n_ctx = s->n_ctx;
+	env.n_vocab = s->n_vocab;
+	pthread_mutex_unlock(&s->mu);
+	struct llm_api_req rq;
+	enum llm_status st = llm_api_req_parse(&rq, k == K_COMPLETION ? LLM_API_COMPLETION : k == K_CHAT ? LLM_API_CHAT :
+	                                       LLM_API_TGI, o, &env);
 	json_decref(o);
-	if (tgi_stream)
-		j->stream = 1;
-	if (!r && llm_sample_params_check(&j->p))
-		r = bad(&e, "parameters", "%s", llm_errmsg());
-	if (r) {
+	if (st) {
 		pthread_mutex_lock(&s->mu);
 		job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
-		return send_error(s, conn, k, (unsigned)e.status, e.param[0] ? e.param : NULL, "%s", e.msg);
+		unsigned code = st == LLM_ERR_UNSUPPORTED ? 404 : st == LLM_ERR_NOMEM ? 500 : 400;
+		return send_error(s, conn, k, code, rq.param[0] ? rq.param : NULL, "%s", llm_errmsg());
 	}
+	/* the job takes what the request owns */
+	j->prompt = rq.prompt;
+	j->n_prompt = rq.n_prompt;
+	j->p = rq.p;
+	memcpy(j->stops, rq.stops, sizeof j->stops);
+	j->bias = rq.bias;
+	j->inputs = rq.inputs;
+	j->n = rq.n;
+	j->stream = rq.stream || tgi_stream;
+	j->include_usage = rq.include_usage;
+	j->logprobs = rq.logprobs;
+	j->details = rq.details;
+	j->full_text = rq.full_text;
+	/* the chosen tokens' log-probs: TGI's token events carry them; OpenAI's
+	 * only when asked for */
+	j->p.skip_logprob = k != K_TGI && !j->logprobs;
 	for (int c = 0; c < j->n; c++) {
 		j->ch[c].job = j;
 		j->ch[c].index = c;
@@ -1409,9 +1003,10 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	s->in_flight -= j->n;
 	json_t *resp = NULL;
 	unsigned status = 200;
+	char errmsg[sizeof j->errmsg];
 	if (j->failed) {
 		status = (unsigned)j->http_status;
-		snprintf(e.msg, sizeof e.msg, "%s", j->errmsg);
+		snprintf(errmsg, sizeof errmsg, "%s", j->errmsg);
 	} else if (j->cancelled) {
 		status = 499;
 	} else if (k == K_TGI) {
@@ -1426,7 +1021,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	if (status == 499)
 		return MHD_NO;           /* nobody is listening */
 	if (!resp)
-		return send_error(s, conn, k, status, NULL, "%s", e.msg);
+		return send_error(s, conn, k, status, NULL, "%s", errmsg);
 	return send_json(conn, status, resp, NULL);
 }
 

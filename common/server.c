@@ -1,20 +1,17 @@
-/* common/server.c: llm-serve's HTTP layer (see server.h).
- *
- * One mutex (srv->mu) guards every job, the submission queue and the
- * metrics; each job has a condition variable its connection thread waits
- * on, and the engine thread waits on srv->ecv. A job is referenced by its
- * connection (until the response is freed) and by the engine thread (until
- * its last event); whoever drops the last reference frees it.
+/* common/server.c: llm-serve's HTTP layer (see server.h; the engine thread
+ * and the response bodies are server_engine.c and server_format.c, their
+ * shared state server_impl.h): routing, request bodies parsed by
+ * request.c, admission and the queue limit, waiting for or streaming a
+ * job's events, /metrics, start and stop.
  *
  * Wire formats: OpenAI completions and chat completions (JSON, or
  * server-sent events ending in "data: [DONE]"), with the generated ids as
  * an extra "token_ids" field of each choice; Hugging Face TGI /generate and
  * /generate_stream. Errors are JSON with the offending field named. */
 #define _GNU_SOURCE
-#include "server.h"
+#include "server_impl.h"
 #include "fileio.h"
 #include "tokenizer.h"
-#include "jinja.h"
 #include "args.h"
 #include "request.h"
 
@@ -31,93 +28,6 @@
 #include <time.h>
 #include "banned.h"
 
-#define MAX_N LLM_MAX_N            /* choices per request */
-
-enum kind { K_COMPLETION, K_CHAT, K_TGI };
-
-struct ev {                      /* one event of a choice, copied from the engine */
-	int32_t token;               /* -1: cancel */
-	float logprob;
-	int n_top;
-	struct llm_logprob *top;
-	char *text;
-	size_t len;
-	enum llm_finish finish;
-	double t;                    /* when the engine produced it */
-	int index;                   /* its token's index in the choice */
-};
-
-struct job;
-struct choice {
-	struct job *job;
-	int index, sched_id, done, sent;   /* sent: events already written (stream) */
-	enum llm_finish finish;
-	struct ev *ev;
-	int n_ev, cap_ev;
-	double t_last;
-	/* the engine thread's own: events of this step not yet published */
-	struct ev *pend;
-	int n_pend, cap_pend, touched;
-};
-
-struct job {
-	struct llm_server *srv;
-	pthread_cond_t cv;
-	int refs;
-	enum kind kind;
-	int stream, n, n_done, logprobs, top_logprobs, include_usage, details, full_text;
-	char *inputs;                /* TGI return_full_text */
-	int32_t *prompt;
-	int n_prompt;
-	struct llm_sample_params p;
-	char *stops[LLM_MAX_STOP];
-	struct llm_logit_bias *bias; /* (p.n_bias) */
-	struct choice ch[MAX_N];
-	int cancelled, cancel_sent, added, failed, http_status;
-	char errmsg[256];
-	double t_arrival;
-	int admitted;
-	char id[40];
-	long long created;
-	int fd;                      /* the client's socket */
-	int started, ended;          /* stream: role chunk sent, [DONE] queued */
-	char *out;                   /* stream: bytes not yet handed to MHD */
-	size_t out_len, out_pos, out_cap;
-	struct job *next;            /* submission queue / active list */
-};
-
-#define N_BUCKET 14
-static const double bucket_le[N_BUCKET] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, INFINITY };
-
-struct histo { uint64_t n[N_BUCKET]; uint64_t count; double sum; };
-
-struct llm_server {
-	struct llm_server_opts o;
-	char *model_name, *template_src;
-	struct MHD_Daemon *d;
-	int port;
-	pthread_t engine_thread;
-	int engine_started;
-	pthread_mutex_t mu;
-	pthread_cond_t ecv;
-	enum llm_server_state state;
-	char err[512];
-	int stop, in_flight, n_ctx, n_vocab;
-	struct job *subq, *subq_tail, *active;
-	struct llm_engine *e;
-	struct llm_sched *sch;
-	struct llm_tokenizer *tk;
-	uint64_t next_id;
-	/* metrics */
-	struct llm_sched_stats st;
-	uint64_t req_ok, req_429, req_4xx, req_5xx, req_cancel;
-	uint64_t prompt_tokens, gen_tokens;
-	struct histo ttft, itl, e2e, queue;
-	/* the engine thread's own: choices with pending events */
-	struct choice **touched;
-	int n_touched, cap_touched;
-};
-
 struct conn {                    /* per connection request: the body */
 	char *body;
 	size_t len, cap;
@@ -126,49 +36,6 @@ struct conn {                    /* per connection request: the body */
 
 /* ---- small helpers ----------------------------------------------------- */
 
-static void observe(struct histo *h, double v)
-{
-	for (int i = 0; i < N_BUCKET; i++)
-		if (v <= bucket_le[i])
-			h->n[i]++;
-	h->count++;
-	h->sum += v;
-}
-
-static double now_s(void) { return llm_now(); }
-
-/* A JSON string of N bytes, invalid UTF-8 replaced by U+FFFD. */
-static json_t *jstr(const char *s, size_t n)
-{
-	if (llm_is_utf8_text(s, n) || n == 0) {
-		json_t *j = json_stringn(s, n);
-		if (j)
-			return j;
-	}
-	char *b = malloc(n * 3 + 1);
-	if (!b)
-		return json_string("");
-	size_t w = 0;
-	for (size_t i = 0; i < n;) {
-		unsigned char c = (unsigned char)s[i];
-		size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-		if (k && i + k <= n && (k == 1 || llm_is_utf8_text(s + i, k))) {
-			if (c) {
-				memcpy(b + w, s + i, k);
-				w += k;
-			}
-			i += k;
-		} else {
-			memcpy(b + w, "\xef\xbf\xbd", 3);
-			w += 3;
-			i++;
-		}
-	}
-	json_t *j = json_stringn(b, w);
-	free(b);
-	return j ? j : json_string("");
-}
-
 static int client_gone(int fd)
 {
 	if (fd < 0)
@@ -176,293 +43,6 @@ static int client_gone(int fd)
 	char c;
 	ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 	return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-static void job_unref_locked(struct job *j)
-{
-	if (--j->refs > 0)
-		return;
-	for (int c = 0; c < j->n; c++) {
-		for (int i = 0; i < j->ch[c].n_ev; i++) {
-			free(j->ch[c].ev[i].top);
-			free(j->ch[c].ev[i].text);
-		}
-		free(j->ch[c].ev);
-		for (int i = 0; i < j->ch[c].n_pend; i++) {
-			free(j->ch[c].pend[i].top);
-			free(j->ch[c].pend[i].text);
-		}
-		free(j->ch[c].pend);
-	}
-	for (int i = 0; i < LLM_MAX_STOP; i++)
-		free(j->stops[i]);
-	free(j->bias);
-	pthread_cond_destroy(&j->cv);
-	free(j->inputs);
-	free(j->prompt);
-	free(j->out);
-	free(j);
-}
-
-/* ---- the engine thread ------------------------------------------------- */
-
-static void on_admit(void *user)
-{
-	struct choice *c = user;
-	struct job *j = c->job;
-	struct llm_server *s = j->srv;
-	pthread_mutex_lock(&s->mu);
-	if (!j->admitted) {
-		j->admitted = 1;
-		observe(&s->queue, now_s() - j->t_arrival);
-	}
-	pthread_mutex_unlock(&s->mu);
-}
-
-static void choice_done_locked(struct llm_server *s, struct choice *c, enum llm_finish f)
-{
-	if (c->done)
-		return;
-	c->done = 1;
-	c->finish = f;
-	struct job *j = c->job;
-	if (++j->n_done == j->n) {
-		observe(&s->e2e, now_s() - j->t_arrival);
-		if (f == LLM_FINISH_CANCEL || j->cancelled)
-			s->req_cancel++;
-		else
-			s->req_ok++;
-	}
-	pthread_cond_broadcast(&j->cv);
-}
-
-/* The engine's event for choice C. Called by the engine thread without the
- * server lock: the event waits in C's pending list, and publish_locked
- * hands every pending event of a step over under one hold of the lock. A
- * lock per token had the engine wait behind connection threads, which
- * format their SSE chunks under it: 16 streams took 0.7 ms of a 29 ms
- * decode step. A cancelled job is told to the scheduler by engine_main
- * (llm_sched_cancel); its choices end with the cancel event that follows,
- * after which the scheduler calls no more. */
-static int on_token(void *user, const struct llm_token_event *e)
-{
-	struct choice *c = user;
-	struct llm_server *s = c->job->srv;
-	if (c->n_pend == c->cap_pend) {
-		int cap = c->cap_pend ? 2 * c->cap_pend : 4;
-		struct ev *n = realloc(c->pend, (size_t)cap * sizeof *n);
-		if (!n)
-			return 1;
-		c->pend = n;
-		c->cap_pend = cap;
-	}
-	if (!c->touched) {
-		if (s->n_touched == s->cap_touched) {
-			int cap = s->cap_touched ? 2 * s->cap_touched : 64;
-			struct choice **n = realloc(s->touched, (size_t)cap * sizeof *n);
-			if (!n)
-				return 1;
-			s->touched = n;
-			s->cap_touched = cap;
-		}
-		s->touched[s->n_touched++] = c;
-		c->touched = 1;
-	}
-	struct ev *v = &c->pend[c->n_pend++];
-	memset(v, 0, sizeof *v);
-	v->t = now_s();
-	v->index = e->index;
-	v->token = e->token;
-	v->logprob = e->logprob;
-	v->finish = e->finish;
-	if (e->n_top > 0 && (v->top = malloc((size_t)e->n_top * sizeof *v->top))) {
-		memcpy(v->top, e->top, (size_t)e->n_top * sizeof *v->top);
-		v->n_top = e->n_top;
-	}
-	if (e->text_len && (v->text = malloc(e->text_len + 1))) {
-		memcpy(v->text, e->text, e->text_len);
-		v->text[e->text_len] = 0;
-		v->len = e->text_len;
-	}
-	return 0;
-}
-
-/* The pending events of every touched choice become visible (engine
- * thread, under the lock); the jobs hold the engine's reference until
- * their choices are done, which happens only here. */
-static void publish_locked(struct llm_server *s)
-{
-	for (int k = 0; k < s->n_touched; k++) {
-		struct choice *c = s->touched[k];
-		struct job *j = c->job;
-		c->touched = 0;
-		for (int i = 0; i < c->n_pend; i++) {
-			struct ev *p = &c->pend[i];
-			if (c->done) {           /* cancelled meanwhile: dropped */
-				free(p->top);
-				free(p->text);
-				continue;
-			}
-			if (c->n_ev == c->cap_ev) {
-				int cap = c->cap_ev ? 2 * c->cap_ev : 32;
-				struct ev *n = realloc(c->ev, (size_t)cap * sizeof *n);
-				if (!n) {
-					free(p->top);
-					free(p->text);
-					choice_done_locked(s, c, LLM_FINISH_CANCEL);
-					continue;
-				}
-				c->ev = n;
-				c->cap_ev = cap;
-			}
-			c->ev[c->n_ev++] = *p;
-			if (p->token >= 0) {
-				s->gen_tokens++;
-				if (p->index == 0)
-					observe(&s->ttft, p->t - j->t_arrival);
-				else
-					observe(&s->itl, p->t - c->t_last);
-				c->t_last = p->t;
-			}
-			if (p->finish)
-				choice_done_locked(s, c, p->finish);
-		}
-		c->n_pend = 0;
-		pthread_cond_broadcast(&j->cv);
-	}
-	s->n_touched = 0;
-}
-
-static void fail_job_locked(struct llm_server *s, struct job *j, int status, const char *msg)
-{
-	j->failed = 1;
-	j->http_status = status;
-	snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
-	for (int c = 0; c < j->n; c++)
-		choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
-}
-
-static enum llm_status engine_load(struct llm_server *s)
-{
-	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
-	struct llm_sched_opts so = s->o.sched;
-	llm_tokenizer_detok(&so.detok, s->tk);
-	so.on_admit = on_admit;
-	if (so.n_eos == 0) {
-		const int32_t *ids;
-		size_t n = llm_tokenizer_eos_ids(s->tk, &ids);
-		const struct llm_config *c = &llm_engine_model(s->e)->cfg;
-		for (int i = 0; i < c->n_eos && so.n_eos < 16; i++)
-			so.eos_ids[so.n_eos++] = c->eos_id[i];
-		for (size_t i = 0; i < n && so.n_eos < 16; i++)
-			so.eos_ids[so.n_eos++] = ids[i];
-	}
-	LLM_TRY(llm_sched_open(&s->sch, s->e, &so));
-	/* distributed: returns when every rank has its engine (so /health says
-	 * ready only then); from here each step is mirrored to the other ranks */
-	LLM_TRY(llm_engine_serve_begin(s->e));
-	return LLM_OK;
-}
-
-static void *engine_main(void *arg)
-{
-	struct llm_server *s = arg;
-	enum llm_status st = engine_load(s);
-	pthread_mutex_lock(&s->mu);
-	if (st) {
-		snprintf(s->err, sizeof s->err, "%s", llm_errmsg());
-		s->state = LLM_SERVER_FAILED;
-		pthread_mutex_unlock(&s->mu);
-		return NULL;
-	}
-	s->n_ctx = llm_engine_n_ctx(s->e);
-	s->n_vocab = llm_engine_model(s->e)->cfg.n_vocab;
-	if (s->state == LLM_SERVER_LOADING)
-		s->state = LLM_SERVER_READY;
-	llm_sched_stats(s->sch, &s->st);
-	int pending = 0;
-	for (;;) {
-		while (!s->stop && !s->subq && pending == 0) {
-			int cancel = 0;
-			for (struct job *j = s->active; j; j = j->next)
-				cancel |= j->cancelled && !j->cancel_sent;
-			if (cancel)
-				break;
-			pthread_cond_wait(&s->ecv, &s->mu);
-		}
-		if (s->stop)
-			break;
-		struct job *q = s->subq;
-		s->subq = s->subq_tail = NULL;
-		/* new jobs join the active list (the engine's reference moves there) */
-		for (struct job *j = q, *nx; j; j = nx) {
-			nx = j->next;
-			j->next = s->active;
-			s->active = j;
-			for (int c = 0; c < j->n && !j->failed; c++) {
-				struct llm_sample_params p = j->p;
-				if (c > 0)
-					p.seed += (uint64_t)c;
-				struct llm_request rq = { j->prompt, j->n_prompt, p, on_token, &j->ch[c] };
-				pthread_mutex_unlock(&s->mu);
-				st = llm_sched_add(s->sch, &rq, &j->ch[c].sched_id);
-				pthread_mutex_lock(&s->mu);
-				publish_locked(s);
-				if (st) {
-					for (int k = 0; k < c; k++)
-						llm_sched_cancel(s->sch, j->ch[k].sched_id);
-					fail_job_locked(s, j, st == LLM_ERR_RANGE || st == LLM_ERR_USAGE ? 400 : 500, llm_errmsg());
-				}
-			}
-			if (!j->failed)
-				s->prompt_tokens += (uint64_t)j->n_prompt * (uint64_t)j->n;
-		}
-		for (struct job *j = s->active; j; j = j->next)
-			if (j->cancelled && !j->cancel_sent) {
-				j->cancel_sent = 1;
-				for (int c = 0; c < j->n; c++)
-					if (!j->ch[c].done)
-						llm_sched_cancel(s->sch, j->ch[c].sched_id);
-			}
-		pthread_mutex_unlock(&s->mu);
-		st = llm_sched_step(s->sch, &pending);
-		pthread_mutex_lock(&s->mu);
-		publish_locked(s);
-		if (st) {
-			snprintf(s->err, sizeof s->err, "%s", llm_errmsg());
-			s->state = LLM_SERVER_FAILED;
-			break;
-		}
-		llm_sched_stats(s->sch, &s->st);
-		/* drop finished jobs from the active list */
-		for (struct job **pp = &s->active; *pp;) {
-			struct job *j = *pp;
-			if (j->n_done == j->n) {
-				*pp = j->next;
-				job_unref_locked(j);
-			} else {
-				pp = &j->next;
-			}
-		}
-	}
-	/* stopping (or failed): everything left ends as cancelled */
-	for (struct job *j = s->subq, *nx; j; j = nx) {
-		nx = j->next;
-		fail_job_locked(s, j, 503, "the server is shutting down");
-		job_unref_locked(j);
-	}
-	s->subq = s->subq_tail = NULL;
-	for (struct job *j = s->active, *nx; j; j = nx) {
-		nx = j->next;
-		for (int c = 0; c < j->n; c++)
-			choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
-		job_unref_locked(j);
-	}
-	s->active = NULL;
-	pthread_mutex_unlock(&s->mu);
-	/* distributed: the other ranks stop (a failure here ends the job anyway) */
-	llm_engine_serve_end(s->e);
-	return NULL;
 }
 
 /* ---- responses --------------------------------------------------------- */
@@ -530,305 +110,7 @@ static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c
 	return send_json(c, status, j, status == 429 || status == 503 ? "1" : NULL);
 }
 
-/* ---- output formatting ------------------------------------------------- */
-
-static const char *openai_finish(enum llm_finish f)
-{
-	return f == LLM_FINISH_LENGTH ? "length" : f == LLM_FINISH_CANCEL ? "abort" : "stop";
-}
-
-static const char *tgi_finish(enum llm_finish f)
-{
-	return f == LLM_FINISH_LENGTH ? "length" : f == LLM_FINISH_EOS ? "eos_token" :
-	       f == LLM_FINISH_STOP ? "stop_sequence" : "abort";
-}
-
-/* A token's text as it reads in the output (its leading space kept). */
-static json_t *token_str(struct llm_server *s, int32_t id)
-{
-	char *t = NULL;
-	size_t n = 0;
-	if (llm_tokenizer_piece(s->tk, id, &t, &n))
-		return json_string("");
-	json_t *j = jstr(t, n);
-	free(t);
-	return j;
-}
-
-static json_t *token_bytes(struct llm_server *s, int32_t id)
-{
-	char *t = NULL;
-	size_t n = 0;
-	json_t *a = json_array();
-	if (!llm_tokenizer_piece_bytes(s->tk, id, &t, &n))
-		for (size_t i = 0; i < n; i++)
-			json_array_append_new(a, json_integer((unsigned char)t[i]));
-	free(t);
-	return a;
-}
-
-/* Log-probs of events [from, to) of C, in the request's format. */
-static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice *c, int from, int to, size_t *offset)
-{
-	if (!j->logprobs)
-		return json_null();
-	if (j->kind == K_CHAT) {
-		json_t *content = json_array();
-		for (int i = from; i < to; i++) {
-			struct ev *v = &c->ev[i];
-			if (v->token < 0)
-				continue;
-			json_t *top = json_array();
-			for (int k = 0; k < v->n_top; k++)
-				json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", token_str(s, v->top[k].id),
-				                                     "logprob", (double)v->top[k].logprob,
-				                                     "bytes", token_bytes(s, v->top[k].id)));
-			json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", token_str(s, v->token),
-			                                         "logprob", (double)v->logprob, "bytes", token_bytes(s, v->token),
-			                                         "top_logprobs", top));
-		}
-		return json_pack("{s:o}", "content", content);
-	}
-	json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-	for (int i = from; i < to; i++) {
-		struct ev *v = &c->ev[i];
-		if (v->token < 0)
-			continue;
-		json_t *ts = token_str(s, v->token);
-		json_array_append_new(offs, json_integer((json_int_t)*offset));
-		*offset += json_string_length(ts);
-		json_array_append_new(toks, ts);
-		json_array_append_new(lps, json_real(v->logprob));
-		json_t *top = json_object();
-		for (int k = 0; k < v->n_top; k++) {
-			json_t *ks = token_str(s, v->top[k].id);
-			json_object_set_new(top, json_string_value(ks), json_real(v->top[k].logprob));
-			json_decref(ks);
-		}
-		json_array_append_new(tops, top);
-	}
-	return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
-	                 "text_offset", offs);
-}
-
-static json_t *text_of(struct choice *c, int from, int to)
-{
-	size_t n = 0;
-	for (int i = from; i < to; i++)
-		n += c->ev[i].len;
-	char *b = malloc(n + 1);
-	if (!b)
-		return json_string("");
-	n = 0;
-	for (int i = from; i < to; i++) {
-		memcpy(b + n, c->ev[i].text ? c->ev[i].text : "", c->ev[i].len);
-		n += c->ev[i].len;
-	}
-	json_t *j = jstr(b, n);
-	free(b);
-	return j;
-}
-
-static json_t *ids_of(struct choice *c, int from, int to)
-{
-	json_t *a = json_array();
-	for (int i = from; i < to; i++)
-		if (c->ev[i].token >= 0)
-			json_array_append_new(a, json_integer(c->ev[i].token));
-	return a;
-}
-
-static int gen_count(const struct job *j)
-{
-	int n = 0;
-	for (int c = 0; c < j->n; c++)
-		for (int i = 0; i < j->ch[c].n_ev; i++)
-			n += j->ch[c].ev[i].token >= 0;
-	return n;
-}
-
-static json_t *usage_json(const struct job *j)
-{
-	int g = gen_count(j);
-	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", j->n_prompt, "completion_tokens", g,
-	                 "total_tokens", j->n_prompt + g);
-}
-
-static json_t *openai_full(struct llm_server *s, struct job *j)
-{
-	json_t *choices = json_array();
-	for (int c = 0; c < j->n; c++) {
-		struct choice *ch = &j->ch[c];
-		size_t off = 0;
-		json_t *o;
-		if (j->kind == K_CHAT)
-			o = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
-			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
-			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		else
-			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "text", text_of(ch, 0, ch->n_ev),
-			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
-			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		json_array_append_new(choices, o);
-	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
-	                 "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
-	                 "created", (json_int_t)j->created, "model", s->model_name, "choices", choices,
-	                 "usage", usage_json(j));
-}
-
-/* TGI top_n_tokens: the best tokens at event V, best first. */
-static json_t *tgi_top(struct llm_server *s, const struct ev *v)
-{
-	json_t *a = json_array();
-	for (int k = 0; k < v->n_top; k++)
-		json_array_append_new(a, json_pack("{s:i, s:o, s:f, s:b}", "id", v->top[k].id,
-		                                   "text", token_str(s, v->top[k].id), "logprob",
-		                                   (double)v->top[k].logprob, "special",
-		                                   llm_tokenizer_is_special(s->tk, v->top[k].id)));
-	return a;
-}
-
-static json_t *tgi_details(struct job *j, struct llm_server *s, int with_tokens)
-{
-	struct choice *c = &j->ch[0];
-	/* seed: the one drawn with, null when greedy (no draw) */
-	json_t *d = json_pack("{s:s, s:i, s:o}", "finish_reason", tgi_finish(c->finish),
-	                      "generated_tokens", gen_count(j), "seed",
-	                      j->p.temperature > 0 ? json_integer((json_int_t)(j->p.seed & INT64_MAX)) : json_null());
-	if (with_tokens) {
-		json_t *toks = json_array();
-		for (int i = 0; i < c->n_ev; i++)
-			if (c->ev[i].token >= 0)
-				json_array_append_new(toks, json_pack("{s:i, s:o, s:f, s:b}", "id", c->ev[i].token,
-				                                      "text", token_str(s, c->ev[i].token),
-				                                      "logprob", (double)c->ev[i].logprob,
-				                                      "special", llm_tokenizer_is_special(s->tk, c->ev[i].token)));
-		json_object_set_new(d, "tokens", toks);
-		if (j->p.n_logprobs) {
-			json_t *tops = json_array();
-			for (int i = 0; i < c->n_ev; i++)
-				if (c->ev[i].token >= 0)
-					json_array_append_new(tops, tgi_top(s, &c->ev[i]));
-			json_object_set_new(d, "top_tokens", tops);
-		}
-	}
-	return d;
-}
-
-static json_t *tgi_generated(struct job *j)
-{
-	json_t *t = text_of(&j->ch[0], 0, j->ch[0].n_ev);
-	if (!j->full_text || !j->inputs)
-		return t;
-	size_t a = strlen(j->inputs), b = json_string_length(t);
-	char *x = malloc(a + b + 1);
-	if (!x)
-		return t;
-	memcpy(x, j->inputs, a);
-	memcpy(x + a, json_string_value(t), b);
-	json_t *r = json_stringn(x, a + b);
-	free(x);
-	json_decref(t);
-	return r ? r : json_string("");
-}
-
 /* ---- streaming --------------------------------------------------------- */
-
-static void out_add(struct job *j, const char *s, size_t n)
-{
-	if (j->out_len + n > j->out_cap) {
-		size_t cap = (j->out_len + n) * 2 + 256;
-		char *x = realloc(j->out, cap);
-		if (!x)
-			return;
-		j->out = x;
-		j->out_cap = cap;
-	}
-	memcpy(j->out + j->out_len, s, n);
-	j->out_len += n;
-}
-
-static void out_event(struct job *j, json_t *o, int tgi)
-{
-	char *b = json_dumps(o, JSON_COMPACT);
-	json_decref(o);
-	if (!b)
-		return;
-	out_add(j, tgi ? "data:" : "data: ", tgi ? 5 : 6);
-	out_add(j, b, strlen(b));
-	out_add(j, "\n\n", 2);
-	free(b);
-}
-
-/* Format what the events since the last call add (called with mu held). */
-static void stream_format(struct llm_server *s, struct job *j)
-{
-	int tgi = j->kind == K_TGI;
-	if (!j->started && !tgi && j->kind == K_CHAT) {
-		for (int c = 0; c < j->n; c++)
-			out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n, s:n}]}", "id", j->id,
-			                       "object", "chat.completion.chunk", "created", (json_int_t)j->created,
-			                       "model", s->model_name, "choices", "index", c, "delta", "role", "assistant",
-			                       "content", "", "logprobs", "finish_reason"), 0);
-	}
-	j->started = 1;
-	for (int c = 0; c < j->n; c++) {
-		struct choice *ch = &j->ch[c];
-		for (; ch->sent < ch->n_ev; ch->sent++) {
-			int i = ch->sent;
-			struct ev *v = &ch->ev[i];
-			if (v->token < 0)
-				continue;      /* a cancel: nothing to send */
-			if (tgi) {
-				json_t *tok = json_pack("{s:i, s:o, s:f, s:b}", "id", v->token, "text", text_of(ch, i, i + 1),
-				                        "logprob", (double)v->logprob, "special",
-				                        v->finish == LLM_FINISH_EOS || llm_tokenizer_is_special(s->tk, v->token));
-				json_t *o = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "token", tok, "generated_text", "details");
-				if (j->p.n_logprobs)
-					json_object_set_new(o, "top_tokens", tgi_top(s, v));
-				if (v->finish) {
-					json_object_set_new(o, "generated_text", tgi_generated(j));
-					json_object_set_new(o, "details", tgi_details(j, s, 0));
-				}
-				out_event(j, o, 1);
-				continue;
-			}
-			size_t off = 0;
-			json_t *ch_o;
-			if (j->kind == K_CHAT)
-				ch_o = json_pack("{s:i, s:{s:o}, s:o, s:o, s:o}", "index", c, "delta", "content", text_of(ch, i, i + 1),
-				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
-				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
-				                 "token_ids", ids_of(ch, i, i + 1));
-			else
-				ch_o = json_pack("{s:i, s:o, s:o, s:o, s:o}", "index", c, "text", text_of(ch, i, i + 1),
-				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
-				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
-				                 "token_ids", ids_of(ch, i, i + 1));
-			json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id,
-			                      "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-			                      "created", (json_int_t)j->created, "model", s->model_name, "choices", ch_o);
-			out_event(j, o, 0);
-		}
-	}
-	if (j->n_done == j->n && !j->ended) {
-		j->ended = 1;
-		if (j->failed) {
-			json_t *o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->errmsg,
-			                      "type", "server_error", "code", j->http_status);
-			out_event(j, o, tgi);
-		}
-		if (!tgi) {
-			if (j->include_usage)
-				out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->id,
-				                       "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-				                       "created", (json_int_t)j->created, "model", s->model_name, "choices",
-				                       "usage", usage_json(j)), 0);
-			out_add(j, "data: [DONE]\n\n", 14);
-		}
-	}
-}
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
@@ -850,7 +132,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		stream_format(s, j);
+		llm_srv_stream_format(s, j);
 		if (j->out_len)
 			continue;
 		struct timespec ts;
@@ -880,7 +162,7 @@ static void stream_free(void *cls)
 		pthread_cond_signal(&s->ecv);
 	}
 	s->in_flight -= j->n;
-	job_unref_locked(j);
+	llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -923,7 +205,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	json_decref(o);
 	if (st) {
 		pthread_mutex_lock(&s->mu);
-		job_unref_locked(j);
+		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
 		unsigned code = st == LLM_ERR_UNSUPPORTED ? 404 : st == LLM_ERR_NOMEM ? 500 : 400;
 		return send_error(s, conn, k, code, rq.param[0] ? rq.param : NULL, "%s", llm_errmsg());
@@ -953,13 +235,13 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	/* admission */
 	pthread_mutex_lock(&s->mu);
 	if (s->state != LLM_SERVER_READY) {
-		job_unref_locked(j);
+		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 503, NULL, "the server is %s", s->state == LLM_SERVER_DRAINING ? "draining" : "not ready");
 	}
 	if (s->in_flight + j->n > s->o.sched.max_running + s->o.max_queue) {
 		int q = s->in_flight - s->o.sched.max_running;
-		job_unref_locked(j);
+		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 429, NULL, "the queue is full (%d waiting, --max-queue %d); retry later",
 		                  q > 0 ? q : 0, s->o.max_queue);
@@ -1010,13 +292,13 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	} else if (j->cancelled) {
 		status = 499;
 	} else if (k == K_TGI) {
-		resp = json_pack("{s:o}", "generated_text", tgi_generated(j));
+		resp = json_pack("{s:o}", "generated_text", llm_srv_tgi_generated(j));
 		if (j->details)
-			json_object_set_new(resp, "details", tgi_details(j, s, 1));
+			json_object_set_new(resp, "details", llm_srv_tgi_details(j, s, 1));
 	} else {
-		resp = openai_full(s, j);
+		resp = llm_srv_openai_full(s, j);
 	}
-	job_unref_locked(j);
+	llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
 	if (status == 499)
 		return MHD_NO;           /* nobody is listening */
@@ -1074,10 +356,10 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 	for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) {
 		fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", hs[i].name, hs[i].help, hs[i].name);
 		for (int k = 0; k < N_BUCKET; k++) {
-			if (isinf(bucket_le[k]))
+			if (isinf(llm_srv_bucket_le[k]))
 				fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", hs[i].name, (unsigned long long)hs[i].h->n[k]);
 			else
-				fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[i].name, bucket_le[k], (unsigned long long)hs[i].h->n[k]);
+				fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[i].name, llm_srv_bucket_le[k], (unsigned long long)hs[i].h->n[k]);
 		}
 		fprintf(f, "%s_sum %.6f\n%s_count %llu\n", hs[i].name, hs[i].h->sum, hs[i].name,
 		        (unsigned long long)hs[i].h->count);
@@ -1243,7 +525,7 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
 	s->port = di ? di->port : o->port;
-	if (pthread_create(&s->engine_thread, NULL, engine_main, s)) {
+	if (pthread_create(&s->engine_thread, NULL, llm_srv_engine_main, s)) {
 		st = llm_fail(LLM_ERR_NOMEM, "server: cannot start the engine thread");
 		goto fail;
 	}

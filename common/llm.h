@@ -19,6 +19,7 @@
 #include "scheduler.h"
 #include "memplan.h"
 #include "score.h"
+#include "request.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

@@ -1,21 +1,19 @@
-/* common/server.c: llm-serve's HTTP layer (see server.h).
- *
- * One mutex (srv->mu) guards every job, the submission queue and the
- * metrics; each job has a condition variable its connection thread waits
- * on, and the engine thread waits on srv->ecv. A job is referenced by its
- * connection (until the response is freed) and by the engine thread (until
- * its last event); whoever drops the last reference frees it.
+/* common/server.c: llm-serve's HTTP layer (see server.h; the engine thread
+ * and the response bodies are server_engine.c and server_format.c, their
+ * shared state server_impl.h): routing, request bodies parsed by
+ * request.c, admission and the queue limit, waiting for or streaming a
+ * job's events, /metrics, start and stop.
  *
  * Wire formats: OpenAI completions and chat completions (JSON, or
  * server-sent events ending in "data: [DONE]"), with the generated ids as
  * an extra "token_ids" field of each choice; Hugging Face TGI /generate and
  * /generate_stream. Errors are JSON with the offending field named. */
 #define _GNU_SOURCE
-#include "server.h"
+#include "server_impl.h"
 #include "fileio.h"
 #include "tokenizer.h"
-#include "jinja.h"
 #include "args.h"
+#include "request.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -30,93 +28,6 @@
 #include <time.h>
 #include "banned.h"
 
-#define MAX_N 16                 /* choices per request */
-
-enum kind { K_COMPLETION, K_CHAT, K_TGI };
-
-struct ev {                      /* one event of a choice, copied from the engine */
-	int32_t token;               /* -1: cancel */
-	float logprob;
-	int n_top;
-	struct llm_logprob *top;
-	char *text;
-	size_t len;
-	enum llm_finish finish;
-	double t;                    /* when the engine produced it */
-	int index;                   /* its token's index in the choice */
-};
-
-struct job;
-struct choice {
-	struct job *job;
-	int index, sched_id, done, sent;   /* sent: events already written (stream) */
-	enum llm_finish finish;
-	struct ev *ev;
-	int n_ev, cap_ev;
-	double t_last;
-	/* the engine thread's own: events of this step not yet published */
-	struct ev *pend;
-	int n_pend, cap_pend, touched;
-};
-
-struct job {
-	struct llm_server *srv;
-	pthread_cond_t cv;
-	int refs;
-	enum kind kind;
-	int stream, n, n_done, logprobs, top_logprobs, include_usage, details, full_text;
-	char *inputs;                /* TGI return_full_text */
-	int32_t *prompt;
-	int n_prompt;
-	struct llm_sample_params p;
-	char *stops[LLM_MAX_STOP];
-	struct llm_logit_bias *bias; /* (p.n_bias) */
-	struct choice ch[MAX_N];
-	int cancelled, cancel_sent, added, failed, http_status;
-	char errmsg[256];
-	double t_arrival;
-	int admitted;
-	char id[40];
-	long long created;
-	int fd;                      /* the client's socket */
-	int started, ended;          /* stream: role chunk sent, [DONE] queued */
-	char *out;                   /* stream: bytes not yet handed to MHD */
-	size_t out_len, out_pos, out_cap;
-	struct job *next;            /* submission queue / active list */
-};
-
-#define N_BUCKET 14
-static const double bucket_le[N_BUCKET] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, INFINITY };
-
-struct histo { uint64_t n[N_BUCKET]; uint64_t count; double sum; };
-
-struct llm_server {
-	struct llm_server_opts o;
-	char *model_name, *template_src;
-	struct MHD_Daemon *d;
-	int port;
-	pthread_t engine_thread;
-	int engine_started;
-	pthread_mutex_t mu;
-	pthread_cond_t ecv;
-	enum llm_server_state state;
-	char err[512];
-	int stop, in_flight, n_ctx, n_vocab;
-	struct job *subq, *subq_tail, *active;
-	struct llm_engine *e;
-	struct llm_sched *sch;
-	struct llm_tokenizer *tk;
-	uint64_t next_id;
-	/* metrics */
-	struct llm_sched_stats st;
-	uint64_t req_ok, req_429, req_4xx, req_5xx, req_cancel;
-	uint64_t prompt_tokens, gen_tokens;
-	struct histo ttft, itl, e2e, queue;
-	/* the engine thread's own: choices with pending events */
-	struct choice **touched;
-	int n_touched, cap_touched;
-};
-
 struct conn {                    /* per connection request: the body */
 	char *body;
 	size_t len, cap;
@@ -125,49 +36,6 @@ struct conn {                    /* per connection request: the body */
 
 /* ---- small helpers ----------------------------------------------------- */
 
-static void observe(struct histo *h, double v)
-{
-	for (int i = 0; i < N_BUCKET; i++)
-		if (v <= bucket_le[i])
-			h->n[i]++;
-	h->count++;
-	h->sum += v;
-}
-
-static double now_s(void) { return llm_now(); }
-
-/* A JSON string of N bytes, invalid UTF-8 replaced by U+FFFD. */
-static json_t *jstr(const char *s, size_t n)
-{
-	if (llm_is_utf8_text(s, n) || n == 0) {
-		json_t *j = json_stringn(s, n);
-		if (j)
-			return j;
-	}
-	char *b = malloc(n * 3 + 1);
-	if (!b)
-		return json_string("");
-	size_t w = 0;
-	for (size_t i = 0; i < n;) {
-		unsigned char c = (unsigned char)s[i];
-		size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-		if (k && i + k <= n && (k == 1 || llm_is_utf8_text(s + i, k))) {
-			if (c) {
-				memcpy(b + w, s + i, k);
-				w += k;
-			}
-			i += k;
-		} else {
-			memcpy(b + w, "\xef\xbf\xbd", 3);
-			w += 3;
-			i++;
-		}
-	}
-	json_t *j = json_stringn(b, w);
-	free(b);
-	return j ? j : json_string("");
-}
-
 static int client_gone(int fd)
 {
 	if (fd < 0)
@@ -175,284 +43,6 @@ static int client_gone(int fd)
 	char c;
 	ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 	return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-static void job_unref_locked(struct job *j)
-{
-	if (--j->refs > 0)
-		return;
-	for (int c = 0; c < j->n; c++) {
-		for (int i = 0; i < j->ch[c].n_ev; i++) {
-			free(j->ch[c].ev[i].top);
-			free(j->ch[c].ev[i].text);
-		}
-		free(j->ch[c].ev);
-		for (int i = 0; i < j->ch[c].n_pend; i++) {
-			free(j->ch[c].pend[i].top);
-			free(j->ch[c].pend[i].text);
-		}
-		free(j->ch[c].pend);
-	}
-	for (int i = 0; i < LLM_MAX_STOP; i++)
-		free(j->stops[i]);
-	free(j->bias);
-	pthread_cond_destroy(&j->cv);
-	free(j->inputs);
-	free(j->prompt);
-	free(j->out);
-	free(j);
-}
-
-/* ---- the engine thread ------------------------------------------------- */
-
-static void on_admit(void *user)
-{
-	struct choice *c = user;
-	struct job *j = c->job;
-	struct llm_server *s = j->srv;
-	pthread_mutex_lock(&s->mu);
-	if (!j->admitted) {
-		j->admitted = 1;
-		observe(&s->queue, now_s() - j->t_arrival);
-	}
-	pthread_mutex_unlock(&s->mu);
-}
-
-static void choice_done_locked(struct llm_server *s, struct choice *c, enum llm_finish f)
-{
-	if (c->done)
-		return;
-	c->done = 1;
-	c->finish = f;
-	struct job *j = c->job;
-	if (++j->n_done == j->n) {
-		observe(&s->e2e, now_s() - j->t_arrival);
-		if (f == LLM_FINISH_CANCEL || j->cancelled)
-			s->req_cancel++;
-		else
-			s->req_ok++;
-	}
-	pthread_cond_broadcast(&j->cv);
-}
-
-/* The engine's event for choice C. Called by the engine thread without the
- * server lock: the event waits in C's pending list, and publish_locked
- * hands every pending event of a step over under one hold of the lock. A
- * lock per token had the engine wait behind connection threads, which
- * format their SSE chunks under it: 16 streams took 0.7 ms of a 29 ms
- * decode step. A cancelled job is told to the scheduler by engine_main
- * (llm_sched_cancel); its choices end with the cancel event that follows,
- * after which the scheduler calls no more. */
-static int on_token(void *user, const struct llm_token_event *e)
-{
-	struct choice *c = user;
-	struct llm_server *s = c->job->srv;
-	if (c->n_pend == c->cap_pend) {
-		int cap = c->cap_pend ? 2 * c->cap_pend : 4;
-		struct ev *n = realloc(c->pend, (size_t)cap * sizeof *n);
-		if (!n)
-			return 1;
-		c->pend = n;
-		c->cap_pend = cap;
-	}
-	if (!c->touched) {
-		if (s->n_touched == s->cap_touched) {
-			int cap = s->cap_touched ? 2 * s->cap_touched : 64;
-			struct choice **n = realloc(s->touched, (size_t)cap * sizeof *n);
-			if (!n)
-				return 1;
-			s->touched = n;
-			s->cap_touched = cap;
-		}
-		s->touched[s->n_touched++] = c;
-		c->touched = 1;
-	}
-	struct ev *v = &c->pend[c->n_pend++];
-	memset(v, 0, sizeof *v);
-	v->t = now_s();
-	v->index = e->index;
-	v->token = e->token;
-	v->logprob = e->logprob;
-	v->finish = e->finish;
-	if (e->n_top > 0 && (v->top = malloc((size_t)e->n_top * sizeof *v->top))) {
-		memcpy(v->top, e->top, (size_t)e->n_top * sizeof *v->top);
-		v->n_top = e->n_top;
-	}
-	if (e->text_len && (v->text = malloc(e->text_len + 1))) {
-		memcpy(v->text, e->text, e->text_len);
-		v->text[e->text_len] = 0;
-		v->len = e->text_len;
-	}
-	return 0;
-}
-
-/* The pending events of every touched choice become visible (engine
- * thread, under the lock); the jobs hold the engine's reference until
- * their choices are done, which happens only here. */
-static void publish_locked(struct llm_server *s)
-{
-	for (int k = 0; k < s->n_touched; k++) {
-		struct choice *c = s->touched[k];
-		struct job *j = c->job;
-		c->touched = 0;
-		for (int i = 0; i < c->n_pend; i++) {
-			struct ev *p = &c->pend[i];
-			if (c->done) {           /* cancelled meanwhile: dropped */
-				free(p->top);
-				free(p->text);
-				continue;
-			}
-			if (c->n_ev == c->cap_ev) {
-				int cap = c->cap_ev ? 2 * c->cap_ev : 32;
-				struct ev *n = realloc(c->ev, (size_t)cap * sizeof *n);
-				if (!n) {
-					free(p->top);
-					free(p->text);
-					choice_done_locked(s, c, LLM_FINISH_CANCEL);
-					continue;
-				}
-				c->ev = n;
-				c->cap_ev = cap;
-			}
-			c->ev[c->n_ev++] = *p;
-			if (p->token >= 0) {
-				s->gen_tokens++;
-				if (p->index == 0)
-					observe(&s->ttft, p->t - j->t_arrival);
-				else
-					observe(&s->itl, p->t - c->t_last);
-				c->t_last = p->t;
-			}
-			if (p->finish)
-				choice_done_locked(s, c, p->finish);
-		}
-		c->n_pend = 0;
-		pthread_cond_broadcast(&j->cv);
-	}
-	s->n_touched = 0;
-}
-
-static void fail_job_locked(struct llm_server *s, struct job *j, int status, const char *msg)
-{
-	j->failed = 1;
-	j->http_status = status;
-	snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
-	for (int c = 0; c < j->n; c++)
-		choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
-}
-
-static enum llm_status engine_load(struct llm_server *s)
-{
-	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
-	struct llm_sched_opts so = s->o.sched;
-	llm_sched_opts_tokenizer(&so, &llm_engine_model(s->e)->cfg, s->tk);
-	so.on_admit = on_admit;
-	LLM_TRY(llm_sched_open(&s->sch, s->e, &so));
-	/* distributed: returns when every rank has its engine (so /health says
-	 * ready only then); from here each step is mirrored to the other ranks */
-	LLM_TRY(llm_engine_serve_begin(s->e));
-	return LLM_OK;
-}
-
-static void *engine_main(void *arg)
-{
-	struct llm_server *s = arg;
-	enum llm_status st = engine_load(s);
-	pthread_mutex_lock(&s->mu);
-	if (st) {
-		snprintf(s->err, sizeof s->err, "%s", llm_errmsg());
-		s->state = LLM_SERVER_FAILED;
-		pthread_mutex_unlock(&s->mu);
-		return NULL;
-	}
-	s->n_ctx = llm_engine_n_ctx(s->e);
-	s->n_vocab = llm_engine_model(s->e)->cfg.n_vocab;
-	if (s->state == LLM_SERVER_LOADING)
-		s->state = LLM_SERVER_READY;
-	llm_sched_stats(s->sch, &s->st);
-	int pending = 0;
-	for (;;) {
-		while (!s->stop && !s->subq && pending == 0) {
-			int cancel = 0;
-			for (struct job *j = s->active; j; j = j->next)
-				cancel |= j->cancelled && !j->cancel_sent;
-			if (cancel)
-				break;
-			pthread_cond_wait(&s->ecv, &s->mu);
-		}
-		if (s->stop)
-			break;
-		struct job *q = s->subq;
-		s->subq = s->subq_tail = NULL;
-		/* new jobs join the active list (the engine's reference moves there) */
-		for (struct job *j = q, *nx; j; j = nx) {
-			nx = j->next;
-			j->next = s->active;
-			s->active = j;
-			for (int c = 0; c < j->n && !j->failed; c++) {
-				struct llm_sample_params p = j->p;
-				if (c > 0)
-					p.seed += (uint64_t)c;
-				struct llm_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt, .params = p, .on_token = on_token, .user = &j->ch[c] };
-				pthread_mutex_unlock(&s->mu);
-				st = llm_sched_add(s->sch, &rq, &j->ch[c].sched_id);
-				pthread_mutex_lock(&s->mu);
-				publish_locked(s);
-				if (st) {
-					for (int k = 0; k < c; k++)
-						llm_sched_cancel(s->sch, j->ch[k].sched_id);
-					fail_job_locked(s, j, st == LLM_ERR_RANGE || st == LLM_ERR_USAGE ? 400 : 500, llm_errmsg());
-				}
-			}
-			if (!j->failed)
-				s->prompt_tokens += (uint64_t)j->n_prompt * (uint64_t)j->n;
-		}
-		for (struct job *j = s->active; j; j = j->next)
-			if (j->cancelled && !j->cancel_sent) {
-				j->cancel_sent = 1;
-				for (int c = 0; c < j->n; c++)
-					if (!j->ch[c].done)
-						llm_sched_cancel(s->sch, j->ch[c].sched_id);
-			}
-		pthread_mutex_unlock(&s->mu);
-		st = llm_sched_step(s->sch, &pending);
-		pthread_mutex_lock(&s->mu);
-		publish_locked(s);
-		if (st) {
-			snprintf(s->err, sizeof s->err, "%s", llm_errmsg());
-			s->state = LLM_SERVER_FAILED;
-			break;
-		}
-		llm_sched_stats(s->sch, &s->st);
-		/* drop finished jobs from the active list */
-		for (struct job **pp = &s->active; *pp;) {
-			struct job *j = *pp;
-			if (j->n_done == j->n) {
-				*pp = j->next;
-				job_unref_locked(j);
-			} else {
-				pp = &j->next;
-			}
-		}
-	}
-	/* stopping (or failed): everything left ends as cancelled */
-	for (struct job *j = s->subq, *nx; j; j = nx) {
-		nx = j->next;
-		fail_job_locked(s, j, 503, "the server is shutting down");
-		job_unref_locked(j);
-	}
-	s->subq = s->subq_tail = NULL;
-	for (struct job *j = s->active, *nx; j; j = nx) {
-		nx = j->next;
-		for (int c = 0; c < j->n; c++)
-			choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
-		job_unref_locked(j);
-	}
-	s->active = NULL;
-	pthread_mutex_unlock(&s->mu);
-	/* distributed: the other ranks stop (a failure here ends the job anyway) */
-	llm_engine_serve_end(s->e);
-	return NULL;
 }
 
 /* ---- responses --------------------------------------------------------- */
@@ -520,729 +110,7 @@ static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c
 	return send_json(c, status, j, status == 429 || status == 503 ? "1" : NULL);
 }
 
-/* ---- request parsing --------------------------------------------------- */
-
-struct perr { int status; char param[64]; char msg[400]; };
-
-static int bad(struct perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(struct perr *e, const char *param, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	char m[360];
-	vsnprintf(m, sizeof m, fmt, ap);
-	va_end(ap);
-	e->status = 400;
-	snprintf(e->param, sizeof e->param, "%s", param);
-	snprintf(e->msg, sizeof e->msg, "%s: %s", param, m);
-	return -1;
-}
-
-/* Optional number field in [lo, hi]; -1 on a wrong type or range. */
-static int get_num(json_t *o, const char *k, double lo, double hi, double *out, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (!json_is_number(v))
-		return bad(e, k, "expected a number, got %s", json_is_string(v) ? "a string" : "another type");
-	double d = json_number_value(v);
-	if (!(d >= lo && d <= hi))
-		return bad(e, k, "%g is out of range [%g, %g]", d, lo, hi);
-	*out = d;
-	return 1;
-}
-
-static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (!json_is_integer(v))
-		return bad(e, k, "expected an integer");
-	long long d = json_integer_value(v);
-	if (d < lo || d > hi)
-		return bad(e, k, "%lld is out of range [%lld, %lld]", d, lo, hi);
-	*out = d;
-	return 1;
-}
-
-static int get_bool(json_t *o, const char *k, int *out, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (!json_is_boolean(v))
-		return bad(e, k, "expected true or false");
-	*out = json_is_true(v);
-	return 1;
-}
-
-static int get_stop(struct job *j, json_t *o, const char *k, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	json_t *one[1] = { v };
-	size_t n = 1;
-	if (json_is_array(v))
-		n = json_array_size(v);
-	else if (!json_is_string(v))
-		return bad(e, k, "expected a string or an array of strings");
-	if (n > LLM_MAX_STOP)
-		return bad(e, k, "%zu stop strings, at most %d", n, LLM_MAX_STOP);
-	for (size_t i = 0; i < n; i++) {
-		json_t *x = json_is_array(v) ? json_array_get(v, i) : one[0];
-		if (!json_is_string(x) || json_string_length(x) == 0)
-			return bad(e, k, "expected non-empty strings");
-		j->stops[j->p.n_stop] = llm_strdup(json_string_value(x));
-		j->p.stop[j->p.n_stop] = j->stops[j->p.n_stop];
-		j->p.n_stop++;
-	}
-	return 1;
-}
-
-/* stop_token_ids: generated ids that end the request (finish "stop"). */
-static int get_stop_ids(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	const char *k = "stop_token_ids";
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (llm_json_stop_ids(v, s->n_vocab, j->p.stop_ids, &j->p.n_stop_ids))
-		return bad(e, k, "%s", llm_errmsg());
-	return 1;
-}
-
-/* logit_bias: {"token id": bias in [-100, 100], ...} added to the logits. */
-static int get_logit_bias(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	const char *k = "logit_bias";
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v))
-		return 0;
-	if (llm_json_logit_bias(v, s->n_vocab, &j->bias, &j->p.n_bias))
-		return bad(e, k, "%s", llm_errmsg());
-	j->p.bias = j->bias;
-	return 1;
-}
-
-/* A field this server does not implement: refused (400) when it asks for
- * anything but the default, rather than quietly ignored. */
-static int refuse_unless(json_t *o, const char *k, int is_default, const char *what, struct perr *e)
-{
-	json_t *v = json_object_get(o, k);
-	if (!v || json_is_null(v) || is_default)
-		return 0;
-	return bad(e, k, "not supported%s%s", what ? ": " : "", what ? what : "");
-}
-
-static int tokenize(struct llm_server *s, const char *text, size_t len, bool special, struct job *j, struct perr *e,
-                    const char *param)
-{
-	int32_t *ids;
-	size_t n;
-	if (llm_tokenizer_encode(s->tk, text, len, special, &ids, &n))
-		return bad(e, param, "%s", llm_errmsg());
-	j->prompt = ids;
-	j->n_prompt = (int)n;
-	return 0;
-}
-
-/* The sampling fields common to OpenAI requests. */
-static int parse_openai(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	double d;
-	long long v;
-	int b;
-	json_t *m = json_object_get(o, "model");
-	if (m && !json_is_string(m))
-		return bad(e, "model", "expected a string");
-	if (m && strcmp(json_string_value(m), s->model_name)) {
-		bad(e, "model", "the model '%s' does not exist (this server has '%s')", json_string_value(m), s->model_name);
-		e->status = 404;
-		return -1;
-	}
-	j->p.temperature = 1.0f;
-	if (get_num(o, "temperature", 0, 2, &d, e) < 0)
-		return -1;
-	else if (json_object_get(o, "temperature") && !json_is_null(json_object_get(o, "temperature")))
-		j->p.temperature = (float)d;
-	if (get_num(o, "top_p", 0, 1, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "top_p"))) {
-		if (d <= 0)
-			return bad(e, "top_p", "must be > 0");
-		j->p.top_p = (float)d;
-	}
-	if (get_num(o, "frequency_penalty", -2, 2, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "frequency_penalty")))
-		j->p.frequency_penalty = (float)d;
-	if (get_num(o, "presence_penalty", -2, 2, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "presence_penalty")))
-		j->p.presence_penalty = (float)d;
-	if (get_num(o, "repetition_penalty", 0.01, 100, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "repetition_penalty")))
-		j->p.repetition_penalty = (float)d;
-	if (get_num(o, "min_p", 0, 1, &d, e) < 0)
-		return -1;
-	else if (json_is_number(json_object_get(o, "min_p")))
-		j->p.min_p = (float)d;
-	v = 0;
-	if (get_int(o, "top_k", -1, 1 << 30, &v, e) < 0)
-		return -1;
-	j->p.top_k = v > 0 ? (int)v : 0;
-	if (get_int(o, "seed", INT64_MIN, INT64_MAX, &v, e) < 0)
-		return -1;
-	else if (json_is_integer(json_object_get(o, "seed")))
-		j->p.seed = (uint64_t)v;
-	else
-		j->p.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
-	v = 1;
-	if (get_int(o, "n", 1, MAX_N, &v, e) < 0)
-		return -1;
-	j->n = (int)v;
-	b = 0;
-	if (get_bool(o, "stream", &b, e) < 0)
-		return -1;
-	j->stream = b;
-	if (get_bool(o, "ignore_eos", &b, e) < 0)
-		return -1;
-	j->p.ignore_eos = b;
-	json_t *so = json_object_get(o, "stream_options");
-	if (so && !json_is_null(so)) {
-		if (!json_is_object(so))
-			return bad(e, "stream_options", "expected an object");
-		b = 0;
-		if (get_bool(so, "include_usage", &b, e) < 0)
-			return -1;
-		j->include_usage = b;
-	}
-	if (get_stop(j, o, "stop", e) < 0 || get_stop_ids(s, j, o, e) < 0 || get_logit_bias(s, j, o, e) < 0)
-		return -1;
-	v = 0;
-	if (get_int(o, "min_tokens", 0, INT32_MAX, &v, e) < 0)
-		return -1;
-	j->p.min_tokens = (int)v;
-	b = 0;
-	if (get_bool(o, "echo", &b, e) < 0)
-		return -1;
-	if (b)
-		return bad(e, "echo", "not supported");
-	json_t *bo = json_object_get(o, "best_of"), *sf = json_object_get(o, "suffix");
-	json_t *rf = json_object_get(o, "response_format");
-	if (refuse_unless(o, "best_of", json_is_integer(bo) && json_integer_value(bo) == j->n, "only best_of = n", e) ||
-	    refuse_unless(o, "suffix", json_is_string(sf) && !json_string_length(sf), NULL, e) ||
-	    refuse_unless(o, "response_format", json_is_object(rf) && json_is_string(json_object_get(rf, "type")) &&
-	                  !strcmp(json_string_value(json_object_get(rf, "type")), "text"),
-	                  "only {\"type\": \"text\"}", e))
-		return -1;
-	return 0;
-}
-
-static int parse_max_tokens(struct llm_server *s, struct job *j, json_t *o, const char *k, int def, struct perr *e)
-{
-	long long v = def;
-	int r = get_int(o, k, 1, INT32_MAX, &v, e);
-	if (r < 0)
-		return -1;
-	if (r == 0 && def == 0)   /* up to the context */
-		v = s->n_ctx - j->n_prompt;
-	if (j->n_prompt >= s->n_ctx || j->n_prompt + v > s->n_ctx)
-		return bad(e, k, "prompt of %d tokens + %s %lld exceeds the context of %d tokens",
-		           j->n_prompt, k, v, s->n_ctx);
-	j->p.max_tokens = (int)v;
-	if (j->p.min_tokens > j->p.max_tokens)
-		return bad(e, "min_tokens", "%d exceeds %s %d", j->p.min_tokens, k, j->p.max_tokens);
-	return 0;
-}
-
-static int parse_completion(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	if (parse_openai(s, j, o, e))
-		return -1;
-	json_t *pr = json_object_get(o, "prompt");
-	if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
-		pr = json_array_get(pr, 0);
-	if (json_is_string(pr)) {
-		if (tokenize(s, json_string_value(pr), json_string_length(pr), true, j, e, "prompt"))
-			return -1;
-	} else if (json_is_array(pr) && json_array_size(pr) > 0) {
-		size_t n = json_array_size(pr);
-		j->prompt = malloc(n * sizeof(int32_t));
-		if (!j->prompt)
-			return bad(e, "prompt", "out of memory");
-		for (size_t i = 0; i < n; i++) {
-			json_t *x = json_array_get(pr, i);
-			if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->n_vocab)
-				return bad(e, "prompt", "element %zu is not a token id in [0, %d) (one prompt per request)",
-				           i, s->n_vocab);
-			j->prompt[i] = (int32_t)json_integer_value(x);
-		}
-		j->n_prompt = (int)n;
-	} else {
-		return bad(e, "prompt", "expected a string or a non-empty array of token ids");
-	}
-	if (j->n_prompt == 0)
-		return bad(e, "prompt", "empty after tokenization");
-	json_t *lp = json_object_get(o, "logprobs");
-	if (json_is_integer(lp)) {
-		long long v;
-		if (get_int(o, "logprobs", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
-			return -1;
-		j->logprobs = 1;
-		j->p.n_logprobs = (int)v;
-	} else if (lp && !json_is_null(lp)) {
-		return bad(e, "logprobs", "expected an integer in [0, %d]", LLM_MAX_LOGPROBS);
-	}
-	return parse_max_tokens(s, j, o, "max_tokens", s->o.default_max_tokens, e);
-}
-
-static int parse_chat(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	if (parse_openai(s, j, o, e))
-		return -1;
-	json_t *msgs = json_object_get(o, "messages");
-	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-		return bad(e, "messages", "expected a non-empty array of messages");
-	for (size_t i = 0; i < json_array_size(msgs); i++) {
-		json_t *m = json_array_get(msgs, i);
-		json_t *c = json_object_get(m, "content");
-		if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")) ||
-		    !(json_is_string(c) || json_is_array(c) || json_is_null(c)))
-			return bad(e, "messages", "message %zu: expected {\"role\": string, \"content\": string}", i);
-	}
-	if (!s->template_src && !llm_tokenizer_chat_template(s->tk))
-		return bad(e, "messages", "this model has no chat template (start llm-serve with --chat-template FILE)");
-	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", 1);
-	json_t *kw = json_object_get(o, "chat_template_kwargs");
-	if (json_is_object(kw))
-		json_object_set(req, "chat_template_kwargs", kw);
-	json_t *tools = json_object_get(o, "tools");
-	if (json_is_array(tools))
-		json_object_set(req, "tools", tools);
-	char *rs = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
-	json_decref(req);
-	char *text = NULL;
-	size_t len;
-	enum llm_status st = rs ? llm_chat_render(s->tk, s->template_src, rs, &text, &len) : LLM_ERR_NOMEM;
-	free(rs);
-	if (st)
-		return bad(e, "messages", "chat template: %s", llm_errmsg());
-	int r = tokenize(s, text, len, false, j, e, "messages");
-	free(text);
-	if (r)
-		return -1;
-	if (j->n_prompt == 0)
-		return bad(e, "messages", "empty prompt");
-	int b = 0;
-	if (get_bool(o, "logprobs", &b, e) < 0)
-		return -1;
-	j->logprobs = b;
-	long long v = 0;
-	if (get_int(o, "top_logprobs", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
-		return -1;
-	if (v && !b)
-		return bad(e, "top_logprobs", "needs logprobs: true");
-	j->p.n_logprobs = (int)v;
-	const char *k = json_object_get(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-	return parse_max_tokens(s, j, o, k, 0, e);
-}
-
-static int parse_tgi(struct llm_server *s, struct job *j, json_t *o, struct perr *e)
-{
-	json_t *in = json_object_get(o, "inputs");
-	if (!json_is_string(in))
-		return bad(e, "inputs", "expected a string");
-	json_t *p = json_object_get(o, "parameters");
-	if (p && !json_is_null(p) && !json_is_object(p))
-		return bad(e, "parameters", "expected an object");
-	if (!p || json_is_null(p))
-		p = json_object();
-	else
-		json_incref(p);
-	int rc = -1;
-	double d;
-	long long v;
-	int b = 0, sample = 0;
-	j->n = 1;
-	j->p.temperature = 1.0f;
-	j->p.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
-	if (get_bool(p, "do_sample", &b, e) < 0)
-		goto out;
-	sample = b;
-	if (get_num(p, "temperature", 0, 100, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "temperature"))) {
-		j->p.temperature = (float)d;
-		sample = sample || d > 0;
-	}
-	if (get_num(p, "top_p", 0, 1, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "top_p")))
-		j->p.top_p = (float)(d > 0 ? d : 1);
-	v = 0;
-	if (get_int(p, "top_k", 0, 1 << 30, &v, e) < 0)
-		goto out;
-	j->p.top_k = (int)v;
-	if (get_num(p, "repetition_penalty", 0.01, 100, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "repetition_penalty")))
-		j->p.repetition_penalty = (float)d;
-	if (get_num(p, "frequency_penalty", -2, 2, &d, e) < 0)
-		goto out;
-	if (json_is_number(json_object_get(p, "frequency_penalty")))
-		j->p.frequency_penalty = (float)d;
-	if (get_int(p, "seed", 0, INT64_MAX, &v, e) < 0)
-		goto out;
-	if (json_is_integer(json_object_get(p, "seed")))
-		j->p.seed = (uint64_t)v;
-	if (get_stop(j, p, "stop", e) < 0)
-		goto out;
-	b = 0;
-	if (get_bool(p, "details", &b, e) < 0)
-		goto out;
-	j->details = b;
-	b = 0;
-	if (get_bool(p, "return_full_text", &b, e) < 0)
-		goto out;
-	j->full_text = b;
-	v = 0;
-	if (get_int(p, "top_n_tokens", 0, LLM_MAX_LOGPROBS, &v, e) < 0)
-		goto out;
-	j->p.n_logprobs = (int)v;
-	json_t *bo = json_object_get(p, "best_of"), *tp = json_object_get(p, "typical_p");
-	if (refuse_unless(p, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1", e) ||
-	    refuse_unless(p, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL, e) ||
-	    refuse_unless(p, "watermark", json_is_false(json_object_get(p, "watermark")), NULL, e) ||
-	    refuse_unless(p, "decoder_input_details", json_is_false(json_object_get(p, "decoder_input_details")),
-	                  NULL, e))
-		goto out;
-	long long trunc = 0;
-	if (get_int(p, "truncate", 1, INT32_MAX, &trunc, e) < 0)
-		goto out;
-	if (!sample)
-		j->p.temperature = 0;
-	if (tokenize(s, json_string_value(in), json_string_length(in), true, j, e, "inputs"))
-		goto out;
-	if (j->n_prompt == 0) {
-		bad(e, "inputs", "empty");
-		goto out;
-	}
-	if (trunc > 0 && j->n_prompt > trunc) {   /* keep the last TRUNC tokens */
-		memmove(j->prompt, j->prompt + (j->n_prompt - trunc), (size_t)trunc * sizeof *j->prompt);
-		j->n_prompt = (int)trunc;
-	}
-	if (j->full_text)
-		j->inputs = llm_strdup(json_string_value(in));
-	rc = parse_max_tokens(s, j, p, "max_new_tokens", 20, e);
-out:
-	json_decref(p);
-	return rc;
-}
-
-/* ---- output formatting ------------------------------------------------- */
-
-static const char *openai_finish(enum llm_finish f)
-{
-	return f == LLM_FINISH_LENGTH ? "length" : f == LLM_FINISH_CANCEL ? "abort" : "stop";
-}
-
-static const char *tgi_finish(enum llm_finish f)
-{
-	return f == LLM_FINISH_LENGTH ? "length" : f == LLM_FINISH_EOS ? "eos_token" :
-	       f == LLM_FINISH_STOP ? "stop_sequence" : "abort";
-}
-
-/* A token's text as it reads in the output (its leading space kept). */
-static json_t *token_str(struct llm_server *s, int32_t id)
-{
-	char *t = NULL;
-	size_t n = 0;
-	if (llm_tokenizer_piece(s->tk, id, &t, &n))
-		return json_string("");
-	json_t *j = jstr(t, n);
-	free(t);
-	return j;
-}
-
-static json_t *token_bytes(struct llm_server *s, int32_t id)
-{
-	char *t = NULL;
-	size_t n = 0;
-	json_t *a = json_array();
-	if (!llm_tokenizer_piece_bytes(s->tk, id, &t, &n))
-		for (size_t i = 0; i < n; i++)
-			json_array_append_new(a, json_integer((unsigned char)t[i]));
-	free(t);
-	return a;
-}
-
-/* Log-probs of events [from, to) of C, in the request's format. */
-static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice *c, int from, int to, size_t *offset)
-{
-	if (!j->logprobs)
-		return json_null();
-	if (j->kind == K_CHAT) {
-		json_t *content = json_array();
-		for (int i = from; i < to; i++) {
-			struct ev *v = &c->ev[i];
-			if (v->token < 0)
-				continue;
-			json_t *top = json_array();
-			for (int k = 0; k < v->n_top; k++)
-				json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", token_str(s, v->top[k].id),
-				                                     "logprob", (double)v->top[k].logprob,
-				                                     "bytes", token_bytes(s, v->top[k].id)));
-			json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", token_str(s, v->token),
-			                                         "logprob", (double)v->logprob, "bytes", token_bytes(s, v->token),
-			                                         "top_logprobs", top));
-		}
-		return json_pack("{s:o}", "content", content);
-	}
-	json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-	for (int i = from; i < to; i++) {
-		struct ev *v = &c->ev[i];
-		if (v->token < 0)
-			continue;
-		json_t *ts = token_str(s, v->token);
-		json_array_append_new(offs, json_integer((json_int_t)*offset));
-		*offset += json_string_length(ts);
-		json_array_append_new(toks, ts);
-		json_array_append_new(lps, json_real(v->logprob));
-		json_t *top = json_object();
-		for (int k = 0; k < v->n_top; k++) {
-			json_t *ks = token_str(s, v->top[k].id);
-			json_object_set_new(top, json_string_value(ks), json_real(v->top[k].logprob));
-			json_decref(ks);
-		}
-		json_array_append_new(tops, top);
-	}
-	return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
-	                 "text_offset", offs);
-}
-
-static json_t *text_of(struct choice *c, int from, int to)
-{
-	size_t n = 0;
-	for (int i = from; i < to; i++)
-		n += c->ev[i].len;
-	char *b = malloc(n + 1);
-	if (!b)
-		return json_string("");
-	n = 0;
-	for (int i = from; i < to; i++) {
-		memcpy(b + n, c->ev[i].text ? c->ev[i].text : "", c->ev[i].len);
-		n += c->ev[i].len;
-	}
-	json_t *j = jstr(b, n);
-	free(b);
-	return j;
-}
-
-static json_t *ids_of(struct choice *c, int from, int to)
-{
-	json_t *a = json_array();
-	for (int i = from; i < to; i++)
-		if (c->ev[i].token >= 0)
-			json_array_append_new(a, json_integer(c->ev[i].token));
-	return a;
-}
-
-static int gen_count(const struct job *j)
-{
-	int n = 0;
-	for (int c = 0; c < j->n; c++)
-		for (int i = 0; i < j->ch[c].n_ev; i++)
-			n += j->ch[c].ev[i].token >= 0;
-	return n;
-}
-
-static json_t *usage_json(const struct job *j)
-{
-	int g = gen_count(j);
-	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", j->n_prompt, "completion_tokens", g,
-	                 "total_tokens", j->n_prompt + g);
-}
-
-static json_t *openai_full(struct llm_server *s, struct job *j)
-{
-	json_t *choices = json_array();
-	for (int c = 0; c < j->n; c++) {
-		struct choice *ch = &j->ch[c];
-		size_t off = 0;
-		json_t *o;
-		if (j->kind == K_CHAT)
-			o = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
-			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
-			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		else
-			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "text", text_of(ch, 0, ch->n_ev),
-			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
-			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		json_array_append_new(choices, o);
-	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
-	                 "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
-	                 "created", (json_int_t)j->created, "model", s->model_name, "choices", choices,
-	                 "usage", usage_json(j));
-}
-
-/* TGI top_n_tokens: the best tokens at event V, best first. */
-static json_t *tgi_top(struct llm_server *s, const struct ev *v)
-{
-	json_t *a = json_array();
-	for (int k = 0; k < v->n_top; k++)
-		json_array_append_new(a, json_pack("{s:i, s:o, s:f, s:b}", "id", v->top[k].id,
-		                                   "text", token_str(s, v->top[k].id), "logprob",
-		                                   (double)v->top[k].logprob, "special",
-		                                   llm_tokenizer_is_special(s->tk, v->top[k].id)));
-	return a;
-}
-
-static json_t *tgi_details(struct job *j, struct llm_server *s, int with_tokens)
-{
-	struct choice *c = &j->ch[0];
-	/* seed: the one drawn with, null when greedy (no draw) */
-	json_t *d = json_pack("{s:s, s:i, s:o}", "finish_reason", tgi_finish(c->finish),
-	                      "generated_tokens", gen_count(j), "seed",
-	                      j->p.temperature > 0 ? json_integer((json_int_t)(j->p.seed & INT64_MAX)) : json_null());
-	if (with_tokens) {
-		json_t *toks = json_array();
-		for (int i = 0; i < c->n_ev; i++)
-			if (c->ev[i].token >= 0)
-				json_array_append_new(toks, json_pack("{s:i, s:o, s:f, s:b}", "id", c->ev[i].token,
-				                                      "text", token_str(s, c->ev[i].token),
-				                                      "logprob", (double)c->ev[i].logprob,
-				                                      "special", llm_tokenizer_is_special(s->tk, c->ev[i].token)));
-		json_object_set_new(d, "tokens", toks);
-		if (j->p.n_logprobs) {
-			json_t *tops = json_array();
-			for (int i = 0; i < c->n_ev; i++)
-				if (c->ev[i].token >= 0)
-					json_array_append_new(tops, tgi_top(s, &c->ev[i]));
-			json_object_set_new(d, "top_tokens", tops);
-		}
-	}
-	return d;
-}
-
-static json_t *tgi_generated(struct job *j)
-{
-	json_t *t = text_of(&j->ch[0], 0, j->ch[0].n_ev);
-	if (!j->full_text || !j->inputs)
-		return t;
-	size_t a = strlen(j->inputs), b = json_string_length(t);
-	char *x = malloc(a + b + 1);
-	if (!x)
-		return t;
-	memcpy(x, j->inputs, a);
-	memcpy(x + a, json_string_value(t), b);
-	json_t *r = json_stringn(x, a + b);
-	free(x);
-	json_decref(t);
-	return r ? r : json_string("");
-}
-
 /* ---- streaming --------------------------------------------------------- */
-
-static void out_add(struct job *j, const char *s, size_t n)
-{
-	if (j->out_len + n > j->out_cap) {
-		size_t cap = (j->out_len + n) * 2 + 256;
-		char *x = realloc(j->out, cap);
-		if (!x)
-			return;
-		j->out = x;
-		j->out_cap = cap;
-	}
-	memcpy(j->out + j->out_len, s, n);
-	j->out_len += n;
-}
-
-static void out_event(struct job *j, json_t *o, int tgi)
-{
-	char *b = json_dumps(o, JSON_COMPACT);
-	json_decref(o);
-	if (!b)
-		return;
-	out_add(j, tgi ? "data:" : "data: ", tgi ? 5 : 6);
-	out_add(j, b, strlen(b));
-	out_add(j, "\n\n", 2);
-	free(b);
-}
-
-/* Format what the events since the last call add (called with mu held). */
-static void stream_format(struct llm_server *s, struct job *j)
-{
-	int tgi = j->kind == K_TGI;
-	if (!j->started && !tgi && j->kind == K_CHAT) {
-		for (int c = 0; c < j->n; c++)
-			out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n, s:n}]}", "id", j->id,
-			                       "object", "chat.completion.chunk", "created", (json_int_t)j->created,
-			                       "model", s->model_name, "choices", "index", c, "delta", "role", "assistant",
-			                       "content", "", "logprobs", "finish_reason"), 0);
-	}
-	j->started = 1;
-	for (int c = 0; c < j->n; c++) {
-		struct choice *ch = &j->ch[c];
-		for (; ch->sent < ch->n_ev; ch->sent++) {
-			int i = ch->sent;
-			struct ev *v = &ch->ev[i];
-			if (v->token < 0)
-				continue;      /* a cancel: nothing to send */
-			if (tgi) {
-				json_t *tok = json_pack("{s:i, s:o, s:f, s:b}", "id", v->token, "text", text_of(ch, i, i + 1),
-				                        "logprob", (double)v->logprob, "special",
-				                        v->finish == LLM_FINISH_EOS || llm_tokenizer_is_special(s->tk, v->token));
-				json_t *o = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "token", tok, "generated_text", "details");
-				if (j->p.n_logprobs)
-					json_object_set_new(o, "top_tokens", tgi_top(s, v));
-				if (v->finish) {
-					json_object_set_new(o, "generated_text", tgi_generated(j));
-					json_object_set_new(o, "details", tgi_details(j, s, 0));
-				}
-				out_event(j, o, 1);
-				continue;
-			}
-			size_t off = 0;
-			json_t *ch_o;
-			if (j->kind == K_CHAT)
-				ch_o = json_pack("{s:i, s:{s:o}, s:o, s:o, s:o}", "index", c, "delta", "content", text_of(ch, i, i + 1),
-				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
-				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
-				                 "token_ids", ids_of(ch, i, i + 1));
-			else
-				ch_o = json_pack("{s:i, s:o, s:o, s:o, s:o}", "index", c, "text", text_of(ch, i, i + 1),
-				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
-				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
-				                 "token_ids", ids_of(ch, i, i + 1));
-			json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id,
-			                      "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-			                      "created", (json_int_t)j->created, "model", s->model_name, "choices", ch_o);
-			out_event(j, o, 0);
-		}
-	}
-	if (j->n_done == j->n && !j->ended) {
-		j->ended = 1;
-		if (j->failed) {
-			json_t *o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->errmsg,
-			                      "type", "server_error", "code", j->http_status);
-			out_event(j, o, tgi);
-		}
-		if (!tgi) {
-			if (j->include_usage)
-				out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->id,
-				                       "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-				                       "created", (json_int_t)j->created, "model", s->model_name, "choices",
-				                       "usage", usage_json(j)), 0);
-			out_add(j, "data: [DONE]\n\n", 14);
-		}
-	}
-}
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
@@ -1264,7 +132,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			pthread_mutex_unlock(&s->mu);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		stream_format(s, j);
+		llm_srv_stream_format(s, j);
 		if (j->out_len)
 			continue;
 		struct timespec ts;
@@ -1294,7 +162,7 @@ static void stream_free(void *cls)
 		pthread_cond_signal(&s->ecv);
 	}
 	s->in_flight -= j->n;
-	job_unref_locked(j);
+	llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -1323,24 +191,41 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->t_arrival = now_s();
 	j->created = (long long)time(NULL);
 	j->fd = -1;
-	struct llm_sample_params def = LLM_SAMPLE_DEFAULT;
-	j->p = def;
-	struct perr e = { 0 };
-	int r = k == K_COMPLETION ? parse_completion(s, j, o, &e) : k == K_CHAT ? parse_chat(s, j, o, &e) : parse_tgi(s, j, o, &e);
+	struct llm_api_env env = { .defaults = LLM_SAMPLE_DEFAULT, .tk = s->tk, .chat_template = s->template_src,
+	                           .model_name = s->model_name, .max_n = MAX_N };
+	env.defaults.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
+	env.defaults.max_tokens = k == K_COMPLETION ? s->o.default_max_tokens : 0;
+	pthread_mutex_lock(&s->mu);
+	env.n_ctx = s->n_ctx;
+	env.n_vocab = s->n_vocab;
+	pthread_mutex_unlock(&s->mu);
+	struct llm_api_req rq;
+	enum llm_status st = llm_api_req_parse(&rq, k == K_COMPLETION ? LLM_API_COMPLETION : k == K_CHAT ? LLM_API_CHAT :
+	                                       LLM_API_TGI, o, &env);
+	json_decref(o);
+	if (st) {
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		unsigned code = st == LLM_ERR_UNSUPPORTED ? 404 : st == LLM_ERR_NOMEM ? 500 : 400;
+		return send_error(s, conn, k, code, rq.param[0] ? rq.param : NULL, "%s", llm_errmsg());
+	}
+	/* the job takes what the request owns */
+	j->prompt = rq.prompt;
+	j->n_prompt = rq.n_prompt;
+	j->p = rq.p;
+	memcpy(j->stops, rq.stops, sizeof j->stops);
+	j->bias = rq.bias;
+	j->inputs = rq.inputs;
+	j->n = rq.n;
+	j->stream = rq.stream || tgi_stream;
+	j->include_usage = rq.include_usage;
+	j->logprobs = rq.logprobs;
+	j->details = rq.details;
+	j->full_text = rq.full_text;
 	/* the chosen tokens' log-probs: TGI's token events carry them; OpenAI's
 	 * only when asked for */
 	j->p.skip_logprob = k != K_TGI && !j->logprobs;
-	json_decref(o);
-	if (tgi_stream)
-		j->stream = 1;
-	if (!r && llm_sample_params_check(&j->p))
-		r = bad(&e, "parameters", "%s", llm_errmsg());
-	if (r) {
-		pthread_mutex_lock(&s->mu);
-		job_unref_locked(j);
-		pthread_mutex_unlock(&s->mu);
-		return send_error(s, conn, k, (unsigned)e.status, e.param[0] ? e.param : NULL, "%s", e.msg);
-	}
 	for (int c = 0; c < j->n; c++) {
 		j->ch[c].job = j;
 		j->ch[c].index = c;
@@ -1350,13 +235,13 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	/* admission */
 	pthread_mutex_lock(&s->mu);
 	if (s->state != LLM_SERVER_READY) {
-		job_unref_locked(j);
+		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 503, NULL, "the server is %s", s->state == LLM_SERVER_DRAINING ? "draining" : "not ready");
 	}
 	if (s->in_flight + j->n > s->o.sched.max_running + s->o.max_queue) {
 		int q = s->in_flight - s->o.sched.max_running;
-		job_unref_locked(j);
+		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 429, NULL, "the queue is full (%d waiting, --max-queue %d); retry later",
 		                  q > 0 ? q : 0, s->o.max_queue);
@@ -1400,24 +285,25 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	s->in_flight -= j->n;
 	json_t *resp = NULL;
 	unsigned status = 200;
+	char errmsg[sizeof j->errmsg];
 	if (j->failed) {
 		status = (unsigned)j->http_status;
-		snprintf(e.msg, sizeof e.msg, "%s", j->errmsg);
+		snprintf(errmsg, sizeof errmsg, "%s", j->errmsg);
 	} else if (j->cancelled) {
 		status = 499;
 	} else if (k == K_TGI) {
-		resp = json_pack("{s:o}", "generated_text", tgi_generated(j));
+		resp = json_pack("{s:o}", "generated_text", llm_srv_tgi_generated(j));
 		if (j->details)
-			json_object_set_new(resp, "details", tgi_details(j, s, 1));
+			json_object_set_new(resp, "details", llm_srv_tgi_details(j, s, 1));
 	} else {
-		resp = openai_full(s, j);
+		resp = llm_srv_openai_full(s, j);
 	}
-	job_unref_locked(j);
+	llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
 	if (status == 499)
 		return MHD_NO;           /* nobody is listening */
 	if (!resp)
-		return send_error(s, conn, k, status, NULL, "%s", e.msg);
+		return send_error(s, conn, k, status, NULL, "%s", errmsg);
 	return send_json(conn, status, resp, NULL);
 }
 
@@ -1470,10 +356,10 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 	for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) {
 		fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", hs[i].name, hs[i].help, hs[i].name);
 		for (int k = 0; k < N_BUCKET; k++) {
-			if (isinf(bucket_le[k]))
+			if (isinf(llm_srv_bucket_le[k]))
 				fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", hs[i].name, (unsigned long long)hs[i].h->n[k]);
 			else
-				fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[i].name, bucket_le[k], (unsigned long long)hs[i].h->n[k]);
+				fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[i].name, llm_srv_bucket_le[k], (unsigned long long)hs[i].h->n[k]);
 		}
 		fprintf(f, "%s_sum %.6f\n%s_count %llu\n", hs[i].name, hs[i].h->sum, hs[i].name,
 		        (unsigned long long)hs[i].h->count);
@@ -1639,7 +525,7 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
 	s->port = di ? di->port : o->port;
-	if (pthread_create(&s->engine_thread, NULL, engine_main, s)) {
+	if (pthread_create(&s->engine_thread, NULL, llm_srv_engine_main, s)) {
 		st = llm_fail(LLM_ERR_NOMEM, "server: cannot start the engine thread");
 		goto fail;
 	}

@@ -452,13 +452,15 @@ static int on_token(void *user, const struct llm_token_event *ev)
 static struct llm_logit_bias cli_bias[sizeof cfg.logit_bias.v / sizeof *cfg.logit_bias.v];
 static int n_cli_bias;
 
-/* Parameters of the command line, then those a JSONL line names (OpenAI
- * spelling, each replacing its flag); a wrong type is an error naming the
- * line and the field. */
-static enum llm_status job_params(struct job *j, json_t *obj, int line)
+/* --chat-template FILE, read once when a line first needs it */
+static char *template_src;
+
+/* What a request starts from: the flags (a JSONL line's fields replace
+ * them); one choice per line. */
+static void job_env(struct llm_api_env *env, struct llm_tokenizer *tk, int line)
 {
-	struct llm_sample_params *p = &j->p;
-	*p = (struct llm_sample_params)LLM_SAMPLE_DEFAULT;
+	*env = (struct llm_api_env){ .defaults = LLM_SAMPLE_DEFAULT, .tk = tk, .chat_template = template_src, .max_n = 1 };
+	struct llm_sample_params *p = &env->defaults;
 	p->temperature = (float)cfg.temp;
 	p->top_k = (int)cfg.top_k;
 	p->top_p = (float)cfg.top_p;
@@ -471,146 +473,61 @@ static enum llm_status job_params(struct job *j, json_t *obj, int line)
 	p->n_logprobs = (int)cfg.n_logprobs;
 	p->ignore_eos = cfg.ignore_eos;
 	p->min_tokens = (int)cfg.min_tokens;
-	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)
+	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)   /* main refuses more */
 		p->stop[p->n_stop++] = cfg.stop.v[i];
 	p->n_bias = n_cli_bias;
 	p->bias = n_cli_bias ? cli_bias : NULL;
-	if (!obj)
-		return llm_sample_params_check(p);
-	static const struct { const char *key; int type; size_t off; } num[] = {
-		{ "temperature", 'f', offsetof(struct llm_sample_params, temperature) },
-		{ "top_p", 'f', offsetof(struct llm_sample_params, top_p) },
-		{ "min_p", 'f', offsetof(struct llm_sample_params, min_p) },
-		{ "repetition_penalty", 'f', offsetof(struct llm_sample_params, repetition_penalty) },
-		{ "frequency_penalty", 'f', offsetof(struct llm_sample_params, frequency_penalty) },
-		{ "presence_penalty", 'f', offsetof(struct llm_sample_params, presence_penalty) },
-		{ "top_k", 'i', offsetof(struct llm_sample_params, top_k) },
-		{ "max_tokens", 'i', offsetof(struct llm_sample_params, max_tokens) },
-		{ "min_tokens", 'i', offsetof(struct llm_sample_params, min_tokens) },
-		{ "top_logprobs", 'i', offsetof(struct llm_sample_params, n_logprobs) },
-	};
-	for (size_t i = 0; i < sizeof num / sizeof *num; i++) {
-		json_t *v = json_object_get(obj, num[i].key);
-		if (!v || json_is_null(v))
-			continue;
-		if (!json_is_number(v) || (num[i].type == 'i' && !json_is_integer(v)))
-			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: %s is not a%s", line, num[i].key,
-			                num[i].type == 'i' ? "n integer" : " number");
-		if (num[i].type == 'f')
-			*(float *)((char *)p + num[i].off) = (float)json_number_value(v);
-		else
-			*(int *)((char *)p + num[i].off) = (int)json_integer_value(v);
-	}
-	json_t *v = json_object_get(obj, "seed");
-	if (v && !json_is_null(v)) {
-		if (!json_is_integer(v))
-			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: seed is not an integer", line);
-		p->seed = (uint64_t)json_integer_value(v);
-	}
-	v = json_object_get(obj, "ignore_eos");
-	if (v && !json_is_null(v)) {
-		if (!json_is_boolean(v))
-			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: ignore_eos is not true or false", line);
-		p->ignore_eos = json_is_true(v);
-	}
-	enum llm_status s;
-	v = json_object_get(obj, "logit_bias");
-	if (v && !json_is_null(v)) {
-		if ((s = llm_json_logit_bias(v, 0, &j->bias_own, &p->n_bias)))
-			return llm_fail_prefix(s, "stdin: line %d: logit_bias", line);
-		p->bias = j->bias_own;
-	}
-	v = json_object_get(obj, "stop_token_ids");
-	if (v && !json_is_null(v) && (s = llm_json_stop_ids(v, 0, p->stop_ids, &p->n_stop_ids)))
-		return llm_fail_prefix(s, "stdin: line %d: stop_token_ids", line);
-	v = json_object_get(obj, "logprobs");
-	if (json_is_true(v) && !p->n_logprobs)
-		p->n_logprobs = 1;
-	else if (json_is_integer(v))
-		p->n_logprobs = (int)json_integer_value(v);
-	v = json_object_get(obj, "stop");
-	if (v && !json_is_null(v)) {
-		p->n_stop = 0;
-		size_t n = json_is_array(v) ? json_array_size(v) : 1;
-		for (size_t i = 0; i < n && i < LLM_MAX_STOP; i++) {
-			json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-			if (!json_is_string(e))
-				return llm_fail(LLM_ERR_USAGE, "stdin: line %d: stop is not a string or an array of strings", line);
-			j->stop_own[i] = llm_strdup(json_string_value(e));
-			p->stop[p->n_stop++] = j->stop_own[i];
-		}
-	}
-	s = llm_sample_params_check(p);
-	return s ? llm_fail_prefix(s, "stdin: line %d", line) : LLM_OK;
 }
 
-/* The prompt of a line: plain text, or JSON with "prompt" or "messages". */
-static enum llm_status job_prompt(struct job *j, struct llm_tokenizer *tk, const char *text, json_t *obj, int line)
+/* J takes what RQ owns. */
+static void job_take(struct job *j, struct llm_api_req *rq)
 {
-	char *rendered = NULL;
-	size_t len;
-	bool special = true;
-	if (obj) {
-		json_t *pr = json_object_get(obj, "prompt"), *msg = json_object_get(obj, "messages");
-		json_t *pid = json_object_get(obj, "prompt_ids");
-		if (json_is_array(pid)) {           /* token ids as they are */
-			j->n_prompt = json_array_size(pid);
-			j->prompt = malloc((j->n_prompt + 1) * sizeof *j->prompt);
-			if (!j->prompt)
-				return llm_fail(LLM_ERR_NOMEM, "out of memory");
-			for (size_t i = 0; i < j->n_prompt; i++) {
-				json_t *v = json_array_get(pid, i);
-				if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-					return llm_fail(LLM_ERR_USAGE, "stdin: line %d: prompt_ids[%zu] is not a token id", line, i);
-				j->prompt[i] = (int32_t)json_integer_value(v);
-			}
-			if (!j->n_prompt)
-				return llm_fail(LLM_ERR_USAGE, "stdin: line %d: prompt_ids is empty", line);
-			return LLM_OK;
-		}
-		if (!tk)
-			return llm_fail(LLM_ERR_USAGE, "%s: no tokenizer files: only prompt_ids can be generated from (stdin line %d)",
-			                cfg.model, line);
-		if (json_is_string(pr)) {
-			text = json_string_value(pr);
-		} else if (json_is_array(msg)) {
-			json_t *req = json_pack("{s:O, s:b}", "messages", msg, "add_generation_prompt", 1);
-			json_t *tools = json_object_get(obj, "tools");
-			if (tools)
-				json_object_set(req, "tools", tools);
-			char *rs = json_dumps(req, JSON_COMPACT);
-			json_decref(req);
-			char *tmpl = NULL;
-			enum llm_status s = cfg.chat_template ? llm_read_file(cfg.chat_template, &tmpl, &len) : LLM_OK;
-			if (!s)
-				s = llm_chat_render(tk, tmpl, rs, &rendered, &len);
-			free(tmpl);
-			free(rs);
-			if (s)
-				return llm_fail_prefix(s, "stdin: line %d", line);
-			text = rendered;
-			special = false;         /* the template places BOS itself */
-		} else {
-			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: needs \"prompt\" (a string), \"prompt_ids\" or \"messages\" (arrays)", line);
-		}
+	j->prompt = rq->prompt;
+	j->n_prompt = (size_t)rq->n_prompt;
+	j->p = rq->p;
+	memcpy(j->stop_own, rq->stops, sizeof j->stop_own);
+	j->bias_own = rq->bias;
+	free(rq->inputs);
+}
+
+/* A request of the flags and, when OBJ (a JSONL line) is given, its fields
+ * and prompt (request.h: the rules llm-serve's OpenAI endpoints follow); an
+ * error names the line and the field. */
+static enum llm_status job_params(struct job *j, struct llm_tokenizer *tk, json_t *obj, int line)
+{
+	if (obj && cfg.chat_template && !template_src && json_object_get(obj, "messages")) {
+		size_t len;
+		enum llm_status s = llm_read_file(cfg.chat_template, &template_src, &len);
+		if (s)
+			return llm_fail_prefix(s, "stdin: line %d", line);
 	}
+	struct llm_api_env env;
+	job_env(&env, tk, line);
+	struct llm_api_req rq;
+	enum llm_status s = llm_api_req_parse(&rq, LLM_API_JSONL, obj, &env);
+	if (s)
+		return line ? llm_fail_prefix(s, "stdin: line %d", line) : s;
+	job_take(j, &rq);
+	return LLM_OK;
+}
+
+/* The prompt of a plain text line, -p or -f (J's parameters set). */
+static enum llm_status job_prompt(struct job *j, struct llm_tokenizer *tk, const char *text, int line)
+{
 	if (!tk)
 		return llm_fail(LLM_ERR_USAGE, "%s: no tokenizer files: a text prompt needs tokenizer.json (prompt_ids work without)",
 		                cfg.model);
-	enum llm_status s = llm_tokenizer_encode(tk, text, strlen(text), special, &j->prompt, &j->n_prompt);
-	free(rendered);
-	if (!s && !j->n_prompt) {
-		/* an empty prompt still needs one position: BOS where there is one */
-		int32_t bos = llm_tokenizer_bos(tk);
-		if (bos < 0)
-			return llm_fail(LLM_ERR_USAGE, "stdin: line %d: empty prompt and the model has no BOS token", line);
-		j->prompt = malloc(sizeof *j->prompt);
-		if (!j->prompt)
-			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		j->prompt[0] = bos;
-		j->n_prompt = 1;
+	struct llm_api_env env;
+	job_env(&env, tk, line);
+	struct llm_api_req rq = { .p = j->p };
+	enum llm_status s = llm_api_req_prompt_text(&rq, &env, "prompt", text, strlen(text), 1);
+	if (s) {
+		free(rq.prompt);
+		return line ? llm_fail_prefix(s, "stdin: line %d", line) : s;
 	}
-	return s;
+	j->prompt = rq.prompt;
+	j->n_prompt = (size_t)rq.n_prompt;
+	return LLM_OK;
 }
 
 static enum llm_status chat_prompt(struct llm_tokenizer *tk, const char *user, char **out)
@@ -703,14 +620,12 @@ static enum llm_status read_jobs(struct llm_tokenizer *tk, struct job **jobs, si
 		if (!j)
 			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
 		if (!s)
-			s = job_params(j, NULL, 0);
+			s = job_params(j, tk, NULL, 0);
 		if (!s) {
-			json_t *o = cfg.chat ? json_pack("{s:s}", "prompt", text) : NULL;
 			if (cfg.chat)   /* the rendered template carries its own BOS */
 				s = llm_tokenizer_encode(tk, text, strlen(text), false, &j->prompt, &j->n_prompt);
 			else
-				s = job_prompt(j, tk, p, NULL, 0);
-			json_decref(o);
+				s = job_prompt(j, tk, p, 0);
 		}
 		free(buf);
 		free(text);
@@ -759,9 +674,9 @@ static enum llm_status read_jobs(struct llm_tokenizer *tk, struct job **jobs, si
 				break;
 			}
 		}
-		s = job_params(j, obj, line);
-		if (!s)
-			s = job_prompt(j, tk, p, obj, line);
+		s = job_params(j, tk, obj, line);
+		if (!s && !obj)
+			s = job_prompt(j, tk, p, line);
 		json_decref(obj);
 	}
 	free(buf);
@@ -1017,6 +932,8 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--logprobs goes with --json");
 	if (!cfg.model)
 		return llm_args_usage_error(&cli, "missing -m DIR");
+	if (cfg.stop.n > LLM_MAX_STOP)
+		return llm_args_usage_error(&cli, "--stop: %d strings, at most %d", cfg.stop.n, LLM_MAX_STOP);
 	for (int i = 0; i < cfg.logit_bias.n; i++)
 		if (llm_logit_bias_parse(cfg.logit_bias.v[i], &cli_bias[n_cli_bias++]))
 			return llm_args_usage_error(&cli, "--logit-bias %s", llm_errmsg());

@@ -193,4 +193,25 @@ check_fails "a corrupt checkpoint is refused" 1 $G -m tests/data/malformed/overl
 echo 'not json {' >"$T/bad.jsonl"; echo '{"prompt": 5}' >>"$T/bad.jsonl"
 check_fails "a JSONL line with a wrong type names the line" 1 sh -c "echo '{\"prompt\": 5}' | $G -m '$M'"
 grep -q "line 1" "$T/err" && ok "... the message names the line" || notok "... the message names the line"
+# the rules llm-serve's bodies share (request.c, vLLM's): refused, never cut
+# or ignored, with the line and the field named
+jsonl_fails() {   # DESCRIPTION LINE MESSAGE
+	check_fails "$1" 1 sh -c "printf '%s\\n' '{\"prompt\": \"a\"}' '$2' | $G -m '$M' --json"
+	grep -qF "$3" "$T/err" && ok "... $3" || { notok "... $3"; sed 's/^/#   /' "$T/err"; }
+}
+jsonl_fails "a JSONL line with 9 stop strings is refused (was: cut to 8)" \
+	'{"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}' "stdin: line 2: stop: 9 stop strings, at most 8"
+jsonl_fails "a JSONL max_tokens 0 is refused (at least 1, as llm-serve)" \
+	'{"prompt": "a", "max_tokens": 0}' "stdin: line 2: max_tokens: 0 is out of range [1, 2147483647]"
+jsonl_fails "a JSONL echo: true is refused (was: ignored)" '{"prompt": "a", "echo": true}' "stdin: line 2: echo: not supported"
+jsonl_fails "a JSONL n: 2 is refused: one completion per line (was: ignored)" \
+	'{"prompt": "a", "n": 2}' "stdin: line 2: n: 2 is out of range [1, 1]"
+jsonl_fails "a JSONL temperature out of range: the server's message" \
+	'{"prompt": "a", "temperature": 101}' "stdin: line 2: temperature: 101 is out of range [0, 100]"
+jsonl_fails "a JSONL message without a role is refused (as llm-serve)" \
+	'{"messages": [{"content": "hi"}]}' "stdin: line 2: messages: message 0: expected"
+check_fails "--stop 9 times is a usage error (was: cut to 8)" 2 $G -m "$M" -p a --stop 1 --stop 2 --stop 3 --stop 4 \
+	--stop 5 --stop 6 --stop 7 --stop 8 --stop 9
+out=$(printf '%s\n' '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "top_k": -1}' | $G -m "$M" --json)
+check "a JSONL top_k -1 means off (was: refused; as llm-serve)" sh -c "echo '$out' | grep -q '\"finish_reason\":\"length\"'"
 tap_done

@@ -193,7 +193,15 @@ done
 # errors
 check "malformed JSON: 400" [ "$(code "$URL/v1/completions" -d '{"prompt": ')" = 400 ]
 check "a wrong type: 400 naming the field" sh -c "[ \"\$(curl -s -m 10 -o '$T/b' -w '%{http_code}' '$URL/v1/completions' -d '{\"prompt\": \"a\", \"max_tokens\": \"ten\"}')\" = 400 ] && grep -q '\"param\":\"max_tokens\"' '$T/b'"
-check "temperature out of range: 400 naming it" sh -c "curl -s -m 10 '$URL/v1/completions' -d '{\"prompt\": \"a\", \"temperature\": 7}' | grep -q 'temperature: 7 is out of range'"
+check "temperature out of range: 400 naming it" sh -c "curl -s -m 10 '$URL/v1/completions' -d '{\"prompt\": \"a\", \"temperature\": 101}' | grep -q 'temperature: 101 is out of range \[0, 100\]'"
+# the rules llm-generate's JSONL lines share (request.c): vLLM's
+check "temperature 7 is taken (no cap at 2: the sampler's [0, 100], as llm-generate)" sh -c "curl -s -m 10 '$URL/v1/completions' -d '{\"prompt\": \"a\", \"temperature\": 7, \"max_tokens\": 2}' | grep -q text_completion"
+c=$(code "$URL/v1/completions" -d '{"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}')
+check "9 stop strings: 400 naming stop, never cut (as llm-generate)" sh -c "[ $c = 400 ] && grep -q '\"param\":\"stop\"' '$T/body' && grep -q 'stop: 9 stop strings, at most 8' '$T/body'"
+c=$(code "$URL/generate" -d '{"inputs": "a", "parameters": {"top_p": 0, "max_new_tokens": 2}}')
+check "/generate top_p 0: 400 (0 < top_p <= 1 everywhere)" sh -c "[ $c = 400 ] && grep -q 'top_p: 0 is out of range (0, 1\]' '$T/body'"
+c=$(code "$URL/generate" -d '{"inputs": "a", "parameters": {"top_k": -1, "seed": -3, "max_new_tokens": 2}}')
+check "/generate top_k -1 (off) and a negative seed are taken (as OpenAI bodies)" [ "$c" = 200 ]
 c=$(code "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 600}')
 check "prompt + max_tokens beyond the context: 400 with the numbers" sh -c "[ $c = 400 ] && grep -q 'prompt of 5 tokens + max_tokens 600 exceeds the context of 512' '$T/body'"
 ids512=$(python3 -c "print([1] + [300] * 511)")

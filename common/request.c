@@ -1,0 +1,497 @@
+/* common/request.c: API request bodies to generation requests (see
+ * request.h), one set of value rules for llm-serve's three APIs and
+ * llm-generate's JSONL lines.
+ *
+ * A field that is absent or null keeps its default. Every failure goes
+ * through bad(), which records the field in r->param and leaves the message
+ * "FIELD: reason" with llm_fail. */
+#define _GNU_SOURCE
+#include "request.h"
+#include "tokenizer.h"
+#include "jinja.h"
+#include "fileio.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+struct parse {
+	struct llm_api_req *r;
+	const struct llm_api_env *env;
+	enum llm_api_kind kind;
+	enum llm_status st;         /* of the first failure */
+	const char *max_key;        /* the field max_tokens came from */
+	int max_given;              /* 1: the body set it */
+};
+
+static int bad_st(struct parse *c, enum llm_status st, const char *field, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int bad_st(struct parse *c, enum llm_status st, const char *field, const char *fmt, ...)
+{
+	char m[400];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(m, sizeof m, fmt, ap);
+	va_end(ap);
+	snprintf(c->r->param, sizeof c->r->param, "%s", field);
+	c->st = llm_fail(st, "%s: %s", field, m);
+	return -1;
+}
+#define bad(c, field, ...) bad_st(c, LLM_ERR_USAGE, field, __VA_ARGS__)
+
+/* A failure of a part below (tokenizer, template) is the request's fault,
+ * unless memory ran out: only "model" gives LLM_ERR_UNSUPPORTED. */
+static enum llm_status usage(enum llm_status s) { return s == LLM_ERR_NOMEM ? s : LLM_ERR_USAGE; }
+
+static json_t *field(json_t *o, const char *k)
+{
+	json_t *v = o ? json_object_get(o, k) : NULL;
+	return v && !json_is_null(v) ? v : NULL;
+}
+
+/* A number field in [LO, HI] ((LO, HI] when OPEN): 1 set, 0 absent, -1 bad. */
+static int get_num(struct parse *c, json_t *o, const char *k, double lo, double hi, int open, float *out)
+{
+	json_t *v = field(o, k);
+	if (!v)
+		return 0;
+	if (!json_is_number(v))
+		return bad(c, k, "expected a number, got %s", json_is_string(v) ? "a string" : "another type");
+	double d = json_number_value(v);
+	if (!((open ? d > lo : d >= lo) && d <= hi))
+		return bad(c, k, "%g is out of range %c%g, %g]", d, open ? '(' : '[', lo, hi);
+	*out = (float)d;
+	return 1;
+}
+
+static int get_int(struct parse *c, json_t *o, const char *k, long long lo, long long hi, long long *out)
+{
+	json_t *v = field(o, k);
+	if (!v)
+		return 0;
+	if (!json_is_integer(v))
+		return bad(c, k, "expected an integer");
+	long long d = json_integer_value(v);
+	if (d < lo || d > hi)
+		return bad(c, k, "%lld is out of range [%lld, %lld]", d, lo, hi);
+	*out = d;
+	return 1;
+}
+
+static int get_int32(struct parse *c, json_t *o, const char *k, long long lo, long long hi, int *out)
+{
+	long long v;
+	int r = get_int(c, o, k, lo, hi, &v);
+	if (r > 0)
+		*out = (int)v;
+	return r;
+}
+
+static int get_bool(struct parse *c, json_t *o, const char *k, int *out)
+{
+	json_t *v = field(o, k);
+	if (!v)
+		return 0;
+	if (!json_is_boolean(v))
+		return bad(c, k, "expected true or false");
+	*out = json_is_true(v);
+	return 1;
+}
+
+/* A field this code does not implement: refused when it asks for anything
+ * but the default, rather than quietly ignored. */
+static int refuse_unless(struct parse *c, json_t *o, const char *k, int is_default, const char *what)
+{
+	if (!field(o, k) || is_default)
+		return 0;
+	return bad(c, k, "not supported%s%s", what ? ": " : "", what ? what : "");
+}
+
+/* stop: a string or an array of non-empty strings, at most LLM_MAX_STOP
+ * (vLLM takes any number; the sampler holds LLM_MAX_STOP, so more are
+ * refused rather than cut). */
+static int get_stop(struct parse *c, json_t *o)
+{
+	const char *k = "stop";
+	json_t *v = field(o, k);
+	if (!v)
+		return 0;
+	size_t n = 1;
+	if (json_is_array(v))
+		n = json_array_size(v);
+	else if (!json_is_string(v))
+		return bad(c, k, "expected a string or an array of strings");
+	if (n > LLM_MAX_STOP)
+		return bad(c, k, "%zu stop strings, at most %d", n, LLM_MAX_STOP);
+	struct llm_api_req *r = c->r;
+	r->p.n_stop = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+		if (!json_is_string(x) || json_string_length(x) == 0)
+			return bad(c, k, "expected non-empty strings");
+		if (!(r->stops[i] = llm_strdup(json_string_value(x))))
+			return bad_st(c, LLM_ERR_NOMEM, k, "out of memory");
+		r->p.stop[r->p.n_stop++] = r->stops[i];
+	}
+	return 1;
+}
+
+/* The sampling fields every kind has (TGI's in "parameters"). */
+static int sampling(struct parse *c, json_t *o)
+{
+	struct llm_api_req *r = c->r;
+	struct llm_sample_params *p = &r->p;
+	long long v;
+	json_t *x;
+	enum llm_status s;
+	if (get_num(c, o, "temperature", 0, 100, 0, &p->temperature) < 0 ||
+	    get_num(c, o, "top_p", 0, 1, 1, &p->top_p) < 0 ||
+	    get_num(c, o, "min_p", 0, 1, 0, &p->min_p) < 0 ||
+	    get_num(c, o, "repetition_penalty", 0, 100, 1, &p->repetition_penalty) < 0 ||
+	    get_num(c, o, "frequency_penalty", -2, 2, 0, &p->frequency_penalty) < 0 ||
+	    get_num(c, o, "presence_penalty", -2, 2, 0, &p->presence_penalty) < 0)
+		return -1;
+	int r1 = get_int(c, o, "top_k", -1, 1 << 30, &v);   /* -1 and 0: off */
+	if (r1 < 0)
+		return -1;
+	if (r1)
+		p->top_k = v > 0 ? (int)v : 0;
+	if ((r1 = get_int(c, o, "seed", INT64_MIN, INT64_MAX, &v)) < 0)
+		return -1;
+	if (r1)
+		p->seed = (uint64_t)v;
+	if (get_int32(c, o, "min_tokens", 0, INT32_MAX, &p->min_tokens) < 0 || get_bool(c, o, "ignore_eos", &p->ignore_eos) < 0 ||
+	    get_stop(c, o) < 0)
+		return -1;
+	if ((x = field(o, "stop_token_ids")) &&
+	    (s = llm_json_stop_ids(x, c->env->n_vocab, p->stop_ids, &p->n_stop_ids)))
+		return bad_st(c, usage(s), "stop_token_ids", "%s", llm_errmsg());
+	if ((x = field(o, "logit_bias"))) {
+		if ((s = llm_json_logit_bias(x, c->env->n_vocab, &r->bias, &p->n_bias)))
+			return bad_st(c, usage(s), "logit_bias", "%s", llm_errmsg());
+		p->bias = r->bias;
+	}
+	return 0;
+}
+
+/* The OpenAI fields beyond sampling (completion, chat, JSONL). */
+static int openai(struct parse *c, json_t *o)
+{
+	struct llm_api_req *r = c->r;
+	json_t *m = field(o, "model");
+	if (m && !json_is_string(m))
+		return bad(c, "model", "expected a string");
+	if (m && c->env->model_name && strcmp(json_string_value(m), c->env->model_name))
+		return bad_st(c, LLM_ERR_UNSUPPORTED, "model", "the model '%s' does not exist (this server has '%s')",
+		              json_string_value(m), c->env->model_name);
+	if (get_int32(c, o, "n", 1, c->env->max_n > 0 ? c->env->max_n : 1, &r->n) < 0)
+		return -1;
+	if (c->kind != LLM_API_JSONL) {
+		if (get_bool(c, o, "stream", &r->stream) < 0)
+			return -1;
+		json_t *so = field(o, "stream_options");
+		if (so && !json_is_object(so))
+			return bad(c, "stream_options", "expected an object");
+		if (so && get_bool(c, so, "include_usage", &r->include_usage) < 0)
+			return -1;
+	}
+	int echo = 0;
+	if (get_bool(c, o, "echo", &echo) < 0)
+		return -1;
+	if (echo)
+		return bad(c, "echo", "not supported");
+	json_t *bo = field(o, "best_of"), *sf = field(o, "suffix"), *rf = field(o, "response_format");
+	json_t *rt = json_object_get(rf, "type");
+	if (refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == r->n, "only best_of = n") ||
+	    refuse_unless(c, o, "suffix", json_is_string(sf) && !json_string_length(sf), NULL) ||
+	    refuse_unless(c, o, "response_format", json_is_object(rf) && json_is_string(rt) &&
+	                  !strcmp(json_string_value(rt), "text"), "only {\"type\": \"text\"}"))
+		return -1;
+	return 0;
+}
+
+/* log-probs: the completion form (an integer: the top N), the chat form
+ * (logprobs true, top_logprobs N) or, in JSONL, either; TGI's top_n_tokens. */
+static int logprobs(struct parse *c, json_t *o)
+{
+	struct llm_api_req *r = c->r;
+	struct llm_sample_params *p = &r->p;
+	json_t *lp = field(o, "logprobs");
+	if (c->kind == LLM_API_TGI)
+		return get_int32(c, o, "top_n_tokens", 0, LLM_MAX_LOGPROBS, &p->n_logprobs) < 0 ? -1 : 0;
+	if (lp && json_is_integer(lp) && c->kind != LLM_API_CHAT) {
+		if (get_int32(c, o, "logprobs", 0, LLM_MAX_LOGPROBS, &p->n_logprobs) < 0)
+			return -1;
+		r->logprobs = 1;
+	} else if (lp && json_is_boolean(lp) && c->kind != LLM_API_COMPLETION) {
+		r->logprobs = json_is_true(lp);
+		if (!r->logprobs)
+			p->n_logprobs = 0;
+	} else if (lp) {
+		return c->kind == LLM_API_COMPLETION ? bad(c, "logprobs", "expected an integer in [0, %d]", LLM_MAX_LOGPROBS) :
+		       c->kind == LLM_API_CHAT ? bad(c, "logprobs", "expected true or false") :
+		       bad(c, "logprobs", "expected true, false or an integer in [0, %d]", LLM_MAX_LOGPROBS);
+	}
+	if (c->kind == LLM_API_COMPLETION)
+		return 0;
+	int top = get_int32(c, o, "top_logprobs", 0, LLM_MAX_LOGPROBS, &p->n_logprobs);
+	if (top < 0)
+		return -1;
+	if (c->kind == LLM_API_CHAT && top && p->n_logprobs && !r->logprobs)
+		return bad(c, "top_logprobs", "needs logprobs: true");
+	/* llm-generate prints log-probs with their top list: logprobs true asks
+	 * for one entry */
+	if (c->kind == LLM_API_JSONL && r->logprobs && !p->n_logprobs && !top)
+		p->n_logprobs = 1;
+	return 0;
+}
+
+static int set_ids(struct parse *c, const char *k, json_t *arr)
+{
+	struct llm_api_req *r = c->r;
+	size_t n = json_array_size(arr);
+	int nv = c->env->n_vocab;
+	if (!(r->prompt = malloc((n + 1) * sizeof *r->prompt)))
+		return bad_st(c, LLM_ERR_NOMEM, k, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		json_t *x = json_array_get(arr, i);
+		json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
+		if (id < 0 || id > INT32_MAX || (nv > 0 && id >= nv)) {
+			char range[40] = "";
+			if (nv > 0)
+				snprintf(range, sizeof range, " in [0, %d)", nv);
+			return bad(c, k, "element %zu is not a token id%s%s", i, range,
+			           json_is_string(x) ? " (one prompt per request)" : "");
+		}
+		r->prompt[i] = (int32_t)id;
+	}
+	r->n_prompt = (int)n;
+	if (!n)
+		return bad(c, k, "empty");
+	return 0;
+}
+
+static int tokenize(struct parse *c, const char *k, const char *text, size_t len, int special)
+{
+	struct llm_api_req *r = c->r;
+	if (!c->env->tk)
+		return bad(c, k, "the model has no tokenizer files: only token ids can be given");
+	size_t n;
+	enum llm_status s = llm_tokenizer_encode(c->env->tk, text, len, special, &r->prompt, &n);
+	if (s)
+		return bad_st(c, usage(s), k, "%s", llm_errmsg());
+	if (n > INT32_MAX)
+		return bad(c, k, "%zu tokens", n);
+	r->n_prompt = (int)n;
+	if (!n)
+		return bad(c, k, "empty after tokenization");
+	return 0;
+}
+
+/* messages through the chat template (with tools and chat_template_kwargs),
+ * then tokenized without special tokens: the template places BOS itself. */
+static int chat(struct parse *c, json_t *o)
+{
+	const char *k = "messages";
+	json_t *msgs = field(o, k);
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return bad(c, k, "expected a non-empty array of messages");
+	for (size_t i = 0; i < json_array_size(msgs); i++) {
+		json_t *m = json_array_get(msgs, i), *ct = json_object_get(m, "content");
+		if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")) ||
+		    !(json_is_string(ct) || json_is_array(ct) || json_is_null(ct)))
+			return bad(c, k, "message %zu: expected {\"role\": string, \"content\": string}", i);
+	}
+	json_t *kw = field(o, "chat_template_kwargs"), *tools = field(o, "tools");
+	if (kw && !json_is_object(kw))
+		return bad(c, "chat_template_kwargs", "expected an object");
+	if (tools && !json_is_array(tools))
+		return bad(c, "tools", "expected an array");
+	if (!c->env->tk)
+		return bad(c, k, "the model has no tokenizer files");
+	if (!c->env->chat_template && !llm_tokenizer_chat_template(c->env->tk))
+		return bad(c, k, "this model has no chat template (give one with --chat-template FILE)");
+	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", 1);
+	if (req && kw)
+		json_object_set(req, "chat_template_kwargs", kw);
+	if (req && tools)
+		json_object_set(req, "tools", tools);
+	char *rs = req ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(req);
+	char *text = NULL;
+	size_t len;
+	if (!rs)
+		return bad_st(c, LLM_ERR_NOMEM, k, "out of memory");
+	enum llm_status s = llm_chat_render(c->env->tk, c->env->chat_template, rs, &text, &len);
+	free(rs);
+	if (s)
+		return bad_st(c, usage(s), k, "chat template: %s", llm_errmsg());
+	int r = tokenize(c, k, text, len, 0);
+	free(text);
+	return r;
+}
+
+/* The completion prompt: a string, one string in an array, or token ids. */
+static int completion_prompt(struct parse *c, json_t *pr)
+{
+	const char *k = "prompt";
+	if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
+		pr = json_array_get(pr, 0);
+	if (json_is_string(pr))
+		return tokenize(c, k, json_string_value(pr), json_string_length(pr), 1);
+	if (json_is_array(pr) && json_array_size(pr) > 0)
+		return set_ids(c, k, pr);
+	return bad(c, k, "expected a string or a non-empty array of token ids");
+}
+
+/* max_tokens after the prompt: the context rule, min_tokens within it,
+ * then the sampler's own check. */
+static int limits(struct parse *c)
+{
+	struct llm_api_req *r = c->r;
+	struct llm_sample_params *p = &r->p;
+	const char *k = c->max_key;
+	int n_ctx = c->env->n_ctx;
+	if (n_ctx > 0 && r->n_prompt > 0) {
+		long long v = p->max_tokens;
+		if (!c->max_given && v == 0)   /* up to the context */
+			v = n_ctx - r->n_prompt;
+		if (r->n_prompt >= n_ctx || r->n_prompt + v > n_ctx)
+			return bad(c, k, "prompt of %d tokens + %s %lld exceeds the context of %d tokens", r->n_prompt, k, v, n_ctx);
+		p->max_tokens = (int)v;
+	}
+	if (p->max_tokens > 0 && p->min_tokens > p->max_tokens)
+		return bad(c, "min_tokens", "%d exceeds %s %d", p->min_tokens, k, p->max_tokens);
+	enum llm_status s = llm_sample_params_check(p);
+	if (s) {
+		/* the message starts with the field ("top_k: -1 is negative") */
+		const char *m = llm_errmsg(), *colon = strchr(m, ':');
+		size_t n = colon ? (size_t)(colon - m) : 0;
+		snprintf(r->param, sizeof r->param, "%.*s", (int)(n < sizeof r->param ? n : 0), m);
+		c->st = s;
+		return -1;
+	}
+	return 0;
+}
+
+static int parse(struct parse *c, json_t *body)
+{
+	struct llm_api_req *r = c->r;
+	enum llm_api_kind kind = c->kind;
+	if (!body)
+		return limits(c);
+	if (!json_is_object(body))
+		return bad(c, "body", "expected a JSON object");
+	json_t *o = body;
+	if (kind == LLM_API_TGI) {
+		json_t *in = json_object_get(body, "inputs");
+		if (!json_is_string(in))
+			return bad(c, "inputs", "expected a string");
+		o = json_object_get(body, "parameters");
+		if (o && !json_is_null(o) && !json_is_object(o))
+			return bad(c, "parameters", "expected an object");
+		if (json_is_null(o))
+			o = NULL;
+		int sample = 0;
+		if (get_bool(c, o, "do_sample", &sample) < 0 || sampling(c, o) < 0)
+			return -1;
+		/* TGI samples when asked to or given a temperature above 0 */
+		json_t *t = field(o, "temperature");
+		if (!sample && !(t && json_number_value(t) > 0))
+			r->p.temperature = 0;
+		json_t *bo = field(o, "best_of"), *tp = field(o, "typical_p");
+		if (get_bool(c, o, "details", &r->details) < 0 || get_bool(c, o, "return_full_text", &r->full_text) < 0 ||
+		    logprobs(c, o) < 0 ||
+		    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1") ||
+		    refuse_unless(c, o, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL) ||
+		    refuse_unless(c, o, "watermark", json_is_false(field(o, "watermark")), NULL) ||
+		    refuse_unless(c, o, "decoder_input_details", json_is_false(field(o, "decoder_input_details")), NULL))
+			return -1;
+		long long trunc = 0;
+		if (get_int(c, o, "truncate", 1, INT32_MAX, &trunc) < 0)
+			return -1;
+		if (tokenize(c, "inputs", json_string_value(in), json_string_length(in), 1))
+			return -1;
+		if (trunc > 0 && r->n_prompt > trunc) {   /* keep the last TRUNC tokens */
+			memmove(r->prompt, r->prompt + (r->n_prompt - trunc), (size_t)trunc * sizeof *r->prompt);
+			r->n_prompt = (int)trunc;
+		}
+		if (r->full_text && !(r->inputs = llm_strdup(json_string_value(in))))
+			return bad_st(c, LLM_ERR_NOMEM, "inputs", "out of memory");
+		c->max_key = "max_new_tokens";
+		r->p.max_tokens = 20;   /* TGI's default */
+	} else {
+		if (openai(c, o) < 0 || sampling(c, o) < 0 || logprobs(c, o) < 0)
+			return -1;
+		json_t *pr = field(o, "prompt"), *pid = field(o, "prompt_ids"), *msg = field(o, "messages");
+		if (kind == LLM_API_JSONL && pid) {   /* token ids as they are */
+			if (!json_is_array(pid))
+				return bad(c, "prompt_ids", "expected an array of token ids");
+			if (set_ids(c, "prompt_ids", pid) < 0)
+				return -1;
+		} else if (kind == LLM_API_COMPLETION || (kind == LLM_API_JSONL && pr)) {
+			if (completion_prompt(c, pr) < 0)
+				return -1;
+		} else if (kind == LLM_API_CHAT || (kind == LLM_API_JSONL && msg)) {
+			if (chat(c, o) < 0)
+				return -1;
+		} else {
+			return bad(c, "prompt", "needs \"prompt\" (a string), \"prompt_ids\" or \"messages\" (arrays)");
+		}
+		if (kind != LLM_API_COMPLETION && field(o, "max_completion_tokens"))
+			c->max_key = "max_completion_tokens";
+	}
+	long long v;
+	int given = get_int(c, o, c->max_key, 1, INT32_MAX, &v);
+	if (given < 0)
+		return -1;
+	if (given)
+		r->p.max_tokens = (int)v;
+	c->max_given = given;
+	return limits(c);
+}
+
+enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind, json_t *body,
+                                  const struct llm_api_env *env)
+{
+	memset(r, 0, sizeof *r);
+	r->p = env->defaults;
+	r->n = 1;
+	struct parse c = { r, env, kind, LLM_OK, "max_tokens", 0 };
+	if (parse(&c, body) < 0) {
+		char param[sizeof r->param];
+		memcpy(param, r->param, sizeof param);
+		llm_api_req_free(r);
+		memcpy(r->param, param, sizeof param);
+		return c.st ? c.st : LLM_ERR_INTERNAL;
+	}
+	return LLM_OK;
+}
+
+enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_api_env *env, const char *field_name,
+                                        const char *text, size_t len, int special)
+{
+	struct parse c = { r, env, LLM_API_JSONL, LLM_OK, "max_tokens", 0 };
+	free(r->prompt);
+	r->prompt = NULL;
+	r->n_prompt = 0;
+	if (tokenize(&c, field_name, text, len, special) < 0 || limits(&c) < 0)
+		return c.st ? c.st : LLM_ERR_INTERNAL;
+	return LLM_OK;
+}
+
+void llm_api_req_free(struct llm_api_req *r)
+{
+	if (!r)
+		return;
+	free(r->prompt);
+	for (int i = 0; i < LLM_MAX_STOP; i++)
+		free(r->stops[i]);
+	free(r->bias);
+	free(r->inputs);
+	memset(r, 0, sizeof *r);
+}

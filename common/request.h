@@ -1,0 +1,76 @@
+/* common/request.h: one parser from API request bodies to a generation
+ * request, shared by llm-serve (OpenAI /v1/completions and
+ * /v1/chat/completions, Hugging Face TGI /generate) and llm-generate (its
+ * JSONL lines and flags).
+ *
+ * The kind of body picks where fields are and their names and defaults
+ * where the APIs differ (TGI's "parameters" object and max_new_tokens,
+ * chat's boolean logprobs, JSONL's prompt_ids); the value rules are one,
+ * vLLM's where the APIs leave them open: temperature in [0, 100] (the
+ * sampler's range), top_p in (0, 1], top_k -1 or 0 for off, any 64-bit
+ * seed, max_tokens at least 1, at most LLM_MAX_STOP stop strings (more are
+ * refused, never cut), a field this code cannot honour refused unless it
+ * asks for the default. Every error names its field: the message starts
+ * with "FIELD: " and R->param holds FIELD, so a server answers 400 with
+ * it and a tool prefixes where the body came from ("stdin: line 3"). */
+#ifndef LLM_REQUEST_H
+#define LLM_REQUEST_H
+
+#include "sampler.h"
+
+#define LLM_MAX_N 16             /* choices per request */
+
+struct json_t;
+struct llm_tokenizer;
+
+enum llm_api_kind {
+	LLM_API_COMPLETION,         /* OpenAI /v1/completions */
+	LLM_API_CHAT,               /* OpenAI /v1/chat/completions */
+	LLM_API_TGI,                /* TGI /generate: {"inputs", "parameters": {...}} */
+	LLM_API_JSONL,              /* an llm-generate line: completion or chat fields, prompt_ids */
+};
+
+/* What the parser needs from its caller. */
+struct llm_api_env {
+	struct llm_sample_params defaults;   /* where a field is absent (stop strings and
+	                                      * biases borrowed); TGI: max_tokens 20 */
+	struct llm_tokenizer *tk;   /* NULL: only token-id prompts */
+	const char *chat_template;  /* template source; NULL: the tokenizer's */
+	const char *model_name;     /* "model" must name it; NULL: any string */
+	int n_vocab;                /* token ids below it; 0: not checked here */
+	int n_ctx;                  /* prompt + max_tokens within it, max_tokens 0
+	                             * becoming the rest; 0: not checked here */
+	int max_n;                  /* the most choices (n) a request may ask for */
+};
+
+struct llm_api_req {
+	int32_t *prompt;            /* (n_prompt) token ids, malloc'd */
+	int n_prompt;
+	struct llm_sample_params p; /* stop strings and biases point at stops and bias
+	                             * below, or at the env's defaults */
+	char *stops[LLM_MAX_STOP];  /* owned */
+	struct llm_logit_bias *bias;   /* owned */
+	int n;                      /* choices */
+	int stream, include_usage;  /* OpenAI */
+	int logprobs;               /* OpenAI: the chosen tokens' log-probs asked for */
+	int details, full_text;     /* TGI: details, return_full_text */
+	char *inputs;               /* TGI return_full_text: the input text (owned) */
+	char param[48];             /* on failure: the field at fault ("": none) */
+};
+
+/* Parse BODY (a JSON object; NULL: no fields, only ENV's defaults, for a
+ * prompt given otherwise: llm_api_req_prompt_text) of KIND into R (zeroed
+ * here). On failure R holds nothing to free and the message names the
+ * field: LLM_ERR_USAGE for a bad value, LLM_ERR_UNSUPPORTED when "model"
+ * names another model (HTTP 404), LLM_ERR_NOMEM. Free R with
+ * llm_api_req_free. */
+enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind, struct json_t *body,
+                                  const struct llm_api_env *env);
+/* R's prompt from TEXT (LEN bytes, tokenized with special tokens such as
+ * BOS added when SPECIAL), then the max_tokens and context rules; for a
+ * request parsed with BODY NULL. Errors name FIELD. */
+enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_api_env *env, const char *field,
+                                        const char *text, size_t len, int special);
+void llm_api_req_free(struct llm_api_req *r);
+
+#endif

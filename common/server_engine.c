@@ -1,0 +1,304 @@
+/* common/server_engine.c: llm-serve's engine thread (see server_impl.h).
+ *
+ * It takes submitted jobs into the scheduler (one scheduler request per
+ * choice), steps it, and publishes the token events each step produced to
+ * their jobs under one hold of the lock; the jobs' lifecycle (references,
+ * cancellation, failure, the end of a server) is here. */
+#define _GNU_SOURCE
+#include "server_impl.h"
+#include "tokenizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+const double llm_srv_bucket_le[N_BUCKET] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, INFINITY };
+
+static void observe(struct histo *h, double v)
+{
+	for (int i = 0; i < N_BUCKET; i++)
+		if (v <= llm_srv_bucket_le[i])
+			h->n[i]++;
+	h->count++;
+	h->sum += v;
+}
+
+void llm_srv_job_unref_locked(struct job *j)
+{
+	if (--j->refs > 0)
+		return;
+	for (int c = 0; c < j->n; c++) {
+		for (int i = 0; i < j->ch[c].n_ev; i++) {
+			free(j->ch[c].ev[i].top);
+			free(j->ch[c].ev[i].text);
+		}
+		free(j->ch[c].ev);
+		for (int i = 0; i < j->ch[c].n_pend; i++) {
+			free(j->ch[c].pend[i].top);
+			free(j->ch[c].pend[i].text);
+		}
+		free(j->ch[c].pend);
+	}
+	for (int i = 0; i < LLM_MAX_STOP; i++)
+		free(j->stops[i]);
+	free(j->bias);
+	pthread_cond_destroy(&j->cv);
+	free(j->inputs);
+	free(j->prompt);
+	free(j->out);
+	free(j);
+}
+
+/* ---- the engine thread ------------------------------------------------- */
+
+static void on_admit(void *user)
+{
+	struct choice *c = user;
+	struct job *j = c->job;
+	struct llm_server *s = j->srv;
+	pthread_mutex_lock(&s->mu);
+	if (!j->admitted) {
+		j->admitted = 1;
+		observe(&s->queue, now_s() - j->t_arrival);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void choice_done_locked(struct llm_server *s, struct choice *c, enum llm_finish f)
+{
+	if (c->done)
+		return;
+	c->done = 1;
+	c->finish = f;
+	struct job *j = c->job;
+	if (++j->n_done == j->n) {
+		observe(&s->e2e, now_s() - j->t_arrival);
+		if (f == LLM_FINISH_CANCEL || j->cancelled)
+			s->req_cancel++;
+		else
+			s->req_ok++;
+	}
+	pthread_cond_broadcast(&j->cv);
+}
+
+/* The engine's event for choice C. Called by the engine thread without the
+ * server lock: the event waits in C's pending list, and publish_locked
+ * hands every pending event of a step over under one hold of the lock. A
+ * lock per token had the engine wait behind connection threads, which
+ * format their SSE chunks under it: 16 streams took 0.7 ms of a 29 ms
+ * decode step. A cancelled job is told to the scheduler by llm_srv_engine_main
+ * (llm_sched_cancel); its choices end with the cancel event that follows,
+ * after which the scheduler calls no more. */
+static int on_token(void *user, const struct llm_token_event *e)
+{
+	struct choice *c = user;
+	struct llm_server *s = c->job->srv;
+	if (c->n_pend == c->cap_pend) {
+		int cap = c->cap_pend ? 2 * c->cap_pend : 4;
+		struct ev *n = realloc(c->pend, (size_t)cap * sizeof *n);
+		if (!n)
+			return 1;
+		c->pend = n;
+		c->cap_pend = cap;
+	}
+	if (!c->touched) {
+		if (s->n_touched == s->cap_touched) {
+			int cap = s->cap_touched ? 2 * s->cap_touched : 64;
+			struct choice **n = realloc(s->touched, (size_t)cap * sizeof *n);
+			if (!n)
+				return 1;
+			s->touched = n;
+			s->cap_touched = cap;
+		}
+		s->touched[s->n_touched++] = c;
+		c->touched = 1;
+	}
+	struct ev *v = &c->pend[c->n_pend++];
+	memset(v, 0, sizeof *v);
+	v->t = now_s();
+	v->index = e->index;
+	v->token = e->token;
+	v->logprob = e->logprob;
+	v->finish = e->finish;
+	if (e->n_top > 0 && (v->top = malloc((size_t)e->n_top * sizeof *v->top))) {
+		memcpy(v->top, e->top, (size_t)e->n_top * sizeof *v->top);
+		v->n_top = e->n_top;
+	}
+	if (e->text_len && (v->text = malloc(e->text_len + 1))) {
+		memcpy(v->text, e->text, e->text_len);
+		v->text[e->text_len] = 0;
+		v->len = e->text_len;
+	}
+	return 0;
+}
+
+/* The pending events of every touched choice become visible (engine
+ * thread, under the lock); the jobs hold the engine's reference until
+ * their choices are done, which happens only here. */
+static void publish_locked(struct llm_server *s)
+{
+	for (int k = 0; k < s->n_touched; k++) {
+		struct choice *c = s->touched[k];
+		struct job *j = c->job;
+		c->touched = 0;
+		for (int i = 0; i < c->n_pend; i++) {
+			struct ev *p = &c->pend[i];
+			if (c->done) {           /* cancelled meanwhile: dropped */
+				free(p->top);
+				free(p->text);
+				continue;
+			}
+			if (c->n_ev == c->cap_ev) {
+				int cap = c->cap_ev ? 2 * c->cap_ev : 32;
+				struct ev *n = realloc(c->ev, (size_t)cap * sizeof *n);
+				if (!n) {
+					free(p->top);
+					free(p->text);
+					choice_done_locked(s, c, LLM_FINISH_CANCEL);
+					continue;
+				}
+				c->ev = n;
+				c->cap_ev = cap;
+			}
+			c->ev[c->n_ev++] = *p;
+			if (p->token >= 0) {
+				s->gen_tokens++;
+				if (p->index == 0)
+					observe(&s->ttft, p->t - j->t_arrival);
+				else
+					observe(&s->itl, p->t - c->t_last);
+				c->t_last = p->t;
+			}
+			if (p->finish)
+				choice_done_locked(s, c, p->finish);
+		}
+		c->n_pend = 0;
+		pthread_cond_broadcast(&j->cv);
+	}
+	s->n_touched = 0;
+}
+
+static void fail_job_locked(struct llm_server *s, struct job *j, int status, const char *msg)
+{
+	j->failed = 1;
+	j->http_status = status;
+	snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
+	for (int c = 0; c < j->n; c++)
+		choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
+}
+
+static enum llm_status engine_load(struct llm_server *s)
+{
+	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
+	struct llm_sched_opts so = s->o.sched;
+	llm_sched_opts_tokenizer(&so, &llm_engine_model(s->e)->cfg, s->tk);
+	so.on_admit = on_admit;
+	LLM_TRY(llm_sched_open(&s->sch, s->e, &so));
+	/* distributed: returns when every rank has its engine (so /health says
+	 * ready only then); from here each step is mirrored to the other ranks */
+	LLM_TRY(llm_engine_serve_begin(s->e));
+	return LLM_OK;
+}
+
+void *llm_srv_engine_main(void *arg)
+{
+	struct llm_server *s = arg;
+	enum llm_status st = engine_load(s);
+	pthread_mutex_lock(&s->mu);
+	if (st) {
+		snprintf(s->err, sizeof s->err, "%s", llm_errmsg());
+		s->state = LLM_SERVER_FAILED;
+		pthread_mutex_unlock(&s->mu);
+		return NULL;
+	}
+	s->n_ctx = llm_engine_n_ctx(s->e);
+	s->n_vocab = llm_engine_model(s->e)->cfg.n_vocab;
+	if (s->state == LLM_SERVER_LOADING)
+		s->state = LLM_SERVER_READY;
+	llm_sched_stats(s->sch, &s->st);
+	int pending = 0;
+	for (;;) {
+		while (!s->stop && !s->subq && pending == 0) {
+			int cancel = 0;
+			for (struct job *j = s->active; j; j = j->next)
+				cancel |= j->cancelled && !j->cancel_sent;
+			if (cancel)
+				break;
+			pthread_cond_wait(&s->ecv, &s->mu);
+		}
+		if (s->stop)
+			break;
+		struct job *q = s->subq;
+		s->subq = s->subq_tail = NULL;
+		/* new jobs join the active list (the engine's reference moves there) */
+		for (struct job *j = q, *nx; j; j = nx) {
+			nx = j->next;
+			j->next = s->active;
+			s->active = j;
+			for (int c = 0; c < j->n && !j->failed; c++) {
+				struct llm_sample_params p = j->p;
+				if (c > 0)
+					p.seed += (uint64_t)c;
+				struct llm_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt, .params = p, .on_token = on_token, .user = &j->ch[c] };
+				pthread_mutex_unlock(&s->mu);
+				st = llm_sched_add(s->sch, &rq, &j->ch[c].sched_id);
+				pthread_mutex_lock(&s->mu);
+				publish_locked(s);
+				if (st) {
+					for (int k = 0; k < c; k++)
+						llm_sched_cancel(s->sch, j->ch[k].sched_id);
+					fail_job_locked(s, j, st == LLM_ERR_RANGE || st == LLM_ERR_USAGE ? 400 : 500, llm_errmsg());
+				}
+			}
+			if (!j->failed)
+				s->prompt_tokens += (uint64_t)j->n_prompt * (uint64_t)j->n;
+		}
+		for (struct job *j = s->active; j; j = j->next)
+			if (j->cancelled && !j->cancel_sent) {
+				j->cancel_sent = 1;
+				for (int c = 0; c < j->n; c++)
+					if (!j->ch[c].done)
+						llm_sched_cancel(s->sch, j->ch[c].sched_id);
+			}
+		pthread_mutex_unlock(&s->mu);
+		st = llm_sched_step(s->sch, &pending);
+		pthread_mutex_lock(&s->mu);
+		publish_locked(s);
+		if (st) {
+			snprintf(s->err, sizeof s->err, "%s", llm_errmsg());
+			s->state = LLM_SERVER_FAILED;
+			break;
+		}
+		llm_sched_stats(s->sch, &s->st);
+		/* drop finished jobs from the active list */
+		for (struct job **pp = &s->active; *pp;) {
+			struct job *j = *pp;
+			if (j->n_done == j->n) {
+				*pp = j->next;
+				llm_srv_job_unref_locked(j);
+			} else {
+				pp = &j->next;
+			}
+		}
+	}
+	/* stopping (or failed): everything left ends as cancelled */
+	for (struct job *j = s->subq, *nx; j; j = nx) {
+		nx = j->next;
+		fail_job_locked(s, j, 503, "the server is shutting down");
+		llm_srv_job_unref_locked(j);
+	}
+	s->subq = s->subq_tail = NULL;
+	for (struct job *j = s->active, *nx; j; j = nx) {
+		nx = j->next;
+		for (int c = 0; c < j->n; c++)
+			choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
+		llm_srv_job_unref_locked(j);
+	}
+	s->active = NULL;
+	pthread_mutex_unlock(&s->mu);
+	/* distributed: the other ranks stop (a failure here ends the job anyway) */
+	llm_engine_serve_end(s->e);
+	return NULL;
+}

@@ -1,0 +1,348 @@
+/* common/server_format.c: llm-serve's response bodies (see server_impl.h):
+ * OpenAI completions and chat completions (JSON, or server-sent event
+ * chunks ending in "data: [DONE]") with the generated ids as an extra
+ * "token_ids" field of each choice, and Hugging Face TGI /generate and
+ * /generate_stream; log-probs in each API's form. Text that is not valid
+ * UTF-8 is sent with U+FFFD in its place. */
+#define _GNU_SOURCE
+#include "server_impl.h"
+#include "fileio.h"
+#include "tokenizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "banned.h"
+
+/* A JSON string of N bytes, invalid UTF-8 replaced by U+FFFD. */
+static json_t *jstr(const char *s, size_t n)
+{
+	if (llm_is_utf8_text(s, n) || n == 0) {
+		json_t *j = json_stringn(s, n);
+		if (j)
+			return j;
+	}
+	char *b = malloc(n * 3 + 1);
+	if (!b)
+		return json_string("");
+	size_t w = 0;
+	for (size_t i = 0; i < n;) {
+		unsigned char c = (unsigned char)s[i];
+		size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+		if (k && i + k <= n && (k == 1 || llm_is_utf8_text(s + i, k))) {
+			if (c) {
+				memcpy(b + w, s + i, k);
+				w += k;
+			}
+			i += k;
+		} else {
+			memcpy(b + w, "\xef\xbf\xbd", 3);
+			w += 3;
+			i++;
+		}
+	}
+	json_t *j = json_stringn(b, w);
+	free(b);
+	return j ? j : json_string("");
+}
+
+/* ---- output formatting ------------------------------------------------- */
+
+static const char *openai_finish(enum llm_finish f)
+{
+	return f == LLM_FINISH_LENGTH ? "length" : f == LLM_FINISH_CANCEL ? "abort" : "stop";
+}
+
+static const char *tgi_finish(enum llm_finish f)
+{
+	return f == LLM_FINISH_LENGTH ? "length" : f == LLM_FINISH_EOS ? "eos_token" :
+	       f == LLM_FINISH_STOP ? "stop_sequence" : "abort";
+}
+
+/* A token's text as it reads in the output (its leading space kept). */
+static json_t *token_str(struct llm_server *s, int32_t id)
+{
+	char *t = NULL;
+	size_t n = 0;
+	if (llm_tokenizer_piece(s->tk, id, &t, &n))
+		return json_string("");
+	json_t *j = jstr(t, n);
+	free(t);
+	return j;
+}
+
+static json_t *token_bytes(struct llm_server *s, int32_t id)
+{
+	char *t = NULL;
+	size_t n = 0;
+	json_t *a = json_array();
+	if (!llm_tokenizer_piece_bytes(s->tk, id, &t, &n))
+		for (size_t i = 0; i < n; i++)
+			json_array_append_new(a, json_integer((unsigned char)t[i]));
+	free(t);
+	return a;
+}
+
+/* Log-probs of events [from, to) of C, in the request's format. */
+static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice *c, int from, int to, size_t *offset)
+{
+	if (!j->logprobs)
+		return json_null();
+	if (j->kind == K_CHAT) {
+		json_t *content = json_array();
+		for (int i = from; i < to; i++) {
+			struct ev *v = &c->ev[i];
+			if (v->token < 0)
+				continue;
+			json_t *top = json_array();
+			for (int k = 0; k < v->n_top; k++)
+				json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", token_str(s, v->top[k].id),
+				                                     "logprob", (double)v->top[k].logprob,
+				                                     "bytes", token_bytes(s, v->top[k].id)));
+			json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", token_str(s, v->token),
+			                                         "logprob", (double)v->logprob, "bytes", token_bytes(s, v->token),
+			                                         "top_logprobs", top));
+		}
+		return json_pack("{s:o}", "content", content);
+	}
+	json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+	for (int i = from; i < to; i++) {
+		struct ev *v = &c->ev[i];
+		if (v->token < 0)
+			continue;
+		json_t *ts = token_str(s, v->token);
+		json_array_append_new(offs, json_integer((json_int_t)*offset));
+		*offset += json_string_length(ts);
+		json_array_append_new(toks, ts);
+		json_array_append_new(lps, json_real(v->logprob));
+		json_t *top = json_object();
+		for (int k = 0; k < v->n_top; k++) {
+			json_t *ks = token_str(s, v->top[k].id);
+			json_object_set_new(top, json_string_value(ks), json_real(v->top[k].logprob));
+			json_decref(ks);
+		}
+		json_array_append_new(tops, top);
+	}
+	return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
+	                 "text_offset", offs);
+}
+
+static json_t *text_of(struct choice *c, int from, int to)
+{
+	size_t n = 0;
+	for (int i = from; i < to; i++)
+		n += c->ev[i].len;
+	char *b = malloc(n + 1);
+	if (!b)
+		return json_string("");
+	n = 0;
+	for (int i = from; i < to; i++) {
+		memcpy(b + n, c->ev[i].text ? c->ev[i].text : "", c->ev[i].len);
+		n += c->ev[i].len;
+	}
+	json_t *j = jstr(b, n);
+	free(b);
+	return j;
+}
+
+static json_t *ids_of(struct choice *c, int from, int to)
+{
+	json_t *a = json_array();
+	for (int i = from; i < to; i++)
+		if (c->ev[i].token >= 0)
+			json_array_append_new(a, json_integer(c->ev[i].token));
+	return a;
+}
+
+static int gen_count(const struct job *j)
+{
+	int n = 0;
+	for (int c = 0; c < j->n; c++)
+		for (int i = 0; i < j->ch[c].n_ev; i++)
+			n += j->ch[c].ev[i].token >= 0;
+	return n;
+}
+
+static json_t *usage_json(const struct job *j)
+{
+	int g = gen_count(j);
+	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", j->n_prompt, "completion_tokens", g,
+	                 "total_tokens", j->n_prompt + g);
+}
+
+json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
+{
+	json_t *choices = json_array();
+	for (int c = 0; c < j->n; c++) {
+		struct choice *ch = &j->ch[c];
+		size_t off = 0;
+		json_t *o;
+		if (j->kind == K_CHAT)
+			o = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
+			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
+			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
+		else
+			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "text", text_of(ch, 0, ch->n_ev),
+			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
+			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
+		json_array_append_new(choices, o);
+	}
+	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
+	                 "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
+	                 "created", (json_int_t)j->created, "model", s->model_name, "choices", choices,
+	                 "usage", usage_json(j));
+}
+
+/* TGI top_n_tokens: the best tokens at event V, best first. */
+static json_t *tgi_top(struct llm_server *s, const struct ev *v)
+{
+	json_t *a = json_array();
+	for (int k = 0; k < v->n_top; k++)
+		json_array_append_new(a, json_pack("{s:i, s:o, s:f, s:b}", "id", v->top[k].id,
+		                                   "text", token_str(s, v->top[k].id), "logprob",
+		                                   (double)v->top[k].logprob, "special",
+		                                   llm_tokenizer_is_special(s->tk, v->top[k].id)));
+	return a;
+}
+
+json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens)
+{
+	struct choice *c = &j->ch[0];
+	/* seed: the one drawn with, null when greedy (no draw) */
+	json_t *d = json_pack("{s:s, s:i, s:o}", "finish_reason", tgi_finish(c->finish),
+	                      "generated_tokens", gen_count(j), "seed",
+	                      j->p.temperature > 0 ? json_integer((json_int_t)(j->p.seed & INT64_MAX)) : json_null());
+	if (with_tokens) {
+		json_t *toks = json_array();
+		for (int i = 0; i < c->n_ev; i++)
+			if (c->ev[i].token >= 0)
+				json_array_append_new(toks, json_pack("{s:i, s:o, s:f, s:b}", "id", c->ev[i].token,
+				                                      "text", token_str(s, c->ev[i].token),
+				                                      "logprob", (double)c->ev[i].logprob,
+				                                      "special", llm_tokenizer_is_special(s->tk, c->ev[i].token)));
+		json_object_set_new(d, "tokens", toks);
+		if (j->p.n_logprobs) {
+			json_t *tops = json_array();
+			for (int i = 0; i < c->n_ev; i++)
+				if (c->ev[i].token >= 0)
+					json_array_append_new(tops, tgi_top(s, &c->ev[i]));
+			json_object_set_new(d, "top_tokens", tops);
+		}
+	}
+	return d;
+}
+
+json_t *llm_srv_tgi_generated(struct job *j)
+{
+	json_t *t = text_of(&j->ch[0], 0, j->ch[0].n_ev);
+	if (!j->full_text || !j->inputs)
+		return t;
+	size_t a = strlen(j->inputs), b = json_string_length(t);
+	char *x = malloc(a + b + 1);
+	if (!x)
+		return t;
+	memcpy(x, j->inputs, a);
+	memcpy(x + a, json_string_value(t), b);
+	json_t *r = json_stringn(x, a + b);
+	free(x);
+	json_decref(t);
+	return r ? r : json_string("");
+}
+
+/* ---- streaming --------------------------------------------------------- */
+
+static void out_add(struct job *j, const char *s, size_t n)
+{
+	if (j->out_len + n > j->out_cap) {
+		size_t cap = (j->out_len + n) * 2 + 256;
+		char *x = realloc(j->out, cap);
+		if (!x)
+			return;
+		j->out = x;
+		j->out_cap = cap;
+	}
+	memcpy(j->out + j->out_len, s, n);
+	j->out_len += n;
+}
+
+static void out_event(struct job *j, json_t *o, int tgi)
+{
+	char *b = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (!b)
+		return;
+	out_add(j, tgi ? "data:" : "data: ", tgi ? 5 : 6);
+	out_add(j, b, strlen(b));
+	out_add(j, "\n\n", 2);
+	free(b);
+}
+
+/* Format what the events since the last call add (called with mu held). */
+void llm_srv_stream_format(struct llm_server *s, struct job *j)
+{
+	int tgi = j->kind == K_TGI;
+	if (!j->started && !tgi && j->kind == K_CHAT) {
+		for (int c = 0; c < j->n; c++)
+			out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n, s:n}]}", "id", j->id,
+			                       "object", "chat.completion.chunk", "created", (json_int_t)j->created,
+			                       "model", s->model_name, "choices", "index", c, "delta", "role", "assistant",
+			                       "content", "", "logprobs", "finish_reason"), 0);
+	}
+	j->started = 1;
+	for (int c = 0; c < j->n; c++) {
+		struct choice *ch = &j->ch[c];
+		for (; ch->sent < ch->n_ev; ch->sent++) {
+			int i = ch->sent;
+			struct ev *v = &ch->ev[i];
+			if (v->token < 0)
+				continue;      /* a cancel: nothing to send */
+			if (tgi) {
+				json_t *tok = json_pack("{s:i, s:o, s:f, s:b}", "id", v->token, "text", text_of(ch, i, i + 1),
+				                        "logprob", (double)v->logprob, "special",
+				                        v->finish == LLM_FINISH_EOS || llm_tokenizer_is_special(s->tk, v->token));
+				json_t *o = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "token", tok, "generated_text", "details");
+				if (j->p.n_logprobs)
+					json_object_set_new(o, "top_tokens", tgi_top(s, v));
+				if (v->finish) {
+					json_object_set_new(o, "generated_text", llm_srv_tgi_generated(j));
+					json_object_set_new(o, "details", llm_srv_tgi_details(j, s, 0));
+				}
+				out_event(j, o, 1);
+				continue;
+			}
+			size_t off = 0;
+			json_t *ch_o;
+			if (j->kind == K_CHAT)
+				ch_o = json_pack("{s:i, s:{s:o}, s:o, s:o, s:o}", "index", c, "delta", "content", text_of(ch, i, i + 1),
+				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
+				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
+				                 "token_ids", ids_of(ch, i, i + 1));
+			else
+				ch_o = json_pack("{s:i, s:o, s:o, s:o, s:o}", "index", c, "text", text_of(ch, i, i + 1),
+				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
+				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
+				                 "token_ids", ids_of(ch, i, i + 1));
+			json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id,
+			                      "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
+			                      "created", (json_int_t)j->created, "model", s->model_name, "choices", ch_o);
+			out_event(j, o, 0);
+		}
+	}
+	if (j->n_done == j->n && !j->ended) {
+		j->ended = 1;
+		if (j->failed) {
+			json_t *o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->errmsg,
+			                      "type", "server_error", "code", j->http_status);
+			out_event(j, o, tgi);
+		}
+		if (!tgi) {
+			if (j->include_usage)
+				out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->id,
+				                       "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
+				                       "created", (json_int_t)j->created, "model", s->model_name, "choices",
+				                       "usage", usage_json(j)), 0);
+			out_add(j, "data: [DONE]\n\n", 14);
+		}
+	}
+}

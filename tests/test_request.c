@@ -1,0 +1,464 @@
+/* tests/test_request.c: request.c, the one parser of llm-serve's OpenAI and
+ * TGI bodies and llm-generate's JSONL lines, fed JSON strings (no server,
+ * no model: the stories260K tokenizer only).
+ *
+ * Every field: its types, its range, its default, and the error text,
+ * which names the field and is the same in every kind of body that has
+ * the field; the rules where the two tools used to differ (temperature
+ * above 2, more than LLM_MAX_STOP stop strings, top_k -1, max_tokens 0,
+ * echo / best_of / n in a JSONL line). */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "llm.h"
+
+static struct llm_tokenizer *tk;
+static const char *tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                          "{% if add_generation_prompt %}<assistant>{% endif %}";
+
+static const char *kind_name[] = { "completion", "chat", "tgi", "jsonl" };
+
+static struct llm_api_env env_of(int n_ctx, int max_n)
+{
+	struct llm_api_env e = { .defaults = LLM_SAMPLE_DEFAULT, .tk = tk, .chat_template = tmpl,
+	                         .n_vocab = 512, .n_ctx = n_ctx, .max_n = max_n };
+	e.defaults.seed = 99;
+	return e;
+}
+
+/* Parse BODY; on a parse error of the JSON itself the test fails. */
+static enum llm_status parse_env(enum llm_api_kind k, const char *body, const struct llm_api_env *env,
+                                 struct llm_api_req *r)
+{
+	json_error_t je;
+	json_t *o = json_loads(body, 0, &je);
+	if (!o) {
+		check(0, "test body is JSON: %s: %s", body, je.text);
+		memset(r, 0, sizeof *r);
+		return LLM_ERR_INTERNAL;
+	}
+	enum llm_status s = llm_api_req_parse(r, k, o, env);
+	json_decref(o);
+	return s;
+}
+
+static enum llm_status parse(enum llm_api_kind k, const char *body, struct llm_api_req *r)
+{
+	struct llm_api_env e = env_of(0, LLM_MAX_N);
+	return parse_env(k, body, &e, r);
+}
+
+/* BODY must be refused with LLM_ERR_USAGE (or WANT_ST), R->param PARAM and
+ * the message MSG exactly. */
+static void refused_st(enum llm_api_kind k, const char *body, enum llm_status want_st, const char *param,
+                       const char *msg)
+{
+	struct llm_api_req r;
+	enum llm_status s = parse(k, body, &r);
+	int ok = s == want_st && !strcmp(r.param, param) && !strcmp(llm_errmsg(), msg);
+	if (!check(ok, "%s %s: refused: %s", kind_name[k], body, msg))
+		check_diag("status %d, param '%s', message '%s'", s, r.param, s ? llm_errmsg() : "");
+	if (!s)
+		llm_api_req_free(&r);
+}
+
+static void refused(enum llm_api_kind k, const char *body, const char *param, const char *msg)
+{
+	refused_st(k, body, LLM_ERR_USAGE, param, msg);
+}
+
+/* BODY for kind K: the sampling FIELDS (a JSON fragment "\"k\": v, ...")
+ * where kind K puts them, with a prompt. */
+static void body_of(char *out, size_t n, enum llm_api_kind k, const char *fields)
+{
+	const char *sep = *fields ? ", " : "";
+	switch (k) {
+	case LLM_API_COMPLETION:
+	case LLM_API_JSONL:
+		snprintf(out, n, "{\"prompt\": \"Once upon a time\"%s%s}", sep, fields);
+		break;
+	case LLM_API_CHAT:
+		snprintf(out, n, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]%s%s}", sep, fields);
+		break;
+	case LLM_API_TGI:
+		snprintf(out, n, "{\"inputs\": \"Once upon a time\", \"parameters\": {%s}}", fields);
+		break;
+	}
+}
+
+/* The sampling rules: one behaviour and one message in every kind. */
+static void sampling_rules(void)
+{
+	static const struct { const char *fields, *param, *msg; } bad[] = {
+		{ "\"temperature\": 101", "temperature", "temperature: 101 is out of range [0, 100]" },
+		{ "\"temperature\": -0.5", "temperature", "temperature: -0.5 is out of range [0, 100]" },
+		{ "\"temperature\": \"hot\"", "temperature", "temperature: expected a number, got a string" },
+		{ "\"top_p\": 0", "top_p", "top_p: 0 is out of range (0, 1]" },
+		{ "\"top_p\": 1.5", "top_p", "top_p: 1.5 is out of range (0, 1]" },
+		{ "\"top_k\": -2", "top_k", "top_k: -2 is out of range [-1, 1073741824]" },
+		{ "\"top_k\": 2.5", "top_k", "top_k: expected an integer" },
+		{ "\"min_p\": 1.1", "min_p", "min_p: 1.1 is out of range [0, 1]" },
+		{ "\"repetition_penalty\": 0", "repetition_penalty", "repetition_penalty: 0 is out of range (0, 100]" },
+		{ "\"frequency_penalty\": 2.5", "frequency_penalty", "frequency_penalty: 2.5 is out of range [-2, 2]" },
+		{ "\"presence_penalty\": -3", "presence_penalty", "presence_penalty: -3 is out of range [-2, 2]" },
+		{ "\"seed\": \"7\"", "seed", "seed: expected an integer" },
+		{ "\"min_tokens\": -1", "min_tokens", "min_tokens: -1 is out of range [0, 2147483647]" },
+		{ "\"ignore_eos\": 1", "ignore_eos", "ignore_eos: expected true or false" },
+		{ "\"stop\": 5", "stop", "stop: expected a string or an array of strings" },
+		{ "\"stop\": [\"a\", \"\"]", "stop", "stop: expected non-empty strings" },
+		{ "\"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]", "stop", "stop: 9 stop strings, at most 8" },
+		{ "\"stop_token_ids\": [512]", "stop_token_ids", "stop_token_ids: element 0 is not a token id in [0, 512)" },
+		{ "\"stop_token_ids\": 3", "stop_token_ids", "stop_token_ids: expected an array of token ids" },
+		{ "\"logit_bias\": {\"x\": 1}", "logit_bias", "logit_bias: key 'x' is not a token id in [0, 512)" },
+		{ "\"logit_bias\": {\"400\": 101}", "logit_bias", "logit_bias: token 400: expected a number in [-100, 100]" },
+		{ "\"min_tokens\": 9, \"max_tokens\": 8, \"max_new_tokens\": 8", "min_tokens", NULL },
+	};
+	char body[512];
+	for (int k = 0; k <= LLM_API_JSONL; k++)
+		for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+			body_of(body, sizeof body, (enum llm_api_kind)k, bad[i].fields);
+			char msg[200];
+			if (!bad[i].msg)   /* the limit is named as the kind names it */
+				snprintf(msg, sizeof msg, "min_tokens: 9 exceeds %s 8", k == LLM_API_TGI ? "max_new_tokens" : "max_tokens");
+			refused((enum llm_api_kind)k, body, bad[i].param, bad[i].msg ? bad[i].msg : msg);
+		}
+	/* accepted everywhere, with one meaning */
+	for (int k = 0; k <= LLM_API_JSONL; k++) {
+		struct llm_api_req r;
+		body_of(body, sizeof body, (enum llm_api_kind)k,
+		        "\"temperature\": 7, \"top_p\": 0.5, \"top_k\": -1, \"min_p\": 0.1, \"repetition_penalty\": 1.5, "
+		        "\"frequency_penalty\": -2, \"presence_penalty\": 2, \"seed\": -5, \"min_tokens\": 2, "
+		        "\"ignore_eos\": true, \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\"], "
+		        "\"stop_token_ids\": [5, 511], \"logit_bias\": {\"400\": -100, \"3\": 2.5}");
+		enum llm_status s = parse((enum llm_api_kind)k, body, &r);
+		const struct llm_sample_params *p = &r.p;
+		int ok = !s && p->temperature == 7 && p->top_p == 0.5f && p->top_k == 0 && p->min_p == 0.1f &&
+		         p->repetition_penalty == 1.5f && p->frequency_penalty == -2 && p->presence_penalty == 2 &&
+		         p->seed == (uint64_t)-5 && p->min_tokens == 2 && p->ignore_eos == 1 && p->n_stop == 8 &&
+		         !strcmp(p->stop[7], "8") && p->n_stop_ids == 2 && p->stop_ids[1] == 511 && p->n_bias == 2;
+		for (int i = 0; ok && i < p->n_bias; i++)
+			ok = (p->bias[i].id == 400 && p->bias[i].bias == -100) || (p->bias[i].id == 3 && p->bias[i].bias == 2.5f);
+		if (!check(ok, "%s: every sampling field in range is taken (temperature 7, 8 stop strings, top_k -1: off, "
+		           "a negative seed)", kind_name[k]))
+			check_diag("%s", s ? llm_errmsg() : "wrong values");
+		if (!s)
+			llm_api_req_free(&r);
+		/* a single stop string, and top_k 0 */
+		body_of(body, sizeof body, (enum llm_api_kind)k, "\"stop\": \"end\", \"top_k\": 0");
+		s = parse((enum llm_api_kind)k, body, &r);
+		check(!s && r.p.n_stop == 1 && !strcmp(r.p.stop[0], "end") && r.p.top_k == 0, "%s: stop as one string",
+		      kind_name[k]);
+		if (!s)
+			llm_api_req_free(&r);
+	}
+}
+
+/* Defaults: absent and null fields keep the environment's. */
+static void defaults(void)
+{
+	struct llm_api_env e = env_of(0, LLM_MAX_N);
+	e.defaults.temperature = 0.8f;
+	e.defaults.top_k = 40;
+	e.defaults.max_tokens = 128;
+	const char *stops[] = { "flag" };
+	e.defaults.stop[0] = stops[0];
+	e.defaults.n_stop = 1;
+	struct llm_api_req r;
+	enum llm_status s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\", \"temperature\": null, \"stop\": null}", &e, &r);
+	check(!s && r.p.temperature == 0.8f && r.p.top_k == 40 && r.p.max_tokens == 128 && r.p.seed == 99 &&
+	      r.p.n_stop == 1 && r.p.stop[0] == stops[0] && r.n == 1, "jsonl: absent and null fields keep the defaults");
+	if (!s)
+		llm_api_req_free(&r);
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\", \"stop\": [\"x\"]}", &e, &r);
+	check(!s && r.p.n_stop == 1 && !strcmp(r.p.stop[0], "x") && r.stops[0] == r.p.stop[0],
+	      "jsonl: a line's stop replaces the flag's (and is owned)");
+	if (!s)
+		llm_api_req_free(&r);
+	/* no body: the defaults alone, checked */
+	e.defaults.min_tokens = 200;
+	s = llm_api_req_parse(&r, LLM_API_JSONL, NULL, &e);
+	check(s == LLM_ERR_USAGE && !strcmp(llm_errmsg(), "min_tokens: 200 exceeds max_tokens 128"),
+	      "no body: the defaults are checked (min_tokens above max_tokens)");
+	e.defaults.min_tokens = 0;
+	s = llm_api_req_parse(&r, LLM_API_JSONL, NULL, &e);
+	int ok = !s;
+	if (!s)
+		s = llm_api_req_prompt_text(&r, &e, "prompt", "Once upon a time", 16, 1);
+	int32_t *ids;
+	size_t n;
+	llm_tokenizer_encode(tk, "Once upon a time", 16, true, &ids, &n);
+	check(ok && !s && r.n_prompt == (int)n && !memcmp(r.prompt, ids, n * sizeof *ids),
+	      "a text prompt (a plain line): tokenized with BOS");
+	free(ids);
+	llm_api_req_free(&r);
+	s = llm_api_req_parse(&r, LLM_API_JSONL, NULL, &e);
+	enum llm_status s2 = llm_api_req_prompt_text(&r, &e, "prompt", "", 0, 0);
+	check(!s && s2 == LLM_ERR_USAGE && !strcmp(llm_errmsg(), "prompt: empty after tokenization"),
+	      "an empty text prompt is refused (as vLLM)");
+	llm_api_req_free(&r);
+	/* TGI: max_new_tokens 20 and greedy unless asked to sample */
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\"}", &r);
+	check(!s && r.p.max_tokens == 20 && r.p.temperature == 0 && r.n == 1, "tgi: 20 new tokens, greedy by default");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"do_sample\": true}}", &r);
+	check(!s && r.p.temperature == 1, "tgi: do_sample samples at temperature 1");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"temperature\": 0.5, \"seed\": 3}}", &r);
+	check(!s && r.p.temperature == 0.5f && r.p.seed == 3, "tgi: a temperature above 0 samples");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": null}", &r);
+	check(!s, "tgi: parameters null");
+	llm_api_req_free(&r);
+}
+
+/* The prompt forms of each kind. */
+static void prompts(void)
+{
+	struct llm_api_req r;
+	int32_t *ids;
+	size_t n;
+	llm_tokenizer_encode(tk, "Once upon a time", 16, true, &ids, &n);
+	const char *same[] = { "{\"prompt\": \"Once upon a time\"}", "{\"prompt\": [\"Once upon a time\"]}" };
+	for (int i = 0; i < 2; i++)
+		for (int k = 0; k <= LLM_API_JSONL; k += LLM_API_JSONL) {
+			enum llm_status s = parse((enum llm_api_kind)k, same[i], &r);
+			check(!s && r.n_prompt == (int)n && !memcmp(r.prompt, ids, n * sizeof *ids), "%s %s: tokenized with BOS",
+			      kind_name[k], same[i]);
+			if (!s)
+				llm_api_req_free(&r);
+		}
+	enum llm_status s = parse(LLM_API_TGI, "{\"inputs\": \"Once upon a time\"}", &r);
+	check(!s && r.n_prompt == (int)n && !memcmp(r.prompt, ids, n * sizeof *ids) && !r.inputs,
+	      "tgi inputs: tokenized with BOS");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_TGI, "{\"inputs\": \"Once upon a time\", \"parameters\": {\"truncate\": 2, \"return_full_text\": true, "
+	          "\"details\": true}}", &r);
+	check(!s && r.n_prompt == 2 && r.prompt[0] == ids[n - 2] && r.prompt[1] == ids[n - 1] && r.full_text && r.details &&
+	      r.inputs && !strcmp(r.inputs, "Once upon a time"), "tgi truncate: the last tokens; return_full_text keeps inputs");
+	llm_api_req_free(&r);
+	free(ids);
+	s = parse(LLM_API_COMPLETION, "{\"prompt\": [1, 2, 511]}", &r);
+	check(!s && r.n_prompt == 3 && r.prompt[2] == 511, "completion: token ids as they are");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_JSONL, "{\"prompt_ids\": [1, 2, 511], \"prompt\": \"ignored\"}", &r);
+	check(!s && r.n_prompt == 3 && r.prompt[2] == 511, "jsonl: prompt_ids first, as they are");
+	llm_api_req_free(&r);
+	refused(LLM_API_COMPLETION, "{\"prompt\": [1, 512]}", "prompt", "prompt: element 1 is not a token id in [0, 512)");
+	refused(LLM_API_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", "prompt",
+	        "prompt: element 0 is not a token id in [0, 512) (one prompt per request)");
+	refused(LLM_API_COMPLETION, "{\"prompt\": []}", "prompt", "prompt: expected a string or a non-empty array of token ids");
+	refused(LLM_API_COMPLETION, "{}", "prompt", "prompt: expected a string or a non-empty array of token ids");
+	refused(LLM_API_JSONL, "{\"prompt\": 5}", "prompt", "prompt: expected a string or a non-empty array of token ids");
+	refused(LLM_API_JSONL, "{\"prompt_ids\": []}", "prompt_ids", "prompt_ids: empty");
+	refused(LLM_API_JSONL, "{\"prompt_ids\": [-1]}", "prompt_ids", "prompt_ids: element 0 is not a token id in [0, 512)");
+	refused(LLM_API_JSONL, "{\"prompt_ids\": \"1 2\"}", "prompt_ids", "prompt_ids: expected an array of token ids");
+	refused(LLM_API_JSONL, "{\"max_tokens\": 3}", "prompt",
+	        "prompt: needs \"prompt\" (a string), \"prompt_ids\" or \"messages\" (arrays)");
+	refused(LLM_API_TGI, "{\"inputs\": 5}", "inputs", "inputs: expected a string");
+	refused(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": 3}", "parameters", "parameters: expected an object");
+	refused(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"truncate\": 0}}", "truncate",
+	        "truncate: 0 is out of range [1, 2147483647]");
+	refused(LLM_API_COMPLETION, "[1]", "body", "body: expected a JSON object");
+	/* chat: the template's text, tokenized without special tokens */
+	const char *want = "<system>Be brief<user>Tell me a story<assistant>";
+	llm_tokenizer_encode(tk, want, strlen(want), false, &ids, &n);
+	const char *msgs = "\"messages\": [{\"role\": \"system\", \"content\": \"Be brief\"}, "
+	                   "{\"role\": \"user\", \"content\": \"Tell me a story\"}]";
+	char body[400];
+	for (int k = LLM_API_CHAT; k <= LLM_API_JSONL; k += LLM_API_JSONL - LLM_API_CHAT) {
+		snprintf(body, sizeof body, "{%s}", msgs);
+		s = parse((enum llm_api_kind)k, body, &r);
+		check(!s && r.n_prompt == (int)n && !memcmp(r.prompt, ids, n * sizeof *ids),
+		      "%s messages: the template's text, no BOS added", kind_name[k]);
+		if (!s)
+			llm_api_req_free(&r);
+		refused((enum llm_api_kind)k, "{\"messages\": [{\"content\": \"hi\"}]}", "messages",
+		        "messages: message 0: expected {\"role\": string, \"content\": string}");
+		refused((enum llm_api_kind)k, "{\"messages\": [], \"prompt_ids\": null}", "messages",
+		        "messages: expected a non-empty array of messages");
+		snprintf(body, sizeof body, "{%s, \"chat_template_kwargs\": 1}", msgs);
+		refused((enum llm_api_kind)k, body, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+		snprintf(body, sizeof body, "{%s, \"tools\": {}}", msgs);
+		refused((enum llm_api_kind)k, body, "tools", "tools: expected an array");
+	}
+	free(ids);
+	/* chat_template_kwargs reach the template, in both kinds */
+	struct llm_api_env e = env_of(0, 1);
+	e.chat_template = "{{ greeting }}";
+	llm_tokenizer_encode(tk, "Hello there", 11, false, &ids, &n);
+	for (int k = LLM_API_CHAT; k <= LLM_API_JSONL; k += LLM_API_JSONL - LLM_API_CHAT) {
+		s = parse_env((enum llm_api_kind)k, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+		              "\"chat_template_kwargs\": {\"greeting\": \"Hello there\"}}", &e, &r);
+		check(!s && r.n_prompt == (int)n && !memcmp(r.prompt, ids, n * sizeof *ids),
+		      "%s: chat_template_kwargs reach the template", kind_name[k]);
+		if (!s)
+			llm_api_req_free(&r);
+	}
+	free(ids);
+	/* no tokenizer: token ids only */
+	e = env_of(0, 1);
+	e.tk = NULL;
+	s = parse_env(LLM_API_JSONL, "{\"prompt_ids\": [1, 2]}", &e, &r);
+	check(!s && r.n_prompt == 2, "no tokenizer: prompt_ids still work");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\"}", &e, &r);
+	check(s == LLM_ERR_USAGE && !strcmp(r.param, "prompt") &&
+	      !strcmp(llm_errmsg(), "prompt: the model has no tokenizer files: only token ids can be given"),
+	      "no tokenizer: a text prompt is refused naming the field");
+}
+
+/* max_tokens, its names per kind and the context. */
+static void lengths(void)
+{
+	static const struct { int kind; const char *body, *param, *msg; } bad[] = {
+		{ LLM_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens", "max_tokens: 0 is out of range [1, 2147483647]" },
+		{ LLM_API_JSONL, "{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens", "max_tokens: 0 is out of range [1, 2147483647]" },
+		{ LLM_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": \"ten\"}", "max_tokens", "max_tokens: expected an integer" },
+		{ LLM_API_JSONL, "{\"prompt\": \"a\", \"max_tokens\": \"ten\"}", "max_tokens", "max_tokens: expected an integer" },
+		{ LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_completion_tokens\": 0}",
+		  "max_completion_tokens", "max_completion_tokens: 0 is out of range [1, 2147483647]" },
+		{ LLM_API_JSONL, "{\"prompt\": \"a\", \"max_completion_tokens\": -4}",
+		  "max_completion_tokens", "max_completion_tokens: -4 is out of range [1, 2147483647]" },
+		{ LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"max_new_tokens\": 0}}",
+		  "max_new_tokens", "max_new_tokens: 0 is out of range [1, 2147483647]" },
+		{ LLM_API_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 2147483648}", "max_tokens",
+		  "max_tokens: 2147483648 is out of range [1, 2147483647]" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+		refused((enum llm_api_kind)bad[i].kind, bad[i].body, bad[i].param, bad[i].msg);
+	struct llm_api_env e = env_of(64, LLM_MAX_N);
+	struct llm_api_req r;
+	enum llm_status s = parse_env(LLM_API_COMPLETION, "{\"prompt\": [1, 2, 3, 4, 5], \"max_tokens\": 60}", &e, &r);
+	check(s == LLM_ERR_USAGE && !strcmp(r.param, "max_tokens") &&
+	      !strcmp(llm_errmsg(), "max_tokens: prompt of 5 tokens + max_tokens 60 exceeds the context of 64 tokens"),
+	      "the context: prompt + max_tokens, with the numbers");
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": [1, 2, 3, 4, 5], \"max_tokens\": 59}", &e, &r);
+	check(!s && r.p.max_tokens == 59, "the context: prompt + max_tokens equal to it is taken");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}", &e, &r);
+	int np = r.n_prompt;
+	check(!s && r.p.max_tokens == 64 - np, "chat: no max_tokens: up to the context");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"max_new_tokens\": 70}}", &e, &r);
+	check(s == LLM_ERR_USAGE && !strcmp(r.param, "max_new_tokens") && strstr(llm_errmsg(), "+ max_new_tokens 70 exceeds"),
+	      "tgi: the context names max_new_tokens");
+	s = parse(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"max_completion_tokens\": 7, "
+	          "\"max_tokens\": 9}", &r);
+	check(!s && r.p.max_tokens == 7, "chat: max_completion_tokens over max_tokens");
+	llm_api_req_free(&r);
+}
+
+/* The OpenAI fields beyond sampling, and log-probs per kind. */
+static void openai_fields(void)
+{
+	struct llm_api_req r;
+	enum llm_status s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 3, \"best_of\": 3, \"stream\": true, "
+	                          "\"stream_options\": {\"include_usage\": true}, \"echo\": false, \"suffix\": \"\", "
+	                          "\"response_format\": {\"type\": \"text\"}, \"model\": \"whatever\"}", &r);
+	check(!s && r.n == 3 && r.stream && r.include_usage, "completion: n, best_of = n, stream, include_usage, defaults");
+	llm_api_req_free(&r);
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 17}", "n", "n: 17 is out of range [1, 16]");
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}", "stream", "stream: expected true or false");
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": 1}", "stream_options",
+	        "stream_options: expected an object");
+	for (int k = 0; k <= LLM_API_JSONL; k += LLM_API_JSONL) {
+		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"echo\": true}", "echo", "echo: not supported");
+		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"best_of\": 2}", "best_of", "best_of: not supported: only best_of = n");
+		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"suffix\": \"x\"}", "suffix", "suffix: not supported");
+		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}",
+		        "response_format", "response_format: not supported: only {\"type\": \"text\"}");
+		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"model\": 5}", "model", "model: expected a string");
+	}
+	/* llm-generate makes one completion per line */
+	struct llm_api_env e = env_of(0, 1);
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\", \"n\": 2}", &e, &r);
+	check(s == LLM_ERR_USAGE && !strcmp(llm_errmsg(), "n: 2 is out of range [1, 1]"), "jsonl (max_n 1): n 2 refused");
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\", \"n\": 1, \"stream\": \"x\"}", &e, &r);
+	check(!s && r.n == 1, "jsonl: n 1 taken; stream is not a JSONL field");
+	llm_api_req_free(&r);
+	/* the model named must be the server's */
+	e.model_name = "stories";
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"gpt\"}", &e, &r);
+	check(s == LLM_ERR_UNSUPPORTED && !strcmp(r.param, "model") &&
+	      !strcmp(llm_errmsg(), "model: the model 'gpt' does not exist (this server has 'stories')"),
+	      "another model: LLM_ERR_UNSUPPORTED (404) naming it");
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"stories\"}", &e, &r);
+	check(!s, "the server's model is taken");
+	llm_api_req_free(&r);
+	/* log-probs */
+	s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 3}", &r);
+	check(!s && r.logprobs && r.p.n_logprobs == 3, "completion logprobs 3");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 0}", &r);
+	check(!s && r.logprobs && r.p.n_logprobs == 0, "completion logprobs 0: the chosen tokens' only");
+	llm_api_req_free(&r);
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": true}", "logprobs", "logprobs: expected an integer in [0, 20]");
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs", "logprobs: 21 is out of range [0, 20]");
+	const char *m = "\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]";
+	char body[300];
+	snprintf(body, sizeof body, "{%s, \"logprobs\": true, \"top_logprobs\": 2}", m);
+	s = parse(LLM_API_CHAT, body, &r);
+	check(!s && r.logprobs && r.p.n_logprobs == 2, "chat logprobs true, top_logprobs 2");
+	llm_api_req_free(&r);
+	snprintf(body, sizeof body, "{%s, \"top_logprobs\": 2}", m);
+	refused(LLM_API_CHAT, body, "top_logprobs", "top_logprobs: needs logprobs: true");
+	snprintf(body, sizeof body, "{%s, \"logprobs\": 2}", m);
+	refused(LLM_API_CHAT, body, "logprobs", "logprobs: expected true or false");
+	snprintf(body, sizeof body, "{%s, \"logprobs\": true, \"top_logprobs\": 21}", m);
+	refused(LLM_API_CHAT, body, "top_logprobs", "top_logprobs: 21 is out of range [0, 20]");
+	s = parse(LLM_API_JSONL, "{\"prompt\": \"a\", \"logprobs\": true}", &r);
+	check(!s && r.p.n_logprobs == 1, "jsonl logprobs true: one top entry");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_JSONL, "{\"prompt\": \"a\", \"logprobs\": 4}", &r);
+	check(!s && r.p.n_logprobs == 4, "jsonl logprobs 4");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_JSONL, "{\"prompt\": \"a\", \"top_logprobs\": 5}", &r);
+	check(!s && r.p.n_logprobs == 5, "jsonl top_logprobs 5 alone");
+	llm_api_req_free(&r);
+	refused(LLM_API_JSONL, "{\"prompt\": \"a\", \"logprobs\": \"x\"}", "logprobs",
+	        "logprobs: expected true, false or an integer in [0, 20]");
+	refused(LLM_API_JSONL, "{\"prompt\": \"a\", \"top_logprobs\": 30}", "top_logprobs", "top_logprobs: 30 is out of range [0, 20]");
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"top_n_tokens\": 3}}", &r);
+	check(!s && r.p.n_logprobs == 3, "tgi top_n_tokens 3");
+	llm_api_req_free(&r);
+	refused(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"top_n_tokens\": 21}}", "top_n_tokens",
+	        "top_n_tokens: 21 is out of range [0, 20]");
+	static const char *tgi_bad[][2] = {
+		{ "\"typical_p\": 0.5", "typical_p: not supported" }, { "\"watermark\": true", "watermark: not supported" },
+		{ "\"best_of\": 2", "best_of: not supported: only 1" },
+		{ "\"decoder_input_details\": true", "decoder_input_details: not supported" },
+		{ "\"do_sample\": 1", "do_sample: expected true or false" },
+	};
+	for (size_t i = 0; i < sizeof tgi_bad / sizeof *tgi_bad; i++) {
+		snprintf(body, sizeof body, "{\"inputs\": \"a\", \"parameters\": {%s}}", tgi_bad[i][0]);
+		char param[40];
+		snprintf(param, sizeof param, "%.*s", (int)(strchr(tgi_bad[i][1], ':') - tgi_bad[i][1]), tgi_bad[i][1]);
+		refused(LLM_API_TGI, body, param, tgi_bad[i][1]);
+	}
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"typical_p\": 1, \"watermark\": false, \"best_of\": 1, "
+	          "\"decoder_input_details\": false}}", &r);
+	check(!s, "tgi: the unsupported fields at their defaults are taken");
+	llm_api_req_free(&r);
+}
+
+int main(void)
+{
+	const char *models = test_models_dir();
+	char dir[4096];
+	snprintf(dir, sizeof dir, "%s/stories260K", models ? models : "");
+	if (!models || llm_tokenizer_open(&tk, dir)) {
+		check_skip("no stories260K in $LLM_TEST_MODELS", "request parsing");
+		return check_done();
+	}
+	sampling_rules();
+	defaults();
+	prompts();
+	lengths();
+	openai_fields();
+	llm_tokenizer_close(tk);
+	return check_done();
+}

@@ -2,7 +2,9 @@
  *
  * One table of ops per backend (STYLE.md section 3). The CPU backend
  * (backend_cpu.c) is the reference: every other backend is tested against it
- * op by op. Every op takes the backend first and returns a status. Activations
+ * op by op; it and the CUDA backend are in turn tested against the plain
+ * scalar definitions of cpu_ref.h. Every op takes the backend first and
+ * returns a status. Activations
  * are row-major views; weights are struct llm_weight (ckpt.h), read in place
  * from the checkpoint mapping or its huge-page copy (llm_model_copy_weights;
  * FP8 is dequantized inside the kernels, a block at a time; no dequantized

@@ -1,6 +1,8 @@
 /* tests/test_cuda.c: every op of the CUDA backend against the CPU backend
- * (the reference), on seeded random inputs and on crafted inputs whose
- * result is exact; plus the registry's behaviour without a device.
+ * and against the plain reference (common/cpu_ref.h: each definition in
+ * double, rounded once), on the same seeded random inputs and on crafted
+ * inputs whose result is exact; plus the registry's behaviour without a
+ * device.
  *
  * Built in every build. Without CUDA support (make CUDA=0), or with it but
  * no device, each GPU check prints "ok - ... # SKIP <reason>", and the
@@ -26,10 +28,18 @@
  * - add, gather, embed, kv_store (f32 and bf16 cache): exact.
  * - attention: atol 1e-5, rtol 1e-4 (online softmax against two-pass;
  *   scores through another dot order).
- * - argmax with repetition penalty: the same ids. */
+ * - argmax with repetition penalty: the same ids.
+ * Against the plain reference the same table holds, bound for bound: each
+ * bound covers the GPU op's own rounding (the reference is the exact
+ * result within half an f32 ulp, nearer to it than the CPU's f32 ops), and
+ * the exact and bit-for-bit cases stay exact (the reference's double sums
+ * of exact f32 terms are exact too). The reference runs with f32 inputs
+ * (llm_ref_matmul BF16_IN 0): the bf16 rounding of the tensor-core and
+ * cuBLAS paths is inside their 2^-7 bound. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "backend.h"
+#include "cpu_ref.h"
 #include "kvcache.h"
 #include "dtype.h"
 
@@ -57,7 +67,11 @@ static const char *const gpu_checks[] = {
 	"kv_store f32 and bf16 caches equal the CPU's bytes",
 	"attention decode + prefill chunks, GQA, d_head 8/64/128 against the CPU",
 	"argmax with repetition penalty equals the CPU's choice",
+	"matmul, every configuration and dtype above, against the plain reference (same bounds)",
+	"rmsnorm, add_rmsnorm, rope, swiglu, add, gather, embed against the plain reference",
+	"kv_store bytes and attention against the plain reference, positions to 277 (block 17)",
 };
+
 
 static void skip_all(const char *reason)
 {
@@ -66,6 +80,9 @@ static void skip_all(const char *reason)
 }
 
 #ifdef LLM_CUDA
+
+/* The checks against the plain reference, gathered over the tests below. */
+static int ref_matmul_bad, ref_rowwise_ok = 1, ref_attn_ok = 1;
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void)
@@ -161,13 +178,15 @@ static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, doubl
 {
 	int64_t n = b->w.rows, k = b->w.cols;
 	float *ref = malloc((size_t)(m * n) * sizeof(float)), *got = malloc((size_t)(m * n) * sizeof(float));
-	float *row = malloc((size_t)k * sizeof(float));
+	float *row = malloc((size_t)k * sizeof(float)), *pref = malloc((size_t)(m * n) * sizeof(float));
+	int64_t ref_bad = 0;
 	float *dx = dev_f32(x, (size_t)(m * k)), *dy = dev_f32(NULL, (size_t)(m * n));
 	int64_t bad = 0;
 	*worst = 0;
 	if (cpu->ops->matmul(cpu, llm_view_f32(ref, m, n), llm_view_f32((float *)x, m, k), &b->w)
 	    || gpu->ops->matmul(gpu, llm_view_f32(dy, m, n), llm_view_f32(dx, m, k), &b->w)
-	    || gpu->ops->sync(gpu)) {
+	    || gpu->ops->sync(gpu)
+	    || llm_ref_matmul(llm_view_f32(pref, m, n), llm_view_f32((float *)x, m, k), &b->w, 0)) {
 		check_diag("matmul failed: %s", llm_errmsg());
 		bad = m * n;
 		goto out;
@@ -176,10 +195,12 @@ static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, doubl
 	for (int64_t r = 0; r < n; r++) {
 		llm_weight_row_f32(&b->w, r, row);
 		for (int64_t t = 0; t < m; t++) {
-			float g = got[t * n + r], c = ref[t * n + r];
+			float g = got[t * n + r], c = ref[t * n + r], pr = pref[t * n + r];
 			if (exact) {
 				if (llm_f32_bits(g) != llm_f32_bits(c))
 					bad++;
+				if (llm_f32_bits(g) != llm_f32_bits(pr))
+					ref_bad++;
 				continue;
 			}
 			double mag = 0;
@@ -188,18 +209,25 @@ static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, doubl
 			double e = fabs((double)g - c) / (f * mag + 1e-30);
 			if (!(e <= 1.0))
 				bad++;
+			if (!(fabs((double)g - pr) <= f * mag + 1e-30))
+				ref_bad++;
 			if (e > *worst || isnan(e))
 				*worst = e;
 		}
 	}
 	if (got_out)
 		memcpy(got_out, got, (size_t)(m * n) * sizeof(float));
+	if (ref_bad)
+		check_diag("matmul %s %lldx%lld M %lld: %lld elements off the plain reference", llm_dtype_name(b->w.dtype),
+		           (long long)n, (long long)k, (long long)m, (long long)ref_bad);
+	ref_matmul_bad += ref_bad != 0;
 out:
 	gpu->ops->release(gpu, dx);
 	gpu->ops->release(gpu, dy);
 	free(ref);
 	free(got);
 	free(row);
+	free(pref);
 	return bad;
 }
 
@@ -401,6 +429,8 @@ static void test_rowwise(void)
 {
 	enum { T = 5, D = 576, H = 9, DH = 64, F = 1536, V = 300 };
 	float *x = rand_x(T, D, 0), *y = rand_x(T, D, 0), out[T * D], xr[T * D];
+	float *pr = malloc((size_t)T * F * sizeof(float)), *px = malloc((size_t)T * D * sizeof(float));
+	int rok = 1;                     /* against the plain reference */
 	struct wbuf nw;
 	make_weight(&nw, LLM_DTYPE_BF16, 1, D, 0, 0, 0);
 	float *dx = dev_f32(x, T * D), *dy = dev_f32(y, T * D), *dout = dev_f32(NULL, T * D);
@@ -409,6 +439,8 @@ static void test_rowwise(void)
 	cpu->ops->rmsnorm(cpu, llm_view_f32(out, T, D), llm_view_f32(x, T, D), &nw.w, 1e-5f);
 	ok &= gpu->ops->rmsnorm(gpu, llm_view_f32(dout, T, D), llm_view_f32(dx, T, D), &nw.w, 1e-5f) == LLM_OK;
 	ok &= close_dev("rmsnorm", dout, out, T * D, 1e-6, 1e-5);
+	rok &= llm_ref_rmsnorm(llm_view_f32(pr, T, D), llm_view_f32(x, T, D), &nw.w, 1e-5f) == LLM_OK;
+	rok &= close_dev("rmsnorm against the plain reference", dout, pr, T * D, 1e-6, 1e-5);
 	/* in place */
 	ok &= gpu->ops->rmsnorm(gpu, llm_view_f32(dx, T, D), llm_view_f32(dx, T, D), &nw.w, 1e-5f) == LLM_OK;
 	ok &= close_dev("rmsnorm in place", dx, out, T * D, 1e-6, 1e-5);
@@ -421,6 +453,11 @@ static void test_rowwise(void)
 	                           &nw.w, 1e-5f) == LLM_OK;
 	ok &= close_dev("add_rmsnorm: x", dx, xr, T * D, 0, 0);
 	ok &= close_dev("add_rmsnorm: out", dout, out, T * D, 1e-6, 1e-5);
+	memcpy(px, x, sizeof xr);
+	rok &= llm_ref_add_rmsnorm(llm_view_f32(pr, T, D), llm_view_f32(px, T, D), llm_view_f32(y, T, D), &nw.w,
+	                           1e-5f) == LLM_OK;
+	rok &= close_dev("add_rmsnorm: x against the plain reference", dx, px, T * D, 0, 0);
+	rok &= close_dev("add_rmsnorm: out against the plain reference", dout, pr, T * D, 1e-6, 1e-5);
 	check(ok, "cuda: %s", gpu_checks[7]);
 
 	/* rope: llama3-scaled frequencies (theta 500000, factor 8, low 1, high 4, 8192) */
@@ -442,6 +479,9 @@ static void test_rowwise(void)
 	cpu->ops->rope(cpu, llm_view_f32(qr, T, H * DH), pos, H, DH, inv);
 	ok = gpu->ops->rope(gpu, llm_view_f32(dq, T, H * DH), pos, H, DH, inv) == LLM_OK;
 	ok &= close_dev("rope", dq, qr, T * H * DH, 1e-5, 1e-5);
+	memcpy(pr, q, sizeof qr);
+	rok &= llm_ref_rope(llm_view_f32(pr, T, H * DH), pos, H, DH, inv) == LLM_OK;
+	rok &= close_dev("rope against the plain reference", dq, pr, T * H * DH, 1e-5, 1e-5);
 	check(ok, "cuda: %s", gpu_checks[8]);
 
 	/* swiglu, add, gather, embed */
@@ -452,15 +492,22 @@ static void test_rowwise(void)
 	cpu->ops->swiglu(cpu, llm_view_f32(sw, T, F), llm_view_f32(g, T, F), llm_view_f32(u, T, F));
 	ok = gpu->ops->swiglu(gpu, llm_view_f32(dg, T, F), llm_view_f32(dg, T, F), llm_view_f32(du, T, F)) == LLM_OK;
 	ok &= close_dev("swiglu", dg, sw, T * F, 1e-7, 4e-6);
+	rok &= llm_ref_swiglu(llm_view_f32(pr, T, F), llm_view_f32(g, T, F), llm_view_f32(u, T, F)) == LLM_OK;
+	rok &= close_dev("swiglu against the plain reference", dg, pr, T * F, 1e-7, 4e-6);
 	gpu->ops->copy_in(gpu, dx, x, sizeof xr);
 	memcpy(xr, x, sizeof xr);
 	cpu->ops->add(cpu, llm_view_f32(xr, T, D), llm_view_f32(y, T, D));
 	ok &= gpu->ops->add(gpu, llm_view_f32(dx, T, D), llm_view_f32(dy, T, D)) == LLM_OK;
 	ok &= close_dev("add", dx, xr, T * D, 0, 0);
+	memcpy(px, x, sizeof xr);
+	rok &= llm_ref_add(llm_view_f32(px, T, D), llm_view_f32(y, T, D)) == LLM_OK;
+	rok &= close_dev("add against the plain reference", dx, px, T * D, 0, 0);
 	int32_t idx[3] = { 4, 0, 2 };
 	cpu->ops->gather(cpu, llm_view_f32(out, 3, D), llm_view_f32(xr, T, D), idx);
 	ok &= gpu->ops->gather(gpu, llm_view_f32(dout, 3, D), llm_view_f32(dx, T, D), idx) == LLM_OK;
 	ok &= close_dev("gather", dout, out, 3 * D, 0, 0);
+	rok &= llm_ref_gather(llm_view_f32(pr, 3, D), llm_view_f32(px, T, D), idx) == LLM_OK;
+	rok &= close_dev("gather against the plain reference", dout, pr, 3 * D, 0, 0);
 	static const enum llm_dtype edt[] = { LLM_DTYPE_BF16, LLM_DTYPE_E4M3, LLM_DTYPE_F32 };
 	int32_t tok[T] = { 0, 299, 17, 17, 150 };
 	for (int e = 0; e < 3; e++) {
@@ -469,12 +516,15 @@ static void test_rowwise(void)
 		cpu->ops->embed(cpu, llm_view_f32(out, T, D), tok, &emb.w);
 		ok &= gpu->ops->embed(gpu, llm_view_f32(dout, T, D), tok, &emb.w) == LLM_OK;
 		ok &= close_dev("embed", dout, out, T * D, 0, 0);
+		rok &= llm_ref_embed(llm_view_f32(pr, T, D), tok, &emb.w) == LLM_OK;
+		rok &= close_dev("embed against the plain reference", dout, pr, T * D, 0, 0);
 		llm_cuda_weights_drop(gpu);
 		free_weight(&emb);
 	}
 	int32_t badtok = V;
 	ok &= gpu->ops->embed(gpu, llm_view_f32(dout, 1, D), &badtok, &nw.w) == LLM_ERR_RANGE;
 	check(ok, "cuda: %s", gpu_checks[9]);
+	ref_rowwise_ok &= rok;
 
 	void *bufs[] = { dx, dy, dout, dq, dg, du };
 	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
@@ -486,14 +536,17 @@ static void test_rowwise(void)
 	free(q);
 	free(g);
 	free(u);
+	free(pr);
+	free(px);
 }
 
 /* The same batches through both backends' caches: K/V bytes, then attention. */
 static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head, int *kv_same)
 {
-	struct llm_kv_opts ko = { 2, n_kv_head, d_head, kvdt, 16, 64, 4, 256 };
-	struct llm_kv kc, kg;
-	int ok = llm_kv_init(&kc, cpu, &ko) == LLM_OK && llm_kv_init(&kg, gpu, &ko) == LLM_OK;
+	struct llm_kv_opts ko = { 2, n_kv_head, d_head, kvdt, 16, 64, 4, 320 };
+	struct llm_kv kc, kg, kr;        /* kr: the plain reference's cache (host) */
+	int ok = llm_kv_init(&kc, cpu, &ko) == LLM_OK && llm_kv_init(&kg, gpu, &ko) == LLM_OK
+	         && llm_kv_init(&kr, cpu, &ko) == LLM_OK;
 	if (!ok) {
 		check_diag("kv init: %s", llm_errmsg());
 		return 0;
@@ -505,9 +558,14 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 	llm_kv_seq_new(&kg, &sa);
 	llm_kv_seq_new(&kg, &sb);
 	llm_kv_seq_new(&kg, &sc);
+	llm_kv_seq_new(&kr, &sa);
+	llm_kv_seq_new(&kr, &sb);
+	llm_kv_seq_new(&kr, &sc);
 	int dq = n_head * d_head, dkv = n_kv_head * d_head;
-	/* step 1: prefill A (37) and B (5); step 2: decode A, a chunk of B (3), prefill C (20) */
-	struct { int n; int32_t seq[64], pos[64]; } steps[2] = { { 0 }, { 0 } };
+	/* step 1: prefill A (37) and B (5); step 2: decode A, a chunk of B (3),
+	 * prefill C (20); steps 3 to 6: chunks of 60 of A and a decode of C, so
+	 * A reaches position 277, 17 blocks into its table */
+	struct { int n; int32_t seq[64], pos[64]; } steps[6] = { { 0 } };
 	for (int i = 0; i < 37; i++, steps[0].n++) {
 		steps[0].seq[steps[0].n] = sa;
 		steps[0].pos[steps[0].n] = i;
@@ -527,14 +585,24 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 		steps[1].seq[steps[1].n] = sc;
 		steps[1].pos[steps[1].n] = i;
 	}
+	for (int s = 2; s < 6; s++) {
+		for (int i = 0; i < 60; i++, steps[s].n++) {
+			steps[s].seq[steps[s].n] = sa;
+			steps[s].pos[steps[s].n] = 38 + 60 * (s - 2) + i;
+		}
+		steps[s].seq[steps[s].n] = sc;
+		steps[s].pos[steps[s].n++] = 20 + s - 2;
+	}
 	int32_t tok[64] = { 0 };
-	for (int s = 0; s < 2 && ok; s++) {
+	for (int s = 0; s < 6 && ok; s++) {
 		int n = steps[s].n;
 		struct llm_batch b = { n, tok, steps[s].pos, steps[s].seq, NULL };
-		ok &= llm_kv_prepare(&kc, &b) == LLM_OK && llm_kv_prepare(&kg, &b) == LLM_OK;
+		ok &= llm_kv_prepare(&kc, &b) == LLM_OK && llm_kv_prepare(&kg, &b) == LLM_OK
+		      && llm_kv_prepare(&kr, &b) == LLM_OK;
 		float *q = rand_x(n, dq, 0), *k = rand_x(n, dkv, 0), *v = rand_x(n, dkv, 0);
 		float *dqb = dev_f32(q, (size_t)n * dq), *dk = dev_f32(k, (size_t)n * dkv), *dv = dev_f32(v, (size_t)n * dkv);
 		float *ref = malloc((size_t)n * dq * sizeof(float)), *dout = dev_f32(NULL, (size_t)n * dq);
+		float *pref = malloc((size_t)n * dq * sizeof(float));
 		for (int l = 0; l < 2 && ok; l++) {
 			ok &= cpu->ops->kv_store(cpu, &kc, l, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv)) == LLM_OK;
 			ok &= gpu->ops->kv_store(gpu, &kg, l, &b, llm_view_f32(dk, n, dkv), llm_view_f32(dv, n, dkv)) == LLM_OK;
@@ -546,11 +614,21 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 			snprintf(name, sizeof name, "attention %s %d/%d heads d %d step %d layer %d",
 			         llm_dtype_name(kvdt), n_head, n_kv_head, d_head, s, l);
 			ok &= close_dev(name, dout, ref, (size_t)n * dq, 1e-5, 1e-4);
+			/* the plain reference: its own store, then its attention */
+			int rok = llm_ref_kv_store(&kr, l, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv)) == LLM_OK
+			          && llm_ref_attention(llm_view_f32(pref, n, dq), llm_view_f32(q, n, dq), &kr, l, &b,
+			                               n_head) == LLM_OK;
+			if (!rok)
+				check_diag("plain reference: %s", llm_errmsg());
+			snprintf(name, sizeof name, "attention %s %d/%d heads d %d step %d layer %d, plain reference",
+			         llm_dtype_name(kvdt), n_head, n_kv_head, d_head, s, l);
+			ref_attn_ok &= rok && close_dev(name, dout, pref, (size_t)n * dq, 1e-5, 1e-4);
 		}
 		free(q);
 		free(k);
 		free(v);
 		free(ref);
+		free(pref);
 		gpu->ops->release(gpu, dqb);
 		gpu->ops->release(gpu, dk);
 		gpu->ops->release(gpu, dv);
@@ -563,10 +641,16 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 	llm_cuda_copy_out(gpu, hv, kg.v, bytes);
 	if (memcmp(hk, kc.k, bytes) || memcmp(hv, kc.v, bytes))
 		*kv_same = 0;
+	if (memcmp(hk, kr.k, bytes) || memcmp(hv, kr.v, bytes)) {
+		check_diag("kv_store %s %d/%d heads d %d: the cache differs from the plain reference's",
+		           llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
+		ref_attn_ok = 0;
+	}
 	free(hk);
 	free(hv);
 	llm_kv_free(&kc);
 	llm_kv_free(&kg);
+	llm_kv_free(&kr);
 	return ok;
 }
 
@@ -651,6 +735,9 @@ int main(void)
 	test_rowwise();
 	test_attention();
 	test_argmax();
+	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
+	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
+	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);
 	llm_backend_close(gpu);
 	llm_backend_close(cpu);
 	return check_done();

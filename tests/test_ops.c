@@ -1,7 +1,24 @@
-/* tests/test_ops.c: every SIMD path of the CPU backend against the scalar
- * reference, op by op, plus the KV cache bookkeeping.
+/* tests/test_ops.c: every op of the CPU backend, at every level this CPU
+ * runs, against the plain reference (common/cpu_ref.h); every SIMD path
+ * against the scalar one; plus the KV cache bookkeeping.
  *
- * Tolerances (the reason for each):
+ * Against the reference (test_ref; u = 2^-24, the reference being the
+ * exact result rounded once, each bound is the optimised op's worst case,
+ * derived at its check):
+ * - matmul, every weight dtype and E4M3 block shape, matmul_n:
+ *   |cpu - ref| <= (k + 2) u sum|x w| (f32 sums in any order); at
+ *   avx512bf16 the reference rounds x and w to bf16 as the kernels do.
+ *   Small integers and power-of-two scales: bit for bit.
+ * - rmsnorm, add_rmsnorm: rtol (n/2 + 6) u; the residual x + y exact.
+ * - swiglu: rtol 8 u (llm_cpu_exp 2 ulp, four roundings), atol 1e-30.
+ * - rope (positions to 131071): atol 8 u (|x| <= 1; the f32 angle is the
+ *   definition on both sides). softmax: rtol (2 max|x - max| + n + 8) u.
+ * - attention: (2 (d + 2) sqrt(d) + 4 sqrt(d) + 2 n + 8) u absolute for
+ *   |q|, |k|, |v| <= 1 (d = d_head, n = positions).
+ * - embed, add, gather, kv_store and the store of rope_store (f32 and bf16
+ *   caches): exact.
+ *
+ * Between levels (the reason for each):
  * - matmul, every weight dtype: SIMD levels sum in another order than the
  *   scalar loop, both in f32, and nothing else differs (an element is
  *   dequantized and scaled identically on every level). The worst-case
@@ -21,6 +38,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "backend.h"
+#include "cpu_ref.h"
 #include "kvcache.h"
 #include "dtype.h"
 
@@ -881,6 +899,425 @@ static void test_kv(void)
 	llm_backend_close(be);
 }
 
+/* ---- every op against the plain reference (common/cpu_ref.h) -------------
+ * The backend at each level this CPU runs (scalar included: it is the
+ * optimised code too, threads, tables and all), 2 threads, against
+ * llm_ref_*, which computes each definition in double and rounds once; so
+ * each bound below is the optimised op's own worst-case error (u = 2^-24,
+ * the unit roundoff of f32), derived next to its check. */
+
+#define U24 0x1.0p-24
+
+/* Matmul Y (n_tok, rows) against llm_ref_matmul (BF16_IN as the level
+ * rounds): |got - ref| <= (k + 2) u sum_c |x_c w_c|. The optimised sums k
+ * f32 products in some order (lanes, then a tree): each product rounds
+ * once (or not, in an fma), each of the k - 1 additions by at most u of
+ * the partial sum's magnitude, itself <= sum |x w|; the reference adds
+ * half a unit when it rounds its double. Returns the worst |err| / bound. */
+static double matmul_vs_ref(const float *got, const float *x, int64_t n_tok, const struct llm_weight *w,
+                            int bf16_in, int64_t *n_bad)
+{
+	int64_t rows = w->rows, k = w->cols;
+	float *ref = malloc((size_t)(n_tok * rows) * 4), *wr = malloc((size_t)k * 4);
+	llm_ref_matmul(llm_view_f32(ref, n_tok, rows), llm_view_f32((float *)x, n_tok, k), w, bf16_in);
+	double worst = 0;
+	*n_bad = 0;
+	for (int64_t r = 0; r < rows; r++) {
+		for (int64_t c = 0; c < k; c++) {
+			wr[c] = llm_ref_weight_at(w, r, c);
+			wr[c] = bf16_in ? llm_ref_round_bf16(wr[c]) : wr[c];
+		}
+		for (int64_t t = 0; t < n_tok; t++) {
+			double mag = 0;
+			for (int64_t c = 0; c < k; c++) {
+				float xc = bf16_in ? llm_ref_round_bf16(x[t * k + c]) : x[t * k + c];
+				mag += fabs((double)xc * wr[c]);
+			}
+			double e = fabs((double)got[t * rows + r] - ref[t * rows + r]) / ((double)(k + 2) * U24 * mag + 1e-37);
+			if (!(e <= 1.0))
+				++*n_bad;
+			if (e > worst || isnan(e))
+				worst = e;
+		}
+	}
+	free(ref);
+	free(wr);
+	return worst;
+}
+
+static void ref_matmul(struct llm_backend *be)
+{
+	static const struct { enum llm_dtype dt; int64_t br, bc; } w[] = {
+		{ LLM_DTYPE_F32, 0, 0 }, { LLM_DTYPE_F16, 0, 0 }, { LLM_DTYPE_BF16, 0, 0 },
+		{ LLM_DTYPE_E4M3, 128, 128 }, { LLM_DTYPE_E4M3, 1, 128 }, { LLM_DTYPE_E4M3, 0, 0 },
+		{ LLM_DTYPE_E4M3, 16, 32 }, { LLM_DTYPE_E4M3, 4, 40 },
+	};
+	/* odd sizes, tails of every tile, a logits-like wide output */
+	static const int64_t shape[][3] = {   /* rows, cols, tokens */
+		{ 5, 7, 1 }, { 37, 172, 3 }, { 130, 300, 9 }, { 70, 384, 5 }, { 1000, 64, 2 },
+	};
+	const char *isa = llm_cpu_isa_name(be->isa);
+	for (size_t k = 0; k < sizeof w / sizeof *w; k++) {
+		int bfx = llm_cpu_matmul_isa(be->isa, w[k].dt) == LLM_ISA_AVX512BF16;
+		double worst = 0;
+		int64_t bad = 0, nb;
+		for (size_t s = 0; s < sizeof shape / sizeof *shape; s++) {
+			int64_t rows = shape[s][0], cols = shape[s][1], nt = shape[s][2];
+			struct wbuf wb;
+			make_weight(&wb, w[k].dt, rows, cols, w[k].br, w[k].bc, 0);
+			float *x = malloc((size_t)(nt * cols) * 4), *y = malloc((size_t)(nt * rows) * 4);
+			for (int64_t i = 0; i < nt * cols; i++)
+				x[i] = frand();
+			be->ops->matmul(be, llm_view_f32(y, nt, rows), llm_view_f32(x, nt, cols), &wb.w);
+			double e = matmul_vs_ref(y, x, nt, &wb.w, bfx, &nb);
+			worst = e > worst ? e : worst;
+			bad += nb;
+			free(x);
+			free(y);
+			free_weight(&wb);
+		}
+		check(!bad, "ref: matmul %s %s, 5 shapes (1..9 tokens, odd sizes, 1000 outputs): |cpu - ref%s| <= "
+		      "(k + 2) u sum|xw| (worst %.3f of the bound)", isa, wname(w[k].dt, w[k].br, w[k].bc),
+		      bfx ? " on bf16 x and w" : "", worst);
+		/* small integers, power-of-two scales: every product and partial
+		 * sum is exact in f32 (and in bf16), so the bits must agree */
+		struct wbuf wb;
+		int64_t rows = 19, cols = 200, nt = 5;
+		make_weight(&wb, w[k].dt, rows, cols, w[k].br, w[k].bc, 1);
+		float *x = malloc((size_t)(nt * cols) * 4), *y = malloc((size_t)(nt * rows) * 4);
+		float *ref = malloc((size_t)(nt * rows) * 4);
+		for (int64_t i = 0; i < nt * cols; i++)
+			x[i] = (float)((int)(urand() * 7) - 3);
+		be->ops->matmul(be, llm_view_f32(y, nt, rows), llm_view_f32(x, nt, cols), &wb.w);
+		llm_ref_matmul(llm_view_f32(ref, nt, rows), llm_view_f32(x, nt, cols), &wb.w, 0);
+		check(!memcmp(y, ref, (size_t)(nt * rows) * 4), "ref: matmul %s %s on small integers: equal to the "
+		      "reference bit for bit", isa, wname(w[k].dt, w[k].br, w[k].bc));
+		free(x);
+		free(y);
+		free(ref);
+		free_weight(&wb);
+	}
+	/* matmul_n: q, k, v sharing x, each against the reference */
+	if (be->ops->matmul_n) {
+		int64_t rows[3] = { 301, 97, 97 }, cols = 192, nt = 5, bad = 0, nb;
+		struct wbuf wb[3];
+		struct llm_view ys[3];
+		const struct llm_weight *ws[3];
+		float *x = malloc((size_t)(nt * cols) * 4);
+		for (int64_t i = 0; i < nt * cols; i++)
+			x[i] = frand();
+		for (int i = 0; i < 3; i++) {
+			make_weight(&wb[i], LLM_DTYPE_E4M3, rows[i], cols, 128, 64, 0);
+			ys[i] = llm_view_f32(malloc((size_t)(nt * rows[i]) * 4), nt, rows[i]);
+			ws[i] = &wb[i].w;
+		}
+		be->ops->matmul_n(be, 3, ys, llm_view_f32(x, nt, cols), ws);
+		double worst = 0;
+		for (int i = 0; i < 3; i++) {
+			double e = matmul_vs_ref(ys[i].data, x, nt, ws[i],
+			                         llm_cpu_matmul_isa(be->isa, LLM_DTYPE_E4M3) == LLM_ISA_AVX512BF16, &nb);
+			worst = e > worst ? e : worst;
+			bad += nb;
+			free(ys[i].data);
+			free_weight(&wb[i]);
+		}
+		free(x);
+		check(!bad, "ref: matmul_n %s E4M3, 3 weights of 301, 97, 97 rows: each within (k + 2) u sum|xw| "
+		      "(worst %.3f of the bound)", isa, worst);
+	}
+}
+
+/* embed, rmsnorm, add_rmsnorm, swiglu, add, gather on odd shapes. */
+static void ref_rowwise(struct llm_backend *be)
+{
+	static const int64_t shape[][2] = { { 1, 7 }, { 5, 576 }, { 67, 211 } };
+	const char *isa = llm_cpu_isa_name(be->isa);
+	char name[160];
+	for (size_t s = 0; s < sizeof shape / sizeof *shape; s++) {
+		int64_t R = shape[s][0], C = shape[s][1];
+		size_t n = (size_t)(R * C);
+		/* got and ref also take gather's 3 rows */
+		float *x = malloc(n * 4), *y = malloc(n * 4), *got = malloc(n * 4 + (size_t)(3 * C) * 4);
+		float *ref = malloc(n * 4 + (size_t)(3 * C) * 4), *x2 = malloc(n * 4), *y2 = malloc(n * 4);
+		for (size_t i = 0; i < n; i++) {
+			x[i] = frand();
+			y[i] = frand();
+		}
+		/* embed: an exact dequantized copy, for every weight dtype */
+		static const enum llm_dtype edt[] = { LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
+		int same = 1;
+		int32_t *tok = malloc((size_t)R * 4);
+		for (int64_t t = 0; t < R; t++)
+			tok[t] = (int32_t)((t * 37 + 5) % 50);
+		for (size_t e = 0; e < 4; e++) {
+			struct wbuf emb;
+			make_weight(&emb, edt[e], 50, C, 1, 64, 0);
+			be->ops->embed(be, llm_view_f32(got, R, C), tok, &emb.w);
+			llm_ref_embed(llm_view_f32(ref, R, C), tok, &emb.w);
+			same &= !memcmp(got, ref, n * 4);
+			free_weight(&emb);
+		}
+		check(same, "ref: embed %s %lldx%lld, F32/F16/BF16/E4M3 tables: the reference's bits", isa,
+		      (long long)R, (long long)C);
+		free(tok);
+		/* rmsnorm: the f32 sum of n squares errs by at most n u relative
+		 * (positive terms), the mean, + eps, sqrtf and 1/ by u each (the
+		 * root halving what it is given), the two products by u each:
+		 * (n/2 + 5) u relative, plus the reference's rounding */
+		double rt = ((double)C / 2 + 6) * U24;
+		static const enum llm_dtype ndt[] = { LLM_DTYPE_F32, LLM_DTYPE_BF16 };
+		for (size_t d = 0; d < 2; d++) {
+			struct wbuf wn;
+			make_weight(&wn, ndt[d], 1, C, 0, 0, 0);
+			be->ops->rmsnorm(be, llm_view_f32(got, R, C), llm_view_f32(x, R, C), &wn.w, 1e-5f);
+			llm_ref_rmsnorm(llm_view_f32(ref, R, C), llm_view_f32(x, R, C), &wn.w, 1e-5f);
+			snprintf(name, sizeof name, "ref: rmsnorm %s %lldx%lld, %s weight, rtol (n/2 + 6) u", isa,
+			         (long long)R, (long long)C, llm_dtype_name(ndt[d]));
+			check_close(name, got, ref, n, 0, rt);
+			/* add_rmsnorm, OUT = Y as in the model: x + y exact (f32 adds
+			 * on both sides), then the rmsnorm bound */
+			memcpy(x2, x, n * 4);
+			memcpy(y2, y, n * 4);
+			memcpy(got, y, n * 4);
+			be->ops->add_rmsnorm(be, llm_view_f32(got, R, C), llm_view_f32(x2, R, C), llm_view_f32(got, R, C),
+			                     &wn.w, 1e-5f);
+			memcpy(ref, x, n * 4);
+			llm_ref_add_rmsnorm(llm_view_f32(y2, R, C), llm_view_f32(ref, R, C), llm_view_f32(y2, R, C),
+			                    &wn.w, 1e-5f);
+			check(!memcmp(x2, ref, n * 4), "ref: add_rmsnorm %s %lldx%lld: x + y the reference's bits", isa,
+			      (long long)R, (long long)C);
+			snprintf(name, sizeof name, "ref: add_rmsnorm %s %lldx%lld, %s weight, out = y: rtol (n/2 + 6) u",
+			         isa, (long long)R, (long long)C, llm_dtype_name(ndt[d]));
+			check_close(name, got, y2, n, 0, rt);
+			free_weight(&wn);
+		}
+		/* swiglu, |g| to 12 and some to 120 (the exp's clamp): e^-g
+		 * within 2 ulp (llm_cpu_exp), then 1 + e, 1/, g * and * u by u
+		 * each: 6 u relative, 8 u with the reference's rounding; atol
+		 * 1e-30 where g < -87 (e^-g clamped at e^88: true values under
+		 * 1e-36, the computed ones under 1e-36 too, possibly subnormal) */
+		for (size_t i = 0; i < n; i++)
+			x2[i] = (i % 11 == 3 ? 120.0f : 12.0f) * x[i];
+		be->ops->swiglu(be, llm_view_f32(got, R, C), llm_view_f32(x2, R, C), llm_view_f32(y, R, C));
+		llm_ref_swiglu(llm_view_f32(ref, R, C), llm_view_f32(x2, R, C), llm_view_f32(y, R, C));
+		snprintf(name, sizeof name, "ref: swiglu %s %lldx%lld, rtol 8 u, atol 1e-30", isa, (long long)R, (long long)C);
+		check_close(name, got, ref, n, 1e-30, 8 * U24);
+		/* add and gather: exact */
+		memcpy(got, x, n * 4);
+		memcpy(ref, x, n * 4);
+		be->ops->add(be, llm_view_f32(got, R, C), llm_view_f32(y, R, C));
+		llm_ref_add(llm_view_f32(ref, R, C), llm_view_f32(y, R, C));
+		check(!memcmp(got, ref, n * 4), "ref: add %s %lldx%lld: the reference's bits", isa, (long long)R, (long long)C);
+		int32_t idx[3] = { (int32_t)(R - 1), 0, (int32_t)(R / 2) };
+		be->ops->gather(be, llm_view_f32(got, 3, C), llm_view_f32(x, R, C), idx);
+		llm_ref_gather(llm_view_f32(ref, 3, C), llm_view_f32(x, R, C), idx);
+		check(!memcmp(got, ref, (size_t)(3 * C) * 4), "ref: gather %s, 3 of %lld rows: the reference's bits", isa,
+		      (long long)R);
+		free(x);
+		free(y);
+		free(x2);
+		free(y2);
+		free(got);
+		free(ref);
+	}
+}
+
+/* softmax helper at this level: e^(x - max) / sum with x to +-30, n up to
+ * 300. The f32 difference x - max rounds by u |x - max| (<= 60 u): that
+ * much relative error in its exponential, plus 2 ulp of llm_cpu_exp; the
+ * lane sum of n terms <= 1 by n u relative; the division by u: rtol
+ * (2 * 60 + n + 8) u, with the reference's rounding. */
+static void ref_softmax(enum llm_cpu_isa isa)
+{
+	int ok = 1;
+	double worst = 0;
+	for (int n = 1; n <= 300; n += 13) {
+		float a[300], r[300];
+		for (int i = 0; i < n; i++)
+			a[i] = r[i] = 30.0f * frand();
+		llm_cpu_softmax(isa, a, n);
+		llm_ref_softmax(r, n);
+		double rt = (120.0 + n + 8) * U24;
+		for (int i = 0; i < n; i++) {
+			double e = fabs((double)a[i] - r[i]) / (rt * r[i] + 1e-37);
+			ok &= e <= 1.0;
+			worst = e > worst ? e : worst;
+		}
+	}
+	check(ok, "ref: softmax %s, 1..300 elements to +-30: rtol (120 + n + 8) u (worst %.3f of it)",
+	      llm_cpu_isa_name(isa), worst);
+}
+
+/* rope at positions deep into the table (to 131071) and d_head with and
+ * without a tail of 4 pairs. The angle is the same f32 product on both
+ * sides (the definition); cosf/sinf are within 1 ulp (glibc), so within
+ * u of the exact cos/sin (|c|, |s| <= 1), each product rounds by u of
+ * itself, the sum by u of the result: |err| <= 3 u (|x0| + |x1|) + u,
+ * <= 7 u for |x| <= 1: atol 8 u. */
+static void ref_rope(struct llm_backend *be)
+{
+	static const int dh[] = { 10, 24, 64 };
+	for (size_t di = 0; di < sizeof dh / sizeof *dh; di++) {
+		int d = dh[di], half = d / 2, nh = 5, n = 9, dq = nh * d;
+		float inv[32];
+		for (int j = 0; j < half; j++)
+			inv[j] = (float)pow(500000.0, -2.0 * j / d);
+		int32_t pos[9] = { 0, 1, 15, 16, 17, 300, 4095, 65537, 131071 };
+		float *q = malloc((size_t)(n * dq) * 4), *r = malloc((size_t)(n * dq) * 4);
+		for (int i = 0; i < n * dq; i++)
+			q[i] = r[i] = frand();
+		be->ops->rope(be, llm_view_f32(q, n, dq), pos, nh, d, inv);
+		llm_ref_rope(llm_view_f32(r, n, dq), pos, nh, d, inv);
+		char name[128];
+		snprintf(name, sizeof name, "ref: rope %s d_head %d, positions 0..131071: atol 8 u", llm_cpu_isa_name(be->isa), d);
+		check_close(name, q, r, (size_t)(n * dq), 8 * U24, 0);
+		free(q);
+		free(r);
+	}
+}
+
+/* Attention (and kv_store, rope_store) over the paged cache: three
+ * sequences grown over 12 steps in chunks of 23, 7 and 1 tokens (so their
+ * blocks interleave in the pool and A reaches position 275, 18 blocks into
+ * its table), GQA, MQA and MHA, f32 and bf16 caches. kv_store and the
+ * store of rope_store: the reference's bytes (bf16: the same rounding).
+ * Attention, with |q|, |k|, |v| <= 1, d = d_head, n = positions: a score
+ * errs by (d + 2) u sqrt(d) at most (f32 dot of d terms of |q k| <= 1, the
+ * division), the f32 difference from the max by 2 sqrt(d) u, llm_cpu_exp by
+ * 2 ulp, the sum of n weights by n u relative, the division by u; the
+ * weighted sum of n values by (n + 1) u of sum p |v| <= 1. The output then
+ * errs by at most 2 (d + 2) u sqrt(d) + 4 sqrt(d) u + (2 n + 8) u (weights'
+ * relative error counted twice: through each term and through the sum).
+ * About 1e-4 for d 64, n 276: a wrong position, head or sign moves the
+ * output by 1e-3 or more (a weight of ~1/n of values ~1). */
+static void ref_attention(struct llm_backend *be)
+{
+	static const struct { int h, kvh, d; } cases[] = { { 6, 2, 24 }, { 8, 1, 64 }, { 4, 4, 80 } };
+	const char *isa = llm_cpu_isa_name(be->isa);
+	for (int kt = 0; kt < 2; kt++)
+		for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+			int nh = cases[ci].h, nkv = cases[ci].kvh, d = cases[ci].d, dq = nh * d, dkv = nkv * d;
+			enum llm_dtype kdt = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+			struct llm_kv_opts ko = { 2, nkv, d, kdt, 16, 40, 3, 320 };
+			struct llm_kv kc, kr;
+			if (llm_kv_init(&kc, be, &ko) != LLM_OK || llm_kv_init(&kr, be, &ko) != LLM_OK) {
+				check(0, "ref: kv init: %s", llm_errmsg());
+				return;
+			}
+			int sq[3];
+			for (int i = 0; i < 3; i++) {
+				llm_kv_seq_new(&kc, &sq[i]);
+				llm_kv_seq_new(&kr, &sq[i]);
+			}
+			float inv[64];
+			for (int j = 0; j < d / 2; j++)
+				inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)d);
+			enum { NMAX = 31, STEPS = 12 };
+			int32_t len[3] = { 0, 0, 0 }, pos[NMAX], seq[NMAX], tok[NMAX] = { 0 };
+			static const int chunk[3] = { 23, 7, 1 };
+			float *q = malloc(NMAX * (size_t)dq * 4), *k = malloc(NMAX * (size_t)dkv * 4);
+			float *v = malloc(NMAX * (size_t)dkv * 4), *qr = malloc(NMAX * (size_t)dq * 4);
+			float *kr2 = malloc(NMAX * (size_t)dkv * 4), *got = malloc(NMAX * (size_t)dq * 4);
+			float *ref = malloc(NMAX * (size_t)dq * 4);
+			int store_same = 1, rope_ok = 1, attn_ok = 1;
+			double worst_rope = 0, worst_attn = 0;
+			for (int st = 0; st < STEPS; st++) {
+				int n = 0;
+				for (int s = 0; s < 3; s++)
+					for (int i = 0; i < chunk[s]; i++, n++) {
+						seq[n] = sq[s];
+						pos[n] = len[s]++;
+					}
+				struct llm_batch b = { n, tok, pos, seq, NULL };
+				if (llm_kv_prepare(&kc, &b) != LLM_OK || llm_kv_prepare(&kr, &b) != LLM_OK) {
+					check(0, "ref: kv prepare step %d: %s", st, llm_errmsg());
+					attn_ok = 0;
+					break;
+				}
+				for (int layer = 0; layer < 2; layer++) {
+					for (int i = 0; i < n * dq; i++)
+						q[i] = qr[i] = frand();
+					for (int i = 0; i < n * dkv; i++) {
+						k[i] = kr2[i] = frand();
+						v[i] = frand();
+					}
+					/* layer 0 through rope_store, layer 1 through rope, rope, kv_store */
+					if (layer == 0)
+						be->ops->rope_store(be, llm_view_f32(q, n, dq), llm_view_f32(k, n, dkv),
+						                    llm_view_f32(v, n, dkv), &kc, layer, &b, nh, nkv, d, inv);
+					else {
+						be->ops->rope(be, llm_view_f32(q, n, dq), pos, nh, d, inv);
+						be->ops->rope(be, llm_view_f32(k, n, dkv), pos, nkv, d, inv);
+						be->ops->kv_store(be, &kc, layer, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv));
+					}
+					llm_ref_rope(llm_view_f32(qr, n, dq), pos, nh, d, inv);
+					llm_ref_rope(llm_view_f32(kr2, n, dkv), pos, nkv, d, inv);
+					for (int i = 0; i < n * dq; i++) {
+						double e = fabs((double)q[i] - qr[i]) / (8 * U24);
+						rope_ok &= e <= 1.0;
+						worst_rope = e > worst_rope ? e : worst_rope;
+					}
+					for (int i = 0; i < n * dkv; i++) {
+						double e = fabs((double)k[i] - kr2[i]) / (8 * U24);
+						rope_ok &= e <= 1.0;
+						worst_rope = e > worst_rope ? e : worst_rope;
+					}
+					/* the store checked on its own: the reference stores the
+					 * backend's rotated k (the rotation is checked above) */
+					llm_ref_kv_store(&kr, layer, &b, llm_view_f32(k, n, dkv), llm_view_f32(v, n, dkv));
+					be->ops->attention(be, llm_view_f32(got, n, dq), llm_view_f32(q, n, dq), &kc, layer, &b, nh);
+					llm_ref_attention(llm_view_f32(ref, n, dq), llm_view_f32(q, n, dq), &kr, layer, &b, nh);
+					int pmax = len[0];
+					double tol = (2.0 * (d + 2) * sqrt(d) + 4 * sqrt(d) + 2.0 * pmax + 8) * U24;
+					for (int i = 0; i < n * dq; i++) {
+						double e = fabs((double)got[i] - ref[i]) / tol;
+						attn_ok &= e <= 1.0;
+						worst_attn = e > worst_attn || isnan(e) ? e : worst_attn;
+					}
+				}
+			}
+			size_t bytes = (size_t)ko.n_layer * (size_t)ko.n_block * (size_t)ko.block_size * (size_t)dkv * kc.elt;
+			store_same = !memcmp(kc.k, kr.k, bytes) && !memcmp(kc.v, kr.v, bytes);
+			check(rope_ok, "ref: rope_store and rope %s %d/%d heads d %d, %s KV: q, k within 8 u (worst %.3f of it)",
+			      isa, nh, nkv, d, llm_dtype_name(kdt), worst_rope);
+			check(store_same, "ref: kv_store and rope_store %s %d/%d heads d %d, %s KV, 3 sequences, 12 steps: "
+			      "the reference's cache bytes", isa, nh, nkv, d, llm_dtype_name(kdt));
+			check(attn_ok, "ref: attention %s %d/%d heads d %d, %s KV, positions to 275 (block 17): within "
+			      "(2 (d + 2) sqrt(d) + 4 sqrt(d) + 2 n + 8) u (worst %.3f of it)", isa, nh, nkv, d,
+			      llm_dtype_name(kdt), worst_attn);
+			free(q);
+			free(k);
+			free(v);
+			free(qr);
+			free(kr2);
+			free(got);
+			free(ref);
+			llm_kv_free(&kc);
+			llm_kv_free(&kr);
+		}
+}
+
+static void test_ref(enum llm_cpu_isa best)
+{
+	for (enum llm_cpu_isa isa = LLM_ISA_SCALAR; isa < LLM_ISA_COUNT; isa++) {
+		if (isa > best) {
+			check_skip("this CPU lacks it", "ref: every op at %s against the reference", llm_cpu_isa_name(isa));
+			continue;
+		}
+		struct llm_backend_opts o = { 2, isa, 0 };
+		struct llm_backend *be;
+		if (!check(llm_backend_open("cpu", &o, &be) == LLM_OK, "ref: open a 2-thread %s cpu backend",
+		           llm_cpu_isa_name(isa)))
+			continue;
+		ref_matmul(be);
+		ref_rowwise(be);
+		ref_rope(be);
+		ref_attention(be);
+		ref_softmax(isa);
+		llm_backend_close(be);
+	}
+}
+
 int main(void)
 {
 	enum llm_cpu_isa best = llm_cpu_isa_detect();
@@ -892,6 +1329,7 @@ int main(void)
 	test_backend_ops(best);
 	test_fused_ops(best);
 	test_chain(best);
+	test_ref(best);
 	test_kv();
 	return check_done();
 }

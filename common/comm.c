@@ -321,3 +321,21 @@ void llm_grid_free(struct llm_grid *g)
 	llm_comm_free(g->pp);
 	memset(g, 0, sizeof *g);
 }
+
+enum llm_status llm_comm_first_failing(struct llm_comm *c, int failed, int *first)
+{
+	*first = failed ? 0 : -1;
+	if (!c || c->size < 2)
+		return LLM_OK;
+	float *f = calloc((size_t)c->size, sizeof *f);
+	if (!f)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	f[c->rank] = failed ? 1.0f : 0.0f;
+	enum llm_status s = llm_comm_allreduce_sum_f32(c, f, (size_t)c->size);
+	*first = -1;
+	for (int r = c->size - 1; !s && r >= 0; r--)
+		if (f[r] > 0)
+			*first = r;
+	free(f);
+	return s;
+}

@@ -93,6 +93,10 @@ enum llm_status llm_comm_send(struct llm_comm *c, const void *buf, size_t n, int
 enum llm_status llm_comm_recv(struct llm_comm *c, void *buf, size_t n, int src, int tag);
 enum llm_status llm_comm_barrier(struct llm_comm *c);
 
+/* Collective: whether any rank FAILED (nonzero); *FIRST gets the lowest
+ * failing rank, or -1 when none did. */
+enum llm_status llm_comm_first_failing(struct llm_comm *c, int failed, int *first);
+
 /* Print "PROG: rank R of N: message" on stderr and end the whole job with
  * CODE (MPI_Abort; exit in a single process). */
 _Noreturn void llm_comm_abort(struct llm_comm *c, int code, const char *fmt, ...)

@@ -5,8 +5,10 @@
  * scheduler's (scheduler.c); scoring and perplexity are in score.c. */
 #include "generate.h"
 #include "lora.h"
+#include "buf.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,4 +442,134 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
 	if (e->serving)
 		LLM_TRY(serve_send(e, b));
 	return llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->logits, n_out);
+}
+
+/* One line of text to B (formatted, newline added); 0 on success. */
+static int out_line(struct llm_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int out_line(struct llm_buf *b, const char *fmt, ...)
+{
+	char line[600];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return -1;
+	if ((size_t)n > sizeof line - 2)
+		n = (int)sizeof line - 2;
+	line[n++] = '\n';
+	return llm_buf_append(b, line, (size_t)n) ? -1 : 0;
+}
+
+enum llm_status llm_engine_traffic(struct llm_engine *e, struct llm_buf *out)
+{
+	struct llm_comm *w = e->world;
+	const struct llm_model_dist *d = e->model.dist;
+	if (!w || w->size < 2 || !d)
+		return LLM_OK;
+	struct llm_dist_stats *all = calloc((size_t)w->size, sizeof *all);
+	struct llm_serve_stats *ss = calloc((size_t)w->size, sizeof *ss);
+	enum llm_status s = all && ss ? LLM_OK : llm_fail(LLM_ERR_NOMEM, "out of memory");
+	if (!s)
+		s = llm_comm_allgather(w, &d->stats, sizeof d->stats, all);
+	if (!s)
+		s = llm_comm_allgather(w, &e->sst, sizeof e->sst, ss);
+	int T = d->grid.n_tp, P = d->grid.n_pp, bad = 0;
+	const char *me = llm_progname();
+	for (int r = 0; !s && e->root && r < w->size; r++) {
+		const struct llm_dist_stats *st = &all[r];
+		double tok = st->tokens ? (double)st->tokens : 1;
+		bad |= out_line(out, "%s: rank %d (stage %d, tp %d): %llu steps (%llu micro-batches), %llu tokens; per token: "
+		                "stage boundary sent %.0f B (unfused %.0f, unsliced %.0f), received %.0f B; tp all-reduce "
+		                "%.0f B, all-gather %.0f B; logits to rank 0 %.0f B", me, r, r / T, r % T,
+		                (unsigned long long)st->steps, (unsigned long long)st->micro, (unsigned long long)st->tokens,
+		                st->boundary_sent / tok, st->boundary_unfused / tok, st->boundary_whole / tok,
+		                st->boundary_recvd / tok, st->tp_allreduce / tok, st->tp_allgather / tok, st->logits_sent / tok);
+	}
+	/* the step protocol: every rank followed the steps rank 0 led */
+	for (int r = 0; !s && e->root && r < w->size; r++)
+		bad |= out_line(out, "%s: step protocol: rank %d %s %lld steps of rank 0 (%lld KV operations, %lld tokens; %llu B)",
+		                me, r, r ? "followed" : "led", (long long)ss[r].steps, (long long)ss[r].kv_ops,
+		                (long long)ss[r].tokens, (unsigned long long)ss[r].bytes);
+	if (!s && e->root && P > 1) {
+		/* one boundary: stage 0 -> 1, summed over its T ranks */
+		double sent = 0, unf = 0, whole = 0, tok = all[0].tokens ? (double)all[0].tokens : 1;
+		for (int t = 0; t < T; t++) {
+			sent += (double)all[t].boundary_sent;
+			unf += (double)all[t].boundary_unfused;
+			whole += (double)all[t].boundary_whole;
+		}
+		bad |= out_line(out, "%s: stage boundary 0->1 per token, all %d TP ranks: %.0f B sent (fused, 1/T each); "
+		                "%.0f B unfused (%.1fx); %.0f B unsliced (%.1fx)", me, T, sent / tok, unf / tok,
+		                sent > 0 ? unf / sent : 0.0, whole / tok, sent > 0 ? whole / sent : 0.0);
+	}
+	if (!s && bad)
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+	free(all);
+	free(ss);
+	return s;
+}
+
+/* ---- tools over ranks: rank 0 leads, the others follow ------------------- */
+
+/* Open on every rank (collective); on failure *FIRST is the lowest failing
+ * rank, whose message this rank holds when it is this one. */
+static enum llm_status open_all(struct llm_engine **e, const char *path, const struct llm_engine_opts *o,
+                                struct llm_comm *w, int *first)
+{
+	enum llm_status s = llm_engine_open(e, path, o);
+	char msg[600];
+	snprintf(msg, sizeof msg, "%s", s ? llm_errmsg() : "");
+	enum llm_status c = llm_comm_first_failing(w, s != LLM_OK, first);
+	if (c)
+		return c;
+	if (*first < 0)
+		return LLM_OK;
+	llm_engine_close(*e);
+	*e = NULL;
+	if (w && w->size > 1 && *first != w->rank)
+		return llm_fail(LLM_ERR_COMM, "rank %d failed to open %s", *first, path);
+	return llm_fail(s, "%s", msg);
+}
+
+enum llm_status llm_engine_lead_open(struct llm_engine **e, const char *path, const struct llm_engine_opts *o,
+                                     int *first)
+{
+	struct llm_comm *w = o->comm ? o->comm : llm_comm_world();
+	*e = NULL;
+	*first = 0;
+	if (w && w->size > 1) {
+		int32_t sizes[2] = { o->max_seqs, o->kv_seqs };
+		LLM_TRY(llm_comm_bcast_idle(w, sizes, sizeof sizes, 0));
+	}
+	LLM_TRY(open_all(e, path, o, w, first));
+	return llm_engine_serve_begin(*e);
+}
+
+enum llm_status llm_engine_lead_close(struct llm_engine *e, struct llm_buf *traffic)
+{
+	enum llm_status s = llm_engine_serve_end(e);
+	if (!s && traffic)
+		s = llm_engine_traffic(e, traffic);
+	llm_engine_close(e);
+	return s;
+}
+
+enum llm_status llm_engine_follow(const char *path, const struct llm_engine_opts *o, struct llm_buf *traffic,
+                                  int *first)
+{
+	struct llm_comm *w = o->comm ? o->comm : llm_comm_world();
+	struct llm_engine_opts mine = *o;
+	int32_t sizes[2];
+	*first = -1;
+	LLM_TRY(llm_comm_bcast_idle(w, sizes, sizeof sizes, 0));
+	mine.max_seqs = sizes[0];
+	mine.kv_seqs = sizes[1];
+	struct llm_engine *e = NULL;
+	LLM_TRY(open_all(&e, path, &mine, w, first));
+	enum llm_status s = llm_engine_serve_worker(e);
+	if (!s && traffic)
+		s = llm_engine_traffic(e, traffic);
+	llm_engine_close(e);
+	return s;
 }

@@ -193,5 +193,30 @@ enum llm_status llm_engine_serve_end(struct llm_engine *e);
  * (a bug); the caller then ends the job (llm_comm_abort). */
 enum llm_status llm_engine_serve_worker(struct llm_engine *e);
 void llm_engine_serve_stats(const struct llm_engine *e, struct llm_serve_stats *st);
+/* Distributed: every rank's traffic, gathered (collective: every rank
+ * calls it) and, on rank 0, appended to OUT as lines of text: per rank the
+ * steps, micro-batches and bytes per token over each link, the steps each
+ * rank led or followed, and with pipeline stages the boundary's bytes
+ * against unfused and unsliced sends. One process: nothing. */
+struct llm_buf;
+enum llm_status llm_engine_traffic(struct llm_engine *e, struct llm_buf *out);
+
+/* A tool over ranks (every rank runs the tool with the same flags): rank
+ * 0 reads the input and knows O's max_seqs and kv_seqs then; it calls
+ * llm_engine_lead_open, which sends them to the other ranks, opens the
+ * engine on every rank and starts leading. The other ranks call
+ * llm_engine_follow with the same O (its sizes replaced by rank 0's): it
+ * opens, follows rank 0's steps until llm_engine_lead_close, appends the
+ * traffic report to TRAFFIC when not NULL (llm_engine_traffic, collective:
+ * rank 0 passes TRAFFIC too or neither does), and closes. When opening
+ * fails anywhere, *FIRST is the lowest failing rank: that rank's status
+ * and message are its own, the others' LLM_ERR_COMM ("rank N failed to
+ * open"), so a tool reports it once (from rank FIRST). One process: the
+ * lead calls are llm_engine_open / llm_engine_close. */
+enum llm_status llm_engine_lead_open(struct llm_engine **e, const char *path, const struct llm_engine_opts *o,
+                                     int *first);
+enum llm_status llm_engine_lead_close(struct llm_engine *e, struct llm_buf *traffic);
+enum llm_status llm_engine_follow(const char *path, const struct llm_engine_opts *o, struct llm_buf *traffic,
+                                  int *first);
 
 #endif

@@ -55,4 +55,11 @@ enum llm_status llm_jinja_render(const struct llm_jinja *t, const struct json_t 
 enum llm_status llm_chat_render(const struct llm_tokenizer *tk, const char *template_src,
                                 const char *request, char **out, size_t *len);
 
+/* llm_chat_render, and *TWO_BOS set when the prompt, encoded without
+ * adding special tokens (as apply_chat_template's output is), starts with
+ * two BOS tokens: almost always a template that writes BOS on top of a
+ * tokenizer that adds one. */
+enum llm_status llm_chat_prompt(const struct llm_tokenizer *tk, const char *template_src, const char *request,
+                                char **out, size_t *len, int *two_bos);
+
 #endif

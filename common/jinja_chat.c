@@ -6,6 +6,7 @@
 #include "jinja.h"
 
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tokenizer.h"
@@ -97,4 +98,18 @@ out:
 	json_decref(vars);
 	json_decref(req);
 	return st;
+}
+
+enum llm_status llm_chat_prompt(const struct llm_tokenizer *tk, const char *template_src, const char *request,
+                                char **out, size_t *len, int *two_bos)
+{
+	*two_bos = 0;
+	LLM_TRY(llm_chat_render(tk, template_src, request, out, len));
+	int32_t *ids, bos = tk ? llm_tokenizer_bos(tk) : -1;
+	size_t n;
+	if (bos >= 0 && !llm_tokenizer_encode(tk, *out, *len, false, &ids, &n)) {
+		*two_bos = n >= 2 && ids[0] == bos && ids[1] == bos;
+		free(ids);
+	}
+	return LLM_OK;
 }

@@ -27,6 +27,7 @@
 #include "reqout.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
@@ -539,13 +540,29 @@ static void preempt(struct llm_sched *s, struct sreq *r)
 	s->st.preemptions++;
 }
 
-/* Make NEED blocks free for R: evict cache entries, then preempt running
- * requests younger than R that are not in this step's batch, youngest
- * first. 0 on success. */
+/* Give up the sequence of an ended parent still held for its children
+ * (they will compute its positions themselves); 0 when there was none. Held
+ * blocks are a cache: they must never keep the oldest request from its
+ * blocks. */
+static int release_held(struct llm_sched *s)
+{
+	for (int i = 0; i < s->n_reqs; i++) {
+		struct sreq *p = s->reqs[i];
+		if (p->state == SREQ_DONE && p->hold > 0 && p->seq >= 0) {
+			req_release_seq(s, p);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Make NEED blocks free for R: evict cache entries and held parents, then
+ * preempt running requests younger than R that are not in this step's
+ * batch, youngest first. 0 on success. */
 static int make_room(struct llm_sched *s, const struct sreq *r, int64_t need)
 {
 	while (s->kv->n_free < need) {
-		if (pc_evict(s))
+		if (pc_evict(s) || release_held(s))
 			continue;
 		struct sreq *v = NULL;
 		for (int i = s->n_reqs - 1; i >= 0 && !v; i--) {
@@ -761,7 +778,7 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 		/* nothing could start (no sequence slot): give up the prefix
 		 * cache and try again; without one it is a bug */
 		int had = 0;
-		while (pc_evict(s))
+		while (pc_evict(s) || release_held(s))
 			had = 1;
 		if (!had)
 			return llm_fail(LLM_ERR_INTERNAL, "scheduler: %d requests but nothing to run", s->n_reqs);
@@ -834,4 +851,11 @@ void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st)
 	}
 	st->kv_blocks_cached = cached;
 	st->kv_blocks_used = alloc - only_cache;
+}
+
+void llm_sched_summary(const struct llm_sched *s, char *out, size_t n)
+{
+	snprintf(out, n, "%lld steps; %lld prompt tokens computed, %lld taken from the prefix cache; %lld generated; "
+	         "%lld preemptions", (long long)s->st.steps, (long long)s->st.prompt_tokens,
+	         (long long)s->st.prefix_hit_tokens, (long long)s->st.gen_tokens, (long long)s->st.preemptions);
 }

@@ -96,6 +96,8 @@ void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st);
  * them). */
 void llm_sched_opts_tokenizer(struct llm_sched_opts *o, const struct llm_config *c,
                               const struct llm_tokenizer *tk);
+/* The counters of llm_sched_stats as one line of text for -v. */
+void llm_sched_summary(const struct llm_sched *s, char *out, size_t n);
 /* Drop every prefix-cache entry (their blocks return to the pool). */
 void llm_sched_prefix_clear(struct llm_sched *s);
 

@@ -8,8 +8,12 @@
  * (llm_logprob: log-softmax in f64 over the logits row), summed in token
  * order, so a result does not depend on what it was batched with. */
 #include "score.h"
+#include "tokenizer.h"
+#include "buf.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
@@ -64,6 +68,141 @@ enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_c
 	}
 	free(p);
 	return st;
+}
+
+/* ---- items of llm-generate --score ---------------------------------------- */
+
+static void item_free(struct llm_score_item *it)
+{
+	for (int k = 0; it->cont && k < it->n; k++)
+		free(it->cont[k]);
+	free(it->cont);
+	free(it->n_cont);
+	free(it->bytes);
+	free(it->res);
+	free(it->ctx);
+}
+
+void llm_score_items_free(struct llm_score_item *items, size_t n)
+{
+	for (size_t i = 0; items && i < n; i++)
+		item_free(&items[i]);
+	free(items);
+}
+
+/* The continuation's tokens are those of encode(context + continuation)
+ * after the context's own tokens, as evaluation harnesses cut them. */
+static enum llm_status item_read(struct llm_score_item *it, json_t *o, const struct llm_tokenizer *tk)
+{
+	json_t *ctx = json_object_get(o, "context"), *conts = json_object_get(o, "continuations");
+	if (!json_is_string(ctx) || !json_is_array(conts) || !json_array_size(conts))
+		return llm_fail(LLM_ERR_USAGE, "needs \"context\" (a string) and \"continuations\" (a non-empty array of strings)");
+	size_t nc = json_array_size(conts), n_ctx;
+	it->n = (int)nc;
+	it->cont = calloc(nc, sizeof *it->cont);
+	it->n_cont = calloc(nc, sizeof *it->n_cont);
+	it->bytes = calloc(nc, sizeof *it->bytes);
+	it->res = calloc(nc, sizeof *it->res);
+	if (!it->cont || !it->n_cont || !it->bytes || !it->res)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	LLM_TRY(llm_tokenizer_encode(tk, json_string_value(ctx), json_string_length(ctx), true, &it->ctx, &n_ctx));
+	it->n_ctx = (int)n_ctx;
+	for (size_t i = 0; i < nc; i++) {
+		json_t *c = json_array_get(conts, i);
+		if (!json_is_string(c))
+			return llm_fail(LLM_ERR_USAGE, "continuations[%zu] is not a string", i);
+		struct llm_buf whole = { 0 };
+		int32_t *wids = NULL;
+		size_t nw;
+		enum llm_status s = llm_buf_append(&whole, json_string_value(ctx), json_string_length(ctx));
+		if (!s)
+			s = llm_buf_append(&whole, json_string_value(c), json_string_length(c));
+		if (!s)
+			s = llm_tokenizer_encode(tk, whole.p, whole.len, true, &wids, &nw);
+		llm_buf_free(&whole);
+		if (!s && nw <= n_ctx)
+			s = llm_fail(LLM_ERR_USAGE, "continuations[%zu] adds no token", i);
+		if (!s && !(it->cont[i] = malloc((nw - n_ctx) * sizeof **it->cont)))
+			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		if (!s) {
+			it->n_cont[i] = (int)(nw - n_ctx);
+			memcpy(it->cont[i], wids + n_ctx, (nw - n_ctx) * sizeof **it->cont);
+			it->bytes[i] = json_string_length(c);
+		}
+		free(wids);
+		if (s)
+			return s;
+	}
+	return LLM_OK;
+}
+
+enum llm_status llm_score_items_read(char *buf, size_t len, const struct llm_tokenizer *tk,
+                                     struct llm_score_item **items, size_t *n_items)
+{
+	struct llm_score_item *v = NULL;
+	size_t n = 0, cap = 0;
+	enum llm_status s = LLM_OK;
+	int line = 0;
+	for (char *p = buf, *nl; !s && p < buf + len; p = nl + 1) {
+		nl = memchr(p, '\n', (size_t)(buf + len - p));
+		if (!nl)
+			nl = buf + len;
+		*nl = 0;
+		line++;
+		if (!*p)
+			continue;
+		if ((s = LLM_ARRAY_RESERVE(v, cap, n + 1)))
+			break;
+		struct llm_score_item *it = &v[n++];
+		memset(it, 0, sizeof *it);
+		it->line = line;
+		json_error_t je;
+		json_t *o = json_loads(p, 0, &je);
+		s = o ? item_read(it, o, tk) : llm_fail(LLM_ERR_USAGE, "needs \"context\" (a string) and \"continuations\" "
+		                                        "(a non-empty array of strings): %s", je.text);
+		json_decref(o);
+		if (s)
+			llm_fail_prefix(s, "stdin: line %d", line);
+	}
+	if (s) {
+		llm_score_items_free(v, n);
+		return s;
+	}
+	*items = v;
+	*n_items = n;
+	return LLM_OK;
+}
+
+enum llm_status llm_score_items_queue(struct llm_sched *s, struct llm_score_item *items, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct llm_score_item *it = &items[i];
+		enum llm_status st = llm_sched_score(s, it->ctx, it->n_ctx, (const int32_t *const *)it->cont, it->n_cont,
+		                                     it->n, it->res);
+		if (st)
+			return llm_fail_prefix(st, "stdin: line %d", it->line);
+	}
+	return LLM_OK;
+}
+
+char *llm_score_item_json(const struct llm_score_item *it)
+{
+	json_t *r = json_object(), *a = json_array(), *an = json_array(), *g = json_array(), *nt = json_array();
+	for (int i = 0; i < it->n; i++) {
+		double lp = it->res[i].logprob;
+		json_array_append_new(a, json_real(lp));
+		json_array_append_new(an, json_real(it->bytes[i] ? lp / (double)it->bytes[i] : lp));
+		json_array_append_new(g, json_boolean(it->res[i].is_greedy));
+		json_array_append_new(nt, json_integer(it->n_cont[i]));
+	}
+	json_object_set_new(r, "index", json_integer(it->line - 1));
+	json_object_set_new(r, "logprobs", a);
+	json_object_set_new(r, "normalized", an);
+	json_object_set_new(r, "greedy", g);
+	json_object_set_new(r, "tokens", nt);
+	char *js = json_dumps(r, JSON_COMPACT);
+	json_decref(r);
+	return js;
 }
 
 /* The requests that score a whole file run as one scheduler's batch. */
@@ -168,4 +307,35 @@ enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t
 	free(in);
 	free(ch);
 	return st;
+}
+
+enum llm_status llm_perplexity_text(struct llm_engine *e, const struct llm_tokenizer *tk, const char *origin,
+                                    const char *text, size_t len, int window, struct llm_ppl_result *r)
+{
+	int32_t *ids;
+	size_t n;
+	memset(r, 0, sizeof *r);
+	enum llm_status s = llm_tokenizer_encode(tk, text, len, false, &ids, &n);
+	if (s)
+		return llm_fail_prefix(s, "%s", origin);
+	int32_t bos = llm_tokenizer_bos(tk);
+	r->window = window ? window : llm_engine_n_ctx(e);
+	int chunk = bos >= 0 ? r->window - 1 : r->window;
+	if (chunk < 1)
+		s = llm_fail(LLM_ERR_USAGE, "--ctx-size %d leaves no room for a token", r->window);
+	else
+		s = llm_perplexity(e, ids, (int64_t)n, chunk, bos, &r->nll, &r->tokens, NULL);
+	r->ppl = r->tokens ? exp(r->nll / (double)r->tokens) : NAN;
+	free(ids);
+	return s;
+}
+
+void llm_ppl_result_line(const struct llm_ppl_result *r, const char *origin, int json, char *out, size_t n)
+{
+	if (json)
+		snprintf(out, n, "{\"file\":\"%s\",\"tokens\":%lld,\"window\":%d,\"nll\":%.6f,\"ppl\":%.6f}", origin,
+		         (long long)r->tokens, r->window, r->nll, r->ppl);
+	else
+		snprintf(out, n, "%s: %lld tokens in windows of %d: nll %.6f, perplexity %.4f", origin,
+		         (long long)r->tokens, r->window, r->nll, r->ppl);
 }

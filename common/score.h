@@ -8,6 +8,8 @@
 
 #include "scheduler.h"
 
+struct llm_tokenizer;
+
 struct llm_score_result {       /* one continuation */
 	double logprob;             /* sum_j log p(cont[j] | ctx, cont[<j]) */
 	int is_greedy;              /* every continuation token was the argmax */
@@ -21,6 +23,31 @@ struct llm_score_result {       /* one continuation */
 enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_ctx,
                                 const int32_t *const *cont, const int *n_cont, int n,
                                 struct llm_score_result *res);
+
+/* ---- llm-generate --score's items --------------------------------------- */
+
+struct llm_score_item {         /* one line {"context": ..., "continuations": [...]} */
+	int line;                   /* 1-based line of the input */
+	int32_t *ctx;               /* (n_ctx) the context's tokens, BOS included */
+	int n_ctx, n;
+	int32_t **cont;             /* (n) each continuation's tokens: those of
+	                             * encode(context + continuation) after the context's */
+	int *n_cont;                /* (n) */
+	size_t *bytes;              /* (n) each continuation's length in UTF-8 bytes */
+	struct llm_score_result *res;   /* (n) */
+};
+
+/* The items of BUF (LEN bytes, modified: one JSON object per non-empty
+ * line), tokenized by TK. Errors name the line and the field. Free with
+ * llm_score_items_free. */
+enum llm_status llm_score_items_read(char *buf, size_t len, const struct llm_tokenizer *tk,
+                                     struct llm_score_item **items, size_t *n);
+/* Queue every item on S (llm_sched_score); errors name the line. */
+enum llm_status llm_score_items_queue(struct llm_sched *s, struct llm_score_item *items, size_t n);
+/* A scored item as one JSON line (no newline): index (line - 1), logprobs,
+ * normalized (per byte of the continuation), greedy, tokens. Malloc'd. */
+char *llm_score_item_json(const struct llm_score_item *it);
+void llm_score_items_free(struct llm_score_item *items, size_t n);
 
 /* One item on engine E alone (a scheduler of E's sizes, run to the end):
  * LOGPROB[i] and IS_GREEDY[i] (may be NULL) of continuation i. */
@@ -39,5 +66,21 @@ enum llm_status llm_score(struct llm_engine *e, const int32_t *ctx, int n_ctx,
  * LOGPROBS (N floats, may be NULL) per token (NAN where not scored). */
 enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t n, int chunk,
                                int32_t bos, double *nll, int64_t *count, float *logprobs);
+
+/* Perplexity of TEXT (LEN bytes, tokenized without special tokens) in
+ * windows of WINDOW positions (0: the engine's context), each [BOS] +
+ * window - 1 tokens when the tokenizer has a BOS (llama-perplexity's
+ * scheme), else WINDOW tokens; ORIGIN names TEXT in errors and in the
+ * result line. */
+struct llm_ppl_result {
+	double nll, ppl;
+	int64_t tokens;
+	int window;
+};
+enum llm_status llm_perplexity_text(struct llm_engine *e, const struct llm_tokenizer *tk, const char *origin,
+                                    const char *text, size_t len, int window, struct llm_ppl_result *r);
+/* R as llm-generate --perplexity prints it: one JSON object (JSON) or a
+ * sentence, no newline. */
+void llm_ppl_result_line(const struct llm_ppl_result *r, const char *origin, int json, char *out, size_t n);
 
 #endif

@@ -59,6 +59,10 @@ enum llm_status llm_tokenizer_open_ckpt(struct llm_tokenizer **tk, const char *o
 /* The tokenizer of the model at PATH: a directory, or a .safetensors file
  * whose metadata carries tokenizer.json, else the directory holding it. */
 enum llm_status llm_tokenizer_open_model(struct llm_tokenizer **tk, const char *path);
+/* llm_tokenizer_open_model; on failure *ABSENT tells that PATH is a
+ * directory without tokenizer.json (a checkpoint made without tokenizer
+ * files, which runs from token ids), as against broken files. */
+enum llm_status llm_tokenizer_open_optional(struct llm_tokenizer **tk, const char *path, int *absent);
 void llm_tokenizer_close(struct llm_tokenizer *tk);
 
 /* Encode LEN bytes of UTF-8 TEXT. ADD_SPECIAL applies the post-processor

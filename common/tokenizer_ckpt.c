@@ -47,3 +47,16 @@ enum llm_status llm_tokenizer_open_model(struct llm_tokenizer **tk, const char *
 	llm_ckpt_close(&ck);
 	return s;
 }
+
+enum llm_status llm_tokenizer_open_optional(struct llm_tokenizer **tk, const char *path, int *absent)
+{
+	*tk = NULL;
+	*absent = 0;
+	enum llm_status s = llm_tokenizer_open_model(tk, path);
+	if (s) {
+		char *tj = llm_path_join(path, "tokenizer.json");
+		*absent = tj && !llm_exists(tj) && llm_is_dir(path);
+		free(tj);
+	}
+	return s;
+}

@@ -59,7 +59,7 @@ import json,sys
 k=lambda f: [(o['ids'], o['logprobs'], o['top_logprobs']) for o in map(json.loads, open(f))]
 sys.exit(k('$T/out-ids.jsonl') != k('$T/out-$wp.jsonl'))"
 done
-check_fails "a bad --weight-pages is refused, naming the flag" 1 $G -m "$M" -p hi --weight-pages big
+check_fails "a bad --weight-pages is a usage error, naming the flag (as in llm-serve)" 2 $G -m "$M" -p hi --weight-pages big
 grep -q -- "--weight-pages: 'big'" "$T/err" && ok "the error names --weight-pages" || notok "the error names --weight-pages"
 
 # one prompt streams to stdout; --json gives the same object
@@ -124,6 +124,27 @@ check "per-line max_tokens is obeyed" sh -c "$G -m '$M' --json <'$T/one.jsonl' |
 # scoring and perplexity
 echo '{"context": "Once upon a time, there was a little", "continuations": [" girl", " potato sandwich"]}' >"$T/score.jsonl"
 check "--score: the likely continuation scores higher" sh -c "$G -m '$M' --score <'$T/score.jsonl' | python3 -c 'import json,sys; o=json.load(sys.stdin); assert o[\"logprobs\"][0] > o[\"logprobs\"][1] and o[\"greedy\"][0], o'"
+# --score runs every item through the scheduler at once: each context is
+# computed once (its continuations fork its KV blocks), and the numbers are
+# those of each item scored alone, digit for digit
+printf '%s\n' '{"context": "Once upon a time", "continuations": [" there was", " the cat", " a dog"]}' '' \
+	'{"context": "The little girl", "continuations": [" ran", " saw a big tree"]}' \
+	'{"context": "Lily", "continuations": [" and"]}' >"$T/score3.jsonl"
+$G -m "$M" --score -v <"$T/score3.jsonl" >"$T/sall.jsonl" 2>"$T/sall.err"
+: >"$T/sone.jsonl"
+grep . "$T/score3.jsonl" | while IFS= read -r l; do echo "$l" | $G -m "$M" --score >>"$T/sone.jsonl"; done
+check "--score: items batched together score exactly as alone, in input order (index = line - 1)" python3 -c "
+import json
+a = [json.loads(l) for l in open('$T/sall.jsonl')]; b = [json.loads(l) for l in open('$T/sone.jsonl')]
+assert [x['index'] for x in a] == [0, 2, 3], a
+assert [(x['logprobs'], x['greedy'], x['tokens']) for x in a] == [(x['logprobs'], x['greedy'], x['tokens']) for x in b], (a, b)"
+want=0
+for c in "Once upon a time:3" "The little girl:2" "Lily:1"; do
+	n=$(printf '%s' "${c%:*}" | $G -m "$M" --tokenize | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+	want=$((want + (n - 1) * ${c##*:}))
+done
+got=$(sed -n 's/.* \([0-9]*\) taken from the prefix cache.*/\1/p' "$T/sall.err")
+check "--score -v: every continuation forked its context instead of computing it ($got of $want context tokens)" [ "$got" = "$want" ]
 python3 -c "import json; print(json.load(open('$LLM_TEST_REF/stories260K/perplexity.json'))['texts'][0].get('text',''), end='')" >"$T/story.txt"
 if [ -s "$T/story.txt" ]; then
 	$G -m "$M" --perplexity "$T/story.txt" -c 512 --json >"$T/ppl.json"
@@ -179,8 +200,8 @@ check_fails "a prompt longer than the context is refused" 1 $G -m "$M" -p "$long
 # the scheduler's admission rule (vLLM's), the same in llm-serve (serve.sh):
 # a prompt must be shorter than the context, prompt + max_tokens must fit,
 # and -n 0 (max_tokens 0) means up to the context
-python3 -c "import json; print(json.dumps({'prompt_ids': [1] + [300] * 15, 'max_tokens': 0}))" >"$T/full.jsonl"
-check_fails "a prompt as long as the context (-c 16) is refused" 1 sh -c "$G -m '$M' -c 16 <'$T/full.jsonl'"
+python3 -c "import json; print(json.dumps({'prompt_ids': [1] + [300] * 15}))" >"$T/full.jsonl"
+check_fails "a prompt as long as the context (-c 16) is refused" 1 sh -c "$G -m '$M' -c 16 -n 0 <'$T/full.jsonl'"
 check "... with the numbers, as llm-serve says them" grep -q "prompt 1: prompt of 16 tokens + max_tokens 0 exceeds the context of 16" "$T/err"
 check_fails "prompt + -n over the context is refused" 1 sh -c "echo '{\"prompt_ids\": [1, 300, 301]}' | $G -m '$M' -c 16 -n 14"
 check "-n 0: a 12-token prompt in a 16-token context gets 4 tokens, finish length" sh -c "python3 -c \"import json; print(json.dumps({'prompt_ids': [1] + [300] * 11}))\" |

@@ -1,0 +1,58 @@
+/* common/jobs.h: offline generation jobs, llm-generate's work: prompts
+ * read from text or JSONL lines (each through the request parser,
+ * request.h, over the flags' defaults), run together through the one
+ * scheduler, and their results collected and written as JSON.
+ *
+ * A job's output does not depend on the other jobs of its batch (batch
+ * invariance; each job has its own seed). */
+#ifndef LLM_JOBS_H
+#define LLM_JOBS_H
+
+#include "request.h"
+#include "scheduler.h"
+#include "buf.h"
+
+struct llm_job {
+	int32_t *prompt;            /* (n_prompt) */
+	size_t n_prompt;
+	struct llm_sample_params p; /* stop strings and biases: the request's or the env's */
+	char *stop_own[LLM_MAX_STOP];
+	struct llm_logit_bias *bias_own;
+	/* the result */
+	int32_t *ids;               /* (n) generated ids */
+	float *logprob;             /* (n) */
+	struct llm_logprob *top;    /* (n, p.n_logprobs) best first; id -1 past the vocabulary */
+	size_t n, cap_ids, cap_lp, cap_top;
+	struct llm_buf text;
+	enum llm_finish finish;
+	double t_submit, t_first, t_end;
+	/* optional: each event as it comes (streaming), before it is kept */
+	void (*on_event)(void *user, struct llm_job *j, const struct llm_token_event *ev);
+	void *user;
+};
+
+/* The jobs of BUF (LEN bytes, modified): one per non-empty line, a JSON
+ * object (request.h's JSONL kind) or plain text; ENV holds the flags'
+ * defaults, and with CLOCK_SEED each line's default seed comes from the
+ * clock and the line number. Errors name the line ("stdin: line 3:
+ * temperature: ..."). *JOBS is malloc'd (free with llm_jobs_free). */
+enum llm_status llm_jobs_read(char *buf, size_t len, const struct llm_api_env *env, int clock_seed,
+                              struct llm_job **jobs, size_t *n);
+/* One job of prompt TEXT (tokenized with special tokens), or with CHAT of
+ * TEXT as the user message (SYSTEM's message first when not NULL) through
+ * the chat template. */
+enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, const char *system,
+                             const struct llm_api_env *env);
+/* Queue the N jobs on S (with NUMBERED, errors name "prompt K") and run S
+ * to the end. */
+enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered);
+/* A finished job as one JSON line (no newline): index, text, prompt_ids,
+ * ids, finish_reason, logprobs and top_logprobs when asked, timings.
+ * Malloc'd; NULL when out of memory. */
+char *llm_job_json(const struct llm_job *j, size_t index);
+/* A finished job's one-line summary for -v. */
+void llm_job_summary(const struct llm_job *j, size_t index, char *out, size_t n);
+void llm_job_free(struct llm_job *j);
+void llm_jobs_free(struct llm_job *jobs, size_t n);
+
+#endif

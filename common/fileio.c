@@ -178,3 +178,18 @@ int llm_is_utf8_text(const char *s, size_t n)
 	}
 	return 1;
 }
+
+char *llm_next_line(char **p, char *end)
+{
+	char *line = *p;
+	if (line >= end)
+		return NULL;
+	char *nl = memchr(line, '\n', (size_t)(end - line));
+	if (!nl)
+		nl = end;
+	*nl = 0;
+	if (nl > line && nl[-1] == '\r')
+		nl[-1] = 0;
+	*p = nl + 1;
+	return line;
+}

@@ -21,6 +21,10 @@ void llm_fsync_dir(const char *path);
 char *llm_path_join(const char *dir, const char *name);
 /* Whether the bytes are valid UTF-8 without NUL (can ride in JSON metadata). */
 int llm_is_utf8_text(const char *s, size_t n);
+/* The next line of the text [*P, END) (read by llm_read_file, so END is a
+ * NUL), cut in place: its newline (and a \r before it) become NUL and *P
+ * moves past it. NULL when no text is left. */
+char *llm_next_line(char **p, char *end);
 /* An owned copy of a string (NULL-safe). */
 char *llm_strdup(const char *s);
 

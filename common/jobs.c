@@ -1,6 +1,7 @@
 /* common/jobs.c: offline generation jobs (see jobs.h). */
 #include "jobs.h"
 #include "tokenizer.h"
+#include "fileio.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -77,14 +78,8 @@ enum llm_status llm_jobs_read(char *buf, size_t len, const struct llm_api_env *e
 	size_t n = 0, cap = 0;
 	enum llm_status s = LLM_OK;
 	int line = 0;
-	for (char *p = buf, *nl; !s && p < buf + len; p = nl + 1) {
-		nl = memchr(p, '\n', (size_t)(buf + len - p));
-		if (!nl)
-			nl = buf + len;
-		*nl = 0;
+	for (char *at = buf, *p; !s && (p = llm_next_line(&at, buf + len)); ) {
 		line++;
-		if (nl > p && nl[-1] == '\r')
-			nl[-1] = 0;
 		if (!*p)
 			continue;
 		if ((s = LLM_ARRAY_RESERVE(js, cap, n + 1)))

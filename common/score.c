@@ -10,6 +10,7 @@
 #include "score.h"
 #include "tokenizer.h"
 #include "buf.h"
+#include "fileio.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -143,11 +144,7 @@ enum llm_status llm_score_items_read(char *buf, size_t len, const struct llm_tok
 	size_t n = 0, cap = 0;
 	enum llm_status s = LLM_OK;
 	int line = 0;
-	for (char *p = buf, *nl; !s && p < buf + len; p = nl + 1) {
-		nl = memchr(p, '\n', (size_t)(buf + len - p));
-		if (!nl)
-			nl = buf + len;
-		*nl = 0;
+	for (char *at = buf, *p; !s && (p = llm_next_line(&at, buf + len)); ) {
 		line++;
 		if (!*p)
 			continue;

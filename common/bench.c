@@ -5,6 +5,7 @@
  * token is timed when the bytes that complete its event arrive. */
 #define _GNU_SOURCE
 #include "bench.h"
+#include "buf.h"
 #include "generate.h"
 
 #include <curl/curl.h>
@@ -147,25 +148,6 @@ static long http_request(struct http *c, const struct url *u, const char *path, 
 	return status > 0 ? status : -1;
 }
 
-/* A growing byte buffer, kept 0-terminated. */
-struct buf { char *p; size_t len, cap; };
-
-static int buf_add(struct buf *b, const char *s, size_t n)
-{
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = (b->len + n + 1) * 2;
-		char *x = realloc(b->p, cap);
-		if (!x)
-			return -1;
-		b->p = x;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = 0;
-	return 0;
-}
-
 /* ---- one streamed completion ------------------------------------------- */
 
 struct req {
@@ -178,20 +160,15 @@ struct req {
 	long status;
 	int tokens, done, bad_json;
 	double *gaps;               /* (tokens) inter-token gaps, s */
-	int n_gaps, cap_gaps;
-	struct buf sse;             /* the SSE text not yet split into events */
+	int n_gaps;
+	size_t cap_gaps;
+	struct llm_buf sse;         /* the SSE text not yet split into events */
 };
 
 static void gap_add(struct req *q, double g)
 {
-	if (q->n_gaps == q->cap_gaps) {
-		int cap = q->cap_gaps ? 2 * q->cap_gaps : 64;
-		double *x = realloc(q->gaps, (size_t)cap * sizeof *x);
-		if (!x)
-			return;
-		q->gaps = x;
-		q->cap_gaps = cap;
-	}
+	if (LLM_ARRAY_RESERVE(q->gaps, q->cap_gaps, (size_t)q->n_gaps + 1))
+		return;
 	q->gaps[q->n_gaps++] = g;
 }
 
@@ -231,7 +208,7 @@ static size_t on_sse(char *b, size_t size, size_t nmemb, void *user)
 	struct req *q = user;
 	double t = llm_now();
 	size_t n = size * nmemb;
-	if (buf_add(&q->sse, b, n))
+	if (llm_buf_append(&q->sse, b, n))
 		return 0;
 	char *e;
 	while ((e = strstr(q->sse.p, "\n\n"))) {
@@ -270,15 +247,14 @@ static void run_req(struct req *q, struct http *c)
 	q->status = body && c ? http_request(c, q->u, "/v1/completions", body, q->o->timeout, on_sse, q) : -1;
 	q->t_end = llm_now();
 	free(body);
-	free(q->sse.p);
-	q->sse = (struct buf){ 0 };
+	llm_buf_free(&q->sse);
 }
 
 /* ---- runs -------------------------------------------------------------- */
 
 static size_t on_whole(char *b, size_t size, size_t nmemb, void *user)
 {
-	return buf_add(user, b, size * nmemb) ? 0 : size * nmemb;
+	return llm_buf_append(user, b, size * nmemb) ? 0 : size * nmemb;
 }
 
 enum llm_status llm_bench_serve_model(const struct llm_bench_serve_opts *o, char **name)
@@ -292,7 +268,7 @@ enum llm_status llm_bench_serve_model(const struct llm_bench_serve_opts *o, char
 	}
 	struct http c;
 	LLM_TRY(http_open(&c, o->api_key));
-	struct buf body = { 0 };
+	struct llm_buf body = { 0 };
 	long st = http_request(&c, &u, "/v1/models", NULL, 10, on_whole, &body);
 	enum llm_status rc = LLM_OK;
 	if (st != 200) {
@@ -308,7 +284,7 @@ enum llm_status llm_bench_serve_model(const struct llm_bench_serve_opts *o, char
 	if (!*name)
 		rc = llm_fail(LLM_ERR_FORMAT, "%s/v1/models: no model id", o->url);
 out:
-	free(body.p);
+	llm_buf_free(&body);
 	http_close(&c);
 	return rc;
 }

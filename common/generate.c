@@ -29,7 +29,8 @@ struct llm_engine {
 	 * operations and broadcasts them with each forward batch */
 	int serving;
 	int32_t *jr;                /* (4 * cap_jr) op, a, b, c of each journaled KV operation */
-	int n_jr, cap_jr, jr_nomem;
+	int n_jr, jr_nomem;
+	size_t cap_jr;
 	char *sbuf;                 /* (sbuf_cap) a step's payload */
 	size_t sbuf_cap;
 	struct llm_serve_stats sst;
@@ -218,22 +219,16 @@ struct serve_hdr {
  * operation that succeeds is always journaled). */
 static int jr_room(struct llm_engine *e)
 {
-	if (e->n_jr < e->cap_jr)
-		return 0;
-	int cap = e->cap_jr ? 2 * e->cap_jr : 64;
-	int32_t *n = realloc(e->jr, (size_t)cap * 4 * sizeof *n);
-	if (!n) {
+	if (llm_array_reserve(&e->jr, &e->cap_jr, (size_t)e->n_jr + 1, 4 * sizeof *e->jr)) {
 		e->jr_nomem = 1;     /* the next forward fails: the ranks would diverge */
 		return -1;
 	}
-	e->jr = n;
-	e->cap_jr = cap;
 	return 0;
 }
 
 static void jr_add(struct llm_engine *e, int32_t op, int32_t a, int32_t b, int32_t c)
 {
-	if (e->n_jr >= e->cap_jr)
+	if ((size_t)e->n_jr >= e->cap_jr)
 		return;              /* jr_room failed: jr_nomem is set */
 	int32_t *q = e->jr + 4 * (size_t)e->n_jr++;
 	q[0] = op;
@@ -290,14 +285,8 @@ static size_t payload_bytes(const struct serve_hdr *h)
 
 static enum llm_status sbuf_room(struct llm_engine *e, size_t n)
 {
-	if (n <= e->sbuf_cap)
-		return LLM_OK;
-	size_t cap = n > 2 * e->sbuf_cap ? n : 2 * e->sbuf_cap;
-	char *q = realloc(e->sbuf, cap);
-	if (!q)
+	if (LLM_ARRAY_RESERVE(e->sbuf, e->sbuf_cap, n))
 		return llm_fail(LLM_ERR_NOMEM, "engine: out of memory for a serving step of %zu bytes", n);
-	e->sbuf = q;
-	e->sbuf_cap = cap;
 	return LLM_OK;
 }
 

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "buf.h"
 
 #include "banned.h"
 
@@ -74,20 +75,16 @@ char *jinja_adup(struct ctx *c, const char *s, size_t n)
 
 void jinja_sb_put(struct sb *b, const char *s, size_t n)
 {
-	if (b->n + n + 1 > b->cap) {
+	if (b->heap) {
+		if (llm_array_reserve(&b->p, &b->cap, b->n + n + 1, 1))
+			jinja_die(b->c, LLM_ERR_NOMEM, 0, "out of memory");
+	} else if (b->n + n + 1 > b->cap) {   /* arena memory: a larger copy, the old one stays */
 		size_t cap = b->cap ? b->cap * 2 : 64;
 		while (cap < b->n + n + 1)
 			cap *= 2;
-		char *p;
-		if (b->heap) {
-			p = realloc(b->p, cap);
-			if (!p)
-				jinja_die(b->c, LLM_ERR_NOMEM, 0, "out of memory");
-		} else {
-			p = jinja_aalloc(b->c, cap);
-			if (b->n)
-				memcpy(p, b->p, b->n);
-		}
+		char *p = jinja_aalloc(b->c, cap);
+		if (b->n)
+			memcpy(p, b->p, b->n);
 		b->p = p;
 		b->cap = cap;
 	}

@@ -25,6 +25,7 @@
  * the scheduler itself runs on rank 0 only and is the same either way. */
 #include "scheduler.h"
 #include "reqout.h"
+#include "buf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,7 +63,8 @@ struct llm_sched {
 	struct llm_sched_opts o;
 	int n_vocab, n_ctx, max_rows;
 	struct sreq **reqs;         /* live requests, arrival order */
-	int n_reqs, cap_reqs, next_id;
+	int n_reqs, next_id;
+	size_t cap_reqs;
 	struct pentry *pc;          /* (prefix_entries) */
 	uint64_t clock;
 	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) */
@@ -332,15 +334,9 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	}
 	if ((st = llm_reqout_init(&r->out, s->next_id, rq, s->n_vocab, max_new, &s->o.detok, s->o.eos_ids, s->o.n_eos)))
 		goto fail;
-	if (s->n_reqs == s->cap_reqs) {
-		int cap = s->cap_reqs ? 2 * s->cap_reqs : 32;
-		struct sreq **n = realloc(s->reqs, (size_t)cap * sizeof *n);
-		if (!n) {
-			st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
-			goto fail;
-		}
-		s->reqs = n;
-		s->cap_reqs = cap;
+	if (LLM_ARRAY_RESERVE(s->reqs, s->cap_reqs, (size_t)s->n_reqs + 1)) {
+		st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+		goto fail;
 	}
 	r->id = s->next_id++;
 	r->state = SREQ_WAITING;

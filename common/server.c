@@ -29,8 +29,7 @@
 #include "banned.h"
 
 struct conn {                    /* per connection request: the body */
-	char *body;
-	size_t len, cap;
+	struct llm_buf body;
 	int too_large;
 };
 
@@ -119,12 +118,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 	struct llm_server *s = j->srv;
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
-		if (j->out_pos < j->out_len) {
-			size_t n = j->out_len - j->out_pos < max ? j->out_len - j->out_pos : max;
-			memcpy(buf, j->out + j->out_pos, n);
+		if (j->out_pos < j->out.len) {
+			size_t n = j->out.len - j->out_pos < max ? j->out.len - j->out_pos : max;
+			memcpy(buf, j->out.p + j->out_pos, n);
 			j->out_pos += n;
-			if (j->out_pos == j->out_len)
-				j->out_pos = j->out_len = 0;
+			if (j->out_pos == j->out.len)
+				j->out_pos = j->out.len = 0;
 			pthread_mutex_unlock(&s->mu);
 			return (ssize_t)n;
 		}
@@ -133,7 +132,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
 		llm_srv_stream_format(s, j);
-		if (j->out_len)
+		if (j->out.len)
 			continue;
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -393,20 +392,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	}
 	if (*upload_size) {
 		if (!cc->too_large) {
-			if (cc->len + *upload_size > s->o.max_body) {
+			if (cc->body.len + *upload_size > s->o.max_body)
 				cc->too_large = 1;
-			} else {
-				if (cc->len + *upload_size + 1 > cc->cap) {
-					size_t cap = (cc->len + *upload_size + 1) * 2;
-					char *x = realloc(cc->body, cap);
-					if (!x)
-						return MHD_NO;
-					cc->body = x;
-					cc->cap = cap;
-				}
-				memcpy(cc->body + cc->len, upload, *upload_size);
-				cc->len += *upload_size;
-			}
+			else if (llm_buf_append(&cc->body, upload, *upload_size))
+				return MHD_NO;
 		}
 		*upload_size = 0;
 		return MHD_YES;
@@ -437,12 +426,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			continue;
 		if (strcmp(method, routes[i].method))
 			return send_error(s, conn, tgi_k, 405, NULL, "%s takes %s, not %s", url, routes[i].method, method);
-		const char *body = cc->body ? cc->body : "";
+		const char *body = cc->body.p ? cc->body.p : "";
 		switch (routes[i].what) {
-		case 0: return do_generate(s, conn, K_COMPLETION, 0, body, cc->len);
-		case 1: return do_generate(s, conn, K_CHAT, 0, body, cc->len);
-		case 2: return do_generate(s, conn, K_TGI, 0, body, cc->len);
-		case 3: return do_generate(s, conn, K_TGI, 1, body, cc->len);
+		case 0: return do_generate(s, conn, K_COMPLETION, 0, body, cc->body.len);
+		case 1: return do_generate(s, conn, K_CHAT, 0, body, cc->body.len);
+		case 2: return do_generate(s, conn, K_TGI, 0, body, cc->body.len);
+		case 3: return do_generate(s, conn, K_TGI, 1, body, cc->body.len);
 		case 4: {
 			pthread_mutex_lock(&s->mu);
 			int n_ctx = s->n_ctx;
@@ -464,7 +453,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	(void)t;
 	struct conn *cc = *con_cls;
 	if (cc) {
-		free(cc->body);
+		llm_buf_free(&cc->body);
 		free(cc);
 	}
 	*con_cls = NULL;

@@ -47,7 +47,7 @@ void llm_srv_job_unref_locked(struct job *j)
 	pthread_cond_destroy(&j->cv);
 	free(j->inputs);
 	free(j->prompt);
-	free(j->out);
+	llm_buf_free(&j->out);
 	free(j);
 }
 
@@ -95,23 +95,11 @@ static int on_token(void *user, const struct llm_token_event *e)
 {
 	struct choice *c = user;
 	struct llm_server *s = c->job->srv;
-	if (c->n_pend == c->cap_pend) {
-		int cap = c->cap_pend ? 2 * c->cap_pend : 4;
-		struct ev *n = realloc(c->pend, (size_t)cap * sizeof *n);
-		if (!n)
-			return 1;
-		c->pend = n;
-		c->cap_pend = cap;
-	}
+	if (LLM_ARRAY_RESERVE(c->pend, c->cap_pend, (size_t)c->n_pend + 1))
+		return 1;
 	if (!c->touched) {
-		if (s->n_touched == s->cap_touched) {
-			int cap = s->cap_touched ? 2 * s->cap_touched : 64;
-			struct choice **n = realloc(s->touched, (size_t)cap * sizeof *n);
-			if (!n)
-				return 1;
-			s->touched = n;
-			s->cap_touched = cap;
-		}
+		if (LLM_ARRAY_RESERVE(s->touched, s->cap_touched, (size_t)s->n_touched + 1))
+			return 1;
 		s->touched[s->n_touched++] = c;
 		c->touched = 1;
 	}
@@ -150,17 +138,11 @@ static void publish_locked(struct llm_server *s)
 				free(p->text);
 				continue;
 			}
-			if (c->n_ev == c->cap_ev) {
-				int cap = c->cap_ev ? 2 * c->cap_ev : 32;
-				struct ev *n = realloc(c->ev, (size_t)cap * sizeof *n);
-				if (!n) {
-					free(p->top);
-					free(p->text);
-					choice_done_locked(s, c, LLM_FINISH_CANCEL);
-					continue;
-				}
-				c->ev = n;
-				c->cap_ev = cap;
+			if (LLM_ARRAY_RESERVE(c->ev, c->cap_ev, (size_t)c->n_ev + 1)) {
+				free(p->top);
+				free(p->text);
+				choice_done_locked(s, c, LLM_FINISH_CANCEL);
+				continue;
 			}
 			c->ev[c->n_ev++] = *p;
 			if (p->token >= 0) {

@@ -252,18 +252,10 @@ json_t *llm_srv_tgi_generated(struct job *j)
 
 /* ---- streaming --------------------------------------------------------- */
 
+/* Out of memory drops the piece. */
 static void out_add(struct job *j, const char *s, size_t n)
 {
-	if (j->out_len + n > j->out_cap) {
-		size_t cap = (j->out_len + n) * 2 + 256;
-		char *x = realloc(j->out, cap);
-		if (!x)
-			return;
-		j->out = x;
-		j->out_cap = cap;
-	}
-	memcpy(j->out + j->out_len, s, n);
-	j->out_len += n;
+	(void)llm_buf_append(&j->out, s, n);
 }
 
 static void out_event(struct job *j, json_t *o, int tgi)

@@ -21,6 +21,7 @@
 #ifndef LLM_SERVER_IMPL_H
 #define LLM_SERVER_IMPL_H
 
+#include "buf.h"
 #include "server.h"
 #include "request.h"
 
@@ -52,11 +53,13 @@ struct choice {
 	int index, sched_id, done, sent;   /* sent: events already written (stream) */
 	enum llm_finish finish;
 	struct ev *ev;
-	int n_ev, cap_ev;
+	int n_ev;
+	size_t cap_ev;
 	double t_last;
 	/* the engine thread's own: events of this step not yet published */
 	struct ev *pend;
-	int n_pend, cap_pend, touched;
+	int n_pend, touched;
+	size_t cap_pend;
 };
 
 struct job {
@@ -80,8 +83,8 @@ struct job {
 	long long created;
 	int fd;                      /* the client's socket */
 	int started, ended;          /* stream: role chunk sent, [DONE] queued */
-	char *out;                   /* stream: bytes not yet handed to MHD */
-	size_t out_len, out_pos, out_cap;
+	struct llm_buf out;          /* stream: bytes not yet handed to MHD, from out_pos */
+	size_t out_pos;
 	struct job *next;            /* submission queue / active list */
 };
 
@@ -114,7 +117,8 @@ struct llm_server {
 	struct histo ttft, itl, e2e, queue;
 	/* the engine thread's own: choices with pending events */
 	struct choice **touched;
-	int n_touched, cap_touched;
+	int n_touched;
+	size_t cap_touched;
 };
 
 static inline double now_s(void) { return llm_now(); }

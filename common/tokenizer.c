@@ -19,6 +19,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <utf8proc.h>
+#include "hash.h"
 #include "tokenizer_impl.h"
 
 #include "banned.h"
@@ -28,7 +29,7 @@
 /* A list of strings stored back to back: piece i is text.p[off[i]..off[i+1]). */
 struct pieces {
 	struct buf text;
-	size_t *off;       /* (n + 1) */
+	size_t *off;       /* (cap) of which n + 1 used */
 	size_t n, cap;
 	bool oom;
 };
@@ -37,13 +38,9 @@ static void pieces_clear(struct pieces *ps)
 {
 	ps->text.n = 0;
 	ps->n = 0;
-	if (!ps->off) {
-		ps->off = malloc(16 * sizeof *ps->off);
-		ps->cap = ps->off ? 15 : 0;
-		if (!ps->off)
-			ps->oom = true;
-	}
-	if (ps->off)
+	if (LLM_ARRAY_RESERVE(ps->off, ps->cap, 1))
+		ps->oom = true;
+	else
 		ps->off[0] = 0;
 }
 
@@ -52,15 +49,9 @@ static void pieces_close(struct pieces *ps)
 {
 	if (ps->oom)
 		return;
-	if (ps->n + 1 >= ps->cap) {
-		size_t cap = ps->cap * 2 + 16;
-		size_t *o = realloc(ps->off, (cap + 1) * sizeof *o);
-		if (!o) {
-			ps->oom = true;
-			return;
-		}
-		ps->off = o;
-		ps->cap = cap;
+	if (LLM_ARRAY_RESERVE(ps->off, ps->cap, ps->n + 2)) {
+		ps->oom = true;
+		return;
 	}
 	ps->off[++ps->n] = ps->text.n;
 }
@@ -197,16 +188,10 @@ void tok_init_bytelevel(void)
 
 /* ---------------------------------------------------------------- hashing */
 
+/* FNV-1a, finalized: FNV's high bits reach the low bits poorly. */
 static uint64_t hash_bytes(const char *s, size_t n)
 {
-	uint64_t h = 0xcbf29ce484222325ULL;
-	for (size_t i = 0; i < n; i++) {
-		h ^= (unsigned char)s[i];
-		h *= 0x100000001b3ULL;
-	}
-	h ^= h >> 33;            /* finalize: FNV's high bits are weak */
-	h *= 0xff51afd7ed558ccdULL;
-	return h ^ (h >> 33);
+	return llm_hash_fmix(llm_hash_fnv1a(LLM_FNV1A_INIT, s, n));
 }
 
 int tok_smap_init(struct smap *m, size_t n, const struct str *keys)
@@ -254,14 +239,6 @@ void tok_smap_put(struct smap *m, int32_t id)
 	}
 }
 
-static uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	return x;
-}
-
 int tok_mmap_init(struct mmap *m, size_t n)
 {
 	size_t cap = 16;
@@ -281,7 +258,7 @@ int tok_mmap_init(struct mmap *m, size_t n)
 void tok_mmap_put(struct mmap *m, int32_t a, int32_t b, uint32_t rank, int32_t id)
 {
 	uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-	for (size_t i = mix64(k) & m->mask;; i = (i + 1) & m->mask) {
+	for (size_t i = llm_hash_fmix(k) & m->mask;; i = (i + 1) & m->mask) {
 		if (m->key[i] == UINT64_MAX || m->key[i] == k) {
 			m->key[i] = k;
 			m->rank[i] = rank;
@@ -296,7 +273,7 @@ static bool mmap_get(const struct mmap *m, int32_t a, int32_t b, uint32_t *rank,
 	if (!m->key)
 		return false;
 	uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-	for (size_t i = mix64(k) & m->mask;; i = (i + 1) & m->mask) {
+	for (size_t i = llm_hash_fmix(k) & m->mask;; i = (i + 1) & m->mask) {
 		if (m->key[i] == k) {
 			*rank = m->rank[i];
 			*id = m->id[i];
@@ -326,30 +303,18 @@ struct enc {
 
 static void push_id(struct enc *e, int32_t id)
 {
-	if (e->n_ids == e->cap_ids) {
-		size_t cap = e->cap_ids * 2 + 64;
-		int32_t *p = realloc(e->ids, cap * sizeof *p);
-		if (!p) {
-			e->oom = true;
-			return;
-		}
-		e->ids = p;
-		e->cap_ids = cap;
+	if (LLM_ARRAY_RESERVE(e->ids, e->cap_ids, e->n_ids + 1)) {
+		e->oom = true;
+		return;
 	}
 	e->ids[e->n_ids++] = id;
 }
 
 static void push_sym(struct enc *e, int32_t id)
 {
-	if (e->n_sym == e->cap_sym) {
-		size_t cap = e->cap_sym * 2 + 64;
-		struct sym *p = realloc(e->sym, cap * sizeof *p);
-		if (!p) {
-			e->oom = true;
-			return;
-		}
-		e->sym = p;
-		e->cap_sym = cap;
+	if (LLM_ARRAY_RESERVE(e->sym, e->cap_sym, e->n_sym + 1)) {
+		e->oom = true;
+		return;
 	}
 	e->sym[e->n_sym] = (struct sym){ id, (int32_t)e->n_sym - 1, (int32_t)e->n_sym + 1, false };
 	e->n_sym++;
@@ -363,15 +328,9 @@ static bool hless(const struct hitem *a, const struct hitem *b)
 
 static void heap_push(struct enc *e, uint32_t rank, uint32_t pos, int32_t id)
 {
-	if (e->n_heap == e->cap_heap) {
-		size_t cap = e->cap_heap * 2 + 64;
-		struct hitem *p = realloc(e->heap, cap * sizeof *p);
-		if (!p) {
-			e->oom = true;
-			return;
-		}
-		e->heap = p;
-		e->cap_heap = cap;
+	if (LLM_ARRAY_RESERVE(e->heap, e->cap_heap, e->n_heap + 1)) {
+		e->oom = true;
+		return;
 	}
 	size_t i = e->n_heap++;
 	struct hitem it = { rank, pos, id };
@@ -1306,14 +1265,7 @@ enum llm_status llm_detok_stream_push(struct llm_detok_stream *s, int32_t id, co
 	*len = 0;
 	if (!has_token(s->tk, id))
 		return llm_fail(LLM_ERR_RANGE, "token id %d: not in the vocabulary (n_vocab %d)", id, s->tk->n_vocab);
-	if (s->n == s->cap) {
-		size_t cap = s->cap * 2 + 64;
-		int32_t *p = realloc(s->ids, cap * sizeof *p);
-		if (!p)
-			return llm_fail(LLM_ERR_NOMEM, "out of memory");
-		s->ids = p;
-		s->cap = cap;
-	}
+	LLM_TRY(LLM_ARRAY_RESERVE(s->ids, s->cap, s->n + 1));
 	s->ids[s->n++] = id;
 	return stream_emit(s, false, text, len);
 }

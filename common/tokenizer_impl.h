@@ -17,28 +17,20 @@
 #endif
 #include <pcre2.h>
 
+#include "buf.h"
 #include "tokenizer.h"
 
 /* ---------------------------------------------------------------- buffers */
 
-/* A growable byte buffer; an allocation failure sets oom and later appends
- * do nothing, so callers check once at the end. */
+/* A growable byte buffer (grown as buf.h grows one), kept 0-terminated; an
+ * allocation failure sets oom and later appends do nothing, so callers
+ * check once at the end. */
 struct buf { char *p; size_t n, cap; bool oom; };
 
 static inline void buf_reserve(struct buf *b, size_t extra)
 {
-	if (b->oom || b->n + extra + 1 <= b->cap)
-		return;
-	size_t cap = b->cap ? b->cap : 64;
-	while (cap < b->n + extra + 1)
-		cap *= 2;
-	char *p = realloc(b->p, cap);
-	if (!p) {
+	if (!b->oom && llm_array_reserve(&b->p, &b->cap, b->n + extra + 1, 1))
 		b->oom = true;
-		return;
-	}
-	b->p = p;
-	b->cap = cap;
 }
 
 static inline void buf_put(struct buf *b, const void *s, size_t n)
@@ -127,8 +119,8 @@ struct llm_tokenizer {
 	struct str *tok;              /* (n_vocab) id -> token text (added content wins) */
 	struct str *vocab;            /* (n_vocab) id -> model vocab text (len 0 + NULL: none) */
 	uint8_t *flags;               /* (n_vocab) TF_* */
-	char **arena;                 /* copies of token strings */
-	size_t n_arena;
+	char **arena;                 /* (cap_arena) copies of token strings, n_arena used */
+	size_t n_arena, cap_arena;
 	struct smap vmap;             /* model vocab */
 	struct smap tmap;             /* every token text, added first */
 	struct mmap merges;

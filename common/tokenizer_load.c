@@ -288,16 +288,14 @@ static enum llm_status load_dec(struct loader *L, json_t *j, struct dec *d)
 
 static char *arena_dup(struct llm_tokenizer *tk, const char *s, size_t n)
 {
-	char **a = realloc(tk->arena, (tk->n_arena + 1) * sizeof *a);
-	if (!a)
+	if (LLM_ARRAY_RESERVE(tk->arena, tk->cap_arena, tk->n_arena + 1))
 		return NULL;
-	tk->arena = a;
 	char *p = malloc(n + 1);
 	if (!p)
 		return NULL;
 	memcpy(p, s, n);
 	p[n] = 0;
-	a[tk->n_arena++] = p;
+	tk->arena[tk->n_arena++] = p;
 	return p;
 }
 
@@ -444,13 +442,11 @@ static enum llm_status load_model(struct loader *L, json_t *model, json_t *added
 	json_object_foreach(vocab, key, v)
 		total += strlen(key) + 1;
 	char *blk = malloc(total + 1), *w = blk;
-	char **ar = realloc(tk->arena, (tk->n_arena + 1) * sizeof *ar);
-	if (!blk || !ar) {
+	if (!blk || LLM_ARRAY_RESERVE(tk->arena, tk->cap_arena, tk->n_arena + 1)) {
 		free(blk);
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	}
-	tk->arena = ar;
-	ar[tk->n_arena++] = blk;
+	tk->arena[tk->n_arena++] = blk;
 	size_t n_vocab_entries = 0;
 	json_object_foreach(vocab, key, v) {
 		size_t len = strlen(key);
@@ -550,15 +546,8 @@ static enum llm_status load_model(struct loader *L, json_t *model, json_t *added
 			break;
 		}
 		int32_t ia = tok_smap_get(&tk->vmap, a, la), ib = tok_smap_get(&tk->vmap, b, lb);
-		if (la + lb + 1 > tmp_cap) {
-			tmp_cap = 2 * (la + lb + 1);
-			char *t = realloc(tmp, tmp_cap);
-			if (!t) {
-				st = llm_fail(LLM_ERR_NOMEM, "out of memory");
-				break;
-			}
-			tmp = t;
-		}
+		if ((st = LLM_ARRAY_RESERVE(tmp, tmp_cap, la + lb + 1)))
+			break;
 		memcpy(tmp, a, la);
 		memcpy(tmp + la, b, lb);
 		int32_t im = tok_smap_get(&tk->vmap, tmp, la + lb);

@@ -1,5 +1,8 @@
 /* common/ckpt.c: open a checkpoint (directory, file or stdin) and write one.
  *
+ * A file's side files are those its __metadata__ carries, else those of
+ * its directory when that holds config.json (model.safetensors named
+ * alone).
  * Reading validates every file (safetensors.c) and the shard index: each
  * indexed tensor is in the file the index names, no tensor appears twice.
  * Writing streams one tensor at a time into a temporary name
@@ -92,6 +95,16 @@ static enum llm_status read_dir_aux(struct llm_ckpt *ck, const char *dir)
 		free(p);
 	}
 	closedir(d);
+	return s;
+}
+
+/* FILE's directory, when it holds config.json: its side files. */
+static enum llm_status read_beside_aux(struct llm_ckpt *ck, const char *file)
+{
+	char *dir = llm_path_dir(file), *cj = dir ? llm_path_join(dir, "config.json") : NULL;
+	enum llm_status s = !cj ? llm_fail(LLM_ERR_NOMEM, "out of memory") : llm_exists(cj) ? read_dir_aux(ck, dir) : LLM_OK;
+	free(cj);
+	free(dir);
 	return s;
 }
 
@@ -223,6 +236,10 @@ static enum llm_status open_ckpt(struct llm_ckpt *ck, const char *path, int asse
 		/* one rank's file of a partitioned checkpoint: its record */
 		if (!s && llm_st_meta(&ck->files[0], LLM_PART_META))
 			s = llm_partition_from_meta(&ck->part, &ck->files[0]);
+		/* a file with no side files of its own (a model directory's
+		 * model.safetensors): those of its directory, when it is one */
+		if (!s && !ck->n_aux && strcmp(path, "-"))
+			s = read_beside_aux(ck, path);
 	}
 	if (s) {
 		llm_ckpt_close(ck);
@@ -687,9 +704,15 @@ enum llm_status llm_ckpt_write_begin(struct llm_ckpt_writer **wp, const char *ou
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	w->fd = -1;
 	w->force = opts && opts->force;
+	/* "out/" names the directory out: its temporary is out.tmp.PID */
 	w->mode = !strcmp(out, "-") ? W_STDOUT : ends_with(out, ".safetensors") ? W_FILE : W_DIR;
-	w->out = llm_strdup(out);
+	w->out = llm_path_trim(out);
 	enum llm_status s = LLM_OK;
+	if (!w->out) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto fail;
+	}
+	out = w->out;
 	if (w->mode != W_STDOUT && llm_exists(out) && !w->force) {
 		s = llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
 		goto fail;

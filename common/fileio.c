@@ -32,6 +32,27 @@ char *llm_path_join(const char *dir, const char *name)
 	return p;
 }
 
+char *llm_path_trim(const char *path)
+{
+	char *p = llm_strdup(path);
+	size_t n = p ? strlen(p) : 0;
+	while (n > 1 && p[n - 1] == '/')
+		p[--n] = 0;
+	return p;
+}
+
+char *llm_path_dir(const char *path)
+{
+	char *p = llm_path_trim(path), *slash = p ? strrchr(p, '/') : NULL;
+	if (p && !slash) {
+		free(p);
+		return llm_strdup(".");
+	}
+	if (slash)
+		slash[slash == p] = 0;
+	return p;
+}
+
 enum llm_status llm_read_file(const char *path, char **buf, size_t *len)
 {
 	int fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : 0;

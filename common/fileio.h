@@ -19,6 +19,12 @@ void llm_rm_rf(const char *path);
 void llm_fsync_dir(const char *path);
 /* "dir/name" in a heap string. */
 char *llm_path_join(const char *dir, const char *name);
+/* PATH without its trailing slashes ("out/" -> "out"; "/" stays), in a
+ * heap string. */
+char *llm_path_trim(const char *path);
+/* The directory of file PATH ("a/b/f" -> "a/b", "f" -> ".", "/f" -> "/"),
+ * in a heap string. */
+char *llm_path_dir(const char *path);
 /* Whether the bytes are valid UTF-8 without NUL (can ride in JSON metadata). */
 int llm_is_utf8_text(const char *s, size_t n);
 /* The next line of the text [*P, END) (read by llm_read_file, so END is a

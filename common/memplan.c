@@ -1,5 +1,5 @@
-/* common/memplan.c: KV cache sizing and the printed memory plan (see
- * memplan.h). */
+/* common/memplan.c: KV cache sizing and the printed memory plan, and the
+ * checks of -m and --ctx-size before a model is loaded (see memplan.h). */
 #define _GNU_SOURCE
 #include "memplan.h"
 #include "fileio.h"
@@ -89,5 +89,25 @@ enum llm_status llm_model_geometry(struct llm_model *m, const char *dir)
 	}
 	free(json);
 	free(path);
+	return s;
+}
+
+enum llm_status llm_model_check_args(const char *model, int64_t ctx_size)
+{
+	if (!strcmp(model, "-"))
+		return llm_fail(LLM_ERR_USAGE, "-m -: %s reads a checkpoint from a path, not a stream "
+		                "(llm-quantize, llm-repartition, llm-finetune and llm-bench read one)", llm_progname());
+	if (ctx_size <= 0)
+		return LLM_OK;
+	struct llm_ckpt ck;
+	struct llm_config c;
+	if (llm_ckpt_open_lazy(&ck, model))
+		return LLM_OK;
+	const struct llm_aux *cj = llm_ckpt_aux(&ck, "config.json");
+	enum llm_status s = LLM_OK;
+	if (cj && !llm_config_parse(&c, cj->data, cj->len, "config.json") && ctx_size > c.max_ctx)
+		s = llm_fail(LLM_ERR_USAGE, "--ctx-size %lld exceeds the model's context of %d (max_position_embeddings)",
+		             (long long)ctx_size, c.max_ctx);
+	llm_ckpt_close(&ck);
 	return s;
 }

@@ -38,4 +38,14 @@ char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, int max
  * rank that maps only its own share. */
 enum llm_status llm_model_geometry(struct llm_model *m, const char *dir);
 
+/* What a tool that runs a model (llm-generate, llm-serve) checks of its -m
+ * and --ctx-size before loading anything: MODEL is a path, not the stream
+ * "-" (the engine maps the weights and reads the tokenizer files beside
+ * them), and CTX_SIZE (0: the model's) is at most the model's context,
+ * config.json's max_position_embeddings. LLM_ERR_USAGE with a message
+ * naming the flag ("--ctx-size 100000 exceeds the model's context of 512
+ * (max_position_embeddings)"); LLM_OK when config.json cannot be read, for
+ * opening the model to report. */
+enum llm_status llm_model_check_args(const char *model, int64_t ctx_size);
+
 #endif

@@ -12,6 +12,7 @@
 #include "model.h"
 #include "lora.h"
 #include "partition.h"
+#include "fileio.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -70,8 +71,17 @@ static enum llm_status weight(struct llm_model *m, struct llm_weight *w, int64_t
 static enum llm_status open_config(struct llm_model *m, const char *path)
 {
 	const struct llm_aux *cj = llm_ckpt_aux(&m->ck, "config.json");
-	if (!cj)
+	if (!cj && (m->ck.is_dir || m->ck.part))
 		return llm_fail(LLM_ERR_FORMAT, "%s: no config.json", path);
+	if (!cj && !strcmp(path, "-"))
+		return llm_fail(LLM_ERR_FORMAT, "-: no config.json in the stream's __metadata__");
+	if (!cj) {            /* a file: its metadata, then its directory (ckpt.c) */
+		char *dir = llm_path_dir(path);
+		enum llm_status s = llm_fail(LLM_ERR_FORMAT, "%s: no config.json in its __metadata__ nor beside it in %s",
+		                             path, dir ? dir : "its directory");
+		free(dir);
+		return s;
+	}
 	char cpath[1024];
 	snprintf(cpath, sizeof cpath, "%s%sconfig.json", path, m->ck.is_dir || m->ck.part ? "/" : ": ");
 	return llm_config_parse(&m->cfg, cj->data, cj->len, cpath);

@@ -545,9 +545,12 @@ static char *record_json(const struct plan *pl)
 }
 
 /* tp x pp > 1: OUT is a directory, written under OUT.tmp.PID and renamed. */
-static enum llm_status write_partitioned(struct plan *pl, const char *out, uint8_t *buf)
+static enum llm_status write_partitioned(struct plan *pl, const char *out_arg, uint8_t *buf)
 {
-	char tmp[4096], old[4096] = "";
+	char tmp[4096], old[4096] = "", out[4096];
+	snprintf(out, sizeof out, "%s", out_arg);
+	for (size_t n = strlen(out); n > 1 && out[n - 1] == '/';)
+		out[--n] = 0;            /* "out/" names the directory out */
 	snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
 	if (mkdir(tmp, 0755) != 0)
 		return llm_fail(LLM_ERR_IO, "%s: %s", tmp, strerror(errno));

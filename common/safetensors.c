@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -76,6 +77,30 @@ static enum llm_status parse_tensor(const char *path, const char *name, json_t *
 	return LLM_OK;
 }
 
+/* A file whose header length is impossible and whose byte 8 does not open
+ * a JSON header is another kind of file, named as such: a GGUF model by its
+ * magic, anything else by how it starts (a config.json given for the
+ * directory starts with '{'). A damaged safetensors file (byte 8 is '{')
+ * keeps the header-length messages. */
+static enum llm_status not_safetensors(const char *path, const uint8_t *p)
+{
+	if (!memcmp(p, "GGUF", 4))
+		return llm_fail(LLM_ERR_FORMAT, "%s: a GGUF file; llm-tools read safetensors (Hugging Face layout): "
+		                "convert it to safetensors", path);
+	if (p[8] == '{')
+		return LLM_OK;
+	int text = 1;
+	for (int i = 0; i < 8; i++)
+		text &= (p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\n' || p[i] == '\r' || p[i] == '\t';
+	char first[32];
+	if (text)
+		snprintf(first, sizeof first, "'%c'", p[0]);
+	else
+		snprintf(first, sizeof first, "bytes %02x %02x %02x %02x", p[0], p[1], p[2], p[3]);
+	return llm_fail(LLM_ERR_FORMAT, "%s: not a safetensors file (it starts with %s): give the model directory",
+	                path, first);
+}
+
 enum llm_status llm_st_parse(struct llm_st_file *f, const char *path, const void *buf, size_t size)
 {
 	enum llm_status s = LLM_OK;
@@ -90,6 +115,8 @@ enum llm_status llm_st_parse(struct llm_st_file *f, const char *path, const void
 	uint64_t hlen = 0;
 	for (int i = 7; i >= 0; i--)
 		hlen = hlen << 8 | p[i];
+	if ((hlen > LLM_ST_MAX_HEADER || hlen > size - 8) && size > 8)
+		LLM_TRY(not_safetensors(path, p));
 	if (hlen > LLM_ST_MAX_HEADER)
 		return llm_fail(LLM_ERR_FORMAT, "%s: header length %llu exceeds the %u-byte limit", path,
 		                (unsigned long long)hlen, LLM_ST_MAX_HEADER);

@@ -135,6 +135,8 @@ int main(int argc, char **argv)
 		return rc == LLM_ARGS_EXIT ? 0 : 2;
 	if (!cfg.model)
 		return llm_args_usage_error(&cli, "-m DIR is required");
+	if (llm_model_check_args(cfg.model, cfg.ctx_size))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	int kvd = llm_dtype_parse_flag(cfg.kv_dtype);
 	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16)
 		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);

@@ -235,4 +235,25 @@ check_fails "--stop 9 times is a usage error (was: cut to 8)" 2 $G -m "$M" -p a 
 	--stop 5 --stop 6 --stop 7 --stop 8 --stop 9
 out=$(printf '%s\n' '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "top_k": -1}' | $G -m "$M" --json)
 check "a JSONL top_k -1 means off (was: refused; as llm-serve)" sh -c "echo '$out' | grep -q '\"finish_reason\":\"length\"'"
+
+# the first mistakes (issue 22): each refused with what is wrong, by name
+printf 'GGUF\003\000\000\000\000\000\000\000\000\000\000\000' >"$T/model.gguf"
+check_fails "-m a GGUF file is refused" 1 $G -m "$T/model.gguf" -p hi
+check "... as a GGUF file, with what to do" grep -q "model.gguf: a GGUF file; llm-tools read safetensors (Hugging Face layout): convert it to safetensors" "$T/err"
+check_fails "-m config.json is refused" 1 $G -m "$M/config.json" -p hi
+check "... as not a safetensors file, pointing to the directory" grep -q "config.json: not a safetensors file (it starts with '{'): give the model directory" "$T/err"
+a=$($G -m "$M" -p 'Once upon a time' -n 8 --temp 0)
+b=$($G -m "$M/model.safetensors" -p 'Once upon a time' -n 8 --temp 0 2>"$T/err")
+check "-m DIR/model.safetensors finds config.json beside it (same output as -m DIR)" [ -n "$a" -a "$a" = "$b" ]
+mkdir -p "$T/nocfg"; cp "$M/model.safetensors" "$M/tokenizer.json" "$M/tokenizer_config.json" "$T/nocfg/"
+check_fails "a file with no config.json in it or beside it is refused" 1 $G -m "$T/nocfg/model.safetensors" -p hi
+check "... saying where it looked" grep -q "no config.json in its __metadata__ nor beside it in $T/nocfg" "$T/err"
+check_fails "-m - is a usage error (llm-generate reads a path)" 2 sh -c "$G -m - -p hi <'$M/model.safetensors'"
+check "... saying so" grep -q -- "-m -: llm-generate reads a checkpoint from a path, not a stream" "$T/err"
+check_fails "-c beyond the model's context is a usage error (was: capped silently)" 2 $G -m "$M" -p hi -c 100000
+check "... with the numbers" grep -q "ctx-size 100000 exceeds the model's context of 512 (max_position_embeddings)" "$T/err"
+check "-c at the model's context runs" $G -m "$M" -p hi -c 512 -n 2 --temp 0
+check_fails "-p '' is a usage error (was: generated from BOS)" 2 $G -m "$M" -p '' -n 2
+check "... naming -p" grep -q -- "-p '': an empty prompt" "$T/err"
+check "generation from BOS alone, asked for with prompt_ids, runs" sh -c "echo '{\"prompt_ids\": [1]}' | $G -m '$M' -n 2 --temp 0 --json | grep -q '\"ids\"'"
 tap_done

@@ -81,4 +81,14 @@ if have_stories; then
 else
 	skip "stories260K round trip through the CLI" "no stories260K in \$LLM_TEST_MODELS"
 fi
+
+# the first mistakes (issue 22): another format named as such; OUT/
+printf 'GGUF\003\000\000\000\000\000\000\000\000\000\000\000' >"$T/model.gguf"
+check_fails "a GGUF input is refused" 1 $Q "$T/model.gguf" "$T/g.out"
+check "... as a GGUF file (not as a header length)" grep -q "model.gguf: a GGUF file; llm-tools read safetensors" "$T/err"
+echo '{"hidden_size": 64}' >"$T/config.json"
+check_fails "a JSON input is refused" 1 $Q "$T/config.json" "$T/j.out"
+check "... as not a safetensors file" grep -q "config.json: not a safetensors file (it starts with '{'): give the model directory" "$T/err"
+$Q -q --random $tiny --dtype fp8 --seed 7 - | $Q -q --dequantize - "$T/slash/" 2>"$T/err"
+check "--dequantize - OUT/ (a trailing slash) writes the directory OUT" sh -c "test -f '$T/slash/model.safetensors' -a -f '$T/slash/config.json' && ! ls -d '$T'/slash*.tmp.* 2>/dev/null"
 tap_done

@@ -142,4 +142,13 @@ for i in $(seq 1 300); do ls -d "$T"/killed.tmp.* >/dev/null 2>&1 && break; slee
 sleep 0.05; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
 check "SIGKILL during a write leaves no OUT" test ! -e "$T/killed"
 rm -rf "$T"/killed.tmp.*
+
+# OUT/ with a trailing slash names the directory OUT (issue 22)
+if have_stories; then
+	check "--tp 2 into OUT/ writes the directory OUT" sh -c "$R -q '$(stories)' '$T/sl/' --tp 2 && test -f '$T/sl/partition.json' && ! ls -d '$T'/sl*.tmp.* 2>/dev/null"
+	check "--tp 1 --pp 1 into OUT/ writes the directory OUT" sh -c "$R -q '$T/sl' '$T/sl1/' && cmp -s '$(stories)/model.safetensors' '$T/sl1/model.safetensors'"
+	check "- writes and reads a checkpoint stream" sh -c "$R -q '$(stories)' - 2>/dev/null | $R -q - '$T/st' --tp 2 && test -f '$T/st/partition.json'"
+else
+	skip "OUT/ with a trailing slash" "no stories260K in \$LLM_TEST_MODELS"
+fi
 tap_done

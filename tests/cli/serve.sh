@@ -30,6 +30,14 @@ check_fails "a KV cache smaller than one context is refused at start" 1 $S -m "$
 grep -q -- "--max-kv-tokens 100 holds 112 tokens, less than one context of 512: need --max-kv-tokens 512" "$T/err" &&
 	ok "the refusal names the knob and the number needed" || notok "the refusal names the knob and the number needed: $(cat "$T/err")"
 
+# the first mistakes (issue 22): refused before anything is loaded
+check_fails "-c beyond the model's context is a usage error (was: capped silently)" 2 timeout 30 $S -m "$M" -c 100000 --port 0
+check "... with the numbers, as llm-generate says them" grep -q "ctx-size 100000 exceeds the model's context of 512 (max_position_embeddings)" "$T/err"
+check_fails "-m - is a usage error (llm-serve reads a path)" 2 sh -c "timeout 30 $S -m - --port 0 <'$M/model.safetensors'"
+check "... saying so" grep -q -- "-m -: llm-serve reads a checkpoint from a path, not a stream" "$T/err"
+$S -m "$M/model.safetensors" --plan >"$T/plan-file.json" 2>"$T/err"
+check "-m DIR/model.safetensors finds config.json beside it" grep -q '"n_ctx": 512' "$T/plan-file.json"
+
 # start SERVER ARGS...: sets SP, URL; waits (bounded) for /health 200
 start() {
 	rm -f "$T/port"

@@ -1346,7 +1346,8 @@ enum llm_status llm_detok_stream_prime(struct llm_detok_stream *s, const int32_t
 		if (has_token(tk, ids[i]))
 			s->ids[s->n++] = ids[i];
 	/* FIXED: the text of the ids before the unstable tail, less what
-	 * clean-up may rewrite; TAIL: the rest of the prompt's whole text */
+	 * clean-up may rewrite, as far as the whole text agrees; TAIL: the
+	 * rest of the prompt's whole text */
 	size_t u = unstable_tail(tk, s->ids, s->n, s->skip_special);
 	struct buf b = { 0 }, w = { 0 };
 	enum llm_status st = tok_decode_buf(tk, s->ids, s->n - u, s->skip_special, &b);
@@ -1357,7 +1358,10 @@ enum llm_status llm_detok_stream_prime(struct llm_detok_stream *s, const int32_t
 		free(w.p);
 		return st;
 	}
-	s->fixed = cleanup_stable(tk, b.p, b.n);
+	size_t fixed = cleanup_stable(tk, b.p, b.n), k = 0;
+	while (k < fixed && k < w.n && b.p[k] == w.p[k])
+		k++;
+	s->fixed = k;
 	free(b.p);
 	free(s->tail);
 	s->tail = w.p;

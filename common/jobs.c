@@ -134,6 +134,12 @@ static int on_token(void *user, const struct llm_token_event *ev)
 {
 	struct llm_job *j = user;
 	double now = llm_now();
+	if (j->echo && j->on_event) {
+		struct llm_token_event e0 = { .req = ev->req, .token = -1, .text = j->text.p, .text_len = j->text.len,
+		                              .stop_index = -1 };
+		j->on_event(j->user, j, &e0);
+	}
+	j->echo = 0;
 	if (j->on_event)
 		j->on_event(j->user, j, ev);
 	if (ev->token >= 0) {
@@ -156,6 +162,31 @@ static int on_token(void *user, const struct llm_token_event *ev)
 		j->t_end = now;
 	}
 	return 0;
+}
+
+enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_tokenizer *tk)
+{
+	if (!tk)
+		return llm_fail(LLM_ERR_USAGE, "echo: the prompt's text needs the tokenizer files");
+	for (size_t i = 0; i < n; i++) {
+		struct llm_job *j = &jobs[i];
+		int32_t *ids = malloc((j->n_prompt + 1) * sizeof *ids);
+		size_t m = 0, len;
+		char *t = NULL;
+		if (!ids)
+			return llm_fail(LLM_ERR_NOMEM, "out of memory");
+		for (size_t k = 0; k < j->n_prompt; k++)
+			if (llm_tokenizer_token(tk, j->prompt[k]))
+				ids[m++] = j->prompt[k];
+		enum llm_status st = llm_tokenizer_decode(tk, ids, m, true, &t, &len);
+		free(ids);
+		if (!st && llm_buf_append(&j->text, t, len))
+			st = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		free(t);
+		LLM_TRY(st);
+		j->echo = 1;
+	}
+	return LLM_OK;
 }
 
 enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered)

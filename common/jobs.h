@@ -29,6 +29,7 @@ struct llm_job {
 	/* optional: each event as it comes (streaming), before it is kept */
 	void (*on_event)(void *user, struct llm_job *j, const struct llm_token_event *ev);
 	void *user;
+	int echo;                   /* text starts with the prompt's, not yet handed to on_event */
 };
 
 /* The jobs of BUF (LEN bytes, modified): one per non-empty line, a JSON
@@ -43,6 +44,12 @@ enum llm_status llm_jobs_read(char *buf, size_t len, const struct llm_api_env *e
  * the chat template. */
 enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, const char *system,
                              const struct llm_api_env *env);
+/* Echo: start each job's text with its prompt's (decoded with TK, special
+ * tokens left out; ids TK lacks add none), so that text is the prompt's
+ * followed by the continuation's, as llama.cpp prints it; on_event gets it
+ * first, as an event of its own (token -1, index 0, no finish).
+ * LLM_ERR_USAGE without TK, LLM_ERR_NOMEM. */
+enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_tokenizer *tk);
 /* Queue the N jobs on S (with NUMBERED, errors name "prompt K") and run S
  * to the end. */
 enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered);

@@ -51,6 +51,11 @@ enum llm_status llm_reqout_init(struct llm_reqout *o, int id, const struct llm_r
 		llm_reqout_free(o);
 		return llm_fail(LLM_ERR_NOMEM, "request: detokenizer state");
 	}
+	/* the text is the continuation's: decoded after the prompt */
+	if (o->dt && o->detok->prime && rq->n_prompt > 0 && o->detok->prime(o->dt, rq->prompt, (size_t)rq->n_prompt)) {
+		llm_reqout_free(o);
+		return llm_fail(LLM_ERR_NOMEM, "request: detokenizer state");
+	}
 	return LLM_OK;
 }
 

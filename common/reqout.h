@@ -37,7 +37,8 @@ struct llm_reqout {
 
 /* Set O up for request RQ (its params checked by the caller) with MAX_NEW
  * tokens at most: copies the stop strings and biases, opens the sampler
- * (seeing the prompt) and a detokenizer state. DETOK and EOS stay the
+ * (seeing the prompt) and a detokenizer state primed with the prompt (the
+ * events' text is the continuation's, decoded after it). DETOK and EOS stay the
  * caller's. On failure O holds nothing; else free it with llm_reqout_free. */
 enum llm_status llm_reqout_init(struct llm_reqout *o, int id, const struct llm_request *rq, int n_vocab,
                                 int max_new, const struct llm_detok *detok, const int32_t *eos, int n_eos);

@@ -1134,6 +1134,7 @@ void llm_detok_stream_free(struct llm_detok_stream *s)
 {
 	free(s->ids);
 	free(s->out);
+	free(s->tail);
 	memset(s, 0, sizeof *s);
 }
 
@@ -1197,39 +1198,50 @@ static size_t unstable_tail(const struct llm_tokenizer *tk, const int32_t *ids, 
 	return 0;
 }
 
+/* The length of the first N bytes of text P less a tail that clean-up
+ * could still rewrite when more text follows. */
+static size_t cleanup_stable(const struct llm_tokenizer *tk, const char *p, size_t n)
+{
+	static const char *pre[] = { " n'", " 'r", " 'v", " n", " '", " " };
+	if (!tk->cleanup)
+		return n;
+	for (size_t i = 0; i < sizeof pre / sizeof *pre; i++) {
+		size_t l = strlen(pre[i]);
+		if (n >= l && !memcmp(p + n - l, pre[i], l))
+			return n - l;
+	}
+	return n;
+}
+
 static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const char **text, size_t *len)
 {
 	const struct llm_tokenizer *tk = s->tk;
 	size_t hold = final ? 0 : unstable_tail(tk, s->ids, s->n, s->skip_special);
 	struct buf b = { 0 };
 	LLM_TRY(tok_decode_buf(tk, s->ids, s->n - hold, s->skip_special, &b));
-	size_t stable = b.n;
-	if (!final && tk->cleanup) {
-		/* hold back a tail that clean-up could still rewrite */
-		static const char *pre[] = { " n'", " 'r", " 'v", " n", " '", " " };
-		for (size_t i = 0; i < sizeof pre / sizeof *pre; i++) {
-			size_t l = strlen(pre[i]);
-			if (stable >= l && !memcmp(b.p + stable - l, pre[i], l)) {
-				stable -= l;
-				break;
-			}
-		}
-	}
-	if (!final && !tk->dec) {
-		/* no decoder: tokens are joined by spaces; nothing held */
+	/* hold back a tail that clean-up could still rewrite (no decoder: tokens
+	 * are joined by spaces; the same rule) */
+	size_t stable = final ? b.n : cleanup_stable(tk, b.p, b.n);
+	size_t from = s->emitted;
+	if (s->junction) {          /* primed: after the prompt's text as far as it still agrees */
+		size_t k = 0;
+		while (k < s->tail_len && s->fixed + k < b.n && b.p[s->fixed + k] == s->tail[k])
+			k++;
+		from = s->fixed + k;
 	}
 	free(s->out);
 	s->out = NULL;
-	if (stable > s->emitted) {
-		s->out = malloc(stable - s->emitted + 1);
+	if (stable > from) {
+		s->out = malloc(stable - from + 1);
 		if (!s->out) {
 			free(b.p);
 			return llm_fail(LLM_ERR_NOMEM, "out of memory");
 		}
-		memcpy(s->out, b.p + s->emitted, stable - s->emitted);
-		s->out[stable - s->emitted] = 0;
-		*len = stable - s->emitted;
+		memcpy(s->out, b.p + from, stable - from);
+		s->out[stable - from] = 0;
+		*len = stable - from;
 		s->emitted = stable;
+		s->junction = false;
 	} else {
 		s->out = calloc(1, 1);
 		*len = 0;
@@ -1239,7 +1251,7 @@ static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const
 	 * context so decoders that treat the first token specially agree: four
 	 * that add text (special ids left out add none). */
 	size_t keep = 0;
-	if (!final && hold == 0 && stable == b.n && s->n > 32)
+	if (!final && hold == 0 && stable == b.n && !s->junction && s->n > 32)
 		for (size_t seen = 0; keep < s->n && seen < 4; keep++)
 			if (!(s->skip_special && (tk->flags[s->ids[s->n - 1 - keep]] & TF_SPECIAL)))
 				seen++;
@@ -1256,6 +1268,66 @@ static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const
 		}
 	}
 	free(b.p);
+	return LLM_OK;
+}
+
+enum llm_status llm_detok_stream_prime(struct llm_detok_stream *s, const int32_t *ids, size_t n)
+{
+	const struct llm_tokenizer *tk = s->tk;
+	/* The prompt's last ids: its last byte-fallback run whole (the run's
+	 * text depends on all its bytes: one U+FFFD per byte when it is not
+	 * UTF-8), past 4096 bytes from a character's first byte on, and four ids
+	 * before it that add text, as context for the decoders that treat the
+	 * first token specially. */
+	size_t start = n, seen = 0, run = 0;
+	while (start > 0 && seen < 4) {
+		int32_t id = ids[--start];
+		if (!has_token(tk, id) || (s->skip_special && (tk->flags[id] & TF_SPECIAL)))
+			continue;
+		int byte = fallback_byte(tk->tok[id].s, tk->tok[id].len);
+		if (byte < 0 || seen)
+			seen++;
+		else if (++run >= 4096 && (byte & 0xC0) != 0x80)
+			break;
+	}
+	size_t m = 0;
+	for (size_t i = start; i < n; i++)
+		m += has_token(tk, ids[i]);
+	if (m > s->cap) {
+		int32_t *p = realloc(s->ids, (m + 64) * sizeof *p);
+		if (!p)
+			return llm_fail(LLM_ERR_NOMEM, "out of memory");
+		s->ids = p;
+		s->cap = m + 64;
+	}
+	s->n = 0;
+	for (size_t i = start; i < n; i++)
+		if (has_token(tk, ids[i]))
+			s->ids[s->n++] = ids[i];
+	/* FIXED: the text of the ids before the unstable tail, less what
+	 * clean-up may rewrite, as far as the whole text agrees; TAIL: the
+	 * rest of the prompt's whole text */
+	size_t u = unstable_tail(tk, s->ids, s->n, s->skip_special);
+	struct buf b = { 0 }, w = { 0 };
+	enum llm_status st = tok_decode_buf(tk, s->ids, s->n - u, s->skip_special, &b);
+	if (!st)
+		st = tok_decode_buf(tk, s->ids, s->n, s->skip_special, &w);
+	if (st) {
+		free(b.p);
+		free(w.p);
+		return st;
+	}
+	size_t fixed = cleanup_stable(tk, b.p, b.n), k = 0;
+	while (k < fixed && k < w.n && b.p[k] == w.p[k])
+		k++;
+	s->fixed = k;
+	free(b.p);
+	free(s->tail);
+	s->tail = w.p;
+	s->tail_len = w.n - s->fixed;
+	memmove(s->tail, s->tail + s->fixed, s->tail_len + 1);
+	s->emitted = s->fixed;
+	s->junction = true;
 	return LLM_OK;
 }
 
@@ -1341,6 +1413,11 @@ static int detok_push(void *st, int32_t id, const char **text, size_t *len)
 	return llm_detok_stream_push(d, id, text, len) ? -1 : 0;
 }
 
+static int detok_prime(void *st, const int32_t *ids, size_t n)
+{
+	return llm_detok_stream_prime(st, ids, n) ? -1 : 0;
+}
+
 static int detok_flush(void *st, const char **text, size_t *len)
 {
 	return llm_detok_stream_flush(st, text, len) ? -1 : 0;
@@ -1354,5 +1431,5 @@ static void detok_close(void *st)
 
 void llm_tokenizer_detok(struct llm_detok *d, const struct llm_tokenizer *tk)
 {
-	*d = (struct llm_detok){ detok_open, detok_push, detok_flush, detok_close, (void *)tk };
+	*d = (struct llm_detok){ detok_open, detok_push, detok_flush, detok_close, (void *)tk, detok_prime };
 }

@@ -94,7 +94,10 @@ enum llm_status llm_tokenizer_piece_bytes(const struct llm_tokenizer *tk, int32_
  * that later ids cannot change (whole UTF-8 characters, byte-fallback runs
  * that are complete, spaces that clean-up could still remove held back).
  * The concatenation of everything returned by push and flush equals
- * llm_tokenizer_decode of all pushed ids. Zero the struct, then init. */
+ * llm_tokenizer_decode of all pushed ids. Zero the struct, then init.
+ * Primed with a prompt (llm_detok_stream_prime), it is a continuation's
+ * text instead: decode(prompt + pushed) less decode(prompt), as vLLM and
+ * OpenAI give it, so a SentencePiece token's leading space is kept. */
 struct llm_detok_stream {
 	const struct llm_tokenizer *tk;
 	bool skip_special;
@@ -102,9 +105,20 @@ struct llm_detok_stream {
 	size_t n, cap;
 	size_t emitted;        /* bytes of decode(ids[0:n]) already returned */
 	char *out;             /* the last returned text (owned) */
+	bool junction;         /* primed, nothing returned yet: the text starts after */
+	size_t fixed;          /*   FIXED bytes of decode(ids) (the prompt's, final) and */
+	char *tail;            /*   the longest match of TAIL (tail_len bytes, owned): the rest */
+	size_t tail_len;       /*   of the prompt's text, which later ids may still change */
 };
 void llm_detok_stream_init(struct llm_detok_stream *s, const struct llm_tokenizer *tk,
                            bool skip_special);
+/* Before the first push: the N ids of the prompt the pushed ids continue
+ * (ids TK lacks are left out). The stream keeps the prompt's last ids as
+ * context, so what it returns is decode(prompt + pushed) less the longest
+ * common prefix with decode(prompt), the prompt's own text never returned
+ * (a character split between prompt and continuation comes out whole).
+ * LLM_ERR_NOMEM. */
+enum llm_status llm_detok_stream_prime(struct llm_detok_stream *s, const int32_t *ids, size_t n);
 /* *text (NUL-terminated, *len bytes, possibly "") stays valid until the next
  * call on S. */
 enum llm_status llm_detok_stream_push(struct llm_detok_stream *s, int32_t id,
@@ -115,7 +129,8 @@ enum llm_status llm_detok_stream_flush(struct llm_detok_stream *s, const char **
 void llm_detok_stream_free(struct llm_detok_stream *s);
 
 /* Fill D, the engine's detokenizer interface (detok.h), with one
- * llm_detok_stream per request over TK, special tokens left out. An id TK
+ * llm_detok_stream per request over TK, special tokens left out, primed
+ * with the request's prompt (prime: the continuation's text). An id TK
  * lacks adds no text, as Hugging Face's decode drops it: models pad their
  * vocabulary past the tokenizer's (and random checkpoints are given any
  * tokenizer), and a sampled padding id must not end the request. */

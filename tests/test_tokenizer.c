@@ -5,7 +5,10 @@
  * ids_special / ids_plain and decode back to decoded / decoded_plain
  * (README: the `disputed` stories260K lines expect the input's U+FEFF kept,
  * so their sentencepiece_decoded_plain is the reference there). Streaming
- * decode must equal the whole decode. Then error paths on malformed files. */
+ * decode must equal the whole decode, and a stream primed with the first
+ * ids (a prompt) must give the rest of the reference's decode:
+ * decode(prompt + ids) - decode(prompt). Then error paths on malformed
+ * files. */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <stdio.h>
@@ -38,7 +41,87 @@ static void show_ids(const char *what, const int32_t *a, size_t n, json_t *ref)
 	free(r);
 }
 
-struct stats { int n, enc_s, enc_p, dec_s, dec_p, stream; };
+struct stats { int n, enc_s, enc_p, dec_s, dec_p, stream, cont, cont_ok, lead, eng, eng_ok; };
+
+/* A continuation's text: the stream primed with IDS[0:K] (through the
+ * engine's interface D when given, else llm_detok_stream with SKIP), then
+ * IDS[K:N] pushed and flushed. Malloc'ed, or NULL on an error. */
+static char *continuation(struct llm_tokenizer *tk, const struct llm_detok *d, const int32_t *ids, size_t k,
+                          size_t n, bool skip, size_t *len)
+{
+	struct llm_detok_stream s;
+	void *st = d ? d->open(d->ctx) : &s;
+	if (!d)
+		llm_detok_stream_init(&s, tk, skip);
+	int bad = d ? !st || d->prime(st, ids, k) : llm_detok_stream_prime(&s, ids, k) != LLM_OK;
+	char *acc = calloc(1, 1);
+	*len = 0;
+	for (size_t i = k; i <= n && !bad && acc; i++) {
+		const char *t;
+		size_t l;
+		if (d)
+			bad = i < n ? d->push(st, ids[i], &t, &l) : d->flush(st, &t, &l);
+		else
+			bad = i < n ? llm_detok_stream_push(&s, ids[i], &t, &l) != LLM_OK
+			            : llm_detok_stream_flush(&s, &t, &l) != LLM_OK;
+		char *p = bad ? NULL : realloc(acc, *len + l + 1);
+		if (!p)
+			break;
+		acc = p;
+		memcpy(acc + *len, t, l);
+		*len += l;
+		acc[*len] = 0;
+	}
+	if (d && st)
+		d->close(st);
+	else if (!d)
+		llm_detok_stream_free(&s);
+	if (bad) {
+		free(acc);
+		return NULL;
+	}
+	return acc;
+}
+
+/* The continuation of the first K of the N ids at several K: it must be
+ * WANT (the reference's decode of all N) less the longest common prefix
+ * with decode(ids[0:K]), i.e. decode(prompt + ids) - decode(prompt). *LEAD
+ * counts continuations that start with a space decode(ids[K:]) alone lacks.
+ * Returns how many of the *TRIED splits matched. */
+static int continuation_splits(struct llm_tokenizer *tk, const struct llm_detok *d, const int32_t *ids, size_t n,
+                               bool skip, const char *want, size_t wlen, int lineno, int *tried, int *lead,
+                               int *shown)
+{
+	size_t ks[] = { 1, 2, 3, n / 3, n / 2, n - 2, n - 1 };
+	int ok = 0;
+	for (size_t j = 0; j < sizeof ks / sizeof *ks; j++) {
+		size_t k = ks[j];
+		if (k == 0 || k >= n || (j && ks[j - 1] >= k))
+			continue;
+		(*tried)++;
+		char *pre = NULL, *alone = NULL, *got;
+		size_t pl = 0, al = 0, gl = 0, c = 0;
+		if (llm_tokenizer_decode(tk, ids, k, skip, &pre, &pl) || llm_tokenizer_decode(tk, ids + k, n - k, skip,
+		                                                                             &alone, &al)) {
+			free(pre);
+			continue;
+		}
+		while (c < pl && c < wlen && pre[c] == want[c])
+			c++;
+		got = continuation(tk, d, ids, k, n, skip, &gl);
+		if (got && gl == wlen - c && !memcmp(got, want + c, gl)) {
+			ok++;
+			*lead += gl > 0 && got[0] == ' ' && (al == 0 || alone[0] != ' ');
+		} else if ((*shown)++ < 5) {
+			check_diag("  line %d continuation after %zu of %zu ids%s: got \"%s\" want \"%s\"", lineno, k, n,
+			           d ? " (engine)" : "", got ? got : "(error)", want + c);
+		}
+		free(got);
+		free(pre);
+		free(alone);
+	}
+	return ok;
+}
 
 static void run_case(struct llm_tokenizer *tk, json_t *c, int lineno, struct stats *st, int *shown)
 {
@@ -116,6 +199,28 @@ static void run_case(struct llm_tokenizer *tk, json_t *c, int lineno, struct sta
 				check_diag("  line %d stream: got \"%s\" want \"%s\"", lineno, acc, dec);
 			free(acc);
 		}
+		/* A continuation's text against the reference's decode of all ids. */
+		if (dec && dlen == wlen && !memcmp(dec, want, wlen)) {
+			int tried = 0;
+			st->cont_ok += continuation_splits(tk, NULL, rid, nr, false, want, wlen, lineno, &tried, &st->lead,
+			                                   shown);
+			st->cont += tried;
+		}
+		/* The engine's detokenizer (special ids left out) after a prompt
+		 * with BOS: its text is that of the plain ids, decoded_plain. */
+		json_t *plain = json_object_get(c, "ids_plain");
+		int specials = 0;
+		for (size_t i = 0; i < json_array_size(plain); i++)
+			specials += llm_tokenizer_is_special(tk, (int32_t)json_integer_value(json_array_get(plain, i)));
+		const char *wp = json_string_value(json_object_get(c, "decoded_plain"));
+		if (special && !disp && !specials && wp && nr > 1) {
+			struct llm_detok d;
+			llm_tokenizer_detok(&d, tk);
+			int tried = 0, lead = 0;
+			st->eng_ok += continuation_splits(tk, &d, rid, nr, true, wp, json_string_length(json_object_get(c,
+			                                  "decoded_plain")), lineno, &tried, &lead, shown);
+			st->eng += tried;
+		}
 		free(dec);
 		free(ids);
 		ids = NULL;
@@ -163,6 +268,14 @@ static void run_tokenizer(const char *ref, const char *name)
 	check(st.n > 0 && st.dec_s == st.n, "%s: decode with special tokens (%d/%d)", name, st.dec_s, st.n);
 	check(st.n > 0 && st.dec_p == st.n, "%s: decode without special tokens (%d/%d)", name, st.dec_p, st.n);
 	check(st.n > 0 && st.stream == st.n, "%s: streaming decode equals whole decode (%d/%d)", name, st.stream, st.n);
+	check(st.cont > 0 && st.cont_ok == st.cont, "%s: a continuation's streamed text is decode(prompt + ids) - "
+	      "decode(prompt) of the reference (%d/%d splits; %d keep a leading space)", name, st.cont_ok, st.cont,
+	      st.lead);
+	check(st.eng > 0 && st.eng_ok == st.eng, "%s: the same through the engine's detokenizer, special ids left out "
+	      "(%d/%d splits)", name, st.eng_ok, st.eng);
+	if (llm_tokenizer_adds_bos(tk) && !strcmp(llm_tokenizer_token(tk, llm_tokenizer_bos(tk)), "<s>"))
+		check(st.lead > 0, "%s: SentencePiece: continuations keep the leading space a decode from the start "
+		      "drops (%d)", name, st.lead);
 	/* a token's piece keeps the leading space that decode drops at the start */
 	int32_t *ids = NULL;
 	size_t n = 0;

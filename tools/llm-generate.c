@@ -23,7 +23,7 @@ struct generate_cfg {
 	struct llm_strlist stop, logit_bias;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
-	int json, score, chat, show_tokens, ignore_eos;
+	int json, score, chat, show_tokens, ignore_eos, echo;
 };
 
 static struct generate_cfg cfg = {
@@ -63,6 +63,7 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "chat", &cfg.chat, "wrap the prompt as a user message in the model's chat template"),
 	LLM_STR(0, "system", "TEXT", &cfg.system, "--chat: the system message"),
 	LLM_FLAG(0, "show-tokens", &cfg.show_tokens, "print each generated token as 'id<TAB>text' per line"),
+	LLM_FLAG('e', "echo", &cfg.echo, "start each output's text with the prompt's (--show-tokens lists generated tokens only)"),
 	LLM_FLAG(0, "json", &cfg.json, "one JSON object per prompt, in input order"),
 	LLM_FLAG(0, "score", &cfg.score, "stdin JSONL {context, continuations}: log-likelihood of each continuation"),
 	LLM_STR(0, "perplexity", "FILE", &cfg.perplexity, "token count, negative log-likelihood and perplexity of FILE in windows of -c"),
@@ -249,9 +250,9 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 	int single = cfg.prompt || cfg.prompt_file;
 	if ((cfg.prompt_file || !single) && llm_read_file(single ? cfg.prompt_file : "-", &buf, &len))
 		die_msg();
-	if (single ? !(jobs = calloc(1, sizeof *jobs)) ? llm_fail(LLM_ERR_NOMEM, "out of memory")
-	                                               : llm_job_text(jobs, cfg.prompt ? cfg.prompt : buf, cfg.chat, cfg.system, &env)
-	           : llm_jobs_read(buf, len, &env, cfg.seed < 0, &jobs, &n))
+	if ((single ? !(jobs = calloc(1, sizeof *jobs)) ? llm_fail(LLM_ERR_NOMEM, "out of memory")
+	                                                : llm_job_text(jobs, cfg.prompt ? cfg.prompt : buf, cfg.chat, cfg.system, &env)
+	            : llm_jobs_read(buf, len, &env, cfg.seed < 0, &jobs, &n)) || (cfg.echo && llm_jobs_echo(jobs, n, tk)))
 		die_msg();
 	free(buf);
 	jobs[0].on_event = single && !cfg.json ? stream : NULL;
@@ -354,7 +355,7 @@ int main(int argc, char **argv)
 		{ !cfg.model || llm_model_check_args(cfg.model, cfg.n_ctx), cfg.model ? llm_errmsg() : "missing -m DIR" },
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
-		{ (cfg.logit_bias.n || cfg.min_tokens) && !gen, "--logit-bias and --min-tokens go with generation" },
+		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo) && !gen, "--logit-bias, --min-tokens and --echo go with generation" },
 		{ cfg.no_special && mode->run != run_tokenize, "--no-special goes with --tokenize" },
 		{ cfg.skip_special && mode->run != run_detokenize, "--skip-special goes with --detokenize" },
 		{ cfg.chat_template && mode->run != run_apply_template && !gen,

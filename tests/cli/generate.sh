@@ -45,6 +45,18 @@ PY
 check "greedy ids from prompt_ids equal run.c's, log-probs within 1e-4" compare "$T/out-ids.jsonl"
 $G -m "$M" --json <"$T/text.jsonl" >"$T/out-text.jsonl"
 check "greedy ids from the prompt text equal run.c's (tokenizer included)" compare "$T/out-text.jsonl"
+# the text is the continuation's, decode(prompt + ids) - decode(prompt), as
+# run.c prints it: a first token's leading space kept (" were" after "Lily and Tom")
+check "the text of every prompt generated in full equals run.c's continuation, leading space kept" python3 - "$REF" "$T/out-text.jsonl" <<'PY'
+import json, sys
+refs = [json.loads(l) for l in open(sys.argv[1])]
+outs = [json.loads(l) for l in open(sys.argv[2])]
+same = [(r, o) for r, o in zip(refs, outs) if o["ids"] == r["ids"]]
+bad = [(r["id"], o["text"][:40], r["text"][:40]) for r, o in same if o["text"] != r["text"]]
+spaced = sum(1 for r, o in same if r["prompt"] and o["text"].startswith(" "))
+print("# %d prompts in full, %d start with a space" % (len(same), spaced))
+assert len(same) >= 20 and spaced >= 10 and not bad, bad
+PY
 $G -m "$M" --json --parallel 1 <"$T/ids.jsonl" >"$T/out-one.jsonl"
 check "batch invariance: one at a time gives the same ids as all together" python3 -c "
 import json,sys
@@ -67,6 +79,18 @@ p=$(python3 -c "import json; print(json.loads(open('$REF').readline() if False e
 want=$(python3 -c "import json; print(json.loads(open('$REF').readlines()[1])['text'])")
 got=$($G -m "$M" -p "$p" -n "$(python3 -c "import json; print(json.loads(open('$REF').readlines()[1])['n'])")" --temp 0)
 check "-p streams the greedy continuation to stdout" [ "$got" = "$want" ]
+got=$($G -m "$M" -p "Once" -n 8 --temp 0)
+check "-p Once streams ' upon ...' (\"$got\"), as the reference's whole decode from BOS reads after 'Once'" python3 -c "
+import json, sys; t = json.loads(open('$REF').readline())['text']
+assert sys.argv[1].startswith(' upon') and t.startswith('Once' + sys.argv[1]), (sys.argv[1], t[:60])" "$got"
+stdout=$(python3 -c "import json; print(json.loads(open('$REF').readlines()[1])['stdout'], end='')")
+got=$($G -m "$M" -p "$p" -n "$(python3 -c "import json; print(json.loads(open('$REF').readlines()[1])['n'])")" --temp 0 -e)
+check "--echo prints the prompt, then the continuation: run.c's stdout" [ "$got" = "$stdout" ]
+a=$($G -m "$M" -p Once -n 8 --temp 0 --json)
+b=$($G -m "$M" -p Once -n 8 --temp 0 --json -e)
+check "-e --json: the text is the prompt's, then the same continuation" python3 -c "
+import json, sys; a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a['text'].startswith(' upon') and b['text'] == 'Once' + a['text'] and a['ids'] == b['ids'], (a, b)" "$a" "$b"
 check "--json with -p writes one object" sh -c "$G -m '$M' -p '$p' -n 5 --temp 0 --json | python3 -c 'import json,sys; o=json.load(sys.stdin); assert len(o[\"ids\"])==5 and o[\"finish_reason\"]==\"length\"'"
 
 # sampling: seeded runs repeat, other seeds differ; stop strings
@@ -172,9 +196,10 @@ ids = o["ids"]
 assert len(ids) == 48 and o["finish_reason"] == "length", o
 assert any(i >= 512 for i in ids) and any(i < 512 for i in ids), ids
 known = [i for i in ids if i < 512]
-t = subprocess.run([sys.argv[2], "-m", sys.argv[3], "--detokenize"], input=json.dumps(known),
-                   capture_output=True, text=True, check=True).stdout
-assert o["text"] == t.rstrip("\n") or o["text"] == t, (o["text"], t)
+dec = lambda x: subprocess.run([sys.argv[2], "-m", sys.argv[3], "--detokenize", "--skip-special"], input=json.dumps(x),
+                               capture_output=True, text=True, check=True).stdout
+t, p = dec(o["prompt_ids"] + known), dec(o["prompt_ids"])
+assert t.startswith(p) and o["text"] == t[len(p):], (o["text"], t, p)
 PY
 
 # the prefix cache serves offline batches too: a system prompt shared by

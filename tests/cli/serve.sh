@@ -193,6 +193,40 @@ post "$URL/v1/completions" -d '{"prompt": [261, 378], "max_tokens": 8, "temperat
 check "/generate truncate 2: the last 2 prompt tokens only" python3 -c "
 import json; a = json.load(open('$T/tr.json')); b = json.load(open('$T/tr2.json'))
 assert a['generated_text'] == b['choices'][0]['text'], (a, b)"
+# the text is the continuation's, decode(prompt + ids) - decode(prompt), as
+# vLLM gives it: after "Lily and Tom" the first token's leading space is kept
+# (" we|re", run.c's s03), in every endpoint and in each streamed piece
+post "$URL/v1/completions" -d '{"prompt": "Lily and Tom", "max_tokens": 12, "temperature": 0, "logprobs": 1}' >"$T/sp.json"
+post -N "$URL/v1/completions" -d '{"prompt": "Lily and Tom", "max_tokens": 12, "temperature": 0, "stream": true}' >"$T/sp.sse"
+post "$URL/generate" -d '{"inputs": "Lily and Tom", "parameters": {"max_new_tokens": 12, "return_full_text": true}}' >"$T/sp_tgi.json"
+post -N "$URL/generate_stream" -d '{"inputs": "Lily and Tom", "parameters": {"max_new_tokens": 12}}' >"$T/sp_tgi.sse"
+check "the first token keeps its leading space: /v1/completions (its log-prob tokens join to the text), its SSE chunks, /generate, /generate_stream" python3 -c "
+import json
+ref = [o for o in map(json.loads, open('$REF')) if o['id'] == 's03'][0]['text']
+c = json.load(open('$T/sp.json'))['choices'][0]
+ev = [json.loads(l[6:]) for l in open('$T/sp.sse') if l.startswith('data: {')]
+chunks = [ch['text'] for e in ev for ch in e['choices']]
+tgi = json.load(open('$T/sp_tgi.json'))['generated_text']
+tev = [json.loads(l[5:]) for l in open('$T/sp_tgi.sse') if l.startswith('data:')]
+assert c['text'].startswith(' we') and ref.startswith(c['text']), (c, ref[:80])
+assert ''.join(c['logprobs']['tokens']) == c['text'] and c['logprobs']['text_offset'][0] == 0, c
+assert chunks[0].startswith(' ') and c['text'].startswith(chunks[0]) and ''.join(chunks) == c['text'], chunks
+assert tgi == 'Lily and Tom' + c['text'], tgi
+assert tev[0]['token']['text'] == chunks[0] and tev[-1]['generated_text'] == c['text'], tev"
+# chat: the same rule, so the content keeps a leading space where the decode has one
+echo '{"messages": [{"role": "user", "content": "Tell me a story"}], "add_generation_prompt": true}' |
+	llm-generate -m "$M" --apply-template --chat-template tests/data/chat-template.jinja |
+	llm-generate -m "$M" --tokenize --no-special >"$T/chat_prompt.json"
+check "chat content is decode(prompt + ids) - decode(prompt) (prompt rendered and tokenized by llm-generate)" python3 - "$T/chat.json" "$T/chat_prompt.json" "$M" <<'PY'
+import json, subprocess, sys
+r = json.load(open(sys.argv[1])); p = json.load(open(sys.argv[2]))
+dec = lambda x: subprocess.run(["llm-generate", "-m", sys.argv[3], "--detokenize", "--skip-special"], input=json.dumps(x),
+                               capture_output=True, text=True, check=True).stdout
+c = r["choices"][0]
+whole, pre = dec(p + c["token_ids"]), dec(p)
+assert r["usage"]["prompt_tokens"] == len(p) and whole.startswith(pre), (r, p)
+assert c["message"]["content"] == whole[len(pre):], (c["message"]["content"], whole, pre)
+PY
 for bad in '"typical_p": 0.5' '"watermark": true' '"best_of": 2' '"decoder_input_details": true' '"truncate": 0'; do
 	c=$(code "$URL/generate" -d "{\"inputs\": \"a\", \"parameters\": {$bad}}")
 	check "/generate $bad: 400" sh -c "[ $c = 400 ] && grep -q validation '$T/body'"

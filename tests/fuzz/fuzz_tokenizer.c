@@ -7,7 +7,8 @@
  * Every id list is then decoded whole and, with and without special
  * tokens, pushed through a streaming detokenizer one id at a time; the
  * stream's text must equal the whole decode byte for byte (tokenizer.h
- * promises it); each id's piece and piece bytes (log-prob text) must be
+ * promises it), and a stream primed with the first half must give the
+ * rest (decode(all) less decode(first half)); each id's piece and piece bytes (log-prob text) must be
  * given exactly when decode takes the id. The tokenizer directory comes from LLM_FUZZ_TOKENIZER
  * (default ../shared/reference/tokenizers/llama3).
  *   make fuzz && LLM_FUZZ_TOKENIZER=DIR build-fuzz/fuzz_tokenizer -max_total_time=300 */

@@ -42,6 +42,31 @@ static void check_ids(const struct llm_tokenizer *tk, const int32_t *ids, size_t
 			__builtin_trap();
 		if (st != LLM_OK && ok)
 			__builtin_trap();
+		/* primed with the first half (a prompt), the stream gives the
+		 * rest: the whole text less its longest common prefix with the
+		 * first half's */
+		size_t k = n / 2, c = 0, pl = 0;
+		char *pre = NULL;
+		if (st == LLM_OK && k > 0 && !llm_tokenizer_decode(tk, ids, k, skip, &pre, &pl)) {
+			while (c < pl && c < wlen && pre[c] == whole[c])
+				c++;
+			llm_detok_stream_init(&ds, tk, skip);
+			alen = 0;
+			ok = llm_detok_stream_prime(&ds, ids, k) == LLM_OK;
+			for (size_t i = k; i <= n && ok; i++) {
+				const char *t;
+				size_t tl;
+				ok = (i < n ? llm_detok_stream_push(&ds, ids[i], &t, &tl)
+				            : llm_detok_stream_flush(&ds, &t, &tl)) == LLM_OK;
+				if (ok && (alen + tl > wlen - c || memcmp(whole + c + alen, t, tl)))
+					__builtin_trap();
+				alen += ok ? tl : 0;
+			}
+			llm_detok_stream_free(&ds);
+			if (!ok || alen != wlen - c)
+				__builtin_trap();
+		}
+		free(pre);
 		free(acc);
 		free(whole);
 	}

@@ -309,7 +309,7 @@ static int cb(void *user, const struct llm_token_event *ev)
 }
 
 /* the detokenizer of these tests: each id becomes "<id>" */
-static const struct llm_detok fd_detok = { fd_open, fd_push, NULL, fd_close, NULL };
+static const struct llm_detok fd_detok = { .open = fd_open, .push = fd_push, .close = fd_close };
 
 static int run1(struct llm_engine *e, const int32_t *prompt, int np, struct llm_sample_params p, struct out *o)
 {

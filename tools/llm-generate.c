@@ -16,9 +16,8 @@
 #include "llm.h"
 
 struct generate_cfg {
-	const char *model;            /* -m: model directory or .safetensors file */
+	const char *model, *chat_template;   /* -m DIR; a template FILE overriding the model's */
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
-	const char *chat_template;    /* FILE overriding the model's template */
 	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
 	struct llm_strlist stop, logit_bias;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache;

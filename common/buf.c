@@ -1,6 +1,7 @@
 /* common/buf.c: the growable buffer and array growth (see buf.h). */
 #include "buf.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,8 @@ enum llm_status llm_array_reserve(void *pp, size_t *cap, size_t need, size_t elt
 		n = need;
 	if (n < min)
 		n = min;
-	if (n > SIZE_MAX / elt)
+	/* no object is larger than PTRDIFF_MAX bytes: refuse before asking */
+	if (n > (size_t)PTRDIFF_MAX / elt)
 		return llm_fail(LLM_ERR_NOMEM, "out of memory: %zu elements of %zu bytes", need, elt);
 	void *old;
 	memcpy(&old, pp, sizeof old);   /* *PP is any object pointer: copied, not aliased */

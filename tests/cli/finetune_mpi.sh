@@ -19,7 +19,7 @@ if ! have_stories; then
 fi
 need_mpirun "llm-finetune under mpirun"
 S=$(stories)
-mp() { local n=$1; shift; timeout 120 $MPIRUN -np "$n" "$@"; }
+mp() { local n=$1; shift; timeout 300 $MPIRUN -np "$n" "$@"; }
 
 # the comparison run of finetune.sh: lr 3e-3 (gentle: at 2e-2 the
 # trajectories are chaotic and any rounding difference grows), a step of

@@ -16,7 +16,7 @@ cat "$T/single.out"
 check "mpi_check without mpirun: one-rank world, exit 0" [ $rc = 0 ]
 
 need_mpirun "mpirun -np 2 and 4: collectives, grid, failing ranks, partitions"
-run() { local n=$1; shift; timeout 120 $MPIRUN -np "$n" "$C" "$@"; }
+run() { local n=$1; shift; timeout 300 $MPIRUN -np "$n" "$C" "$@"; }
 
 run 2 collectives >"$T/c2.out" 2>"$T/c2.err"; rc=$?
 if grep -q "built without MPI" "$T/c2.err"; then

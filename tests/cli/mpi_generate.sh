@@ -21,7 +21,7 @@ fi
 # in another order); ids are compared exactly either way
 if grep -q avx2 /proc/cpuinfo 2>/dev/null; then export LLM_CPU_ISA=avx2; else export LLM_CPU_ISA=scalar; fi
 LP_TOL=1e-4      # |log-prob difference|: f32 rounding of reordered sums
-mpigen() { local n=$1; shift; timeout 120 $MPIRUN -np "$n" -x LLM_CPU_ISA llm-generate -t 1 "$@"; }
+mpigen() { local n=$1; shift; timeout 300 $MPIRUN -np "$n" -x LLM_CPU_ISA llm-generate -t 1 "$@"; }
 
 # same REF OUT: ids identical, log-probs (chosen and top) within LP_TOL
 same() {

@@ -64,11 +64,13 @@ check "--max-shard-size splits into shards with an index" sh -c "ls '$T/sharded'
 $Q -q --dequantize "$T/sharded" "$T/sd.safetensors"
 check "a sharded checkpoint reads back as the same tensors" cmp -s "$T/sd.safetensors" "$T/fd.safetensors"
 
-# kill safety: SIGKILL mid-write leaves nothing that looks complete
+# kill safety: SIGKILL mid-write leaves nothing that looks complete (killed
+# as soon as the temporary output exists; the wait is bounded at 60 s)
+writing() { ls -d "$out".tmp.* >/dev/null 2>&1; }
 for out in "$T/killed" "$T/killed.safetensors"; do
 	$Q -q --random $cfg --seed 1 "$out" & pid=$!
-	for i in $(seq 1 200); do ls "$out".tmp.* >/dev/null 2>&1 && break; sleep 0.01; done
-	sleep 0.1; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+	wait_until 60 writing
+	kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
 	if [ -e "$out" ]; then notok "SIGKILL during a write leaves no $(basename "$out")"
 	else ok "SIGKILL during a write leaves no $(basename "$out") (only $(ls -d "$out".tmp.* 2>/dev/null | wc -l) temporary)"; fi
 	rm -rf "$out".tmp.*

@@ -136,10 +136,12 @@ for r in range(4):
 "
 refuse "--tp 3 on 2 kv heads" "q_proj.*8 attention heads" "$T/kv" --tp 3
 
-# kill safety: SIGKILL mid-write leaves nothing that looks complete
+# kill safety: SIGKILL mid-write leaves nothing that looks complete (killed
+# as soon as the temporary output exists; the wait is bounded at 60 s)
 $R -q "$T/m16" "$T/killed" --tp 3 & pid=$!
-for i in $(seq 1 300); do ls -d "$T"/killed.tmp.* >/dev/null 2>&1 && break; sleep 0.01; done
-sleep 0.05; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+writing() { ls -d "$T"/killed.tmp.* >/dev/null 2>&1; }
+wait_until 60 writing
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
 check "SIGKILL during a write leaves no OUT" test ! -e "$T/killed"
 rm -rf "$T"/killed.tmp.*
 

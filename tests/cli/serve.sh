@@ -3,7 +3,10 @@
 # stories260K reference, /health, /metrics, malformed requests, context and
 # body limits, the API key, the plan, queue overflow (429), a client that
 # goes away mid-stream, and SIGTERM draining. Every server is on 127.0.0.1
-# with a port the kernel picked; every wait is bounded.
+# with a port the kernel picked; every wait is bounded (tens of seconds, a
+# safety bound), and none is what a check asserts: checks follow events
+# (a first streamed token, /health turning 503), and where requests must
+# arrive together they are sent while the server is stopped (SIGSTOP).
 . tests/lib/tap.sh
 T=$TMPD
 S=llm-serve
@@ -42,18 +45,17 @@ check "-m DIR/model.safetensors finds config.json beside it" grep -q '"n_ctx": 5
 start() {
 	rm -f "$T/port"
 	$S -m "$M" --port 0 --port-file "$T/port" -t 1 "$@" 2>>"$T/server.log" & SP=$!
-	local i
-	for i in $(seq 1 150); do
-		[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
-		sleep 0.1
-	done
-	URL=http://127.0.0.1:$(cat "$T/port" 2>/dev/null)
+	URL=$(serve_url "$T/port")
 }
 # stop: SIGTERM, and the exit status of the server in RC
 stop() { kill -TERM $SP 2>/dev/null; wait $SP; RC=$?; }
 post() { curl -s -m 60 -H 'Content-Type: application/json' "$@"; }
 code() { curl -s -m 60 -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$@"; }
 metric() { curl -s -m 5 "$URL/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
+# metric_is NAME VALUE: /metrics has NAME at VALUE
+metric_is() { [ "$(metric "$1")" = "$2" ]; }
+# streaming FILE: a streamed response in FILE has its first event
+streaming() { grep -q 'data: {' "$1" 2>/dev/null; }
 
 start --chat-template tests/data/chat-template.jinja --max-body 4096
 check "/health says 200 when ready" sh -c "curl -sf -m 5 '$URL/health' | grep -q ready"
@@ -268,12 +270,17 @@ done
 [ -z "$miss" ] && ok "/metrics has the gauges, counters and histograms" || notok "/metrics lacks:$miss"
 check "/metrics: no KV blocks held by requests when idle" [ "$(metric llm_kv_blocks_used)" = 0 ]
 
-# a client that goes away mid-stream: its request is cancelled, its blocks freed
-# (n: 16 x 500 tokens take seconds, where one request of 500 takes 0.2 s)
-curl -s -N -m 0.5 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 500, "n": 16, "ignore_eos": true, "stream": true}' >"$T/cut.sse" 2>/dev/null
-for i in $(seq 1 50); do [ "$(metric 'llm_requests_total{status="cancelled"}')" = 1 ] && break; sleep 0.1; done
-check "a client closing mid-stream cancels its request" [ "$(metric 'llm_requests_total{status="cancelled"}')" = 1 ]
-check "and its KV blocks are free again" [ "$(metric llm_kv_blocks_used)" = 0 ] 
+# a client that goes away mid-stream: its request is cancelled, its blocks
+# freed. The client is killed once the first token has come, with the server
+# stopped, so the request (n: 16 x 500 tokens, 8000 decode steps' worth)
+# cannot have ended in between whatever the machine's speed.
+curl -s -N -m 300 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 500, "n": 16, "ignore_eos": true, "stream": true}' >"$T/cut.sse" 2>/dev/null & cp=$!
+wait_until 60 streaming "$T/cut.sse"
+kill -STOP $SP; kill $cp; wait $cp 2>/dev/null; kill -CONT $SP
+wait_until 30 metric_is 'llm_requests_total{status="cancelled"}' 1
+check "a client closing mid-stream cancels its request" metric_is 'llm_requests_total{status="cancelled"}' 1
+wait_until 30 metric_is llm_kv_blocks_used 0
+check "and its KV blocks are free again" metric_is llm_kv_blocks_used 0
 check "the stream it got was cut short" sh -c "! grep -q DONE '$T/cut.sse' && grep -q 'data: {' '$T/cut.sse'"
 stop
 check "SIGTERM on an idle server: exit 0" [ "$RC" = 0 ]
@@ -286,26 +293,36 @@ check "--api-key: the key gets 200" [ "$(code -H 'Authorization: Bearer sekret' 
 check "--api-key: /health needs no key" [ "$(code "$URL/health")" = 200 ]
 stop
 
-# queue overflow: 16 running (one request, n: 16), one waiting at most; the rest 429 at once
-start --max-running 16 --max-queue 1
+# queue overflow: 16 running (one request, n: 16), one waiting at most; the
+# rest 429 at once. The 5 clients send while the server is stopped: on
+# SIGCONT the first it takes fills every slot for 400 decode steps, and the
+# other 4 are answered in the meantime, however slowly curl starts here.
+# (--drain-timeout 300: the drain below lets its stream finish on any machine)
+start --max-running 16 --max-queue 1 --drain-timeout 300
+kill -STOP $SP
 for i in 1 2 3 4 5; do
-	curl -s -m 60 -D "$T/q$i.h" -o "$T/q$i.json" -w '%{http_code}\n' "$URL/v1/completions" \
-		-d '{"prompt": "Once upon a time", "max_tokens": 400, "n": 16, "ignore_eos": true, "temperature": 0}' >"$T/q$i.code" &
-	sleep 0.05
+	curl -s -v -m 300 -D "$T/q$i.h" -o "$T/q$i.json" -w '%{http_code}\n' "$URL/v1/completions" \
+		-d '{"prompt": "Once upon a time", "max_tokens": 400, "n": 16, "ignore_eos": true, "temperature": 0}' \
+		>"$T/q$i.code" 2>"$T/q$i.trace" &
 done
+wait_until 60 sent "$T"/q[1-5].trace
+kill -CONT $SP
 wait $(jobs -p | grep -v "^$SP$") 2>/dev/null
 n200=$(cat "$T"/q*.code | grep -c 200); n429=$(cat "$T"/q*.code | grep -c 429)
 check "queue overflow (16 running, --max-queue 1, n: 16): 1 answered, 4 refused with 429 ($n200 + $n429)" sh -c "[ '$n200' = 1 ] && [ '$n429' = 4 ]"
 check "a 429 carries Retry-After" sh -c "grep -il '^retry-after: 1' '$T'/q*.h | grep -q ."
 check "the answered ones are complete" sh -c "grep -l '\"completion_tokens\":6400' '$T'/q*.json | wc -l | grep -qx 1"
 
-# SIGTERM with a request running: health 503, new requests 503, the stream completes, exit 0
-curl -s -N -m 60 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 480, "n": 16, "ignore_eos": true, "stream": true}' >"$T/drain.sse" &
+# SIGTERM with a request running: health 503, new requests 503, the stream
+# completes, exit 0. The checks follow the first token; the stream has 7680
+# decode steps to go while they run.
+curl -s -N -m 300 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 480, "n": 16, "ignore_eos": true, "stream": true}' >"$T/drain.sse" &
 cp=$!
-for i in $(seq 1 50); do grep -q 'data: {' "$T/drain.sse" 2>/dev/null && break; sleep 0.05; done
+wait_until 60 streaming "$T/drain.sse"
 kill -TERM $SP
-sleep 0.2
-hc=$(code "$URL/health"); nc=$(code "$URL/v1/completions" -d '{"prompt": "a"}')
+not_ready() { hc=$(code "$URL/health"); [ "$hc" != 200 ]; }
+wait_until 30 not_ready
+nc=$(code "$URL/v1/completions" -d '{"prompt": "a"}')
 wait $cp
 wait $SP; RC=$?
 check "draining: /health says 503" [ "$hc" = 503 ]
@@ -313,12 +330,24 @@ check "draining: a new request gets 503" [ "$nc" = 503 ]
 check "draining: the running stream completes with [DONE]" sh -c "grep -q 'data: \[DONE\]' '$T/drain.sse' && [ \$(grep -c token_ids '$T/drain.sse') = 7680 ]"
 check "draining: the server exits 0" [ "$RC" = 0 ]
 
-# a drain timeout cuts a long request and still exits 0
+# a drain timeout cuts a long request and still exits 0. The server is
+# stopped (SIGSTOP) for 0.5 s once it is draining: when it goes on, its 0.3 s
+# are over and the request (n: 16 x 500 tokens) cannot have ended, however
+# fast this machine generates.
 start --drain-timeout 0.3
-curl -s -N -m 60 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 500, "n": 16, "ignore_eos": true, "stream": true}' >"$T/cutd.sse" &
+curl -s -N -m 300 "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 500, "n": 16, "ignore_eos": true, "stream": true}' >"$T/cutd.sse" &
 cp=$!
-for i in $(seq 1 50); do grep -q 'data: {' "$T/cutd.sse" 2>/dev/null && break; sleep 0.05; done
-t0=$(date +%s%N); stop; t1=$(date +%s%N)
+wait_until 60 streaming "$T/cutd.sse"
+n0=$(grep -c 'SIGTERM: draining' "$T/server.log")
+draining() { [ "$(grep -c 'SIGTERM: draining' "$T/server.log")" -gt "$n0" ]; }
+t0=$(date +%s%N)
+kill -TERM $SP
+wait_until 60 draining
+kill -STOP $SP; sleep 0.5; kill -CONT $SP
+wait $SP; RC=$?; t1=$(date +%s%N)
 wait $cp
-check "--drain-timeout: exit 0 within the timeout (+ margin)" sh -c "[ '$RC' = 0 ] && [ $(( (t1 - t0) / 1000000 )) -lt 3000 ]"
+diag "SIGTERM to exit with --drain-timeout 0.3 (0.5 s of it stopped): $(( (t1 - t0) / 1000000 )) ms"
+got=$(grep -c token_ids "$T/cutd.sse")
+check "--drain-timeout: exit 0, the running request cut short ($got of 8000 tokens) and cancelled" \
+	sh -c "[ '$RC' = 0 ] && [ '$got' -lt 8000 ] && grep -q 'requests still running after the drain; cancelled' '$T/server.log'"
 tap_done

@@ -15,11 +15,7 @@ check_fails "a server that is not there is a runtime error" 1 $B serve http://12
 check_fails "an https URL is refused" 1 $B serve https://127.0.0.1:1
 if ! have_stories; then skip "llm-bench against stories260K" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
 llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 2>"$T/server.log" & SP=$!
-for i in $(seq 1 150); do
-	[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
-	sleep 0.1
-done
-URL=http://127.0.0.1:$(cat "$T/port")
+URL=$(serve_url "$T/port")
 $B serve "$URL" --rate 40,inf --requests 12 --input-len 32 --output-len 16 --format csv --plot "$T/rates.svg" >"$T/csv" 2>"$T/err"
 rc=$?
 check "serve --rate: exit 0" [ $rc = 0 ]
@@ -58,11 +54,7 @@ r=$(wrong_row 200 --timeout 0.001 --concurrency 2)
 check "--timeout 0.001: every request cut and wrong, reused clients" [ "$r" = 3,0,0,3 ]
 kill -TERM $SP; wait $SP
 llm-serve -m "$(stories)" --port 0 --port-file "$T/port2" -t 1 --api-key sekret 2>"$T/server2.log" & SP=$!
-for i in $(seq 1 150); do
-	[ -s "$T/port2" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port2")/health" >/dev/null && break
-	sleep 0.1
-done
-URL=http://127.0.0.1:$(cat "$T/port2")
+URL=$(serve_url "$T/port2")
 check "--api-key: every request right" sh -c "$B serve '$URL' --api-key sekret --concurrency 2 --requests 4 --output-len 4 --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6 | grep -qx '4,4,0,0'"
 check_fails "no --api-key against a server that wants one is a runtime error" 1 $B serve "$URL"
 grep -q "^llm-bench: $URL/v1/models: HTTP 401\$" "$T/err" && ok "the error names the URL and the status" || notok "the error names the URL and the status"

@@ -1,9 +1,13 @@
 # tests/cli/serve_load.sh: a bounded load test of llm-serve on loopback:
 # 40 requests (half streamed) against 8 running slots, a queue of 16, a KV
-# cache too small for all of them (preemption) and a step budget of 32
-# tokens (chunked prefill). Every request must end with a complete answer or
-# a 429, none lost; every greedy answer must equal the stories260K reference
-# (llama2.c run.c) ids and llm-generate's; afterwards every KV block is free again.
+# cache too small for all of them and a step budget of 32 tokens (chunked
+# prefill). Every request must end with a complete answer or a 429, none
+# lost; every greedy answer must equal the stories260K reference (llama2.c
+# run.c) ids and llm-generate's; afterwards every KV block is free again.
+# Nothing here counts on the machine's speed: the 40 clients send while the
+# server is stopped (SIGSTOP), so all of them are at its door when it goes
+# on; and preemption is forced by construction, by one request whose 4
+# choices (admitted together) need more KV blocks than the cache has.
 . tests/lib/tap.sh
 T=$TMPD
 if ! have_stories; then skip "the load test" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
@@ -11,12 +15,8 @@ REF=$LLM_TEST_REF/stories260K/greedy.jsonl
 IDS="s02 s03 s04 s06 s08 s09 s12 s13"
 N=40 NEW=100
 llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 --max-running 8 --max-queue 16 \
-	--max-kv-tokens 768 --max-batch-tokens 32 --prefix-cache 2 2>"$T/server.log" & SP=$!
-for i in $(seq 1 150); do
-	[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
-	sleep 0.1
-done
-URL=http://127.0.0.1:$(cat "$T/port")
+	--max-kv-tokens 768 --kv-block-size 16 --max-batch-tokens 32 --prefix-cache 2 2>"$T/server.log" & SP=$!
+URL=$(serve_url "$T/port")
 python3 - "$T" "$REF" $N $NEW $IDS <<'PY'
 import json, sys
 T, ref, n, new, ids = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
@@ -27,9 +27,17 @@ for i in range(n):
     json.dump({'prompt': P[rid], 'max_tokens': new, 'temperature': 0, 'ignore_eos': True, 'stream': stream},
               open(f'{T}/r{i}.json', 'w'))
 PY
+# the clients connect and send while the server is stopped, however slowly
+# this machine starts 40 curls; on SIGCONT its threads take the 40 requests
+# in a few milliseconds, and a slot frees only after 100 decode steps, so
+# 24 are taken (8 running + 16 queued) and the rest refused
+kill -STOP $SP
 for i in $(seq 0 $((N - 1))); do
-	curl -s -N -m 120 -o "$T/r$i.out" -w '%{http_code}\n' "$URL/v1/completions" -d @"$T/r$i.json" >"$T/r$i.code" &
+	curl -s -v -N -m 300 -o "$T/r$i.out" -w '%{http_code}\n' "$URL/v1/completions" -d @"$T/r$i.json" \
+		>"$T/r$i.code" 2>"$T/r$i.trace" &
 done
+wait_until 120 sent $(seq -f "$T/r%g.trace" 0 $((N - 1))) || diag "not every client had sent its request after 120 s"
+kill -CONT $SP
 wait $(jobs -p | grep -v "^$SP$") 2>/dev/null
 python3 - "$T" "$REF" $N $NEW >"$T/verdict" <<'PY'
 import json, sys
@@ -64,11 +72,33 @@ check "every request ended with a complete answer or a 429 ($nok + $nrej of $N)"
 check "some requests were served and the queue limit refused some" sh -c "[ $nok -ge 24 ] && [ $nrej -ge 1 ]"
 check "every greedy answer under load equals the reference ids" [ "$nbad" = 0 ]
 metric() { curl -s -m 5 "$URL/metrics" | awk -v n="$1" '$1 == n {print $2}'; }
-for i in $(seq 1 20); do [ "$(metric llm_requests_running)" = 0 ] && break; sleep 0.1; done
+idle() { [ "$(metric llm_requests_running)" = 0 ] && [ "$(metric llm_requests_waiting)" = 0 ]; }
+wait_until 30 idle
 check "after the run all KV blocks are free again" [ "$(metric llm_kv_blocks_used)" = 0 ]
 check "nothing is running or waiting" sh -c "[ '$(metric llm_requests_running)' = 0 ] && [ '$(metric llm_requests_waiting)' = 0 ]"
-p=$(metric llm_preemptions_total); diag "preemptions: $p, prefix-cache hit tokens: $(metric llm_prefix_cache_hit_tokens_total)"
-check "the small KV cache forced preemptions, and the answers still matched" [ "${p:-0}" -gt 0 ]
+diag "preemptions under load: $(metric llm_preemptions_total), prefix-cache hit tokens: $(metric llm_prefix_cache_hit_tokens_total)"
+# preemption by construction: the 4 choices of one request enter the
+# scheduler together (they are admitted in the same step, first come first
+# served) and each needs blocks for its 5 + 240 positions as it decodes; 4
+# of them need more blocks than the cache has, so the youngest running ones
+# must be preempted and recomputed, on any machine at any speed
+blocks=$(metric llm_kv_blocks_total) p0=$(metric llm_preemptions_total)
+python3 -c "
+import json
+o = [o for o in map(json.loads, open('$REF')) if o['id'] == 's02'][0]
+print(json.dumps({'prompt': o['prompt_ids'], 'max_tokens': 240, 'n': 4, 'temperature': 0, 'ignore_eos': True}))" >"$T/pre.req"
+curl -s -m 300 -o "$T/pre.json" "$URL/v1/completions" -d @"$T/pre.req"
+p1=$(metric llm_preemptions_total)
+need=$(( (5 + 240 + 15) / 16 ))
+diag "4 choices need 4 x $need KV blocks, the cache has ${blocks:-?}; preemptions $p0 -> $p1"
+check "the premise: one choice fits the cache, 4 at once do not" sh -c "[ $need -le ${blocks:-0} ] && [ $((4 * need)) -gt ${blocks:-0} ]"
+check "4 choices at once in a cache too small for them forced preemptions" [ "${p1:-0}" -gt "${p0:-0}" ]
+check "and every choice, preempted and recomputed or not, equals the reference ids" python3 -c "
+import json
+ref = [o for o in map(json.loads, open('$REF')) if o['id'] == 's02'][0]['ids'][:240]
+r = json.load(open('$T/pre.json'))
+assert len(r['choices']) == 4 and all(c['token_ids'] == ref for c in r['choices']), r.get('usage', r)"
+check "and the KV blocks are free again" [ "$(metric llm_kv_blocks_used)" = 0 ]
 # the same prompts through llm-generate (greedy, alone): its ids and the
 # server's answers under load (checked equal to the reference above) agree
 bad=0

@@ -9,12 +9,8 @@ if ! command -v node >/dev/null; then skip "the openai client" "no node"; tap_do
 if [ ! -d tests/js/node_modules/openai ]; then skip "the openai client" "tests/js/node_modules lacks openai (npm ci --prefix tests/js)"; tap_done; fi
 llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 --api-key k3y \
 	--chat-template tests/data/chat-template.jinja 2>"$T/server.log" & SP=$!
-for i in $(seq 1 150); do
-	[ -s "$T/port" ] && curl -sf -m 2 "http://127.0.0.1:$(cat "$T/port")/health" >/dev/null && break
-	sleep 0.1
-done
-LLM_SERVE_URL=http://127.0.0.1:$(cat "$T/port")/v1 LLM_SERVE_KEY=k3y LLM_REF=$LLM_TEST_REF/stories260K/greedy.jsonl \
-	timeout 120 node tests/js/openai.mjs || tap_fail=1
+LLM_SERVE_URL=$(serve_url "$T/port")/v1 LLM_SERVE_KEY=k3y LLM_REF=$LLM_TEST_REF/stories260K/greedy.jsonl \
+	timeout 300 node tests/js/openai.mjs || tap_fail=1
 kill -TERM $SP; wait $SP
 check "the server exits 0 after the client run" [ $? = 0 ]
 tap_done

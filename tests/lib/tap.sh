@@ -41,3 +41,20 @@ need_mpirun() {
 	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 }
+# wait_until SECS CMD...: run CMD every 0.05 s until it succeeds (status 0)
+# or SECS seconds have passed (status 1). SECS is a safety bound for a loaded
+# machine (tens of seconds), never what a test asserts: a test waits for an
+# event, then checks it.
+wait_until() {
+	local end=$((SECONDS + $1)); shift
+	until "$@"; do
+		[ $SECONDS -ge "$end" ] && return 1
+		sleep 0.05
+	done
+}
+# serve_url PORTFILE [SECS]: wait (SECS, default 60, at most) until the
+# llm-serve that writes PORTFILE answers /health 200; print its URL
+serve_up() { [ -s "$1" ] && curl -sf -m 5 "http://127.0.0.1:$(cat "$1")/health" >/dev/null; }
+serve_url() { wait_until "${2:-60}" serve_up "$1"; echo "http://127.0.0.1:$(cat "$1" 2>/dev/null)"; }
+# sent FILE...: each FILE (a curl -v trace) shows the request body sent
+sent() { local f; for f in "$@"; do grep -q '^} \[' "$f" 2>/dev/null || return 1; done; }

@@ -856,7 +856,30 @@ enum llm_status llm_finetune_sample(const char *model, const char *adapter, cons
 	}
 	if ((s = llm_trainer_greedy(tr, ids, (int)n, n_new, gen, &ng)))
 		goto out;
-	s = llm_tokenizer_decode(tk, gen, (size_t)ng, true, out, &len);
+	/* the continuation's text as llm-generate and llm-serve give it:
+	 * decode(prompt + generated) less decode(prompt), so a leading space
+	 * that the decoder drops at the start of a text is kept */
+	int32_t *all = realloc(ids, (n + (size_t)ng) * sizeof *ids);
+	if (!all) {
+		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	ids = all;
+	memcpy(ids + n, gen, (size_t)ng * sizeof *ids);
+	char *head = NULL, *whole = NULL;
+	size_t hl, wl;
+	if (!(s = llm_tokenizer_decode(tk, ids, n, true, &head, &hl))
+	    && !(s = llm_tokenizer_decode(tk, ids, n + (size_t)ng, true, &whole, &wl))) {
+		if (wl >= hl && !memcmp(whole, head, hl)) {
+			memmove(whole, whole + hl, wl - hl + 1);
+			*out = whole;
+			whole = NULL;
+		} else {
+			s = llm_tokenizer_decode(tk, gen, (size_t)ng, true, out, &len);
+		}
+	}
+	free(head);
+	free(whole);
 out:
 	free(ids);
 	free(gen);

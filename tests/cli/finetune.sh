@@ -97,13 +97,13 @@ for k, v in h.items():
 base=$($FT -m "$S" --sample "$P" --sample-tokens 8)
 tuned=$($FT -m "$S" --adapter "$T/a" --sample "$P" --sample-tokens 8)
 diag "base: $base | tuned: $tuned"
-check "the trained adapter changes generations as trained (Bob the frog)" sh -c "case '$tuned' in 'Bob the frog'*) true;; *) false;; esac && case '$base' in 'Bob the frog'*) false;; *) true;; esac"
+check "the trained adapter changes generations as trained (Bob the frog, after the space that follows the prompt)" sh -c "case '$tuned' in ' Bob the frog'*) true;; *) false;; esac && case '$base' in ' Bob the frog'*) false;; *) true;; esac"
 check_fails "an existing adapter is not overwritten without --force" 1 $FT -m "$S" $TR --steps 1 -o "$T/a"
 $FT -m "$S" --merge "$T/a" -o "$T/merged"
 check "--merge writes a checkpoint" test -f "$T/merged/model.safetensors"
 gen=$(llm-generate -m "$T/merged" -p "$P" -n 8 --temp 0 2>/dev/null)
 diag "llm-generate on the merged checkpoint: $gen"
-check "--merge then llm-generate equals --sample with the adapter" [ -n "$gen" ] && [ "$gen" = "$tuned" ]
+check "--merge then llm-generate equals --sample with the adapter" sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' - "$gen" "$tuned"
 
 # the adapter applied at run time: llm-generate --lora and llm-serve --lora
 printf '%s\n' '{"prompt": "Tell me a story about a cat.\n", "max_tokens": 24, "temperature": 0, "logprobs": 1}' \
@@ -123,11 +123,11 @@ for x, y, z in zip(l, m, b):
 assert any(x['ids'] != z['ids'] for x, z in zip(l, b)), 'the adapter changed nothing'
 "
 gl=$(llm-generate -m "$S" --lora "$T/a" -p "$P" -n 8 --temp 0 2>/dev/null)
-check "llm-generate --lora equals --sample with the adapter" [ -n "$gl" ] && [ "$gl" = "$tuned" ]
+check "llm-generate --lora equals --sample with the adapter" sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' - "$gl" "$tuned"
 llm-quantize -q "$S" "$T/s8l"
 g8=$(llm-generate -m "$T/s8l" --lora "$T/a" -p "$P" -n 8 --temp 0 2>/dev/null)
 diag "FP8 base with the adapter: $g8"
-check "an FP8 base with --lora generates as trained (Bob the frog)" sh -c "case '$g8' in 'Bob the frog'*) true;; *) false;; esac"
+check "an FP8 base with --lora generates as trained (Bob the frog, after the space that follows the prompt)" sh -c "case '$g8' in ' Bob the frog'*) true;; *) false;; esac"
 check_fails "--lora on a missing directory is a runtime error" 1 llm-generate -m "$S" --lora "$T/nope" -p hi -n 1
 grep -q "$T/nope" "$T/err" && ok "the error names the missing adapter" || notok "the error names the missing adapter: $(cat "$T/err")"
 llm-quantize -q --random configs/tiny-check.json --seed 1 "$T/other" 2>/dev/null

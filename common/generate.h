@@ -29,14 +29,13 @@
 
 #include "model.h"
 #include "sampler.h"
-#include "detok.h"
 
 enum llm_finish {
 	LLM_FINISH_NONE = 0,   /* the request goes on */
 	LLM_FINISH_LENGTH,     /* max_tokens or the context reached */
 	LLM_FINISH_STOP,       /* a stop id or stop string */
 	LLM_FINISH_EOS,        /* the model's end-of-sequence id */
-	LLM_FINISH_CANCEL,     /* llm_engine_cancel() or the callback said stop */
+	LLM_FINISH_CANCEL,     /* llm_sched_cancel() or the callback said stop */
 };
 const char *llm_finish_name(enum llm_finish f);   /* "length", "stop", ... */
 

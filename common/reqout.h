@@ -16,6 +16,7 @@
 #define LLM_REQOUT_H
 
 #include "generate.h"
+#include "detok.h"
 
 struct llm_reqout {
 	int id;                     /* the request's, in events */

@@ -45,6 +45,7 @@
 #define LLM_SCHED_H
 
 #include "generate.h"
+#include "detok.h"
 #include "tokenizer.h"
 
 struct llm_sched_opts {

@@ -1,17 +1,25 @@
-# llm-tools: one engine archive (build/libllm.a), thin tools (bin/llm-*).
+# llm-tools: one engine archive (build/*/libllm.a), thin tools (bin/llm-*).
 #
+#   make demo         dependencies, build, then the toolchain's chain on a small model
+#   make test         dependencies, build, then the whole suite (TAP, ends "N passed, N failed, N skipped")
 #   make              build the library and the tools (CUDA when nvcc is found)
 #   make CUDA=0       CPU-only build
-#   make test         build, then run the whole suite (TAP, ends "N passed, N failed, N skipped")
+#   make deps         install the missing Debian packages and the npm test client
 #   make asan         the suite under AddressSanitizer + UBSan (separate build tree)
 #   make fuzz         build the libFuzzer harnesses (clang)
 #   make install PREFIX=/usr/local    tools and man pages
 #   make clean
+#
+# Builds run in parallel (one job per core) unless -j is given. Each
+# configuration has its own tree, build/cpu or build/cuda, so switching
+# between CUDA=0 and CUDA=1 never rebuilds the other; bin/ is a link to the
+# tools of the configuration built last.
+
+# one job per core; a -j on the command line wins (make -j1 serialises)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 
 PREFIX   ?= /usr/local
 MANDIR   ?= $(PREFIX)/share/man
-B        ?= build
-BIN      ?= bin
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 # mandatory flags are appended even when CFLAGS is given on the command line
@@ -24,6 +32,9 @@ NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2
 # make CUDA=0 forces a CPU-only build (no comment after a value: make keeps the spaces)
 CUDA     ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# the build tree of this configuration; bin/ links to its tools
+B        ?= build/$(if $(filter 1,$(CUDA)),cuda,cpu)
+BIN      ?= $(B)/bin
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # nvcc has no -iquote: kernels/ include common/ headers by relative path
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra
@@ -63,6 +74,14 @@ $(info mpi: $(if $(filter 1,$(MPI)),yes ($(MPICC)),no))
 
 all: $(TOOL_BINS) $(TEST_BINS) $(FUZZ_BINS) $(B)/tests/mpi_check
 
+# bin/ follows the default trees only (make asan and make fuzz name their own)
+ifeq ($(origin B),file)
+all: bin-link
+endif
+bin-link: $(TOOL_BINS)
+	@if [ -d bin ] && [ ! -L bin ]; then rm -rf bin; fi
+	@[ "$$(readlink bin 2>/dev/null)" = "$(B)/bin" ] || { ln -sfn $(B)/bin bin && echo "bin -> $(B)/bin"; }
+
 # Changed flags force a rebuild: objects depend on a file holding them.
 $(B)/flags: FORCE
 	@mkdir -p $(B)
@@ -90,22 +109,36 @@ $(B)/tests/%: $(B)/tests/%.o $(B)/tests/lib/check.o $(B)/libllm.a
 $(B)/tests/fuzz/%: $(B)/tests/fuzz/%.o $(B)/tests/lib/fuzz_replay.o $(B)/libllm.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-test: all
+# The missing Debian packages (apt-get as root, or through sudo) and the npm
+# client tests/cli/serve_openai.sh drives; quick when everything is there.
+deps:
+	@tools/deps.sh
+
+# The dependencies first, then the build (nothing is rebuilt that make
+# built), then the suite.
+test: deps
+	@$(MAKE) --no-print-directory all
 	LLM_BIN=$(abspath $(BIN)) LLM_TESTBIN=$(abspath $(B)/tests) tests/run
+
+# The toolchain's chain on the small real model beside the project (or a
+# random checkpoint when it is absent): quantize, generate, serve, one request.
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@LLM_BIN=$(abspath $(BIN)) tools/demo.sh
 
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer, CPU only.
 asan:
-	$(MAKE) B=build-asan BIN=build-asan/bin CUDA=0 \
+	$(MAKE) B=build/asan BIN=build/asan/bin CUDA=0 \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDFLAGS="-fsanitize=address,undefined" test
 
 # libFuzzer harnesses (tests/fuzz/*.c), built with clang.
 fuzz:
-	$(MAKE) B=build-fuzz BIN=build-fuzz/bin CUDA=0 CC=clang \
-	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" build-fuzz/libllm.a
+	$(MAKE) B=build/fuzz BIN=build/fuzz/bin CUDA=0 CC=clang \
+	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" build/fuzz/libllm.a
 	@for f in tests/fuzz/*.c; do n=$$(basename $$f .c); \
-	  echo "clang $$f -> build-fuzz/$$n"; \
-	  clang -std=c11 -O1 -g -iquote common -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -o build-fuzz/$$n $$f build-fuzz/libllm.a $(LDLIBS) || exit 1; done
+	  echo "clang $$f -> build/fuzz/$$n"; \
+	  clang -std=c11 -O1 -g -iquote common -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -o build/fuzz/$$n $$f build/fuzz/libllm.a $(LDLIBS) || exit 1; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5
@@ -119,6 +152,6 @@ uninstall:
 clean:
 	rm -rf build build-asan build-fuzz bin tests/tmp
 
-.PHONY: all test asan fuzz install uninstall clean FORCE
+.PHONY: all bin-link deps test demo asan fuzz install uninstall clean FORCE
 .SECONDARY:
 -include $(wildcard $(B)/*/*.d $(B)/*/*/*.d)

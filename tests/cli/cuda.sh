@@ -4,7 +4,7 @@
 # device still runs: --backend cuda is a clear error, never a fallback.
 . tests/lib/tap.sh
 T=$TMPD
-TC=${LLM_TESTBIN:-build/tests}/test_cuda
+TC=${LLM_TESTBIN:-build/cpu/tests}/test_cuda
 reason=""
 if [ ! -x "$TC" ]; then
 	reason="no $TC"

@@ -3,7 +3,7 @@
 # make): every input must pass the harness's checks. make fuzz builds the
 # same harnesses with libFuzzer to search for more.
 . tests/lib/tap.sh
-FB=${LLM_TESTBIN:-build/tests}/fuzz
+FB=${LLM_TESTBIN:-build/cpu/tests}/fuzz
 TOK=$LLM_TEST_REF/tokenizers
 
 # replay NAME DESC INPUTS...: NAME's harness over INPUTS, environment already set

@@ -24,4 +24,35 @@ q=$(pgrep -P $mk -x llm-quantize || for c in $(pgrep -P $mk); do pgrep -P "$c" -
 check "an interrupted conversion leaves no fp8/big" test ! -e "$T/fp8/big"
 (cd "$T" && PATH="$LLM_BIN:$PATH" make -s -f models.mk fp8/big >/dev/null 2>&1)
 check "the next make converts it" test -f "$T/fp8/big/model.safetensors"
+
+
+# make demo's chain (tools/demo.sh), on the real model and on the random
+# checkpoint it makes when the model is absent
+if [ -f "${LLM_TEST_MODELS:-../shared/models}/stories260K/config.json" ]; then
+	out=$(DEMO_DIR="$T/demo" tools/demo.sh 2>&1); rc=$?
+	check "the demo runs to its end" sh -c "[ $rc = 0 ] && echo \"\$1\" | grep -q '^demo: done'" _ "$out"
+	check "the demo generates text from its FP8 checkpoint" sh -c "echo \"\$1\" | grep -q '^Once upon a time, there was'" _ "$out"
+	check "the demo's completion came back from llm-serve" sh -c "echo \"\$1\" | grep -q '\"object\":\"text_completion\"'" _ "$out"
+else
+	skip "the demo on stories260K" "no ${LLM_TEST_MODELS:-../shared/models}/stories260K"
+fi
+out=$(LLM_TEST_MODELS="$T/none" DEMO_DIR="$T/demo-random" tools/demo.sh 2>&1); rc=$?
+check "without the model the demo says so and runs on a random checkpoint" sh -c "[ $rc = 0 ] && echo \"\$1\" | grep -q 'random-weight checkpoint instead' && echo \"\$1\" | grep -q '^demo: done'" _ "$out"
+
+# the build trees: CUDA=0 and CUDA=1 apart, and nothing left to compile
+# after the build make test made (skipped for make asan's own tree). The
+# make under test is a fresh one, not a job of the make running the suite.
+mk() { env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make --no-print-directory "$@"; }
+b0=$(mk -s --eval='print-B: ; @echo $(B)' print-B CUDA=0 | tail -n 1)
+b1=$(mk -s --eval='print-B: ; @echo $(B)' print-B CUDA=1 | tail -n 1)
+check "CUDA=0 and CUDA=1 have their own build trees ($b0, $b1)" test "$b0" = build/cpu -a "$b1" = build/cuda
+cfg=$(basename "$(dirname "$(readlink -f "$LLM_BIN")")")
+case $cfg in
+cpu|cuda)
+	cuda=0; [ "$cfg" = cuda ] && cuda=1
+	out=$(mk CUDA=$cuda all 2>&1)
+	check "after the build, make CUDA=$cuda compiles and links nothing" sh -c \
+		"! echo \"\$1\" | grep -qE '^(cc|gcc|clang|ar|[^ ]*nvcc) '" _ "$out" ;;
+*) skip "nothing to rebuild" "$LLM_BIN is not a default build tree" ;;
+esac
 tap_done

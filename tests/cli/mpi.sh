@@ -7,7 +7,7 @@
 # Ranks are oversubscribed (CI has 2 cores); root needs --allow-run-as-root.
 . tests/lib/tap.sh
 T=$TMPD
-C=${LLM_TESTBIN:-build/tests}/mpi_check
+C=${LLM_TESTBIN:-build/cpu/tests}/mpi_check
 if [ ! -x "$C" ]; then notok "mpi_check is built ($C)"; tap_done; fi
 
 # one process, no launcher: the single-process implementation, same checks

@@ -315,6 +315,8 @@ static void pct(double *v, int n, double out[3])
  * a later request reuses its connection. */
 struct pool {
 	pthread_mutex_t mu;
+	pthread_cond_t cv;          /* signalled when a request or a thread ends */
+	int n_done, n_exit;         /* requests finished, threads finished */
 	int next, n;                /* closed loop: the next of N requests */
 	struct req *q;
 	double t_stop;
@@ -347,6 +349,53 @@ static void client_put(struct pool *p, struct http *c)
 	pthread_mutex_unlock(&p->mu);
 }
 
+/* Count a finished request (and the end of its thread when EXIT). */
+static void pool_count(struct pool *p, int request, int exit)
+{
+	pthread_mutex_lock(&p->mu);
+	p->n_done += request;
+	p->n_exit += exit;
+	pthread_cond_signal(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* Progress: copy the count of finished requests in and tick. */
+static void pool_tick(struct pool *p, struct llm_progress *pg)
+{
+	if (!pg || !pg->out)
+		return;
+	pthread_mutex_lock(&p->mu);
+	pg->items = (uint64_t)p->n_done;
+	pthread_mutex_unlock(&p->mu);
+	llm_progress_tick(pg);
+}
+
+/* Wait until N_THREADS threads have ended, ticking PG (0.25 s at most apart
+ * while it has a stream); the threads are then joined at once. */
+static void pool_wait(struct pool *p, int n_threads, struct llm_progress *pg)
+{
+	pthread_mutex_lock(&p->mu);
+	while (p->n_exit < n_threads) {
+		if (pg && pg->out) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 250000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+			pg->items = (uint64_t)p->n_done;
+			pthread_mutex_unlock(&p->mu);
+			llm_progress_tick(pg);
+			pthread_mutex_lock(&p->mu);
+		} else {
+			pthread_cond_wait(&p->cv, &p->mu);
+		}
+	}
+	pthread_mutex_unlock(&p->mu);
+}
+
 static void *conc_worker(void *arg)
 {
 	struct pool *p = arg;
@@ -358,8 +407,10 @@ static void *conc_worker(void *arg)
 		if (i < 0)
 			break;
 		run_req(&p->q[i], c);
+		pool_count(p, 1, 0);
 	}
 	client_put(p, c);
+	pool_count(p, 0, 1);
 	return NULL;
 }
 
@@ -369,6 +420,7 @@ static void *open_req(void *arg)
 	struct http *c = client_get(q->pool);
 	run_req(q, c);
 	client_put(q->pool, c);
+	pool_count(q->pool, 1, 1);
 	return NULL;
 }
 
@@ -399,6 +451,19 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 		return llm_fail(LLM_ERR_NOMEM, "bench: out of memory");
 	}
 	pthread_mutex_init(&p.mu, NULL);
+	pthread_cond_init(&p.cv, NULL);
+	struct llm_progress *pg = o->progress;
+	if (pg) {
+		pg->items = 0;
+		pg->n_items = (uint64_t)n;
+		pg->n_bytes = 0;
+		pg->noun = "requests";
+		if (concurrency > 0)
+			snprintf(pg->note, sizeof pg->note, "concurrency %d", concurrency);
+		else
+			snprintf(pg->note, sizeof pg->note, "rate %g req/s", rate);
+	}
+	int n_started = 0;
 	for (int i = 0; i < n; i++) {
 		q[i].o = o;
 		q[i].u = &u;
@@ -411,7 +476,8 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 		p.t_stop = o->duration > 0 ? t0 + o->duration : 0;
 		int nt = concurrency < n ? concurrency : n;
 		for (int i = 0; i < nt; i++)
-			started[i] = !pthread_create(&th[i], NULL, conc_worker, &p);
+			n_started += started[i] = !pthread_create(&th[i], NULL, conc_worker, &p);
+		pool_wait(&p, n_started, pg);
 		for (int i = 0; i < nt; i++)
 			if (started[i])
 				pthread_join(th[i], NULL);
@@ -424,12 +490,15 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 		for (int i = 0; i < n; i++) {
 			if (o->duration > 0 && next - t0 > o->duration)
 				break;
-			double wait = next - llm_now();
-			if (wait > 0) {
+			double wait;
+			while ((wait = next - llm_now()) > 0) {    /* in slices of 0.25 s when ticking */
+				if (pg && pg->out && wait > 0.25)
+					wait = 0.25;
 				struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
 				nanosleep(&ts, NULL);
+				pool_tick(&p, pg);
 			}
-			started[i] = !pthread_create(&th[i], NULL, open_req, &q[i]);
+			n_started += started[i] = !pthread_create(&th[i], NULL, open_req, &q[i]);
 			if (isfinite(rate) && rate > 0) {
 				x ^= x << 13;
 				x ^= x >> 7;
@@ -438,6 +507,7 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 				next += -log(uu) / rate;
 			}
 		}
+		pool_wait(&p, n_started, pg);
 		for (int i = 0; i < n; i++)
 			if (started[i])
 				pthread_join(th[i], NULL);
@@ -447,6 +517,7 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 		free(p.idle[i]);
 	}
 	free(p.idle);
+	pthread_cond_destroy(&p.cv);
 	pthread_mutex_destroy(&p.mu);
 	/* statistics */
 	double *ttft = calloc((size_t)n, sizeof(double)), *tpot = calloc((size_t)n, sizeof(double));
@@ -663,6 +734,13 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 		goto out;
 	}
 #define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, (int32_t)(x % (uint64_t)nv))
+	struct llm_progress *pg = o->progress;
+	if (pg) {             /* runs of this call: a warm-up and the repetitions of each test */
+		pg->items = 0;
+		pg->n_items = (uint64_t)((o->n_prompt > 0) + (o->n_gen > 0)) * (uint64_t)(reps + 1);
+		pg->n_bytes = 0;
+		pg->noun = "runs";
+	}
 	for (int test = 0; test < 2 && !st; test++) {
 		int n = test == 0 ? o->n_prompt : o->n_gen;
 		if (n <= 0)
@@ -676,6 +754,8 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 			snprintf(res->test, sizeof res->test, "pp%d%s", n, at);
 		else
 			snprintf(res->test, sizeof res->test, "tg%d x%d%s", n, b, at);
+		if (pg)
+			snprintf(pg->note, sizeof pg->note, "%s %s", o->backend ? o->backend : "auto", res->test);
 		for (int k = 0; k < reps + 1 && !st; k++) {     /* one warm-up run */
 			int ns = test == 0 ? 1 : b;
 			for (int i = 0; i < ns && !st; i++)
@@ -721,6 +801,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 					st = llm_engine_forward(e, &bt, &lg, &n_out);
 					if (!st && !isfinite(lg[(size_t)(n_out - 1) * (size_t)nv]))
 						res->wrong++;
+					llm_progress_tick(pg);      /* a clock read until a line is due */
 				}
 			}
 			double dt = llm_now() - t0;
@@ -728,6 +809,10 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 				llm_kv_seq_free(kv, seqs[i]);
 			if (k > 0)
 				t[k - 1] = (double)(test == 0 ? n : n * b) / dt;
+			if (pg) {
+				pg->items++;
+				llm_progress_tick(pg);
+			}
 		}
 		double m = 0;
 		for (int k = 0; k < reps; k++)

@@ -21,6 +21,7 @@
 
 #include <stdio.h>
 #include "status.h"
+#include "progress.h"
 
 struct llm_bench_prompt {
 	int32_t *ids;              /* token ids (synthetic), or NULL */
@@ -40,6 +41,7 @@ struct llm_bench_serve_opts {
 	const struct llm_bench_prompt *prompts;
 	int n_prompts;             /* used round robin */
 	double timeout;            /* per request, seconds */
+	struct llm_progress *progress;  /* NULL, or requests done of the run (progress.h) */
 };
 
 struct llm_bench_serve_result {
@@ -80,6 +82,7 @@ struct llm_bench_model_opts {
 	int batch;                 /* sequences decoding together in the generation test */
 	int reps;
 	int weight_pages;           /* enum llm_weight_pages */
+	struct llm_progress *progress;  /* NULL, or repetitions done of the call (progress.h) */
 };
 
 struct llm_bench_model_result {

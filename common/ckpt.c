@@ -519,6 +519,7 @@ struct llm_ckpt_writer {
 	char *buf;              /* write buffer, 4096-aligned */
 	size_t buf_len;
 	size_t done, total;
+	struct llm_progress *prog;    /* the caller's, or NULL */
 };
 
 /* Files are written with O_DIRECT where the filesystem allows it: large
@@ -704,6 +705,7 @@ enum llm_status llm_ckpt_write_begin(struct llm_ckpt_writer **wp, const char *ou
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	w->fd = -1;
 	w->force = opts && opts->force;
+	w->prog = opts ? opts->progress : NULL;
 	/* "out/" names the directory out: its temporary is out.tmp.PID */
 	w->mode = !strcmp(out, "-") ? W_STDOUT : ends_with(out, ".safetensors") ? W_FILE : W_DIR;
 	w->out = llm_path_trim(out);
@@ -815,6 +817,14 @@ enum llm_status llm_ckpt_write_begin(struct llm_ckpt_writer **wp, const char *ou
 	s = open_shard(w, 0);
 	if (s)
 		goto fail;
+	if (w->prog) {             /* a caller that knows more (several writers) set more */
+		struct llm_progress *p = w->prog;
+		p->noun = "tensors";
+		if (p->n_bytes < p->bytes + w->total)
+			p->n_bytes = p->bytes + w->total;
+		if (p->n_items < p->items + n_desc)
+			p->n_items = p->items + n_desc;
+	}
 	*wp = w;
 	return LLM_OK;
 fail:
@@ -825,8 +835,11 @@ fail:
 long llm_ckpt_write_next(struct llm_ckpt_writer *w)
 {
 	/* skip over zero-byte tensors: nothing to write for them */
-	while (w->pos < w->n_desc && w->descs[w->order[w->pos]].nbytes == 0)
+	while (w->pos < w->n_desc && w->descs[w->order[w->pos]].nbytes == 0) {
 		w->pos++;
+		if (w->prog)
+			w->prog->items++;
+	}
 	return w->pos < w->n_desc ? (long)w->order[w->pos] : -1;
 }
 
@@ -848,18 +861,17 @@ enum llm_status llm_ckpt_write_data(struct llm_ckpt_writer *w, const void *data,
 		n -= k;
 		w->in_tensor += k;
 		w->done += k;
+		if (w->prog)
+			w->prog->bytes += k;
 		if (w->in_tensor == t->nbytes) {
 			w->pos++;
 			w->in_tensor = 0;
+			if (w->prog)
+				w->prog->items++;
 		}
 	}
+	llm_progress_tick(w->prog);
 	return LLM_OK;
-}
-
-void llm_ckpt_write_progress(const struct llm_ckpt_writer *w, size_t *done, size_t *total)
-{
-	*done = w->done;
-	*total = w->total;
 }
 
 static void writer_free(struct llm_ckpt_writer *w)
@@ -935,6 +947,8 @@ enum llm_status llm_ckpt_write_commit(struct llm_ckpt_writer *w)
 			llm_fsync_dir(".");
 		}
 	}
+	if (w->prog)
+		w->prog->files += w->n_shard;
 	writer_free(w);
 	return LLM_OK;
 }

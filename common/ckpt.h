@@ -15,6 +15,7 @@
 #ifndef LLM_CKPT_H
 #define LLM_CKPT_H
 
+#include "progress.h"
 #include "safetensors.h"
 
 /* A side file carried through unchanged (config.json, tokenizer.json ...). */
@@ -104,6 +105,7 @@ size_t llm_weight_scale_bytes(const struct llm_weight *w);
 struct llm_ckpt_write_opts {
 	size_t max_shard_size;   /* bytes per shard, directories only (0: 5 GB) */
 	int force;               /* replace an existing OUT */
+	struct llm_progress *progress;  /* NULL, or counts bytes, tensors, files written and ticks */
 };
 
 struct llm_ckpt_writer;
@@ -124,8 +126,6 @@ enum llm_status llm_ckpt_write_data(struct llm_ckpt_writer *w, const void *data,
 enum llm_status llm_ckpt_write_commit(struct llm_ckpt_writer *w);
 /* Remove everything written; frees W. Safe on NULL. */
 void llm_ckpt_write_abort(struct llm_ckpt_writer *w);
-/* Bytes written so far and in total (for progress). */
-void llm_ckpt_write_progress(const struct llm_ckpt_writer *w, size_t *done, size_t *total);
 
 /* ---- partitioned checkpoints ----------------------------------------
  * Written by llm-repartition (partition.h, which also states the split);

@@ -587,6 +587,11 @@ enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, cons
 		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
 		goto out;
 	}
+	if (wo && wo->progress) {
+		for (size_t i = 0; i < ck.n_tensor; i++)
+			wo->progress->bytes_in += ck.tensors[i]->nbytes;
+		wo->progress->items_in = ck.n_tensor;
+	}
 	if ((s = llm_ckpt_write_begin(&w, out, d, n, aux, ck.n_aux, wo)))
 		goto out;
 	long i;

@@ -106,9 +106,7 @@ struct plan {
 	int *layer0;                     /* (pp + 1) */
 	int n_rank;
 	struct prank *rk;
-	double t0, last;
-	uint64_t done_before, total;
-	int cur;
+	uint64_t total;                  /* bytes of all ranks */
 };
 
 static int ends_with(const char *s, const char *suf)
@@ -395,25 +393,6 @@ static char *rank_file(int r, int p, int t)
 	return llm_strdup(b);
 }
 
-static void progress(struct plan *pl, struct llm_ckpt_writer *w, int final)
-{
-	if (!pl->o->progress)
-		return;
-	double now = llm_now();
-	if (!final && now - pl->last < 0.25)
-		return;
-	pl->last = now;
-	size_t done = 0, total = 0;
-	if (w)
-		llm_ckpt_write_progress(w, &done, &total);
-	uint64_t d = pl->done_before + done;
-	double el = now - pl->t0, mbs = el > 0 ? d / 1e6 / el : 0;
-	fprintf(stderr, "\r%s: rank %d/%d  %.0f/%.0f MB  %.0f MB/s  ETA %.0f s   ", llm_progname(), pl->cur + 1,
-	        pl->n_rank, d / 1e6, pl->total / 1e6, mbs, mbs > 0 ? (pl->total - d) / 1e6 / mbs : 0);
-	if (final)
-		fputc('\n', stderr);
-}
-
 /* Stream the slice PS of its whole tensor into W. */
 static enum llm_status write_slice(struct plan *pl, struct llm_ckpt_writer *w, const struct pslice *ps, uint8_t *buf)
 {
@@ -423,7 +402,6 @@ static enum llm_status write_slice(struct plan *pl, struct llm_ckpt_writer *w, c
 		for (size_t off = 0; off < t->nbytes; off += CHUNK) {
 			size_t k = t->nbytes - off < CHUNK ? t->nbytes - off : CHUNK;
 			LLM_TRY(llm_ckpt_write_data(w, p + off, k));
-			progress(pl, w, 0);
 		}
 		return LLM_OK;
 	}
@@ -443,7 +421,6 @@ static enum llm_status write_slice(struct plan *pl, struct llm_ckpt_writer *w, c
 		int64_t e = r + step < r1 ? r + step : r1;
 		LLM_TRY(llm_partition_read(&pl->ck, t, r, e, c0, c1, buf));
 		LLM_TRY(llm_ckpt_write_data(w, buf, (size_t)(e - r) * row));
-		progress(pl, w, 0);
 	}
 	return LLM_OK;
 }
@@ -472,7 +449,6 @@ static enum llm_status write_one(struct plan *pl, const struct prank *pr, const 
 		llm_ckpt_write_abort(w);
 		return s;
 	}
-	pl->done_before += pr->bytes;
 	return llm_ckpt_write_commit(w);
 }
 
@@ -557,11 +533,10 @@ static enum llm_status write_partitioned(struct plan *pl, const char *out_arg, u
 	enum llm_status s = LLM_OK;
 	const struct llm_aux *cfg = llm_ckpt_aux(&pl->ck, "config.json");
 	for (int r = 0; !s && r < pl->n_rank; r++) {
-		pl->cur = r;
 		char *f = rank_file(r, r / pl->o->tp, r % pl->o->tp), *path = llm_path_join(tmp, f), *meta = rank_meta(pl, r);
 		struct llm_aux aux[2] = { { (char *)"config.json", cfg->data, cfg->len },
 		                          { (char *)LLM_PART_META, meta, meta ? strlen(meta) : 0 } };
-		struct llm_ckpt_write_opts wo = { 0 };
+		struct llm_ckpt_write_opts wo = { .progress = pl->o->write.progress };
 		s = f && path && meta ? write_one(pl, &pl->rk[r], path, aux, 2, &wo, buf) : llm_fail(LLM_ERR_NOMEM, "out of memory");
 		free(f), free(path), free(meta);
 	}
@@ -682,7 +657,15 @@ enum llm_status llm_repartition(const char *in, const char *out, const struct ll
 	}
 	if (llm_log_level >= 2)        /* -v: on stderr, OUT may be - */
 		print_plan(&pl, in, stderr);
-	pl.t0 = pl.last = llm_now();
+	struct llm_progress *pg = o->write.progress;
+	if (pg) {              /* totals over all ranks, before the first writer */
+		pg->n_bytes = pl.total;
+		for (int r = 0; r < pl.n_rank; r++)
+			pg->n_items += pl.rk[r].n;
+		for (size_t i = 0; i < pl.n_w; i++)
+			pg->bytes_in += pl.w[i]->nbytes;
+		pg->items_in = pl.n_w;
+	}
 	if (pl.n_rank == 1) {               /* Hugging Face layout */
 		struct llm_aux *aux = calloc(pl.ck.n_aux + 1, sizeof *aux);
 		size_t na = 0;
@@ -698,8 +681,6 @@ enum llm_status llm_repartition(const char *in, const char *out, const struct ll
 	} else {
 		s = write_partitioned(&pl, out, buf);
 	}
-	if (!s)
-		progress(&pl, NULL, 1);
 out:
 	free(buf);
 	plan_free(&pl);

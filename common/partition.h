@@ -78,8 +78,8 @@ struct llm_part_opts {
 	int tp, pp;                   /* >= 1 */
 	const int *layers;            /* (pp) layers per stage, or NULL: balanced */
 	int dry_run;                  /* check and print the plan on stdout; write nothing */
-	int progress;                 /* progress line on stderr */
-	struct llm_ckpt_write_opts write;   /* force; max_shard_size for --tp 1 --pp 1 */
+	struct llm_ckpt_write_opts write;   /* force; max_shard_size for --tp 1 --pp 1; progress
+	                                     * (NULL or the tool's; every rank's file counts) */
 };
 
 /* Repartition IN (a checkpoint, partitioned or not) into OUT for tp x pp

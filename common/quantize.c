@@ -217,28 +217,8 @@ struct job {
 	uint8_t *codes, *conv;
 	float *scales;                 /* all scales of the current weight */
 	size_t max_cols;
-	double t0, last;
 	int nth;                       /* threads per band */
-	size_t idx;                    /* output tensor being written, for progress */
 };
-
-static void progress(struct job *j, int final)
-{
-	if (!j->o->progress)
-		return;
-	double now = llm_now();
-	if (!final && now - j->last < 0.25)
-		return;
-	j->last = now;
-	size_t done, total;
-	llm_ckpt_write_progress(j->w, &done, &total);
-	double el = now - j->t0, mbs = el > 0 ? done / 1e6 / el : 0;
-	double eta = mbs > 0 ? (total - done) / 1e6 / mbs : 0;
-	fprintf(stderr, "\r%s: tensor %zu/%zu  %.0f/%.0f MB  %.0f MB/s  ETA %.0f s   ",
-	        llm_progname(), j->idx + 1, j->n, done / 1e6, total / 1e6, mbs, eta);
-	if (final)
-		fputc('\n', stderr);
-}
 
 /* A band is filled (rows split across threads), then quantized (column
  * blocks split) or converted (rows split). Each thread owns disjoint
@@ -328,16 +308,17 @@ static enum llm_status write_quant(struct job *j, struct item *it)
 					maxabs = d > maxabs ? d : maxabs;
 				}
 		LLM_TRY(llm_ckpt_write_data(j->w, j->codes, (size_t)((r1 - r0) * cols)));
-		progress(j, 0);
 	}
 	if (j->o->stats) {
 		double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
 		if (j->o->stats == 2)
 			printf("{\"tensor\":\"%s\",\"shape\":[%lld,%lld],\"block\":[%lld,%lld],\"rel_rms_error\":%.6g,\"max_abs_error\":%.6g}\n",
 			       it->out.name, (long long)rows, (long long)cols, (long long)j->bn, (long long)bk, rel, maxabs);
-		else
+		else {
+			llm_progress_clear(j->o->write.progress);    /* the table line goes above the bar */
 			fprintf(stderr, "%-56s %6lldx%-6lld rel_rms %.3e  max_abs %.3e\n", it->out.name,
 			        (long long)rows, (long long)cols, rel, maxabs);
+		}
 	}
 	return LLM_OK;
 }
@@ -356,7 +337,6 @@ static enum llm_status write_convert(struct job *j, struct item *it)
 		band_run(&bw, FILL);
 		band_run(&bw, CONVERT);
 		LLM_TRY(llm_ckpt_write_data(j->w, j->conv, (size_t)((r1 - r0) * cols) * es));
-		progress(j, 0);
 	}
 	return LLM_OK;
 }
@@ -390,21 +370,18 @@ static enum llm_status run_job(struct job *j, const char *out, const struct llm_
 	free(descs);
 	if (s)
 		return s;
-	j->t0 = llm_now();
 	long nc = sysconf(_SC_NPROCESSORS_ONLN);
 	j->nth = j->o->threads > 0 ? j->o->threads : nc > 0 ? (int)nc : 1;
 	j->nth = j->nth > 16 ? 16 : j->nth;
 	long i;
 	while (!s && (i = llm_ckpt_write_next(j->w)) >= 0) {
 		struct item *it = &j->items[i];
-		j->idx = (size_t)i;
 		switch (it->act) {
 		case A_COPY: {
 			const uint8_t *p = it->in->data;
 			for (size_t off = 0; !s && off < it->in->nbytes; off += 64u << 20) {
 				size_t k = it->in->nbytes - off < (64u << 20) ? it->in->nbytes - off : (64u << 20);
 				s = llm_ckpt_write_data(j->w, p + off, k);
-				progress(j, 0);
 			}
 			break;
 		}
@@ -420,8 +397,6 @@ static enum llm_status run_job(struct job *j, const char *out, const struct llm_
 		j->w = NULL;
 		return s;
 	}
-	j->idx = j->n - 1;
-	progress(j, 1);
 	s = llm_ckpt_write_commit(j->w);
 	j->w = NULL;
 	return s;
@@ -552,6 +527,12 @@ enum llm_status llm_quantize(const char *in, const char *out, const struct llm_q
 	if (s)
 		goto out_re;
 	j.src.ck = &ck;
+	if (o->write.progress)
+		for (size_t f = 0; f < ck.n_file; f++)
+			for (size_t i = 0; i < ck.files[f].n_tensor; i++) {
+				o->write.progress->bytes_in += ck.files[f].tensors[i].nbytes;
+				o->write.progress->items_in++;
+			}
 	int fp8 = llm_ckpt_is_fp8(&ck);
 	if (fp8 && !o->dequantize) {
 		s = llm_fail(LLM_ERR_USAGE, "%s: already quantized (it has F8_E4M3 tensors); use --dequantize", in);

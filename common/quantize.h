@@ -16,9 +16,8 @@ struct llm_quant_opts {
 	const char *include;             /* regex of tensor names to quantize (NULL: decoder linears) */
 	const char *exclude;             /* regex of names never quantized (NULL: none) */
 	int stats;                       /* 1: table on stderr, 2: JSONL on stdout */
-	int progress;                    /* progress line on stderr */
 	int threads;                     /* worker threads (0: all cores) */
-	struct llm_ckpt_write_opts write;
+	struct llm_ckpt_write_opts write;  /* .progress: NULL or the tool's (progress.h) */
 	/* random checkpoints */
 	uint64_t seed;
 	const char *tokenizer_dir;       /* side files to copy into a random checkpoint */

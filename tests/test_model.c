@@ -505,7 +505,7 @@ static int write_bf16(const char *out)
 		d[i].data = NULL;
 	}
 	struct llm_ckpt_writer *w;
-	struct llm_ckpt_write_opts wo = { 0, 1 };
+	struct llm_ckpt_write_opts wo = { .force = 1 };
 	int ok = llm_ckpt_write_begin(&w, out, d, ck.n_tensor, ck.aux, ck.n_aux, &wo) == LLM_OK;
 	long k;
 	while (ok && (k = llm_ckpt_write_next(w)) >= 0) {

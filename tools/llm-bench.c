@@ -19,6 +19,7 @@ static const char *weight_pages = "auto", *kv_dtype = "f32";
 static int64_t input_len = 128, output_len = 64, requests = 64, seed = 1, shared_prefix = 0, id_range = 500;
 static int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3, threads = 0;
 static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min_tok_s = 0;
+static struct llm_progress pg;   /* progress and the summary on stderr; -q: none */
 
 static const struct llm_opt opts[] = {
 	LLM_STR(0, "rate", "LIST", &rates, "serve: Poisson arrival rates in req/s, e.g. 1,2,4,8 (inf: all at once)"),
@@ -54,7 +55,8 @@ static const struct llm_opt opts[] = {
 static const struct llm_cli cli = {
 	.usage = "llm-bench [options] serve URL | model CKPT",
 	.summary = "Benchmark a running server under load (serve: Poisson arrivals or fixed concurrency,\n"
-	           "TTFT/ITL/TPOT/e2e percentiles, goodput) or a model's prompt and generation tokens/s (model).",
+	           "TTFT/ITL/TPOT/e2e percentiles, goodput) or a model's prompt and generation tokens/s (model).\n"
+	           "The report goes to standard output; progress and a closing summary to standard error (-q: neither).",
 	.example = "llm-bench serve http://127.0.0.1:8080 --rate 1,2,4,8 --input-len 2048 --output-len 256 --plot rates.svg",
 	.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 2, .max_pos = 2,
 };
@@ -192,7 +194,7 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 	struct llm_bench_serve_opts o = {
 		.url = url, .model = model, .api_key = api_key, .n_requests = (int)requests, .duration = duration,
 		.slo_ttft_ms = slo_ttft, .slo_itl_ms = slo_itl, .seed = (uint64_t)seed, .prompts = pr, .n_prompts = n_pr,
-		.timeout = timeout_s,
+		.timeout = timeout_s, .progress = &pg,
 	};
 	char *name = NULL;
 	if (llm_bench_serve_model(&o, &name))
@@ -211,20 +213,27 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 	llm_bench_serve_header(stdout, fmt);
 	fflush(stdout);
 	struct llm_bench_serve_result res[64];
-	int wrong = 0;
+	int wrong = 0, sent = 0, done = 0;
 	double best = 0;
 	for (int i = 0; i < n_list; i++) {
 		enum llm_status st = conc_mode ? llm_bench_serve_run(&o, 0, (int)list[i], &res[i])
 		                               : llm_bench_serve_run(&o, list[i], 0, &res[i]);
+		llm_progress_clear(&pg);
 		if (st)
 			llm_die("%s", llm_errmsg());
 		llm_bench_serve_row(stdout, fmt, &res[i]);
 		fflush(stdout);
 		wrong += res[i].wrong;
+		sent += res[i].sent;
+		done += res[i].completed;
 		if (res[i].out_tok_s > best)
 			best = res[i].out_tok_s;
 	}
 	printf("# summary: %d runs, best %.1f output tok/s, %d wrong\n", n_list, best, wrong);
+	fflush(stdout);
+	double el = llm_progress_elapsed(&pg);
+	llm_progress_end(&pg, "%d run%s, %d requests sent, %d done, %d wrong in %.1f s, %.2f req/s", n_list,
+	                 n_list == 1 ? "" : "s", sent, done, wrong, el, el > 0 ? done / el : 0);
 	int rc = wrong ? 3 : 0;
 	if (min_tok_s > 0 && best < min_tok_s) {
 		llm_warn("best output %.1f tok/s is below --min-tok-s %g", best, min_tok_s);
@@ -270,17 +279,21 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 		       "batch", "test", "tok/s", "sd", "#wrong", "", "", "", "", "(tok/s)", "(tok/s)", "");
 	else if (fmt == LLM_BENCH_CSV)
 		printf("backend,threads,batch,test,tok_s,sd,wrong\n");
-	int wrong = 0;
+	int wrong = 0, n_tests = 0;
 	double best = 0;
 	for (char *save, *be = strtok_r(bbuf, ",", &save); be; be = strtok_r(NULL, ",", &save)) {
 		for (int i = 0; i < nb; i++) {
 			struct llm_bench_model_opts o = { .backend = be, .n_threads = (int)threads, .n_prompt = i ? 0 : (int)n_prompt,
 			                                  .n_gen = (int)n_gen, .batch = (int)bl[i], .reps = (int)reps,
-			                                  .n_depth = (int)n_depth, .kv_dtype = kvd, .weight_pages = wp };
+			                                  .n_depth = (int)n_depth, .kv_dtype = kvd, .weight_pages = wp,
+			                                  .progress = &pg };
 			struct llm_bench_model_result r[2];
 			int n_r;
-			if (llm_bench_model(ckpt, &o, r, &n_r))
+			int st = llm_bench_model(ckpt, &o, r, &n_r);
+			llm_progress_clear(&pg);
+			if (st)
 				llm_die("%s", llm_errmsg());
+			n_tests += n_r;
 			for (int k = 0; k < n_r; k++) {
 				int b = strncmp(r[k].test, "pp", 2) ? (int)bl[i] : 1;
 				if (fmt == LLM_BENCH_JSONL)
@@ -299,6 +312,9 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 		}
 	}
 	printf("# summary: best generation %.2f tok/s, %d wrong\n", best, wrong);
+	fflush(stdout);
+	llm_progress_end(&pg, "%d test%s of %lld repetition%s (and a warm-up each), %d wrong in %.1f s", n_tests,
+	                 n_tests == 1 ? "" : "s", (long long)reps, reps == 1 ? "" : "s", wrong, llm_progress_elapsed(&pg));
 	if (min_tok_s > 0 && best < min_tok_s) {
 		llm_warn("best generation %.2f tok/s is below --min-tok-s %g", best, min_tok_s);
 		return 3;
@@ -318,6 +334,8 @@ int main(int argc, char **argv)
 	                            !strcmp(format, "jsonl") ? LLM_BENCH_JSONL : (enum llm_bench_format)-1;
 	if ((int)fmt < 0)
 		return llm_args_usage_error(&cli, "--format: '%s' is not table, csv or jsonl", format);
+	if (llm_progress_init(&pg, llm_log_level >= 1 ? stderr : NULL))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	if (!strcmp(pos[0], "serve"))
 		return run_serve(pos[1], fmt);
 	if (!strcmp(pos[0], "model"))

@@ -208,9 +208,15 @@ int main(int argc, char **argv)
 		if (llm_model_open(&m, model) || llm_lora_load(&lo, merge, &m.cfg))
 			llm_die("%s", llm_errmsg());
 		llm_model_close(&m);
-		struct llm_ckpt_write_opts wo = { .force = o.force };
-		if (llm_lora_merge(&lo, model, o.out, &wo))
+		struct llm_progress pg;      /* progress and the summary on stderr; -q: none */
+		if (llm_progress_init(&pg, llm_log_level >= 1 ? stderr : NULL))
 			llm_die("%s", llm_errmsg());
+		struct llm_ckpt_write_opts wo = { .force = o.force, .progress = &pg };
+		if (llm_lora_merge(&lo, model, o.out, &wo)) {
+			llm_progress_clear(&pg);
+			llm_die("%s", llm_errmsg());
+		}
+		llm_progress_end_write(&pg, o.out);
 		llm_lora_free(&lo);
 		llm_comm_finalize(world);
 		return 0;

@@ -54,7 +54,8 @@ int main(int argc, char **argv)
 		.usage = "llm-quantize [options] IN OUT",
 		.summary = "Quantize a Hugging Face checkpoint to FP8 E4M3 with group-wise scales, or back.\n"
 		           "IN and OUT are directories, .safetensors files or - (standard input/output);\n"
-		           "with --random CONFIG, IN is omitted.",
+		           "with --random CONFIG, IN is omitted. Progress and a closing summary go to\n"
+		           "standard error (-q: neither).",
 		.example = "llm-quantize --block 128x128 models/tinyllama models/tinyllama-fp8",
 		.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 1, .max_pos = 2,
 	};
@@ -90,10 +91,16 @@ int main(int argc, char **argv)
 	q.seed = (uint64_t)seed;
 	q.write.force = force;
 	q.write.max_shard_size = max_shard;
-	q.progress = llm_log_level >= 1 && isatty(2);
+	struct llm_progress pg;          /* progress and the summary on stderr; -q: none */
+	if (llm_progress_init(&pg, llm_log_level >= 1 ? stderr : NULL))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
+	q.write.progress = &pg;
 	enum llm_status s = random_cfg ? llm_quantize_random(random_cfg, out, &q)
 	                               : llm_quantize(pos[0], out, &q);
-	if (s)
+	if (s) {
+		llm_progress_clear(&pg);
 		llm_die("%s", llm_errmsg());
+	}
+	llm_progress_end_write(&pg, out);
 	return 0;
 }

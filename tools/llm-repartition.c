@@ -48,7 +48,8 @@ int main(int argc, char **argv)
 		.usage = "llm-repartition [options] IN OUT --tp T --pp P",
 		.summary = "Write a partitioned checkpoint, one safetensors file per rank (stage p, TP rank t),\n"
 		           "for tensor x pipeline parallel runs (mpirun -np T*P); --tp 1 --pp 1 merges one\n"
-		           "back into the Hugging Face layout, bit-exact. IN is any checkpoint.",
+		           "back into the Hugging Face layout, bit-exact. IN is any checkpoint. Progress and\n"
+		           "a closing summary go to standard error (-q: neither).",
 		.example = "llm-repartition models/llama-8b-fp8 models/llama-8b-tp2pp2 --tp 2 --pp 2",
 		.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 2, .max_pos = 2,
 	};
@@ -64,13 +65,18 @@ int main(int argc, char **argv)
 	if (tp * pp > LLM_PART_MAX_RANKS)
 		return llm_args_usage_error(&cli, "--tp %lld x --pp %lld is more than %d ranks", (long long)tp,
 		                            (long long)pp, LLM_PART_MAX_RANKS);
+	struct llm_progress pg;          /* progress and the summary on stderr; -q, --dry-run: none */
+	if (llm_progress_init(&pg, llm_log_level >= 1 && !dry ? stderr : NULL))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	struct llm_part_opts o = {
 		.tp = (int)tp, .pp = (int)pp, .layers = layers ? counts : NULL, .dry_run = dry,
-		.progress = llm_log_level >= 1 && isatty(2),
-		.write = { .force = force, .max_shard_size = max_shard },
+		.write = { .force = force, .max_shard_size = max_shard, .progress = &pg },
 	};
 	enum llm_status s = llm_repartition(pos[0], pos[1], &o);
-	if (s)      /* a plan the model does not allow is exit 1 too: it names tensor and sizes */
+	if (s) {    /* a plan the model does not allow is exit 1 too: it names tensor and sizes */
+		llm_progress_clear(&pg);
 		llm_die("%s", llm_errmsg());
+	}
+	llm_progress_end_write(&pg, pos[1]);
 	return 0;
 }

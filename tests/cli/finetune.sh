@@ -99,8 +99,12 @@ tuned=$($FT -m "$S" --adapter "$T/a" --sample "$P" --sample-tokens 8)
 diag "base: $base | tuned: $tuned"
 check "the trained adapter changes generations as trained (Bob the frog, after the space that follows the prompt)" sh -c "case '$tuned' in ' Bob the frog'*) true;; *) false;; esac && case '$base' in ' Bob the frog'*) false;; *) true;; esac"
 check_fails "an existing adapter is not overwritten without --force" 1 $FT -m "$S" $TR --steps 1 -o "$T/a"
-$FT -m "$S" --merge "$T/a" -o "$T/merged"
+LLM_PROGRESS_INTERVAL=0 $FT -m "$S" --merge "$T/a" -o "$T/merged" 2>"$T/merge.err"
 check "--merge writes a checkpoint" test -f "$T/merged/model.safetensors"
+check "--merge: progress lines and the summary, the base's tensors read and written (issue 22)" \
+	python3 tests/lib/progress_check.py write "$T/merge.err" llm-finetune "$S" "$T/merged" --progress
+LLM_PROGRESS_INTERVAL=0 $FT -q -m "$S" --merge "$T/a" -o "$T/merged.q" 2>"$T/merge.err"
+check "--merge -q: empty stderr, the same checkpoint" sh -c "test ! -s '$T/merge.err' && cmp -s '$T/merged/model.safetensors' '$T/merged.q/model.safetensors'"
 gen=$(llm-generate -m "$T/merged" -p "$P" -n 8 --temp 0 2>/dev/null)
 diag "llm-generate on the merged checkpoint: $gen"
 check "--merge then llm-generate equals --sample with the adapter" sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' - "$gen" "$tuned"

@@ -93,4 +93,40 @@ check_fails "a JSON input is refused" 1 $Q "$T/config.json" "$T/j.out"
 check "... as not a safetensors file" grep -q "config.json: not a safetensors file (it starts with '{'): give the model directory" "$T/err"
 $Q -q --random $tiny --dtype fp8 --seed 7 - | $Q -q --dequantize - "$T/slash/" 2>"$T/err"
 check "--dequantize - OUT/ (a trailing slash) writes the directory OUT" sh -c "test -f '$T/slash/model.safetensors' -a -f '$T/slash/config.json' && ! ls -d '$T'/slash*.tmp.* 2>/dev/null"
+# progress and the closing summary (issue 22): on stderr, the counts those of
+# the files; plain lines when stderr is not a terminal (LLM_PROGRESS_INTERVAL
+# forces them: 0 a line at every write, 1000 none); -q and --quiet: nothing
+PC="python3 tests/lib/progress_check.py"
+LLM_PROGRESS_INTERVAL=1000 $Q "$T/r3.safetensors" "$T/sum.safetensors" >"$T/sum.out" 2>"$T/sum.err"
+check "quantize: one summary line on stderr with the tensors and sizes of IN and OUT" $PC write "$T/sum.err" llm-quantize "$T/r3.safetensors" "$T/sum.safetensors"
+check "... and nothing on stdout" test ! -s "$T/sum.out"
+LLM_PROGRESS_INTERVAL=0 $Q --max-shard-size 100KB "$T/r3.safetensors" "$T/sumdir" 2>"$T/sum.err"
+check "quantize into shards: progress lines, then the summary counting the shard files" $PC write "$T/sum.err" llm-quantize "$T/r3.safetensors" "$T/sumdir" --progress
+LLM_PROGRESS_INTERVAL=0 $Q --dequantize "$T/r8" "$T/sumdq" 2>"$T/sum.err"
+check "--dequantize: progress lines and the summary" $PC write "$T/sum.err" llm-quantize "$T/r8" "$T/sumdq" --progress
+LLM_PROGRESS_INTERVAL=0 $Q --random $tiny --seed 3 "$T/sumr.safetensors" 2>"$T/sum.err"
+check "--random: progress lines and the summary (nothing read)" $PC write "$T/sum.err" llm-quantize "" "$T/sumr.safetensors" --progress
+for q in -q --quiet; do
+	LLM_PROGRESS_INTERVAL=0 $Q $q "$T/r3.safetensors" "$T/q$q.safetensors" 2>"$T/q.err"
+	check "$q: empty stderr on success" test ! -s "$T/q.err"
+done
+LLM_PROGRESS_INTERVAL=0 $Q "$T/r3.safetensors" - >"$T/v.st" 2>"$T/v.err"
+$Q --quiet "$T/r3.safetensors" - >"$T/q.st"
+check "OUT -: stdout is byte-identical with and without --quiet" cmp -s "$T/v.st" "$T/q.st"
+check "OUT -: the summary says standard output" grep -q "^llm-quantize: read .* to standard output in " "$T/v.err"
+$Q --stats --json "$T/r3.safetensors" "$T/sj1.safetensors" >"$T/v.jsonl" 2>"$T/v.err"
+$Q -q --stats --json "$T/r3.safetensors" "$T/sj2.safetensors" >"$T/q.jsonl"
+check "--stats --json: stdout is byte-identical with and without -q" cmp -s "$T/v.jsonl" "$T/q.jsonl"
+check_fails "a bad LLM_PROGRESS_INTERVAL is a usage error naming it" 2 env LLM_PROGRESS_INTERVAL=soon $Q "$T/r3.safetensors" "$T/bad.safetensors"
+grep -q "LLM_PROGRESS_INTERVAL: 'soon'" "$T/err" && ok "... the message names the variable and value" || notok "... the message names the variable and value"
+if command -v script >/dev/null; then
+	script -qc "LLM_PROGRESS_INTERVAL=0 $Q '$T/r3.safetensors' '$T/tty.safetensors'" /dev/null >"$T/tty.out" 2>&1
+	check "on a terminal: a bar redrawn in place, then the summary on its own line" python3 -c "
+import re
+s = open('$T/tty.out', 'rb').read().decode()
+assert re.search(r'\rllm-quantize: \[[#.]{20}\] +\d+%  \d+/\d+ tensors', s), s[:300]
+assert re.search(r'\r +\rllm-quantize: read .* tensors, 1 file\) to .*tty.safetensors in ', s), s[-400:]"
+else
+	skip "progress on a terminal" "no script(1)"
+fi
 tap_done

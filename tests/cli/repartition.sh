@@ -136,6 +136,24 @@ for r in range(4):
 "
 refuse "--tp 3 on 2 kv heads" "q_proj.*8 attention heads" "$T/kv" --tp 3
 
+# progress and the closing summary (issue 22), both directions: counts those
+# of the files written (every rank file); -q: nothing; --dry-run: the plan only
+PC="python3 tests/lib/progress_check.py"
+LLM_PROGRESS_INTERVAL=0 $R "$T/kv" "$T/kvp" --tp 4 --pp 2 >"$T/kvp.out" 2>"$T/kvp.err"
+check "--tp 4 --pp 2: progress lines, then the summary (8 rank files, their tensors)" $PC write "$T/kvp.err" llm-repartition "$T/kv" "$T/kvp" --progress
+check "... and nothing on stdout" test ! -s "$T/kvp.out"
+LLM_PROGRESS_INTERVAL=1000 $R "$T/kvp" "$T/kvm" 2>"$T/kvm.err"
+check "merging back: one summary line, the whole tensors read and written" $PC write "$T/kvm.err" llm-repartition "$T/kv" "$T/kvm"
+LLM_PROGRESS_INTERVAL=0 $R -q "$T/kv" "$T/kvq" --tp 2 2>"$T/kvq.err"
+check "-q: empty stderr on success" test ! -s "$T/kvq.err"
+LLM_PROGRESS_INTERVAL=0 $R --quiet "$T/kvp" - 2>"$T/kvq.err" >"$T/kvq.st"
+check "--quiet merging to -: empty stderr" test ! -s "$T/kvq.err"
+LLM_PROGRESS_INTERVAL=0 $R "$T/kvp" - 2>/dev/null >"$T/kvv.st"
+check "merging to -: stdout is byte-identical with and without --quiet" cmp -s "$T/kvq.st" "$T/kvv.st"
+LLM_PROGRESS_INTERVAL=0 $R -n "$T/kv" x --tp 4 >"$T/dry1" 2>"$T/dry.err"
+$R -q -n "$T/kv" x --tp 4 >"$T/dry2"
+check "--dry-run: the same plan on stdout with and without -q, nothing on stderr" sh -c "cmp -s '$T/dry1' '$T/dry2' && test -s '$T/dry1' && test ! -s '$T/dry.err'"
+
 # kill safety: SIGKILL mid-write leaves nothing that looks complete (killed
 # as soon as the temporary output exists; the wait is bounded at 60 s)
 $R -q "$T/m16" "$T/killed" --tp 3 & pid=$!

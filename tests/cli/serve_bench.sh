@@ -31,6 +31,18 @@ for d in data:
     assert d[2] == '12' and d[3] == '12' and d[5] == '0', d     # sent, done, #wrong
     assert float(d[7]) > 0 and float(d[9]) > 0 and float(d[12]) >= 0, d"
 check "--plot draws an SVG and keeps the numbers" sh -c "grep -q '<svg' '$T/rates.svg' && [ \$(grep -vc '^#' '$T/rates.svg.dat') = 2 ]"
+# progress (requests done of the run) and the closing summary on stderr
+# (issue 22); -q: nothing; stdout the same but for the measured numbers
+PC="python3 tests/lib/progress_check.py"
+numless() { sed -E 's/[0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?/N/g' "$1"; }
+LLM_PROGRESS_INTERVAL=0 $B serve "$URL" --concurrency 2 --requests 6 --input-len 16 --output-len 8 --format csv >"$T/pv.csv" 2>"$T/pv.err"
+check "serve: progress lines of requests done" $PC lines "$T/pv.err" llm-bench requests
+check "serve: the summary counts runs, requests sent and done, wrong" sh -c \
+	"tail -n 1 '$T/pv.err' | grep -Eqx 'llm-bench: 1 run, 6 requests sent, 6 done, 0 wrong in [0-9.]+ s, [0-9.]+ req/s'"
+LLM_PROGRESS_INTERVAL=0 $B -q serve "$URL" --concurrency 2 --requests 6 --input-len 16 --output-len 8 --format csv >"$T/pq.csv" 2>"$T/pq.err"
+check "serve -q: empty stderr" test ! -s "$T/pq.err"
+a=$(numless "$T/pv.csv") b=$(numless "$T/pq.csv")
+check "serve: stdout the same with and without -q but for the measured numbers" [ -n "$a" -a "$a" = "$b" ]
 $B serve "$URL/v1" --concurrency 1,4 --requests 8 --input-len 16 --output-len 8 --format jsonl >"$T/jsonl"
 check "serve --concurrency (URL with /v1): JSONL rows with every request right" python3 -c "
 import json
@@ -75,6 +87,14 @@ assert [(r['batch'], r['test']) for r in rows] == [(1, 'pp16 @ d200'), (3, 'tg4 
 assert all(r['tok_s'] > 0 and r['wrong'] == 0 for r in rows)"
 grep -q -- '-d 200 .*--kv-dtype bf16' "$T/depth.jsonl" && ok "model: the config line gives -d and --kv-dtype" || notok "model: the config line gives -d and --kv-dtype"
 check_fails "model --kv-dtype f16 is a usage error" 2 $B model "$(stories)" --kv-dtype f16
+LLM_PROGRESS_INTERVAL=0 $B model "$(stories)" -p 16 -n 4 -b 1,2 -r 2 -t 1 --format csv >"$T/mv.csv" 2>"$T/mv.err"
+check "model: progress lines of runs done" $PC lines "$T/mv.err" llm-bench runs
+check "model: the summary counts the tests and repetitions" sh -c \
+	"tail -n 1 '$T/mv.err' | grep -Eqx 'llm-bench: 3 tests of 2 repetitions \(and a warm-up each\), 0 wrong in [0-9.]+ s'"
+LLM_PROGRESS_INTERVAL=0 $B --quiet model "$(stories)" -p 16 -n 4 -b 1,2 -r 2 -t 1 --format csv >"$T/mq.csv" 2>"$T/mq.err"
+check "model --quiet: empty stderr" test ! -s "$T/mq.err"
+a=$(numless "$T/mv.csv") b=$(numless "$T/mq.csv")
+check "model: stdout the same with and without --quiet but for the measured numbers" [ -n "$a" -a "$a" = "$b" ]
 check_fails "model -d past the model's context is refused" 1 $B model "$(stories)" -p 16 -n 4 -d 1000 -r 1
 grep -q "the model's context is" "$T/err" && ok "the error gives the positions needed and the context" || notok "the error gives the positions needed and the context"
 tap_done

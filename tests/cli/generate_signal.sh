@@ -99,4 +99,34 @@ wait "$pid"; rc=$?
 exec 3<&-
 check "a second signal ends a blocked batch at once (exit $rc: 128 + the second signal), without the summary line" \
 	sh -c "{ [ $rc = 143 ] || [ $rc = 130 ]; } && [ ! -s '$T/twice.err' ]"
+
+# distributed: rank 0 decides (the signal goes to its process, not to
+# mpirun, which ends the whole job on one); rank 1 follows its steps to
+# the close, and mpirun passes on rank 0's status
+need_mpirun "an interrupted batch under mpirun"
+llm-repartition -q "$M" "$T/tp2" --tp 2
+rank0() {   # the pid of rank 0 of the job over $T/tp2
+	local p
+	for p in $(pgrep -f -- "-m $T/tp2"); do
+		tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0' && echo "$p" && return 0
+	done
+	return 1
+}
+GEN=($MPIRUN -np 2 llm-generate -m "$T/tp2" --temp 0 -n 24 --parallel 8)
+rm -f "$T/fifo"; mkfifo "$T/fifo"
+"${GEN[@]}" --json <"$T/prompts.txt" >"$T/fifo" 2>"$T/mpi.jsonl.err" &
+pid=$!
+exec 3<"$T/fifo"
+: >"$T/mpi.jsonl"
+for _ in 1 2; do IFS= read -r -t 120 line <&3 && printf '%s\n' "$line" >>"$T/mpi.jsonl"; done
+r0=$(rank0)
+kill -INT "$r0"
+timeout 300 cat <&3 >>"$T/mpi.jsonl"
+exec 3<&-
+wait "$pid"; rc=$?
+check "mpirun -np 2, SIGINT to rank 0: exit 130" [ "$rc" = 130 ]
+grep '^llm-generate: interrupted' "$T/mpi.jsonl.err" >"$T/mpi.jsonl.err1"   # mpirun adds its own lines
+mv "$T/mpi.jsonl.err1" "$T/mpi.jsonl.err"
+check "mpirun -np 2: every line written is whole JSON, in input order, equal to the uninterrupted run's; stderr counts them" \
+	same_jsonl "$T/mpi.jsonl" --json
 tap_done

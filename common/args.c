@@ -1,4 +1,5 @@
-/* common/args.c: table-driven option parsing, --help, strict numbers. */
+/* common/args.c: table-driven option parsing, --help, strict numbers, the
+ * tools' interrupt flag. */
 #define _GNU_SOURCE
 #include "args.h"
 
@@ -8,6 +9,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+volatile sig_atomic_t llm_interrupt;
+
+/* Async-signal-safe: a flag, or _exit on the second signal. */
+static void on_signal(int sig)
+{
+	if (llm_interrupt)
+		_exit(128 + sig);
+	llm_interrupt = sig;
+}
+
+void llm_signals_catch(void)
+{
+	struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESTART };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);   /* cannot fail: valid signals, a valid action */
+	sigaction(SIGTERM, &sa, NULL);
+}
 
 enum llm_status llm_parse_int(const char *s, int64_t min, int64_t max, int64_t *out)
 {

@@ -6,6 +6,7 @@
 #ifndef LLM_ARGS_H
 #define LLM_ARGS_H
 
+#include <signal.h>
 #include <stdio.h>
 #include "status.h"
 
@@ -69,6 +70,14 @@ int llm_args_usage_error(const struct llm_cli *cli, const char *fmt, ...)
 enum llm_status llm_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
 enum llm_status llm_parse_float(const char *s, double *out);
 enum llm_status llm_parse_size(const char *s, size_t *out);
+
+/* For a tool's driving loop: llm_signals_catch() makes the first SIGINT or
+ * SIGTERM set llm_interrupt to its number (the loop checks it between
+ * steps, finishes what it can and exits 128 + it); a second one ends the
+ * process at once with 128 + its number. Reads in progress restart
+ * (SA_RESTART). */
+extern volatile sig_atomic_t llm_interrupt;
+void llm_signals_catch(void);
 
 #define LLM_VERSION "0.1.0"
 

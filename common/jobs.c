@@ -189,18 +189,40 @@ enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_t
 	return LLM_OK;
 }
 
-enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered)
+enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered,
+                             struct llm_jobs_out *o)
 {
 	for (size_t i = 0; i < n; i++) {
 		struct llm_job *j = &jobs[i];
 		struct llm_request r = { .prompt = j->prompt, .n_prompt = (int)j->n_prompt, .params = j->p,
 		                         .on_token = on_token, .user = j };
 		j->t_submit = llm_now();
-		enum llm_status st = llm_sched_add(s, &r, NULL);
+		enum llm_status st = llm_sched_add(s, &r, &j->id);
 		if (st)
 			return numbered ? llm_fail_prefix(st, "prompt %zu", i + 1) : st;
 	}
-	return llm_sched_run(s);
+	size_t next = 0;          /* jobs[0, next) finished and handed on */
+	int pending = 1, stopped = 0;
+	o->n_done = 0;
+	while (pending > 0) {
+		if (o->stop && *o->stop && !stopped) {
+			stopped = 1;
+			for (size_t i = 0; i < n; i++)
+				if (!jobs[i].finish)
+					llm_sched_cancel(s, jobs[i].id), jobs[i].id = -1;   /* -1: cancelled here */
+		}
+		LLM_TRY(llm_sched_step(s, &pending));
+		for (; !stopped && next < n && jobs[next].finish; next++, o->n_done++)
+			if (o->done)
+				o->done(o->user, next);
+	}
+	for (size_t i = next; i < n && stopped; i++) {
+		if (jobs[i].id == -1)
+			jobs[i].finish = LLM_FINISH_NONE;   /* the cancel event set CANCEL: no result */
+		else if (o->gaps && o->done)
+			o->done(o->user, i), o->n_done++;
+	}
+	return LLM_OK;
 }
 
 char *llm_job_json(const struct llm_job *j, size_t index)

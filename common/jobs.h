@@ -12,6 +12,8 @@
 #include "scheduler.h"
 #include "buf.h"
 
+#include <signal.h>
+
 struct llm_job {
 	int32_t *prompt;            /* (n_prompt) */
 	size_t n_prompt;
@@ -30,6 +32,7 @@ struct llm_job {
 	void (*on_event)(void *user, struct llm_job *j, const struct llm_token_event *ev);
 	void *user;
 	int echo;                   /* text starts with the prompt's, not yet handed to on_event */
+	int id;                     /* the scheduler's request id (llm_jobs_run) */
 };
 
 /* The jobs of BUF (LEN bytes, modified): one per non-empty line, a JSON
@@ -50,9 +53,24 @@ enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, cons
  * first, as an event of its own (token -1, index 0, no finish).
  * LLM_ERR_USAGE without TK, LLM_ERR_NOMEM. */
 enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_tokenizer *tk);
+/* Where llm_jobs_run hands results, and when it stops. */
+struct llm_jobs_out {
+	void (*done)(void *user, size_t i);    /* may be NULL: job i finished, in input order */
+	void *user;
+	const volatile sig_atomic_t *stop;     /* may be NULL; a signal handler's flag (llm_interrupt) */
+	int gaps;                              /* after a stop: also the finished jobs past an unfinished one */
+	size_t n_done;                         /* out: the jobs handed to DONE */
+};
 /* Queue the N jobs on S (with NUMBERED, errors name "prompt K") and run S
- * to the end. */
-enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered);
+ * until every job has finished. After each step O->done gets each job i,
+ * in input order, once jobs 0..i have all finished: results can be
+ * written in input order as they come. When *O->stop turns nonzero
+ * (checked between steps), every job not finished is cancelled (its
+ * blocks freed at the next step) and keeps finish LLM_FINISH_NONE; with
+ * O->gaps DONE then gets, in input order, the finished jobs past the first
+ * unfinished one (a caller whose lines carry no index stops at the gap). */
+enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered,
+                             struct llm_jobs_out *o);
 /* A finished job as one JSON line (no newline): index, text, prompt_ids,
  * ids, finish_reason, logprobs and top_logprobs when asked, timings.
  * Malloc'd; NULL when out of memory. */

@@ -103,13 +103,8 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
 	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype);
-	o.backend = cfg.backend;
-	o.lora_dir = cfg.lora;
-	o.n_threads = (int)cfg.threads;
-	o.n_ctx = (int)cfg.n_ctx;
-	o.max_seqs = max_seqs;
-	o.kv_seqs = kv_seqs;
-	o.max_batch_tokens = (int)cfg.batch_tokens;
+	o.backend = cfg.backend, o.lora_dir = cfg.lora, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
+	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens;
 	return o;
 }
 
@@ -239,13 +234,26 @@ static void finish(struct llm_sched *sch, struct llm_engine *e)
 	lead_close(e);
 }
 
+/* A finished job's result: its text line (-p streamed it: the newline) or --json its object; -v its summary. */
+static void put(void *user, size_t i)
+{
+	struct llm_job *j = (struct llm_job *)user + i;
+	char *js = cfg.json ? llm_job_json(j, i) : NULL, line[300];
+	if (js || !(cfg.prompt || cfg.prompt_file) || !cfg.show_tokens)
+		printf("%s\n", js ? js : cfg.prompt || cfg.prompt_file ? "" : j->text.p ? j->text.p : "");
+	free(js), fflush(stdout);
+	if (llm_log_level >= 2)
+		llm_job_summary(j, i, line, sizeof line), fprintf(stderr, "%s: %s\n", llm_progname(), line);
+}
+
 static enum llm_status run_generate(struct llm_tokenizer *tk)
 {
+	llm_signals_catch();   /* Ctrl-C: the finished results, then exit 128 + the signal (main) */
 	struct llm_api_env env;
 	flags_env(&env, tk);
 	struct llm_job *jobs = NULL;
 	size_t n = 1, len;
-	char *buf = NULL, line[300];
+	char *buf = NULL;
 	int single = cfg.prompt || cfg.prompt_file;
 	if ((cfg.prompt_file || !single) && llm_read_file(single ? cfg.prompt_file : "-", &buf, &len))
 		die_msg();
@@ -258,19 +266,11 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 	int n_run = (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n);
 	struct llm_engine *e = lead_open(n_run + (int)cfg.prefix_cache, n_run);
 	struct llm_sched *sch = sched_open(e, n_run, (int)cfg.prefix_cache, tk);
-	if (llm_jobs_run(sch, jobs, n, !single))
+	struct llm_jobs_out out = { .done = put, .user = jobs, .stop = &llm_interrupt, .gaps = cfg.json };   /* text lines stop at a gap */
+	if (llm_jobs_run(sch, jobs, n, !single, &out))
 		die_msg();
-	for (size_t i = 0; i < n; i++) {
-		char *js = cfg.json ? llm_job_json(&jobs[i], i) : NULL;
-		if (js || !single || !cfg.show_tokens)   /* -p streamed its text: the newline */
-			printf("%s\n", js ? js : single ? "" : jobs[i].text.p ? jobs[i].text.p : "");
-		free(js);
-	}
-	fflush(stdout);
-	for (size_t i = 0; i < n && llm_log_level >= 2; i++) {
-		llm_job_summary(&jobs[i], i, line, sizeof line);
-		fprintf(stderr, "%s: %s\n", llm_progname(), line);
-	}
+	if (llm_interrupt)
+		fprintf(stderr, "%s: interrupted: %zu of %zu prompts done, results written\n", llm_progname(), out.n_done, n);
 	finish(sch, e);
 	llm_jobs_free(jobs, n);
 	return LLM_OK;
@@ -395,5 +395,5 @@ int main(int argc, char **argv)
 		die_msg();
 	if (llm_comm_finalize(world))
 		llm_die("%s", llm_errmsg());
-	return 0;
+	return llm_interrupt ? 128 + llm_interrupt : 0;
 }

@@ -1,6 +1,10 @@
 # tests/cli/docs.sh: the man pages agree with the tools. For every tool in
 # bin/: a man page exists, its SYNOPSIS equals the --help usage line, and
-# every long option --help lists appears in the man page's OPTIONS.
+# every long option --help lists appears in the man page's OPTIONS. Every
+# page renders without a roff warning, and no page has a bare \n (roff reads
+# it as a register: printf '%s\n' printed as "printf '%s0 '"; write \en) or
+# a line ending in a bare \ (roff joins the next line to it; write \e).
+# Their examples run in tests/cli/examples.sh.
 . tests/lib/tap.sh
 
 # the text of section SEC of man page F, roff requests dropped and escapes undone
@@ -32,6 +36,18 @@ for t in "$LLM_BIN"/llm-*; do
 	done
 	[ -z "$missing" ] && ok "$n: the man page has NAME, SYNOPSIS, DESCRIPTION, OPTIONS, EXIT STATUS, EXAMPLES" ||
 		notok "$n: man page sections missing:$missing"
+done
+for m in man/*.[1-8]; do
+	bad=$(perl -ne 'print "$.: $_" if /(?<!\\)(?:\\\\)*\\(n|$)/' "$m")
+	if [ -z "$bad" ]; then ok "$m: no unescaped \\n or line-ending \\ (roff's register escape, line join)"
+	else notok "$m: an unescaped \\n or line-ending \\ (write \\en, \\e):"; printf '%s\n' "$bad" | sed 's/^/#   /'; fi
+	if command -v groff >/dev/null 2>&1; then
+		w=$(groff -ww -man -Tutf8 -z "$m" 2>&1)
+		if [ -z "$w" ]; then ok "$m: renders without a roff warning"
+		else notok "$m: roff warnings"; printf '%s\n' "$w" | sed 's/^/#   /' | head -5; fi
+	else
+		skip "$m renders without a roff warning" "groff not found (apt-get install groff-base)"
+	fi
 done
 check "llm-checkpoint.5 documents the FP8 layout" grep -q weight_scale_inv man/llm-checkpoint.5
 tap_done

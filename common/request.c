@@ -140,6 +140,31 @@ static int get_stop(struct parse *c, json_t *o)
 	return 1;
 }
 
+/* seed, one rule in every kind: an integer is taken modulo 2^64, so -1 is
+ * 2^64 - 1 (the negative integers name the seeds from 2^63 up, which a
+ * JSON parser reads as too big). TGI clients send floats too (Python's
+ * random(), in [0, 1)): /generate takes any number, an integral one in the
+ * 64-bit signed range as that integer, any other as the 64 bits of its
+ * IEEE-754 double, so equal values give equal seeds. */
+static int get_seed(struct parse *c, json_t *o, uint64_t *out)
+{
+	json_t *v = field(o, "seed");
+	if (!v)
+		return 0;
+	if (json_is_integer(v)) {
+		*out = (uint64_t)json_integer_value(v);
+		return 1;
+	}
+	if (c->kind != LLM_API_TGI || !json_is_real(v))
+		return bad(c, "seed", c->kind == LLM_API_TGI ? "expected a number" : "expected an integer");
+	double d = json_real_value(v);
+	if (d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == (double)(int64_t)d)
+		*out = (uint64_t)(int64_t)d;
+	else
+		memcpy(out, &d, sizeof *out);
+	return 1;
+}
+
 /* The sampling fields every kind has (TGI's in "parameters"). */
 static int sampling(struct parse *c, json_t *o)
 {
@@ -160,10 +185,8 @@ static int sampling(struct parse *c, json_t *o)
 		return -1;
 	if (r1)
 		p->top_k = v > 0 ? (int)v : 0;
-	if ((r1 = get_int(c, o, "seed", INT64_MIN, INT64_MAX, &v)) < 0)
+	if (get_seed(c, o, &p->seed) < 0)
 		return -1;
-	if (r1)
-		p->seed = (uint64_t)v;
 	if (get_int32(c, o, "min_tokens", 0, INT32_MAX, &p->min_tokens) < 0 || get_bool(c, o, "ignore_eos", &p->ignore_eos) < 0 ||
 	    get_stop(c, o) < 0)
 		return -1;

@@ -7,8 +7,8 @@
  * where the APIs differ (TGI's "parameters" object and max_new_tokens,
  * chat's boolean logprobs, JSONL's prompt_ids); the value rules are one,
  * vLLM's where the APIs leave them open: temperature in [0, 100] (the
- * sampler's range), top_p in (0, 1], top_k -1 or 0 for off, any 64-bit
- * seed, max_tokens at least 1, at most LLM_MAX_STOP stop strings (more are
+ * sampler's range), top_p in (0, 1], top_k -1 or 0 for off, an integer
+ * seed taken modulo 2^64 (TGI: any number, see get_seed), max_tokens at least 1, at most LLM_MAX_STOP stop strings (more are
  * refused, never cut), a field this code cannot honour refused unless it
  * asks for the default. Every error names its field: the message starts
  * with "FIELD: " and R->param holds FIELD, so a server answers 400 with

@@ -44,6 +44,14 @@ static int client_gone(int fd)
 	return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* The idle timeout (--timeout) is for the client's pace, not the engine's:
+ * it is off while a request waits for the engine, and set again (which
+ * restarts its clock) when there is something to send. */
+static void idle_timeout(struct MHD_Connection *c, unsigned seconds)
+{
+	MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
+}
+
 /* ---- responses --------------------------------------------------------- */
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
@@ -111,13 +119,19 @@ static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c
 
 /* ---- streaming --------------------------------------------------------- */
 
+struct stream {                  /* a streamed response's reader */
+	struct job *j;
+	struct MHD_Connection *conn;
+};
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	(void)pos;
-	struct job *j = cls;
+	struct stream *sr = cls;
+	struct job *j = sr->j;
 	struct llm_server *s = j->srv;
 	pthread_mutex_lock(&s->mu);
-	for (;;) {
+	for (int waited = 0;;) {
 		if (j->out_pos < j->out.len) {
 			size_t n = j->out.len - j->out_pos < max ? j->out.len - j->out_pos : max;
 			memcpy(buf, j->out.p + j->out_pos, n);
@@ -125,15 +139,23 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			if (j->out_pos == j->out.len)
 				j->out_pos = j->out.len = 0;
 			pthread_mutex_unlock(&s->mu);
+			if (waited)
+				idle_timeout(sr->conn, s->o.timeout);
 			return (ssize_t)n;
 		}
 		if (j->ended) {
 			pthread_mutex_unlock(&s->mu);
+			if (waited)
+				idle_timeout(sr->conn, s->o.timeout);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
 		llm_srv_stream_format(s, j);
 		if (j->out.len)
 			continue;
+		if (!waited) {            /* the engine's time is not the client's */
+			waited = 1;
+			idle_timeout(sr->conn, 0);
+		}
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_nsec += 100 * 1000 * 1000;
@@ -151,9 +173,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 	}
 }
 
-static void stream_free(void *cls)
+static void stream_end(struct job *j)
 {
-	struct job *j = cls;
 	struct llm_server *s = j->srv;
 	pthread_mutex_lock(&s->mu);
 	if (j->n_done < j->n) {      /* the client went away mid-stream */
@@ -163,6 +184,14 @@ static void stream_free(void *cls)
 	s->in_flight -= j->n;
 	llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
+}
+
+static void stream_free(void *cls)
+{
+	struct stream *sr = cls;
+	struct job *j = sr->j;
+	free(sr);
+	stream_end(j);
 }
 
 /* ---- endpoints --------------------------------------------------------- */
@@ -256,9 +285,15 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	pthread_cond_signal(&s->ecv);
 	if (j->stream) {
 		pthread_mutex_unlock(&s->mu);
-		struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, j, stream_free);
+		struct stream *sr = malloc(sizeof *sr);
+		struct MHD_Response *resp = NULL;
+		if (sr) {
+			*sr = (struct stream){ .j = j, .conn = conn };
+			resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, sr, stream_free);
+		}
 		if (!resp) {
-			stream_free(j);
+			free(sr);
+			stream_end(j);
 			return MHD_NO;
 		}
 		MHD_add_response_header(resp, "Content-Type", "text/event-stream");
@@ -267,6 +302,9 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		MHD_destroy_response(resp);
 		return ret;
 	}
+	pthread_mutex_unlock(&s->mu);
+	idle_timeout(conn, 0);       /* the engine's time is not the client's */
+	pthread_mutex_lock(&s->mu);
 	while (j->n_done < j->n) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -301,6 +339,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	pthread_mutex_unlock(&s->mu);
 	if (status == 499)
 		return MHD_NO;           /* nobody is listening */
+	idle_timeout(conn, s->o.timeout);
 	if (!resp)
 		return send_error(s, conn, k, status, NULL, "%s", errmsg);
 	return send_json(conn, status, resp, NULL);
@@ -502,10 +541,17 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
 	if (ai->ai_family == AF_INET6)
 		flags |= MHD_USE_IPv6;
+	/* connection manners: an idle connection (a request that stalls, a
+	 * TLS ClientHello sent to plain HTTP) is closed after o->timeout
+	 * seconds; one address holds at most o->max_conn_per_client
+	 * connections (more are closed at accept), so one client cannot take
+	 * all o->max_connections */
 	s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
 	                        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
 	                        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-	                        MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+	                        MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : 1000u,
+	                        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_conn_per_client,
+	                        MHD_OPTION_CONNECTION_TIMEOUT, o->timeout,
 	                        MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (!s->d) {

@@ -35,6 +35,11 @@ struct llm_server_opts {
 	int max_queue;               /* requests waiting beyond the running ones; more get 429 */
 	size_t max_body;             /* larger request bodies get 413 */
 	int default_max_tokens;      /* /v1/completions without max_tokens (OpenAI: 16) */
+	unsigned timeout;            /* seconds a connection may sit idle (nothing read or
+	                              * written) before it is closed; 0: never. Not counted
+	                              * while its request waits for the engine */
+	unsigned max_connections;    /* open connections at most; 0: 1000 */
+	unsigned max_conn_per_client;/* open connections from one IP address; 0: no limit */
 	struct llm_engine_opts eng;  /* max_seqs >= sched.max_running + sched.prefix_entries */
 	struct llm_sched_opts sched; /* detok, on_admit and eos are filled in by the server */
 };

@@ -124,7 +124,10 @@ static void sampling_rules(void)
 			char msg[200];
 			if (!bad[i].msg)   /* the limit is named as the kind names it */
 				snprintf(msg, sizeof msg, "min_tokens: 9 exceeds %s 8", k == LLM_API_TGI ? "max_new_tokens" : "max_tokens");
-			refused((enum llm_api_kind)k, body, bad[i].param, bad[i].msg ? bad[i].msg : msg);
+			else               /* TGI's seed may be any number */
+				snprintf(msg, sizeof msg, "%s", !strcmp(bad[i].param, "seed") && k == LLM_API_TGI ?
+				         "seed: expected a number" : bad[i].msg);
+			refused((enum llm_api_kind)k, body, bad[i].param, msg);
 		}
 	/* accepted everywhere, with one meaning */
 	for (int k = 0; k <= LLM_API_JSONL; k++) {
@@ -154,6 +157,52 @@ static void sampling_rules(void)
 		      kind_name[k]);
 		if (!s)
 			llm_api_req_free(&r);
+	}
+}
+
+/* The seed, one rule everywhere: an integer modulo 2^64 (-1 is 2^64 - 1);
+ * /generate also takes other numbers (TGI clients send random() floats):
+ * an integral value as that integer, another as its IEEE-754 bits. */
+static void seed_rule(void)
+{
+	static const struct { const char *json; uint64_t want; } any[] = {
+		{ "0", 0 }, { "7", 7 }, { "9223372036854775807", 9223372036854775807ull },
+		{ "-1", 18446744073709551615ull }, { "-3", 18446744073709551613ull },
+		{ "-9223372036854775808", 9223372036854775808ull },
+	};
+	static const struct { const char *json; uint64_t want; } tgi[] = {
+		{ "0.5", 0x3fe0000000000000ull }, { "0.25", 0x3fd0000000000000ull },
+		{ "0.7364712141640124", 0x3fe7912c1468f47eull }, { "3.0", 3 }, { "-1.0", 18446744073709551615ull },
+		{ "1e19", 0x43e158e460913d00ull }, { "-2.5", 0xc004000000000000ull },
+	};
+	char body[256], f[128];
+	struct llm_api_req r;
+	enum llm_status s;
+	for (int k = 0; k <= LLM_API_JSONL; k++) {
+		for (size_t i = 0; i < sizeof any / sizeof *any; i++) {
+			snprintf(f, sizeof f, "\"seed\": %s", any[i].json);
+			body_of(body, sizeof body, (enum llm_api_kind)k, f);
+			s = parse((enum llm_api_kind)k, body, &r);
+			if (!check(!s && r.p.seed == any[i].want, "%s: seed %s is %llu", kind_name[k], any[i].json,
+			           (unsigned long long)any[i].want))
+				check_diag("%s", s ? llm_errmsg() : "another seed");
+			if (!s)
+				llm_api_req_free(&r);
+		}
+		for (size_t i = 0; i < sizeof tgi / sizeof *tgi; i++) {
+			snprintf(f, sizeof f, "\"seed\": %s", tgi[i].json);
+			body_of(body, sizeof body, (enum llm_api_kind)k, f);
+			if (k != LLM_API_TGI) {
+				refused((enum llm_api_kind)k, body, "seed", "seed: expected an integer");
+				continue;
+			}
+			s = parse(LLM_API_TGI, body, &r);
+			if (!check(!s && r.p.seed == tgi[i].want, "tgi: seed %s is %#llx", tgi[i].json,
+			           (unsigned long long)tgi[i].want))
+				check_diag("%s", s ? llm_errmsg() : "another seed");
+			if (!s)
+				llm_api_req_free(&r);
+		}
 	}
 }
 
@@ -456,6 +505,7 @@ int main(void)
 	}
 	sampling_rules();
 	defaults();
+	seed_rule();
 	prompts();
 	lengths();
 	openai_fields();

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "llm.h"
@@ -23,7 +24,7 @@
 struct serve_cfg {
 	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora, *weight_pages;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
-	int64_t max_queue, threads, default_max_tokens;
+	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
 	size_t kv_memory, max_body;
 	double drain_timeout;
 	int plan;
@@ -33,6 +34,7 @@ static struct serve_cfg cfg = {
 	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
+	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256,
 };
 
 static struct llm_comm *world;   /* llm_comm_init: one rank unless under mpirun */
@@ -57,6 +59,11 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "max-queue", "N", &cfg.max_queue, "requests waiting beyond the running ones; more get 429", 0, 1 << 20),
 	LLM_SIZE(0, "max-body", "SIZE", &cfg.max_body, "largest request body; larger get 413"),
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
+	LLM_INT(0, "timeout", "SECONDS", &cfg.timeout,
+	        "close a connection idle this long (nothing received or sent; not while its request waits for the engine); 0: never", 0, 86400),
+	LLM_INT(0, "max-connections", "N", &cfg.max_connections, "open connections at most; more are closed at accept", 1, 1 << 20),
+	LLM_INT(0, "max-conn-per-client", "N", &cfg.max_conn_per_client,
+	        "open connections from one IP address at most (0: no limit); more are closed at accept", 0, 1 << 20),
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
@@ -149,7 +156,8 @@ int main(int argc, char **argv)
 	struct llm_server_opts so = {
 		.model = cfg.model, .host = cfg.host, .port = (int)cfg.port, .api_key = cfg.api_key,
 		.model_name = cfg.name, .max_queue = (int)cfg.max_queue, .max_body = cfg.max_body,
-		.default_max_tokens = (int)cfg.default_max_tokens,
+		.default_max_tokens = (int)cfg.default_max_tokens, .timeout = (unsigned)cfg.timeout,
+		.max_connections = (unsigned)cfg.max_connections, .max_conn_per_client = (unsigned)cfg.max_conn_per_client,
 		.sched = { .max_running = (int)cfg.max_running, .max_batch_tokens = (int)cfg.max_batch_tokens,
 		           .prefix_entries = (int)cfg.prefix_cache },
 	};
@@ -173,6 +181,16 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGINT);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* a descriptor per connection, and some for the process: the soft
+	 * limit goes up to the hard one when --max-connections needs it */
+	struct rlimit nf;
+	if (!getrlimit(RLIMIT_NOFILE, &nf) && nf.rlim_cur != RLIM_INFINITY && nf.rlim_cur < (rlim_t)cfg.max_connections + 64) {
+		nf.rlim_cur = nf.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &nf);
+		if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < (rlim_t)cfg.max_connections + 64)
+			llm_warn("--max-connections %lld: only %llu file descriptors (ulimit -Hn); connections past them are refused",
+			         (long long)cfg.max_connections, (unsigned long long)nf.rlim_max);
+	}
 	if (llm_comm_init(&world, &argc, &argv))
 		llm_die("%s", llm_errmsg());
 	int dist = world->size > 1;

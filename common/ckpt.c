@@ -368,6 +368,30 @@ void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t)
 		madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
+enum llm_status llm_ckpt_check_finite(const struct llm_ckpt *ck, size_t *n_values)
+{
+	size_t total = 0;
+	for (size_t i = 0; i < ck->n_tensor; i++) {
+		const struct llm_tensor *t = ck->tensors[i];
+		if (!t->data)
+			continue;          /* a lazy split tensor: not in memory */
+		size_t n = (size_t)llm_tensor_numel(t);
+		int64_t bad = llm_first_nonfinite(t->data, t->dtype, n);
+		if (bad >= 0) {
+			float v = 0;
+			llm_to_f32(&v, (const uint8_t *)t->data + (size_t)bad * llm_dtype_size(t->dtype), t->dtype, 1);
+			return llm_fail(LLM_ERR_RANGE, "%s: tensor '%s': %s at index %lld (of %zu %s values)",
+			                (size_t)t->file < ck->n_file ? ck->files[t->file].path : ck->path, t->name,
+			                v != v ? "NaN" : v > 0 ? "+Inf" : "-Inf", (long long)bad, n, llm_dtype_name(t->dtype));
+		}
+		total += n;
+		llm_ckpt_release(ck, t);   /* a pass over the file: its pages need not stay */
+	}
+	if (n_values)
+		*n_values = total;
+	return LLM_OK;
+}
+
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck)
 {
 	for (size_t i = 0; i < ck->n_tensor; i++)

@@ -160,6 +160,8 @@ static int on_token(void *user, const struct llm_token_event *ev)
 	if (ev->finish) {
 		j->finish = ev->finish;
 		j->t_end = now;
+		if (ev->error)
+			snprintf(j->error, sizeof j->error, "%s", ev->error);
 	}
 	return 0;
 }
@@ -200,7 +202,12 @@ enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n
 		if (st)
 			return numbered ? llm_fail_prefix(st, "prompt %zu", i + 1) : st;
 	}
-	return llm_sched_run(s);
+	LLM_TRY(llm_sched_run(s));
+	for (size_t i = 0; i < n; i++)
+		if (jobs[i].finish == LLM_FINISH_ERROR)
+			return numbered ? llm_fail(LLM_ERR_RANGE, "prompt %zu: %s", i + 1, jobs[i].error)
+			                : llm_fail(LLM_ERR_RANGE, "%s", jobs[i].error);
+	return LLM_OK;
 }
 
 char *llm_job_json(const struct llm_job *j, size_t index)

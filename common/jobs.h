@@ -25,6 +25,7 @@ struct llm_job {
 	size_t n, cap_ids, cap_lp, cap_top;
 	struct llm_buf text;
 	enum llm_finish finish;
+	char error[256];            /* finish LLM_FINISH_ERROR: why */
 	double t_submit, t_first, t_end;
 	/* optional: each event as it comes (streaming), before it is kept */
 	void (*on_event)(void *user, struct llm_job *j, const struct llm_token_event *ev);
@@ -51,7 +52,8 @@ enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, cons
  * LLM_ERR_USAGE without TK, LLM_ERR_NOMEM. */
 enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_tokenizer *tk);
 /* Queue the N jobs on S (with NUMBERED, errors name "prompt K") and run S
- * to the end. */
+ * to the end. A job that ended with LLM_FINISH_ERROR makes it fail
+ * (LLM_ERR_RANGE with that job's reason) once all have run. */
 enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered);
 /* A finished job as one JSON line (no newline): index, text, prompt_ids,
  * ids, finish_reason, logprobs and top_logprobs when asked, timings.

@@ -107,6 +107,11 @@ int main(int argc, char **argv)
 	q.write.force = force;
 	q.write.max_shard_size = max_shard;
 	q.progress = llm_log_level >= 1 && isatty(2);
+	char stale[4096];         /* what killed runs left at OUT (their *.tmp.PID) */
+	int n_stale = llm_tmp_sweep(out, 0, stale, sizeof stale);
+	if (n_stale)
+		LLM_INFO("%s: removed %d stale temporar%s of killed runs (%s%s)\n", llm_progname(), n_stale,
+		         n_stale > 1 ? "ies" : "y", stale, n_stale > 1 ? ", ..." : "");
 	enum llm_status s = random_cfg ? llm_quantize_random(random_cfg, out, &q)
 	                               : llm_quantize(pos[0], out, &q);
 	if (s)

@@ -39,6 +39,15 @@ struct llm_tok_files {
 	void *ctx;
 };
 
+/* Token ids (model.vocab and added_tokens) must be below the model's
+ * config.json vocab_size when config.json is among the files (beside
+ * tokenizer.json, or in a checkpoint's metadata), else below this bound (the
+ * largest vocab_size config.json may give): the tables are indexed by id,
+ * so a larger id is LLM_ERR_RANGE naming the file and the field
+ * ("tokenizer.json: model.vocab[\"x\"]: id 1000000000 is not below
+ * config.json's vocab_size 512"), before anything is sized by it. */
+#define LLM_TOKENIZER_MAX_IDS (1 << 24)
+
 /* Open DIR/tokenizer.json and the config files next to it. On failure *tk
  * is NULL and the message names the file ("DIR/tokenizer.json: model:
  * unknown type 'XYZ'"). LLM_ERR_IO, LLM_ERR_FORMAT, LLM_ERR_UNSUPPORTED,

@@ -376,7 +376,25 @@ static int cmp_added(const void *a, const void *b, void *ctx)
 	return x->id - y->id;
 }
 
-static enum llm_status load_model(struct loader *L, json_t *model, json_t *added)
+/* Token ids must lie below LIMIT: config.json's vocab_size when FROM_CONFIG,
+ * else LLM_TOKENIZER_MAX_IDS; the tables are indexed by id, so an id is
+ * checked before anything is sized by it. */
+static enum llm_status check_id(struct loader *L, int64_t id, int64_t limit, int from_config, const char *what,
+                                const char *key, size_t i)
+{
+	if (id < limit)
+		return LLM_OK;
+	char where[128];
+	if (key)
+		snprintf(where, sizeof where, "model.vocab[\"%.64s\"]", key);
+	else
+		snprintf(where, sizeof where, "%s[%zu].id", what, i);
+	return LFAIL(L, LLM_ERR_RANGE, "%s: id %lld is not below %s %lld", where, (long long)id,
+	             from_config ? "config.json's vocab_size" : "the limit for a tokenizer without config.json,",
+	             (long long)limit);
+}
+
+static enum llm_status load_model(struct loader *L, json_t *model, json_t *added, int64_t limit, int from_config)
 {
 	struct llm_tokenizer *tk = L->tk;
 	if (!json_is_object(model))
@@ -414,6 +432,7 @@ static enum llm_status load_model(struct loader *L, json_t *model, json_t *added
 	json_object_foreach(vocab, key, v) {
 		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX - 1)
 			return LFAIL(L, LLM_ERR_FORMAT, "model: vocab: '%s': id is not a non-negative integer", key);
+		LLM_TRY(check_id(L, json_integer_value(v), limit, from_config, NULL, key, 0));
 		if (json_integer_value(v) > max_id)
 			max_id = json_integer_value(v);
 	}
@@ -424,6 +443,7 @@ static enum llm_status load_model(struct loader *L, json_t *model, json_t *added
 			return LFAIL(L, LLM_ERR_FORMAT, "added_tokens[%zu]: needs \"content\" (string) and \"id\" (integer)", i);
 		if (!*jstr(a, "content"))
 			return LFAIL(L, LLM_ERR_FORMAT, "added_tokens[%zu]: empty content", i);
+		LLM_TRY(check_id(L, json_integer_value(id), limit, from_config, "added_tokens", NULL, i));
 		if (json_integer_value(id) > max_id)
 			max_id = json_integer_value(id);
 	}
@@ -695,7 +715,18 @@ enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *o
 		st = LFAIL(&L, LLM_ERR_FORMAT, "not a JSON object");
 		goto out;
 	}
-	if ((st = load_model(&L, json_object_get(j, "model"), json_object_get(j, "added_tokens"))))
+	/* the model's vocab_size bounds the ids (a config.json that does not
+	 * parse is left to the model's loader to report) */
+	int64_t limit = LLM_TOKENIZER_MAX_IDS;
+	json_t *mc = NULL, *vs;
+	if (parse_side(origin, files, "config.json", &mc))
+		mc = NULL;
+	int from_config = json_is_integer(vs = json_object_get(mc, "vocab_size")) && json_integer_value(vs) > 0 &&
+	                  json_integer_value(vs) <= LLM_TOKENIZER_MAX_IDS;
+	if (from_config)
+		limit = json_integer_value(vs);
+	json_decref(mc);
+	if ((st = load_model(&L, json_object_get(j, "model"), json_object_get(j, "added_tokens"), limit, from_config)))
 		goto out;
 	json_t *c;
 	if ((c = json_object_get(j, "normalizer")) && !json_is_null(c)) {
@@ -757,7 +788,7 @@ out:
 }
 
 /* Files of a directory, read whole. */
-struct dir_files { const char *dir; char *data[4]; const char *names[4]; size_t n; };
+struct dir_files { const char *dir; char *data[8]; size_t n; };
 
 static const char *dir_get(void *ctx, const char *name, size_t *len)
 {
@@ -774,7 +805,7 @@ static const char *dir_get(void *ctx, const char *name, size_t *len)
 		buf_put(&b, tmp, k);
 	bool err = ferror(f);
 	fclose(f);
-	if (b.oom || err || df->n >= 4) {
+	if (b.oom || err || df->n >= sizeof df->data / sizeof *df->data) {
 		free(b.p);
 		*len = 0;
 		return err ? NULL : "";

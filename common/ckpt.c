@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "ckpt.h"
 #include "fileio.h"
+#include "config.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -119,6 +120,58 @@ static enum llm_status open_file(struct llm_ckpt *ck, const char *path)
 	return s;
 }
 
+/* The weights a Llama model of config C needs (as model.c loads them), in
+ * load order: name K of N into NAME; 0 past the last. */
+static int expected_name(const struct llm_config *c, int k, char *name, size_t n)
+{
+	static const char *per_layer[] = {
+		"input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+		"post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+	};
+	const int np = (int)(sizeof per_layer / sizeof *per_layer);
+	if (k == 0)
+		return snprintf(name, n, "model.embed_tokens.weight") > 0;
+	if (--k < c->n_layer * np)
+		return snprintf(name, n, "model.layers.%d.%s.weight", k / np, per_layer[k % np]) > 0;
+	k -= c->n_layer * np;
+	if (k == 0)
+		return snprintf(name, n, "model.norm.weight") > 0;
+	return k == 1 && !c->tied && snprintf(name, n, "lm_head.weight") > 0;
+}
+
+/* The one safetensors file F (of checkpoint PATH) failed with a gap between
+ * its tensors: the usual cause is a tensor left out of the header, so when
+ * config.json (in F's metadata or beside it) names a weight F lacks, the
+ * error names that weight; else the gap error stands. */
+static enum llm_status name_missing(const struct llm_st_file *f, const char *file, enum llm_status s)
+{
+	if (s != LLM_ERR_FORMAT || !f->gap_bytes)
+		return s;
+	char *gap = llm_strdup(llm_errmsg()), *buf = NULL, *dir = NULL, *cj = NULL;
+	const char *json = llm_st_meta(f, "config.json");
+	size_t len = json ? strlen(json) : 0;
+	if (!json && (dir = llm_path_dir(file)) && (cj = llm_path_join(dir, "config.json")) && llm_exists(cj)
+	    && !llm_read_file(cj, &buf, &len))
+		json = buf;
+	struct llm_config c;
+	char name[160];
+	int found = 0;
+	if (gap && json && !llm_config_parse(&c, json, len, "config.json"))
+		for (int k = 0; !found && expected_name(&c, k, name, sizeof name); k++)
+			found = !llm_st_find(f, name);
+	if (found)
+		s = llm_fail(LLM_ERR_FORMAT, "%s: missing tensor '%s' (config.json: %d layers%s); its header leaves "
+		             "%zu bytes of data unused", file, name, c.n_layer, c.tied ? ", tied embeddings" : "",
+		             f->gap_bytes);
+	else if (gap)
+		s = llm_fail(LLM_ERR_FORMAT, "%s", gap);
+	free(gap);
+	free(buf);
+	free(cj);
+	free(dir);
+	return s;
+}
+
 static enum llm_status open_index(struct llm_ckpt *ck, const char *dir)
 {
 	char *ipath = llm_path_join(dir, INDEX_NAME), *buf = NULL;
@@ -214,9 +267,10 @@ static enum llm_status open_ckpt(struct llm_ckpt *ck, const char *path, int asse
 			s = llm_partition_open_view(ck, path, assemble);
 		else if (llm_exists(ipath))
 			s = open_index(ck, path);
-		else if (llm_exists(single))
-			s = open_file(ck, single);
-		else
+		else if (llm_exists(single)) {
+			if ((s = open_file(ck, single)) && ck->n_file == 1)
+				s = name_missing(&ck->files[0], single, s);
+		} else
 			s = llm_fail(LLM_ERR_IO, "%s: no model.safetensors or %s", path, INDEX_NAME);
 		free(ipath);
 		free(single);
@@ -226,6 +280,8 @@ static enum llm_status open_ckpt(struct llm_ckpt *ck, const char *path, int asse
 			drop_aux(ck, LLM_PART_FILE);
 	} else {
 		s = open_file(ck, path);
+		if (s && ck->n_file == 1 && strcmp(path, "-"))
+			s = name_missing(&ck->files[0], path, s);
 		/* side files ride in the metadata, keyed by file name */
 		for (size_t i = 0; !s && i < ck->files[0].n_meta; i++) {
 			const char *k = ck->files[0].meta_key[i];
@@ -366,6 +422,30 @@ void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t)
 	uintptr_t b = ((uintptr_t)p + pg - 1) & ~(pg - 1), e = ((uintptr_t)p + t->nbytes) & ~(pg - 1);
 	if (e > b)
 		madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
+enum llm_status llm_ckpt_check_finite(const struct llm_ckpt *ck, size_t *n_values)
+{
+	size_t total = 0;
+	for (size_t i = 0; i < ck->n_tensor; i++) {
+		const struct llm_tensor *t = ck->tensors[i];
+		if (!t->data)
+			continue;          /* a lazy split tensor: not in memory */
+		size_t n = (size_t)llm_tensor_numel(t);
+		int64_t bad = llm_first_nonfinite(t->data, t->dtype, n);
+		if (bad >= 0) {
+			float v = 0;
+			llm_to_f32(&v, (const uint8_t *)t->data + (size_t)bad * llm_dtype_size(t->dtype), t->dtype, 1);
+			return llm_fail(LLM_ERR_RANGE, "%s: tensor '%s': %s at index %lld (of %zu %s values)",
+			                (size_t)t->file < ck->n_file ? ck->files[t->file].path : ck->path, t->name,
+			                v != v ? "NaN" : v > 0 ? "+Inf" : "-Inf", (long long)bad, n, llm_dtype_name(t->dtype));
+		}
+		total += n;
+		llm_ckpt_release(ck, t);   /* a pass over the file: its pages need not stay */
+	}
+	if (n_values)
+		*n_values = total;
+	return LLM_OK;
 }
 
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck)

@@ -70,6 +70,12 @@ const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name);
 void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t);
 /* Whether any tensor is F8_E4M3 (the checkpoint is quantized). */
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck);
+/* Scan every float tensor of CK (F32, F16, BF16, E4M3 codes, scales) for
+ * NaN or infinite values, in one streaming pass over the mapping (pages
+ * dropped from the resident set behind it). LLM_ERR_RANGE naming the file,
+ * the first bad tensor (name order) and the index of its first bad value;
+ * *N_VALUES (may be NULL) gets the number of values checked. */
+enum llm_status llm_ckpt_check_finite(const struct llm_ckpt *ck, size_t *n_values);
 
 /* A weight matrix as the kernels see it. For E4M3, element (r, c) is
  * code(r, c) * scale[(r / block_rows) * scale_cols + c / block_cols]. */

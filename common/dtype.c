@@ -124,3 +124,39 @@ void llm_from_f32(void *dst, enum llm_dtype t, const float *src, size_t n)
 	default: break;
 	}
 }
+
+/* An element is NaN or infinite when its exponent field is all ones (E4M3:
+ * only S.1111.111, it has no infinities). Each 4096-element block ORs the
+ * test (a loop the compiler vectorizes); the index is looked for only in
+ * a block that has one. The words are read through may_alias types: the
+ * logits are floats. */
+typedef uint16_t __attribute__((may_alias)) u16_alias;
+typedef uint32_t __attribute__((may_alias)) u32_alias;
+typedef uint64_t __attribute__((may_alias)) u64_alias;
+#define FIRST_NONFINITE(type, mask, bad_of)                                    \
+	do {                                                                       \
+		const type *u_ = p;                                                    \
+		for (size_t b = 0; b < n; b += 4096) {                                 \
+			size_t e = n - b < 4096 ? n : b + 4096;                            \
+			unsigned any = 0;                                                  \
+			for (size_t i = b; i < e; i++)                                     \
+				any |= (u_[i] & (mask)) == (bad_of);                           \
+			for (size_t i = b; any && i < e; i++)                              \
+				if ((u_[i] & (mask)) == (bad_of))                              \
+					return (int64_t)i;                                         \
+		}                                                                      \
+		return -1;                                                             \
+	} while (0)
+
+int64_t llm_first_nonfinite(const void *p, enum llm_dtype t, size_t n)
+{
+	switch (t) {
+	case LLM_DTYPE_F32:  FIRST_NONFINITE(u32_alias, 0x7f800000u, 0x7f800000u);
+	case LLM_DTYPE_F16:  FIRST_NONFINITE(u16_alias, 0x7c00u, 0x7c00u);
+	case LLM_DTYPE_BF16: FIRST_NONFINITE(u16_alias, 0x7f80u, 0x7f80u);
+	case LLM_DTYPE_E4M3: FIRST_NONFINITE(uint8_t, 0x7fu, 0x7fu);
+	case LLM_DTYPE_E5M2: FIRST_NONFINITE(uint8_t, 0x7cu, 0x7cu);
+	case LLM_DTYPE_F64:  FIRST_NONFINITE(u64_alias, 0x7ff0000000000000ull, 0x7ff0000000000000ull);
+	default:             return -1;
+	}
+}

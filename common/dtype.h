@@ -69,6 +69,11 @@ static inline uint8_t llm_f32_to_e4m3(float x)
 	return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
 }
 
+/* The first index of the N elements of type T at P that are NaN or
+ * infinite, or -1 (F32, F16, BF16, E4M3 and E5M2; -1 for integer types).
+ * One streaming pass, vectorized. */
+int64_t llm_first_nonfinite(const void *p, enum llm_dtype t, size_t n);
+
 /* Convert n elements of type t at src to f32. */
 void llm_to_f32(float *dst, const void *src, enum llm_dtype t, size_t n);
 /* Convert n f32 to type t (F32, F16 or BF16). */

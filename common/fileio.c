@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,4 +214,61 @@ char *llm_next_line(char **p, char *end)
 		nl[-1] = 0;
 	*p = nl + 1;
 	return line;
+}
+
+/* The PID of a name "<base>.tmp.<PID>" (BASE NULL: any base), else 0. */
+static long tmp_pid(const char *name, const char *base)
+{
+	const char *t = strstr(name, ".tmp.");
+	if (!t || t == name)
+		return 0;
+	while (strstr(t + 1, ".tmp."))   /* the last ".tmp.": "x.tmp.1.tmp.2" is x.tmp.1's */
+		t = strstr(t + 1, ".tmp.");
+	if (base && ((size_t)(t - name) != strlen(base) || strncmp(name, base, (size_t)(t - name))))
+		return 0;
+	const char *d = t + 5;
+	long pid = 0;
+	for (; *d >= '0' && *d <= '9' && pid < 1L << 40; d++)
+		pid = pid * 10 + (*d - '0');
+	return *d || d == t + 5 || pid <= 0 || pid > INT32_MAX ? 0 : pid;
+}
+
+int llm_tmp_sweep(const char *path, int inside, char *first, size_t n)
+{
+	if (first && n)
+		first[0] = 0;
+	if (!path || !*path || !strcmp(path, "-"))
+		return 0;
+	char *p = llm_path_trim(path), *dir = NULL, *base = NULL;
+	if (!p)
+		return 0;
+	if (inside) {
+		dir = p;
+	} else {
+		dir = llm_path_dir(p);
+		const char *sl = strrchr(p, '/');
+		base = llm_strdup(sl ? sl + 1 : p);
+	}
+	int removed = 0;
+	DIR *d = dir && (inside || base) ? opendir(dir) : NULL;
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		long pid = tmp_pid(e->d_name, base);
+		if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;           /* alive, or not ours to judge (EPERM: someone else's live process) */
+		char *full = llm_path_join(dir, e->d_name);
+		if (!full)
+			continue;
+		llm_rm_rf(full);
+		if (!llm_exists(full) && removed++ == 0 && first && n)
+			snprintf(first, n, "%s", full);
+		free(full);
+	}
+	if (d)
+		closedir(d);
+	if (!inside)
+		free(dir);
+	free(base);
+	free(p);
+	return removed;
 }

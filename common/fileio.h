@@ -15,6 +15,14 @@ int llm_is_dir(const char *path);
 int llm_exists(const char *path);
 /* Remove a file or a directory tree; errors are ignored (cleanup path). */
 void llm_rm_rf(const char *path);
+/* Stale temporaries: remove what a killed writer left, "<name>.tmp.<PID>"
+ * (a file or a directory tree) whose process is gone (kill(PID, 0) fails
+ * with ESRCH; a live or foreign process's is kept, and ours). Without
+ * INSIDE, the temporaries of output PATH itself (beside it, base name
+ * PATH's); with INSIDE, every such entry inside directory PATH (a tool that
+ * writes several files there). "-" has none. Returns how many were
+ * removed; FIRST (N bytes, may be NULL) gets the first one's path. */
+int llm_tmp_sweep(const char *path, int inside, char *first, size_t n);
 /* fsync a directory so a rename in it is durable. */
 void llm_fsync_dir(const char *path);
 /* "dir/name" in a heap string. */

@@ -38,7 +38,7 @@ struct llm_engine {
 
 const char *llm_finish_name(enum llm_finish f)
 {
-	static const char *n[] = { "none", "length", "stop", "eos", "cancel" };
+	static const char *n[] = { "none", "length", "stop", "eos", "cancel", "error" };
 	return (unsigned)f < sizeof n / sizeof *n ? n[f] : "?";
 }
 
@@ -131,6 +131,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		goto fail;
 	}
 	resolve_opts(&e->model, in, &e->o, &e->n_ctx);
+	if (e->o.check_weights && (s = llm_ckpt_check_finite(&e->model.ck, NULL)))
+		goto fail;
 	if (e->o.lora_dir) {
 		if ((s = llm_lora_load(&e->lora, e->o.lora_dir, &e->model.cfg)))
 			goto fail;

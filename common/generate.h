@@ -36,6 +36,7 @@ enum llm_finish {
 	LLM_FINISH_STOP,       /* a stop id or stop string */
 	LLM_FINISH_EOS,        /* the model's end-of-sequence id */
 	LLM_FINISH_CANCEL,     /* llm_sched_cancel() or the callback said stop */
+	LLM_FINISH_ERROR,      /* the request failed (non-finite logits): the event's error says why */
 };
 const char *llm_finish_name(enum llm_finish f);   /* "length", "stop", ... */
 
@@ -64,6 +65,7 @@ struct llm_engine_opts {
 	                               (NULL before llm_comm_init: one process) */
 	const char *lora_dir;       /* a PEFT LoRA adapter to apply (lora.h); NULL: none */
 	enum llm_weight_pages weight_pages;
+	int check_weights;          /* 1: refuse weights holding NaN or Inf (llm_ckpt_check_finite) at open */
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
 	.kv_dtype = LLM_DTYPE_F32, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }
@@ -110,6 +112,7 @@ struct llm_token_event {
 	enum llm_finish finish;     /* set on the request's last event */
 	int stop_index;             /* FINISH_STOP: the stop id (< n_stop_ids) or
 	                               n_stop_ids + the stop string index; else -1 */
+	const char *error;          /* FINISH_ERROR (token -1): the one-line reason; else NULL */
 };
 
 struct llm_request {

@@ -160,6 +160,8 @@ static int on_token(void *user, const struct llm_token_event *ev)
 	if (ev->finish) {
 		j->finish = ev->finish;
 		j->t_end = now;
+		if (ev->error)
+			snprintf(j->error, sizeof j->error, "%s", ev->error);
 	}
 	return 0;
 }
@@ -212,14 +214,18 @@ enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n
 					llm_sched_cancel(s, jobs[i].id), jobs[i].id = -1;   /* -1: cancelled here */
 		}
 		LLM_TRY(llm_sched_step(s, &pending));
-		for (; !stopped && next < n && jobs[next].finish; next++, o->n_done++)
+		for (; !stopped && next < n && jobs[next].finish; next++, o->n_done++) {
+			if (jobs[next].finish == LLM_FINISH_ERROR)   /* the jobs before it are handed on */
+				return numbered ? llm_fail(LLM_ERR_RANGE, "prompt %zu: %s", next + 1, jobs[next].error)
+				                : llm_fail(LLM_ERR_RANGE, "%s", jobs[next].error);
 			if (o->done)
 				o->done(o->user, next);
+		}
 	}
 	for (size_t i = next; i < n && stopped; i++) {
 		if (jobs[i].id == -1)
 			jobs[i].finish = LLM_FINISH_NONE;   /* the cancel event set CANCEL: no result */
-		else if (o->gaps && o->done)
+		else if (o->gaps && o->done && jobs[i].finish != LLM_FINISH_ERROR)
 			o->done(o->user, i), o->n_done++;
 	}
 	return LLM_OK;

@@ -27,6 +27,7 @@ struct llm_job {
 	size_t n, cap_ids, cap_lp, cap_top;
 	struct llm_buf text;
 	enum llm_finish finish;
+	char error[256];            /* finish LLM_FINISH_ERROR: why */
 	double t_submit, t_first, t_end;
 	/* optional: each event as it comes (streaming), before it is kept */
 	void (*on_event)(void *user, struct llm_job *j, const struct llm_token_event *ev);
@@ -68,7 +69,9 @@ struct llm_jobs_out {
  * (checked between steps), every job not finished is cancelled (its
  * blocks freed at the next step) and keeps finish LLM_FINISH_NONE; with
  * O->gaps DONE then gets, in input order, the finished jobs past the first
- * unfinished one (a caller whose lines carry no index stops at the gap). */
+ * unfinished one (a caller whose lines carry no index stops at the gap).
+ * A job that ended with LLM_FINISH_ERROR, when its turn to be handed on
+ * comes, makes it fail (LLM_ERR_RANGE with that job's reason). */
 enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n, int numbered,
                              struct llm_jobs_out *o);
 /* A finished job as one JSON line (no newline): index, text, prompt_ids,

@@ -5,7 +5,8 @@
  * f32 (the input rows, the dequantized rows, or seeded random rows), so the
  * peak memory is one band plus the write buffer, not the model. Scales are
  * amax / 448 per block (E4M3's largest finite value); a zero block stores
- * scale 0 and codes 0 and no division happens. */
+ * scale 0 and codes 0 and no division happens. A NaN or Inf input value is
+ * an error naming the tensor: no scale written is ever non-finite. */
 #define _GNU_SOURCE
 #include "quantize.h"
 #include "fileio.h"
@@ -296,6 +297,16 @@ static enum llm_status write_quant(struct job *j, struct item *it)
 		float *sc = j->scales + (r0 / j->bn) * nbk;
 		struct band_work bw = { j, it, r0, r1, cols, bk, nbk, sc, FILL };
 		band_run(&bw, FILL);
+		/* a NaN or Inf input has no finite scale (its block would be stored
+		 * as zeros, or as a NaN code): refused, naming where it is */
+		int64_t bad = llm_first_nonfinite(j->band, LLM_DTYPE_F32, (size_t)((r1 - r0) * cols));
+		if (bad >= 0) {
+			float v = j->band[bad];
+			return llm_fail(LLM_ERR_RANGE, "%s: tensor '%s': %s at row %lld, column %lld: no finite FP8 scale "
+			                "for its block", j->src.ck ? j->src.ck->path : "random", it->in->name,
+			                v != v ? "NaN" : v > 0 ? "+Inf" : "-Inf", (long long)(r0 + bad / cols),
+			                (long long)(bad % cols));
+		}
 		band_run(&bw, QUANT);
 		if (j->o->stats)
 			for (int64_t r = 0; r < r1 - r0; r++)

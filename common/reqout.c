@@ -154,7 +154,14 @@ void llm_reqout_cancelled(struct llm_reqout *o)
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin)
 {
 	struct llm_sample_out so;
-	llm_sampler_sample(&o->smp, logits, &so);
+	if (llm_sampler_sample(&o->smp, logits, &so)) {   /* this request fails, the others go on */
+		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
+		                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
+		emit(o, &ev);
+		*tok = -1;
+		*fin = LLM_FINISH_ERROR;
+		return LLM_OK;
+	}
 	*tok = so.token;
 	struct llm_token_event ev = {
 		.req = o->id, .index = o->n_gen, .token = so.token, .logprob = so.logprob,

@@ -47,8 +47,9 @@ void llm_reqout_free(struct llm_reqout *o);
 
 /* Sample the token after LOGITS (n_vocab) and handle it as above: *TOK gets
  * it, *FIN why the request ends (LLM_FINISH_NONE: it goes on;
- * LLM_FINISH_CANCEL: the callback asked). LLM_ERR_NOMEM if the text
- * cannot grow. A token the detokenizer refuses adds no text. */
+ * LLM_FINISH_CANCEL: the callback asked; LLM_FINISH_ERROR: the logits are
+ * not finite, the request's last event (token -1) carries the reason and
+ * *TOK is -1). LLM_ERR_NOMEM if the text cannot grow. A token the detokenizer refuses adds no text. */
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin);
 
 /* The last event of a request that ends without a token (token -1, no

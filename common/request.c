@@ -298,11 +298,19 @@ static int set_ids(struct parse *c, const char *k, json_t *arr)
 	return 0;
 }
 
-static int tokenize(struct parse *c, const char *k, const char *text, size_t len, int special)
+/* FIT: the prompt must fit the context (not truncated after), so a text
+ * too long for it by its byte length alone is refused before encoding; the
+ * context is the server's, or the longest the model has. */
+static int tokenize(struct parse *c, const char *k, const char *text, size_t len, int special, int fit)
 {
 	struct llm_api_req *r = c->r;
 	if (!c->env->tk)
 		return bad(c, k, "the model has no tokenizer files: only token ids can be given");
+	int ctx = c->env->n_ctx > 0 ? c->env->n_ctx : llm_tokenizer_model_ctx(c->env->tk);
+	size_t most = ctx > 0 ? llm_tokenizer_max_bytes(c->env->tk, ctx - 1) : SIZE_MAX;
+	if (fit && len > most)
+		return bad(c, k, "%zu bytes exceed the context of %d tokens (%d tokens hold %zu bytes at most)", len, ctx,
+		           ctx - 1, most);
 	size_t n;
 	enum llm_status s = llm_tokenizer_encode(c->env->tk, text, len, special, &r->prompt, &n);
 	if (s)
@@ -353,7 +361,7 @@ static int chat(struct parse *c, json_t *o)
 	free(rs);
 	if (s)
 		return bad_st(c, usage(s), k, "chat template: %s", llm_errmsg());
-	int r = tokenize(c, k, text, len, 0);
+	int r = tokenize(c, k, text, len, 0, 1);
 	free(text);
 	return r;
 }
@@ -365,7 +373,7 @@ static int completion_prompt(struct parse *c, json_t *pr)
 	if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
 		pr = json_array_get(pr, 0);
 	if (json_is_string(pr))
-		return tokenize(c, k, json_string_value(pr), json_string_length(pr), 1);
+		return tokenize(c, k, json_string_value(pr), json_string_length(pr), 1, 1);
 	if (json_is_array(pr) && json_array_size(pr) > 0)
 		return set_ids(c, k, pr);
 	return bad(c, k, "expected a string or a non-empty array of token ids");
@@ -437,7 +445,7 @@ static int parse(struct parse *c, json_t *body)
 		long long trunc = 0;
 		if (get_int(c, o, "truncate", 1, INT32_MAX, &trunc) < 0)
 			return -1;
-		if (tokenize(c, "inputs", json_string_value(in), json_string_length(in), 1))
+		if (tokenize(c, "inputs", json_string_value(in), json_string_length(in), 1, trunc == 0))
 			return -1;
 		if (trunc > 0 && r->n_prompt > trunc) {   /* keep the last TRUNC tokens */
 			memmove(r->prompt, r->prompt + (r->n_prompt - trunc), (size_t)trunc * sizeof *r->prompt);
@@ -502,7 +510,7 @@ enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_
 	free(r->prompt);
 	r->prompt = NULL;
 	r->n_prompt = 0;
-	if (tokenize(&c, field_name, text, len, special) < 0 || limits(&c) < 0)
+	if (tokenize(&c, field_name, text, len, special, 1) < 0 || limits(&c) < 0)
 		return c.st ? c.st : LLM_ERR_INTERNAL;
 	return LLM_OK;
 }

@@ -200,6 +200,7 @@ enum llm_status llm_st_parse(struct llm_st_file *f, const char *path, const void
 			goto out;
 		}
 		if (t->offset > at) {
+			f->gap_bytes = t->offset - at;
 			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': gap of %zu bytes before data_offsets begin %zu",
 			             path, t->name, t->offset - at, t->offset);
 			goto out;
@@ -207,6 +208,7 @@ enum llm_status llm_st_parse(struct llm_st_file *f, const char *path, const void
 		at = t->offset + t->nbytes;
 	}
 	if (at != data_size) {
+		f->gap_bytes = data_size - at;
 		s = llm_fail(LLM_ERR_FORMAT, "%s: %zu bytes of data after the last tensor (data region %zu, tensors end at %zu)",
 		             path, data_size - at, data_size, at);
 		goto out;

@@ -48,6 +48,9 @@ struct llm_st_file {
 	char **meta_key, **meta_val;  /* __metadata__ */
 	void **copies;            /* aligned copies of misaligned tensors */
 	size_t n_copies;
+	size_t gap_bytes;         /* open failed on data no tensor covers (between tensors or
+	                           * after the last: one dropped from the header?): how
+	                           * many bytes; else 0 */
 };
 
 /* Open and validate PATH ("-": standard input, read into memory).

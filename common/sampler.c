@@ -1,6 +1,7 @@
 /* common/sampler.c: sampling (see sampler.h for the order and guarantees). */
 #include "sampler.h"
 #include "hash.h"
+#include "dtype.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -302,10 +303,18 @@ static void sort_idx(int32_t *idx, int32_t *tmp, int n, const float *key)
 	memcpy(idx, tmp, (size_t)n * sizeof *idx);
 }
 
-void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out)
+enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out)
 {
 	const struct llm_sample_params *p = &s->p;
 	int n = s->n_vocab;
+	/* a NaN or infinite logit has no probability: refused, not sampled (the
+	 * top-p walk over NaN probabilities chose no candidate, and argmax
+	 * skips NaNs, so either would make up a token) */
+	int64_t bad = llm_first_nonfinite(logits, LLM_DTYPE_F32, (size_t)n);
+	if (bad >= 0)
+		return llm_fail(LLM_ERR_RANGE, "the model's logits are not finite (%g at token %lld): "
+		                "its weights may hold NaN or Inf (see llm-quantize --check)",
+		                (double)logits[bad], (long long)bad);
 	const float *w = logits;       /* the adjusted copy where something adjusts them */
 	int hold = s->n_hold && s->n_out < p->min_tokens;
 	if (penalized(p) || p->n_bias || hold) {
@@ -377,4 +386,5 @@ void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_s
 	out->token = tok;
 	out->logprob = p->skip_logprob ? NAN : (float)llm_logprob(logits, n, tok);
 	out->n_top = p->n_logprobs ? llm_top_logprobs(logits, n, p->n_logprobs, out->top) : 0;
+	return LLM_OK;
 }

@@ -104,8 +104,10 @@ void llm_sampler_free(struct llm_sampler *s);
 void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n);
 /* Note a generated token (all penalties). */
 void llm_sampler_accept(struct llm_sampler *s, int32_t id);
-/* Choose the next token from LOGITS (n_vocab, not modified). */
-void llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out);
+/* Choose the next token from LOGITS (n_vocab, not modified). LLM_ERR_RANGE
+ * when a logit is NaN or infinite (the model's numbers are broken: no
+ * token is chosen and OUT is not set); the message names the first such id. */
+enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out);
 
 /* The first index of the largest of W[0..n) (as `w[i] > w[best]` from 0). */
 int32_t llm_argmax(const float *w, int n);

@@ -491,7 +491,7 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 	int32_t tok;
 	enum llm_finish fin;
 	LLM_TRY(llm_reqout_take(&r->out, logits, &tok, &fin));
-	s->st.gen_tokens++;
+	s->st.gen_tokens += tok >= 0;
 	if (fin)
 		finish(s, r);
 	else

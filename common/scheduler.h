@@ -32,7 +32,9 @@
  *
  * Events and finishing rules are those of generate.h (llm_token_event,
  * llm_finish): stop ids, stop strings on the detokenized text, EOS,
- * max_tokens or the context. One thread owns a scheduler and its engine.
+ * max_tokens or the context. A request whose logits are not finite (NaN or
+ * Inf weights) ends alone with LLM_FINISH_ERROR and the reason in its last
+ * event; the others go on. One thread owns a scheduler and its engine.
  *
  * Admission follows vLLM's rule: a prompt must be shorter than the
  * context, and prompt + max_tokens must fit it; max_tokens 0 means up to

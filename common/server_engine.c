@@ -114,7 +114,10 @@ static int on_token(void *user, const struct llm_token_event *e)
 		memcpy(v->top, e->top, (size_t)e->n_top * sizeof *v->top);
 		v->n_top = e->n_top;
 	}
-	if (e->text_len && (v->text = malloc(e->text_len + 1))) {
+	size_t el = e->error ? strlen(e->error) : 0;
+	if (e->error && (v->text = malloc(el + 1)))   /* FINISH_ERROR: the reason rides in text (len 0) */
+		memcpy(v->text, e->error, el + 1);
+	else if (e->text_len && (v->text = malloc(e->text_len + 1))) {
 		memcpy(v->text, e->text, e->text_len);
 		v->text[e->text_len] = 0;
 		v->len = e->text_len;
@@ -133,7 +136,13 @@ static void publish_locked(struct llm_server *s)
 		c->touched = 0;
 		for (int i = 0; i < c->n_pend; i++) {
 			struct ev *p = &c->pend[i];
-			if (c->done) {           /* cancelled meanwhile: dropped */
+			if (c->done || p->finish == LLM_FINISH_ERROR) {   /* cancelled meanwhile: dropped */
+				if (!c->done) {  /* the sampler refused the logits: 500, the job's other choices cancelled */
+					j->failed = j->cancelled = 1;
+					j->http_status = 500;
+					snprintf(j->errmsg, sizeof j->errmsg, "%s", p->text ? p->text : "request failed");
+					choice_done_locked(s, c, LLM_FINISH_ERROR);
+				}
 				free(p->top);
 				free(p->text);
 				continue;

@@ -1354,6 +1354,14 @@ enum llm_status llm_detok_stream_flush(struct llm_detok_stream *s, const char **
 /* ---------------------------------------------------------------- lookups */
 
 int32_t llm_tokenizer_n_vocab(const struct llm_tokenizer *tk) { return tk->n_vocab; }
+int llm_tokenizer_model_ctx(const struct llm_tokenizer *tk) { return tk->model_ctx; }
+
+size_t llm_tokenizer_max_bytes(const struct llm_tokenizer *tk, int64_t n_tokens)
+{
+	if (!tk->bytes_per_token || n_tokens < 0 || (uint64_t)n_tokens > SIZE_MAX / tk->bytes_per_token)
+		return SIZE_MAX;
+	return (size_t)n_tokens * tk->bytes_per_token;
+}
 int32_t llm_tokenizer_bos(const struct llm_tokenizer *tk) { return tk->bos; }
 int32_t llm_tokenizer_eos(const struct llm_tokenizer *tk) { return tk->eos; }
 

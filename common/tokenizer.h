@@ -39,6 +39,15 @@ struct llm_tok_files {
 	void *ctx;
 };
 
+/* Token ids (model.vocab and added_tokens) must be below the model's
+ * config.json vocab_size when config.json is among the files (beside
+ * tokenizer.json, or in a checkpoint's metadata), else below this bound (the
+ * largest vocab_size config.json may give): the tables are indexed by id,
+ * so a larger id is LLM_ERR_RANGE naming the file and the field
+ * ("tokenizer.json: model.vocab[\"x\"]: id 1000000000 is not below
+ * config.json's vocab_size 512"), before anything is sized by it. */
+#define LLM_TOKENIZER_MAX_IDS (1 << 24)
+
 /* Open DIR/tokenizer.json and the config files next to it. On failure *tk
  * is NULL and the message names the file ("DIR/tokenizer.json: model:
  * unknown type 'XYZ'"). LLM_ERR_IO, LLM_ERR_FORMAT, LLM_ERR_UNSUPPORTED,
@@ -136,6 +145,17 @@ void llm_detok_stream_free(struct llm_detok_stream *s);
  * tokenizer), and a sampled padding id must not end the request. */
 void llm_tokenizer_detok(struct llm_detok *d, const struct llm_tokenizer *tk);
 
+/* The most bytes of text that can encode (special tokens on or off) into
+ * N_TOKENS tokens or fewer: text longer than that needs more tokens, so it
+ * can be refused by its length before it is encoded (a 1 MiB prompt costs
+ * seconds to encode). The bound is the longest token text times what the
+ * normalizer can shrink; SIZE_MAX when text can vanish (a normalizer that
+ * strips, a pre-tokenizer that removes, fused unknowns, added tokens that
+ * strip the whitespace beside them). */
+size_t llm_tokenizer_max_bytes(const struct llm_tokenizer *tk, int64_t n_tokens);
+/* config.json's max_position_embeddings when it was among the tokenizer's
+ * files, else 0: no run of the model has a longer context. */
+int llm_tokenizer_model_ctx(const struct llm_tokenizer *tk);
 /* Lookups. n_vocab is one more than the largest id (model vocab and added
  * tokens). bos/eos are -1 when the files name none. */
 int32_t llm_tokenizer_n_vocab(const struct llm_tokenizer *tk);

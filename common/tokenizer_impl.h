@@ -147,6 +147,9 @@ struct llm_tokenizer {
 	size_t n_anchor;
 	char anchor_text[16];         /* their decoded text */
 	size_t anchor_len;
+	size_t bytes_per_token;       /* text bytes one token can stand for at most, the
+	                               * normalizer's shrinking included; 0: no bound */
+	int model_ctx;                /* config.json's max_position_embeddings, else 0 */
 };
 
 /* ID names a token (model vocabulary or added): decodable. */

@@ -376,7 +376,25 @@ static int cmp_added(const void *a, const void *b, void *ctx)
 	return x->id - y->id;
 }
 
-static enum llm_status load_model(struct loader *L, json_t *model, json_t *added)
+/* Token ids must lie below LIMIT: config.json's vocab_size when FROM_CONFIG,
+ * else LLM_TOKENIZER_MAX_IDS; the tables are indexed by id, so an id is
+ * checked before anything is sized by it. */
+static enum llm_status check_id(struct loader *L, int64_t id, int64_t limit, int from_config, const char *what,
+                                const char *key, size_t i)
+{
+	if (id < limit)
+		return LLM_OK;
+	char where[128];
+	if (key)
+		snprintf(where, sizeof where, "model.vocab[\"%.64s\"]", key);
+	else
+		snprintf(where, sizeof where, "%s[%zu].id", what, i);
+	return LFAIL(L, LLM_ERR_RANGE, "%s: id %lld is not below %s %lld", where, (long long)id,
+	             from_config ? "config.json's vocab_size" : "the limit for a tokenizer without config.json,",
+	             (long long)limit);
+}
+
+static enum llm_status load_model(struct loader *L, json_t *model, json_t *added, int64_t limit, int from_config)
 {
 	struct llm_tokenizer *tk = L->tk;
 	if (!json_is_object(model))
@@ -414,6 +432,7 @@ static enum llm_status load_model(struct loader *L, json_t *model, json_t *added
 	json_object_foreach(vocab, key, v) {
 		if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX - 1)
 			return LFAIL(L, LLM_ERR_FORMAT, "model: vocab: '%s': id is not a non-negative integer", key);
+		LLM_TRY(check_id(L, json_integer_value(v), limit, from_config, NULL, key, 0));
 		if (json_integer_value(v) > max_id)
 			max_id = json_integer_value(v);
 	}
@@ -424,6 +443,7 @@ static enum llm_status load_model(struct loader *L, json_t *model, json_t *added
 			return LFAIL(L, LLM_ERR_FORMAT, "added_tokens[%zu]: needs \"content\" (string) and \"id\" (integer)", i);
 		if (!*jstr(a, "content"))
 			return LFAIL(L, LLM_ERR_FORMAT, "added_tokens[%zu]: empty content", i);
+		LLM_TRY(check_id(L, json_integer_value(id), limit, from_config, "added_tokens", NULL, i));
 		if (json_integer_value(id) > max_id)
 			max_id = json_integer_value(id);
 	}
@@ -641,6 +661,70 @@ static enum llm_status load_configs(struct loader *L, json_t *cfg, json_t *stm, 
 	return LLM_OK;
 }
 
+/* How many times shorter the normalizer can make text, or 0 when it can
+ * drop text without bound (Strip, a regex or shortening Replace). Unicode
+ * normalization and lowercasing map one character to at least one byte
+ * (NFKC's 4-byte mathematical letters to ASCII: 4x); composition merges at
+ * most three Hangul jamo into one syllable (3x). */
+static size_t norm_shrink(const struct norm *n)
+{
+	size_t f = 1, g;
+	switch (n->type) {
+	case NORM_SEQ:
+		for (size_t i = 0; i < n->n_sub; i++) {
+			if (!(g = norm_shrink(&n->sub[i])))
+				return 0;
+			f *= g;
+		}
+		return f;
+	case NORM_PREPEND: return 1;
+	case NORM_REPLACE: return !n->re && n->a && n->b && strlen(n->b) >= strlen(n->a) ? 1 : 0;
+	case NORM_UNICODE:
+		return n->uflags & (UTF8PROC_IGNORE | UTF8PROC_STRIPCC | UTF8PROC_STRIPMARK | UTF8PROC_STRIPNA) ? 0 : 4;
+	case NORM_LOWER: return 4;
+	default: return 0;   /* Strip */
+	}
+}
+
+/* Whether the pre-tokenizer keeps every byte (a Split that removes its
+ * matches, or a Metaspace with an empty replacement, drops some). */
+static bool pre_keeps(const struct pre *p)
+{
+	for (size_t i = 0; p->type == PRE_SEQ && i < p->n_sub; i++)
+		if (!pre_keeps(&p->sub[i]))
+			return false;
+	return !(p->type == PRE_SPLIT && p->behavior == SPLIT_REMOVED) &&
+	       !(p->type == PRE_METASPACE && (!p->repl || !*p->repl));
+}
+
+/* A lower bound on the tokens of any text: each token stands for at most
+ * bytes_per_token of its bytes. A token's text is at least as long as the
+ * normalized bytes it covers (ByteLevel maps a byte to a 1- or 2-byte
+ * character, Metaspace a space to "▁", byte fallback tokens are "<0xXX>"),
+ * an unknown character is one token of at most 4 bytes (fused unknowns
+ * happen only without byte fallback for all 256 bytes), an added token
+ * matches its own content; what the normalizer shrinks multiplies it. No
+ * bound when text can vanish into a token or before one: fused unknowns,
+ * added tokens that strip the whitespace beside them, a normalizer or
+ * pre-tokenizer that drops text. */
+static size_t bytes_per_token(const struct llm_tokenizer *tk)
+{
+	size_t shrink = tk->norm ? norm_shrink(tk->norm) : 1, m = 4;
+	bool all_bytes = tk->byte_fallback;     /* then no character is unknown */
+	for (int b = 0; b < 256; b++)
+		all_bytes &= tk->byte_id[b] >= 0;
+	if (!shrink || (tk->pre && !pre_keeps(tk->pre)) || (tk->fuse_unk && tk->unk_id >= 0 && !all_bytes))
+		return 0;
+	for (size_t i = 0; i < tk->n_added; i++)
+		if (tk->added[i].lstrip || tk->added[i].rstrip)
+			return 0;
+	for (int32_t i = 0; i < tk->n_vocab; i++) {
+		m = tk->tok[i].len > m ? tk->tok[i].len : m;
+		m = tk->vocab[i].len > m ? tk->vocab[i].len : m;
+	}
+	return m * shrink;
+}
+
 /* Parse an optional side file; a present but broken one is an error. */
 static enum llm_status parse_side(const char *origin, const struct llm_tok_files *files,
                                   const char *name, json_t **out)
@@ -695,7 +779,21 @@ enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *o
 		st = LFAIL(&L, LLM_ERR_FORMAT, "not a JSON object");
 		goto out;
 	}
-	if ((st = load_model(&L, json_object_get(j, "model"), json_object_get(j, "added_tokens"))))
+	/* the model's vocab_size bounds the ids (a config.json that does not
+	 * parse is left to the model's loader to report) */
+	int64_t limit = LLM_TOKENIZER_MAX_IDS;
+	json_t *mc = NULL, *vs;
+	if (parse_side(origin, files, "config.json", &mc))
+		mc = NULL;
+	int from_config = json_is_integer(vs = json_object_get(mc, "vocab_size")) && json_integer_value(vs) > 0 &&
+	                  json_integer_value(vs) <= LLM_TOKENIZER_MAX_IDS;
+	if (from_config)
+		limit = json_integer_value(vs);
+	json_t *mp = json_object_get(mc, "max_position_embeddings");
+	if (json_is_integer(mp) && json_integer_value(mp) > 0 && json_integer_value(mp) <= INT32_MAX)
+		tk->model_ctx = (int)json_integer_value(mp);
+	json_decref(mc);
+	if ((st = load_model(&L, json_object_get(j, "model"), json_object_get(j, "added_tokens"), limit, from_config)))
 		goto out;
 	json_t *c;
 	if ((c = json_object_get(j, "normalizer")) && !json_is_null(c)) {
@@ -727,6 +825,7 @@ enum llm_status llm_tokenizer_open_mem(struct llm_tokenizer **out, const char *o
 	    (st = parse_side(origin, files, "generation_config.json", &gen)))
 		goto out;
 	st = load_configs(&L, cfg, stm, gen);
+	tk->bytes_per_token = bytes_per_token(tk);
 	if (!st) {
 		int32_t *a;
 		size_t na;
@@ -757,7 +856,7 @@ out:
 }
 
 /* Files of a directory, read whole. */
-struct dir_files { const char *dir; char *data[4]; const char *names[4]; size_t n; };
+struct dir_files { const char *dir; char *data[8]; size_t n; };
 
 static const char *dir_get(void *ctx, const char *name, size_t *len)
 {
@@ -774,7 +873,7 @@ static const char *dir_get(void *ctx, const char *name, size_t *len)
 		buf_put(&b, tmp, k);
 	bool err = ferror(f);
 	fclose(f);
-	if (b.oom || err || df->n >= 4) {
+	if (b.oom || err || df->n >= sizeof df->data / sizeof *df->data) {
 		free(b.p);
 		*len = 0;
 		return err ? NULL : "";

@@ -535,8 +535,64 @@ static void test_forms(void)
 	}
 }
 
+/* Non-finite logits are refused with LLM_ERR_RANGE naming the first bad
+ * id, greedy and sampled (the sampled path read out of bounds on NaN:
+ * top-p kept no candidate), and llm_first_nonfinite finds the first bad
+ * element in every float type. */
+static void test_nonfinite(void)
+{
+	enum { NV = 5000 };
+	static float l[NV];
+	for (int i = 0; i < NV; i++)
+		l[i] = (float)(i % 7) * 0.5f;
+	const float bad[] = { NAN, INFINITY, -INFINITY };
+	for (int b = 0; b < 3; b++)
+		for (int mode = 0; mode < 3; mode++) {
+			struct llm_sample_params p = params(mode == 0 ? 0.0f : 0.8f, 1);
+			if (mode == 2) {
+				p.top_p = 0.9f;
+				p.min_p = 0.05f;
+				p.n_logprobs = 3;
+			}
+			struct llm_sampler s;
+			llm_sampler_init(&s, &p, NV);
+			l[4321] = bad[b];
+			struct llm_sample_out o = { .token = -7 };
+			enum llm_status st = llm_sampler_sample(&s, l, &o);
+			check(st == LLM_ERR_RANGE && strstr(llm_errmsg(), "at token 4321") && o.token == -7,
+			      "%g at id 4321, mode %d: refused naming it (%s: %s)", (double)bad[b], mode,
+			      llm_status_name(st), llm_errmsg());
+			l[4321] = 0;
+			check(llm_sampler_sample(&s, l, &o) == LLM_OK && o.token >= 0 && o.token < NV,
+			      "mode %d: finite logits again sample", mode);
+			llm_sampler_free(&s);
+		}
+	float f[9000];
+	uint16_t h[9000], bh[9000];
+	uint8_t e[9000];
+	for (int i = 0; i < 9000; i++) {
+		f[i] = (float)i - 4500.0f;
+		h[i] = llm_f32_to_f16(f[i] / 64);
+		bh[i] = llm_f32_to_bf16(f[i]);
+		e[i] = llm_f32_to_e4m3(f[i] / 64);
+	}
+	check(llm_first_nonfinite(f, LLM_DTYPE_F32, 9000) < 0 && llm_first_nonfinite(h, LLM_DTYPE_F16, 9000) < 0 &&
+	      llm_first_nonfinite(bh, LLM_DTYPE_BF16, 9000) < 0 && llm_first_nonfinite(e, LLM_DTYPE_E4M3, 9000) < 0,
+	      "llm_first_nonfinite: finite arrays (e4m3 448 saturation included) have none");
+	f[8193] = NAN;
+	f[8500] = INFINITY;
+	h[5000] = llm_f32_to_f16(-INFINITY);
+	bh[17] = llm_f32_to_bf16(NAN);
+	e[4097] = 0xff;
+	check(llm_first_nonfinite(f, LLM_DTYPE_F32, 9000) == 8193 && llm_first_nonfinite(f, LLM_DTYPE_F32, 8193) < 0 &&
+	      llm_first_nonfinite(h, LLM_DTYPE_F16, 9000) == 5000 && llm_first_nonfinite(bh, LLM_DTYPE_BF16, 9000) == 17 &&
+	      llm_first_nonfinite(e, LLM_DTYPE_E4M3, 9000) == 4097,
+	      "llm_first_nonfinite: the first NaN/Inf in f32, f16, bf16 and e4m3, across blocks");
+}
+
 int main(void)
 {
+	test_nonfinite();
 	test_forms();
 	test_argmax();
 	test_rules();

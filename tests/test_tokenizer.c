@@ -123,10 +123,70 @@ static int continuation_splits(struct llm_tokenizer *tk, const struct llm_detok 
 	return ok;
 }
 
+/* llm_tokenizer_max_bytes is a bound: TEXT encodes (special tokens on and
+ * off) into N tokens with LEN <= max_bytes(N), so a prompt refused by its
+ * length could never have fit. Counted over every case and the texts below. */
+static int bound_n, bound_bad;
+
+static void bound_case(struct llm_tokenizer *tk, const char *text, size_t len)
+{
+	for (int special = 0; special < 2; special++) {
+		int32_t *ids = NULL;
+		size_t n = 0;
+		if (!llm_tokenizer_encode(tk, text, len, special, &ids, &n)) {
+			bound_n++;
+			if (len > llm_tokenizer_max_bytes(tk, (int64_t)n) && bound_bad++ < 3)
+				check_diag("  %zu bytes encode into %zu tokens, past the bound %zu: '%.40s'", len, n,
+				           llm_tokenizer_max_bytes(tk, (int64_t)n), text);
+		}
+		free(ids);
+	}
+}
+
+/* Texts made to be few tokens for their bytes: the longest token's text
+ * repeated, characters normalization shrinks (NFKC: fullwidth and
+ * mathematical letters, Hangul jamo composing, the Kelvin sign
+ * lowercased), runs of spaces. */
+static void bound_texts(struct llm_tokenizer *tk, const char *name)
+{
+	int32_t nv = llm_tokenizer_n_vocab(tk), best = -1;
+	size_t bl = 0;
+	for (int32_t i = 0; i < nv; i++) {
+		char *t = NULL;
+		size_t l = 0;
+		if (!llm_tokenizer_decode(tk, &i, 1, false, &t, &l) && l > bl) {
+			bl = l;
+			best = i;
+		}
+		free(t);
+	}
+	static const char *odd[] = {
+		"\xef\xbc\xa1\xef\xbc\xa2\xef\xbc\xa3\xef\xbc\xa4", "\xf0\x9d\x90\x80\xf0\x9d\x90\x81\xf0\x9d\x90\x82",
+		"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xe2\x84\xaa\xe2\x84\xaa\xe2\x84\xaa",
+		"                                                                ", "\n\n\n\n\n\n\n\n\n\n\n\n",
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "<s></s><s></s><|endoftext|><|im_start|>",
+	};
+	for (size_t i = 0; i < sizeof odd / sizeof *odd; i++)
+		bound_case(tk, odd[i], strlen(odd[i]));
+	char *t = NULL, *rep = NULL;
+	size_t l = 0;
+	if (best >= 0 && !llm_tokenizer_decode(tk, &best, 1, false, &t, &l) && (rep = malloc(l * 64 + 1))) {
+		for (int k = 0; k < 64; k++)
+			memcpy(rep + (size_t)k * l, t, l);
+		bound_case(tk, rep, l * 64);
+	}
+	free(t);
+	free(rep);
+	check(bound_n > 0 && bound_bad == 0, "%s: text of L bytes encodes into N tokens with L <= max_bytes(N) = N x %zu "
+	      "(%d encodings, longest token %zu bytes)", name, llm_tokenizer_max_bytes(tk, 1), bound_n, bl);
+	bound_n = bound_bad = 0;
+}
+
 static void run_case(struct llm_tokenizer *tk, json_t *c, int lineno, struct stats *st, int *shown)
 {
 	const char *text = json_string_value(json_object_get(c, "text"));
 	size_t tlen = json_string_length(json_object_get(c, "text"));
+	bound_case(tk, text, tlen);
 	json_t *disp = json_object_get(c, "disputed");
 	int32_t *ids = NULL;
 	size_t n = 0;
@@ -263,6 +323,7 @@ static void run_tokenizer(const char *ref, const char *name)
 	}
 	free(line);
 	fclose(f);
+	bound_texts(tk, name);
 	check(st.n > 0 && st.enc_s == st.n, "%s: encode with special tokens (%d/%d)", name, st.enc_s, st.n);
 	check(st.n > 0 && st.enc_p == st.n, "%s: encode without special tokens (%d/%d)", name, st.enc_p, st.n);
 	check(st.n > 0 && st.dec_s == st.n, "%s: decode with special tokens (%d/%d)", name, st.dec_s, st.n);

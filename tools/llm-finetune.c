@@ -202,6 +202,11 @@ int main(int argc, char **argv)
 		llm_comm_finalize(world);
 		return rc;
 	}
+	char stale[4096];         /* what killed runs left at the output: beside a merged checkpoint, inside an adapter directory (their *.tmp.PID) */
+	int n_stale = llm_tmp_sweep(world->rank == 0 && (merge || o.data) ? o.out : NULL, !merge, stale, sizeof stale);
+	if (n_stale)
+		LLM_INFO("%s: removed %d stale temporar%s of killed runs (%s%s)\n", llm_progname(), n_stale,
+		         n_stale > 1 ? "ies" : "y", stale, n_stale > 1 ? ", ..." : "");
 	if (merge) {
 		struct llm_model m;
 		struct llm_lora lo;

@@ -22,7 +22,7 @@ struct generate_cfg {
 	struct llm_strlist stop, logit_bias;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
-	int json, score, chat, show_tokens, ignore_eos, echo;
+	int json, score, chat, show_tokens, ignore_eos, echo, check_weights;
 };
 
 static struct generate_cfg cfg = {
@@ -35,8 +35,7 @@ static const struct llm_opt opts[] = {
 	        "model directory or .safetensors file (the tokenizer files suffice for the tokenizer modes)"),
 	LLM_FLAG(0, "tokenize", &cfg.tokenize, "read text on stdin, print its token ids as a JSON array"),
 	LLM_FLAG(0, "detokenize", &cfg.detokenize, "read a JSON array of token ids on stdin, print the text"),
-	LLM_FLAG(0, "apply-template", &cfg.apply_template,
-	         "read a chat request (JSON: messages, add_generation_prompt, tools, template_kwargs) on stdin, print the prompt"),
+	LLM_FLAG(0, "apply-template", &cfg.apply_template, "read a chat request (JSON: messages, add_generation_prompt, tools, template_kwargs) on stdin, print the prompt"),
 	LLM_FLAG(0, "no-special", &cfg.no_special, "--tokenize: add no special tokens (BOS and the like)"),
 	LLM_FLAG(0, "skip-special", &cfg.skip_special, "--detokenize: leave special tokens out of the text"),
 	LLM_STR(0, "chat-template", "FILE", &cfg.chat_template, "use the Jinja chat template in FILE instead of the model's"),
@@ -56,8 +55,7 @@ static const struct llm_opt opts[] = {
 	LLM_LIST(0, "stop", "TEXT", &cfg.stop, "stop when the output contains TEXT (repeatable)"),
 	LLM_FLAG(0, "ignore-eos", &cfg.ignore_eos, "keep generating past the end-of-sequence token"),
 	LLM_INT(0, "min-tokens", "N", &cfg.min_tokens, "generate at least N tokens before EOS or a stop can end", 0, INT32_MAX),
-	LLM_LIST(0, "logit-bias", "ID=BIAS", &cfg.logit_bias,
-	         "add BIAS (-100 to 100; -100 all but bans) to token ID's logit (repeatable)"),
+	LLM_LIST(0, "logit-bias", "ID=BIAS", &cfg.logit_bias, "add BIAS (-100 to 100; -100 all but bans) to token ID's logit (repeatable)"),
 	LLM_INT(0, "logprobs", "N", &cfg.n_logprobs, "--json: the N most likely tokens and log-probs at each position", 0, 20),
 	LLM_FLAG(0, "chat", &cfg.chat, "wrap the prompt as a user message in the model's chat template"),
 	LLM_STR(0, "system", "TEXT", &cfg.system, "--chat: the system message"),
@@ -73,6 +71,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
 	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend)"),
+	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before generating; refuse to load if one holds any"),
 };
 
 static const struct llm_cli cli = {
@@ -105,6 +104,7 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype);
 	o.backend = cfg.backend, o.lora_dir = cfg.lora, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens;
+	o.check_weights = cfg.check_weights;
 	return o;
 }
 

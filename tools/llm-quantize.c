@@ -34,7 +34,7 @@ int main(int argc, char **argv)
 	struct llm_quant_opts q = { .block_rows = 128, .block_cols = 128, .out_dtype = LLM_DTYPE_BF16 };
 	const char *block = "128x128", *dtype = NULL, *random_cfg = NULL;
 	int64_t seed = 0;
-	int dequant = 0, stats = 0, json = 0, force = 0;
+	int dequant = 0, stats = 0, json = 0, force = 0, check = 0;
 	size_t max_shard = 5000000000u;
 	const struct llm_opt opts[] = {
 		LLM_STR('b', "block", "RxC", &block, "scale group: 128x128, 1x128 (row groups) or 1xK (per channel)"),
@@ -49,13 +49,14 @@ int main(int argc, char **argv)
 		LLM_STR(0, "tokenizer", "DIR", &q.tokenizer_dir, "with --random: copy the tokenizer files of DIR"),
 		LLM_SIZE(0, "max-shard-size", "SIZE", &max_shard, "largest shard of a directory output (5GB, 500MB, 2GiB ...)"),
 		LLM_FLAG('f', "force", &force, "replace an existing OUT"),
+		LLM_FLAG(0, "check", &check, "no OUT: scan every tensor of IN for NaN or Inf, name the first bad one (exit 1)"),
 	};
 	const struct llm_cli cli = {
 		.usage = "llm-quantize [options] IN OUT",
 		.summary = "Quantize a Hugging Face checkpoint to FP8 E4M3 with group-wise scales, or back.\n"
 		           "IN and OUT are directories, .safetensors files or - (standard input/output);\n"
-		           "with --random CONFIG, IN is omitted. Progress and a closing summary go to\n"
-		           "standard error (-q: neither).",
+		           "with --random CONFIG, IN is omitted; with --check, OUT is. Progress and a\n"
+		           "closing summary go to standard error (-q: neither).",
 		.example = "llm-quantize --block 128x128 models/tinyllama models/tinyllama-fp8",
 		.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 1, .max_pos = 2,
 	};
@@ -64,6 +65,21 @@ int main(int argc, char **argv)
 	int rc = llm_args_parse(argc, argv, &cli, pos, &n_pos);
 	if (rc != LLM_ARGS_OK)
 		return rc == LLM_ARGS_EXIT ? 0 : 2;
+	if (check) {            /* the weights' numbers, nothing written */
+		if (n_pos != 1 || random_cfg || dequant || stats)
+			return llm_args_usage_error(&cli, "--check takes only IN");
+		struct llm_ckpt ck;
+		size_t nv = 0;
+		if (llm_ckpt_open(&ck, pos[0]))
+			llm_die("%s", llm_errmsg());
+		enum llm_status s = llm_ckpt_check_finite(&ck, &nv);
+		size_t nt = ck.n_tensor;
+		llm_ckpt_close(&ck);
+		if (s)
+			llm_die("%s", llm_errmsg());
+		LLM_INFO("%s: %zu tensors, %zu values, all finite\n", pos[0], nt, nv);
+		return 0;
+	}
 	if (n_pos != (random_cfg ? 1 : 2))
 		return llm_args_usage_error(&cli, random_cfg ? "--random takes only OUT" : "need IN and OUT");
 	if (parse_block(block, &q))
@@ -95,6 +111,11 @@ int main(int argc, char **argv)
 	if (llm_progress_init(&pg, llm_log_level >= 1 ? stderr : NULL))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	q.write.progress = &pg;
+	char stale[4096];         /* what killed runs left at OUT (their *.tmp.PID) */
+	int n_stale = llm_tmp_sweep(out, 0, stale, sizeof stale);
+	if (n_stale)
+		LLM_INFO("%s: removed %d stale temporar%s of killed runs (%s%s)\n", llm_progname(), n_stale,
+		         n_stale > 1 ? "ies" : "y", stale, n_stale > 1 ? ", ..." : "");
 	enum llm_status s = random_cfg ? llm_quantize_random(random_cfg, out, &q)
 	                               : llm_quantize(pos[0], out, &q);
 	if (s) {

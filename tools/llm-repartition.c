@@ -72,6 +72,11 @@ int main(int argc, char **argv)
 		.tp = (int)tp, .pp = (int)pp, .layers = layers ? counts : NULL, .dry_run = dry,
 		.write = { .force = force, .max_shard_size = max_shard, .progress = &pg },
 	};
+	char stale[4096];         /* what killed runs left at OUT (their *.tmp.PID) */
+	int n_stale = llm_tmp_sweep(dry ? NULL : pos[1], 0, stale, sizeof stale);
+	if (n_stale)
+		LLM_INFO("%s: removed %d stale temporar%s of killed runs (%s%s)\n", llm_progname(), n_stale,
+		         n_stale > 1 ? "ies" : "y", stale, n_stale > 1 ? ", ..." : "");
 	enum llm_status s = llm_repartition(pos[0], pos[1], &o);
 	if (s) {    /* a plan the model does not allow is exit 1 too: it names tensor and sizes */
 		llm_progress_clear(&pg);

@@ -27,7 +27,7 @@ struct serve_cfg {
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
 	size_t kv_memory, max_body;
 	double drain_timeout;
-	int plan;
+	int plan, check_weights;
 };
 
 static struct serve_cfg cfg = {
@@ -70,6 +70,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR to every request (cpu backend)"),
 	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
 	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
+	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before serving; refuse to load if one holds any"),
 };
 
 static const struct llm_cli cli = {
@@ -167,6 +168,7 @@ int main(int argc, char **argv)
 	eo.n_threads = (int)cfg.threads;
 	eo.kv_dtype = (enum llm_dtype)kvd;
 	eo.weight_pages = (enum llm_weight_pages)wp;
+	eo.check_weights = cfg.check_weights;
 	eo.kv_block_size = (int)cfg.kv_block_size;
 	eo.max_seqs = (int)(cfg.max_running + cfg.prefix_cache);
 	eo.max_batch_tokens = (int)cfg.max_batch_tokens;

@@ -197,7 +197,13 @@ cp -r "$T/k" "$T/k2"
 check_fails "--resume with other options is refused" 1 $FT -m "$S" $RS --lr 1e-3 -o "$T/k2" --resume
 check "the message says to resume with the same options" grep -q "other options" "$T/err"
 check_fails "--resume without a saved state is refused" 1 $FT -m "$S" $RS -o "$T/k4" --resume
+# a state temporary of a killed save (its process gone) in the directory:
+# the resumed run removes it, the finished adapter directory holds none
+sh -c 'exit 0' & dead=$!; wait $dead
+echo partial >"$T/k/training_state.bin.tmp.$dead"
 $FT -m "$S" $RS -o "$T/k" --save-every 1 --log "$T/k.csv" --resume
+check "--resume removes a dead process's training_state.bin.tmp.PID" test ! -e "$T/k/training_state.bin.tmp.$dead"
+check "the finished adapter directory holds no temporary" sh -c "! ls '$T/k' | grep -q '\.tmp\.'"
 check "--resume ends with the uninterrupted run's adapter, byte for byte" cmp -s "$T/u/adapter_model.safetensors" "$T/k/adapter_model.safetensors"
 check "the resumed log has each step once" sh -c "[ \$(cut -d, -f1 '$T/k.csv' | sort -u | wc -l) = 151 ] && [ \$(wc -l <'$T/k.csv') = 151 ]"
 # bad data: the line is named, or --skip-bad counts it

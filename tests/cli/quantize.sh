@@ -73,7 +73,15 @@ for out in "$T/killed" "$T/killed.safetensors"; do
 	kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
 	if [ -e "$out" ]; then notok "SIGKILL during a write leaves no $(basename "$out")"
 	else ok "SIGKILL during a write leaves no $(basename "$out") (only $(ls -d "$out".tmp.* 2>/dev/null | wc -l) temporary)"; fi
-	rm -rf "$out".tmp.*
+	# the next run to OUT removes the killed one's temporary (its process is
+	# gone), saying so in one line, and keeps a live process's (this shell's)
+	left=$(ls -d "$out".tmp.* 2>/dev/null | head -1)
+	mkdir "$out.tmp.$$"
+	$Q --random $tiny --seed 1 "$out" 2>"$T/sweep.err"
+	check "the next run removes the killed run's $(basename "$left") and says so in one line" sh -c \
+		"[ -n '$left' ] && [ ! -e '$left' ] && [ \$(wc -l <'$T/sweep.err') = 1 ] && grep -qF 'removed 1 stale temporary of killed runs ($left)' '$T/sweep.err'"
+	check "... and keeps $(basename "$out").tmp.<a live pid>" test -d "$out.tmp.$$"
+	rm -rf "$out".tmp.* "$out"
 done
 
 if have_stories; then

@@ -111,4 +111,43 @@ cp "$S/tokenizer.json" "$TMPD/cfg/" 2>/dev/null || { mkdir -p "$TMPD/cfg"; cp "$
 printf '{"bos_token": ' >"$TMPD/cfg/tokenizer_config.json"
 check_fails "truncated tokenizer_config.json" 1 sh -c "printf hi | $G -m '$TMPD/cfg' --tokenize"
 check "... names tokenizer_config.json" grep -q "cfg/tokenizer_config.json" "$TMPD/err"
+
+# Ids bounded before any table is sized by them: below config.json's
+# vocab_size beside the tokenizer (or in the checkpoint), else below 2^24.
+# An id of 1e9 took (1e9 + 1) x 3 table entries (4.8 GB) before.
+M=$(stories)
+if [ -f "$M/config.json" ]; then
+	hugeid() {   # hugeid DIR FIELD ID [CONFIG]: the model's tokenizer files with one id changed
+		mkdir -p "$1"
+		cp "$M/tokenizer.json" "$M/tokenizer_config.json" "$1/"
+		[ -n "${4:-}" ] && cp "$M/config.json" "$1/"
+		python3 - "$1/tokenizer.json" "$2" "$3" <<'PY'
+import json, sys
+path, field, nid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+t = json.load(open(path))
+if field == "vocab":
+    t["model"]["vocab"]["ing"] = nid
+else:
+    t["added_tokens"][0]["id"] = nid
+json.dump(t, open(path, "w"), ensure_ascii=False)
+PY
+	}
+	hugeid "$TMPD/huge" vocab 1000000000 config
+	check_fails "a vocab id of 1e9 beside config.json: exit 1, one line" 1 sh -c "printf hi | $G -m '$TMPD/huge' --tokenize"
+	check "... naming the file, the field and vocab_size" \
+		grep -qF "$TMPD/huge/tokenizer.json: model.vocab[\"ing\"]: id 1000000000 is not below config.json's vocab_size 512" "$TMPD/err"
+	hugeid "$TMPD/edge" vocab 512 config
+	check_fails "a vocab id equal to vocab_size (512) is refused" 1 sh -c "printf hi | $G -m '$TMPD/edge' --tokenize"
+	hugeid "$TMPD/added" added 4000000000 config
+	check_fails "an added_tokens id of 4e9 is refused" 1 sh -c "printf hi | $G -m '$TMPD/added' --tokenize"
+	hugeid "$TMPD/added2" added 600 config
+	check_fails "an added_tokens id above vocab_size (600 >= 512) is refused" 1 sh -c "printf hi | $G -m '$TMPD/added2' --tokenize"
+	check "... naming added_tokens[0].id" grep -qF "added_tokens[0].id: id 600 is not below config.json's vocab_size 512" "$TMPD/err"
+	hugeid "$TMPD/alone" vocab 1000000000
+	check_fails "without config.json, an id past 2^24 is refused" 1 sh -c "printf hi | $G -m '$TMPD/alone' --tokenize"
+	check "... naming the bound" grep -qF "model.vocab[\"ing\"]: id 1000000000 is not below the limit for a tokenizer without config.json, 16777216" "$TMPD/err"
+	cp -r "$M" "$TMPD/model" && cp "$TMPD/huge/tokenizer.json" "$TMPD/model/"
+	check_fails "llm-generate with the model: the same one-line error" 1 llm-generate -m "$TMPD/model" -p hi -n 1
+	check "... naming the model's tokenizer.json" grep -qF "$TMPD/model/tokenizer.json: model.vocab[\"ing\"]: id 1000000000" "$TMPD/err"
+fi
 tap_done

@@ -79,7 +79,7 @@ for out in "$T/killed" "$T/killed.safetensors"; do
 	mkdir "$out.tmp.$$"
 	$Q --random $tiny --seed 1 "$out" 2>"$T/sweep.err"
 	check "the next run removes the killed run's $(basename "$left") and says so in one line" sh -c \
-		"[ -n '$left' ] && [ ! -e '$left' ] && [ \$(wc -l <'$T/sweep.err') = 1 ] && grep -qF 'removed 1 stale temporary of killed runs ($left)' '$T/sweep.err'"
+		"[ -n '$left' ] && [ ! -e '$left' ] && [ \$(grep -c 'stale temporar' '$T/sweep.err') = 1 ] && grep -qF 'removed 1 stale temporary of killed runs ($left)' '$T/sweep.err'"
 	check "... and keeps $(basename "$out").tmp.<a live pid>" test -d "$out.tmp.$$"
 	rm -rf "$out".tmp.* "$out"
 done

@@ -182,6 +182,38 @@ enum llm_status llm_score_items_queue(struct llm_sched *s, struct llm_score_item
 	return LLM_OK;
 }
 
+static int item_scored(const struct llm_score_item *it)
+{
+	for (int k = 0; k < it->n; k++)
+		if (it->res[k].n_scored < it->n_cont[k])
+			return 0;
+	return 1;
+}
+
+enum llm_status llm_score_items_run(struct llm_sched *s, struct llm_score_item *items, size_t n,
+                                    const volatile sig_atomic_t *stop,
+                                    void (*put)(void *user, const char *json), void *user, size_t *n_done)
+{
+	int pending = 1;
+	*n_done = 0;
+	while (*n_done < n) {
+		if (stop && *stop)
+			return LLM_OK;
+		if (pending)
+			LLM_TRY(llm_sched_step(s, &pending));
+		for (; *n_done < n && item_scored(&items[*n_done]); ++*n_done) {
+			char *js = llm_score_item_json(&items[*n_done]);
+			if (!js)
+				return llm_fail(LLM_ERR_NOMEM, "score: out of memory");
+			put(user, js);
+			free(js);
+		}
+		if (!pending && *n_done < n)   /* cannot happen: every request scores all its tokens */
+			return llm_fail(LLM_ERR_INTERNAL, "score: line %d: the scheduler finished it unscored", items[*n_done].line);
+	}
+	return LLM_OK;
+}
+
 char *llm_score_item_json(const struct llm_score_item *it)
 {
 	json_t *r = json_object(), *a = json_array(), *an = json_array(), *g = json_array(), *nt = json_array();

@@ -8,6 +8,8 @@
 
 #include "scheduler.h"
 
+#include <signal.h>
+
 struct llm_tokenizer;
 
 struct llm_score_result {       /* one continuation */
@@ -44,6 +46,15 @@ enum llm_status llm_score_items_read(char *buf, size_t len, const struct llm_tok
                                      struct llm_score_item **items, size_t *n);
 /* Queue every item on S (llm_sched_score); errors name the line. */
 enum llm_status llm_score_items_queue(struct llm_sched *s, struct llm_score_item *items, size_t n);
+/* Run S until the N queued ITEMS are scored: after each step PUT gets, in
+ * input order, each item whose continuations and those of every item before
+ * it are all scored, as one JSON line (llm_score_item_json). When *STOP
+ * (may be NULL; a signal handler's flag) turns nonzero between steps it
+ * returns at once, the rest unscored and still queued (closing S drops
+ * them). *N_DONE: the items handed to PUT. LLM_ERR_NOMEM. */
+enum llm_status llm_score_items_run(struct llm_sched *s, struct llm_score_item *items, size_t n,
+                                    const volatile sig_atomic_t *stop,
+                                    void (*put)(void *user, const char *json), void *user, size_t *n_done);
 /* A scored item as one JSON line (no newline): index (line - 1), logprobs,
  * normalized (per byte of the continuation), greedy, tokens. Malloc'd. */
 char *llm_score_item_json(const struct llm_score_item *it);

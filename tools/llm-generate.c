@@ -84,6 +84,7 @@ static const struct llm_cli cli = {
 };
 
 static struct llm_comm *world;    /* llm_comm_init: one rank unless under mpirun */
+static size_t n_done, n_total; static const char *done_what = "prompts done";   /* an interrupted run's report */
 
 static int dist(void) { return world && world->size > 1; }
 static int root(void) { return !world || world->rank == 0; }
@@ -192,9 +193,8 @@ static enum llm_status run_tokenize(struct llm_tokenizer *tk) { return text_mode
 static enum llm_status run_detokenize(struct llm_tokenizer *tk) { return text_mode(tk, LLM_TEXT_DETOKENIZE, cfg.skip_special); }
 static enum llm_status run_apply_template(struct llm_tokenizer *tk) { return text_mode(tk, LLM_TEXT_TEMPLATE, 0); }
 
-/* --logit-bias, parsed once by main */
-static struct llm_logit_bias cli_bias[sizeof cfg.logit_bias.v / sizeof *cfg.logit_bias.v];
-static int n_cli_bias;
+static struct llm_logit_bias cli_bias[sizeof cfg.logit_bias.v / sizeof *cfg.logit_bias.v];   /* --logit-bias, */
+static int n_cli_bias;                                                                        /* parsed by main */
 
 /* What a request starts from: the flags (a JSONL line's fields replace
  * them); one choice per line. */
@@ -269,19 +269,19 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 	struct llm_jobs_out out = { .done = put, .user = jobs, .stop = &llm_interrupt, .gaps = cfg.json };   /* text lines stop at a gap */
 	if (llm_jobs_run(sch, jobs, n, !single, &out))
 		die_msg();
-	if (llm_interrupt)
-		fprintf(stderr, "%s: interrupted: %zu of %zu prompts done, results written\n", llm_progname(), out.n_done, n);
+	n_done = out.n_done, n_total = n;
 	finish(sch, e);
 	llm_jobs_free(jobs, n);
 	return LLM_OK;
 }
 
-/* --score: {"context": ..., "continuations": [...]} per line, every item
- * queued at once (its context computed once, forked by its continuations),
- * results in input order. */
+/* --score: one {"context", "continuations"} item per line, all queued at once (a
+ * context computed once, forked by its continuations), results in input order. */
+static void put_line(void *user, const char *line) { (void)user, puts(line), fflush(stdout); }
 static enum llm_status run_score(struct llm_tokenizer *tk)
 {
-	char *buf, *js;
+	llm_signals_catch();   /* Ctrl-C: the items scored, then exit 128 + the signal (main) */
+	char *buf;
 	size_t len, n = 0;
 	struct llm_score_item *items = NULL;
 	if (llm_read_file("-", &buf, &len) || llm_score_items_read(buf, len, tk, &items, &n))
@@ -289,11 +289,9 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 	free(buf);
 	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel);
 	struct llm_sched *sch = sched_open(e, (int)cfg.parallel, 0, NULL);
-	if (llm_score_items_queue(sch, items, n) || llm_sched_run(sch))
+	if (llm_score_items_queue(sch, items, n) || llm_score_items_run(sch, items, n, &llm_interrupt, put_line, NULL, &n_done))
 		die_msg();
-	for (size_t i = 0; i < n; i++, free(js))
-		puts((js = llm_score_item_json(&items[i])) ? js : "");
-	fflush(stdout);
+	n_total = n, done_what = "items scored";
 	finish(sch, e);
 	llm_score_items_free(items, n);
 	return LLM_OK;
@@ -395,5 +393,7 @@ int main(int argc, char **argv)
 		die_msg();
 	if (llm_comm_finalize(world))
 		llm_die("%s", llm_errmsg());
+	if (llm_interrupt)   /* the modes that catch signals wrote what was done */
+		fprintf(stderr, "%s: interrupted: %zu of %zu %s, results written\n", llm_progname(), n_done, n_total, done_what);
 	return llm_interrupt ? 128 + llm_interrupt : 0;
 }

@@ -100,6 +100,33 @@ exec 3<&-
 check "a second signal ends a blocked batch at once (exit $rc: 128 + the second signal), without the summary line" \
 	sh -c "{ [ $rc = 143 ] || [ $rc = 130 ]; } && [ ! -s '$T/twice.err' ]"
 
+# --score: the items scored are written whole, in input order, and equal
+# an uninterrupted run's; the stderr line counts them
+python3 -c "
+import json
+for i in range(3000):
+    print(json.dumps({'context': ['Once upon a time', 'Lily and Tom', 'The cat sat'][i % 3] + ' %d' % i,
+                      'continuations': [' there was a girl', ' they played', ' on the mat']}))" >"$T/items.jsonl"
+rm -f "$T/fifo"; mkfifo "$T/fifo"
+llm-generate -m "$M" --score --parallel 8 <"$T/items.jsonl" >"$T/fifo" 2>"$T/score.err" &
+pid=$!
+exec 3<"$T/fifo"
+: >"$T/score.jsonl"
+for _ in 1 2; do IFS= read -r -t 120 line <&3 && printf '%s\n' "$line" >>"$T/score.jsonl"; done
+kill -INT "$pid"
+timeout 300 cat <&3 >>"$T/score.jsonl"
+exec 3<&-
+wait "$pid"; rc=$?
+check "SIGINT during 3000 --score items: exit 130" [ "$rc" = 130 ]
+same_score() {
+	local n; n=$(wc -l <"$T/score.jsonl")
+	head -n "$n" "$T/items.jsonl" | llm-generate -m "$M" --score --parallel 8 >"$T/score.ref" &&
+	cmp -s "$T/score.jsonl" "$T/score.ref" &&
+	[ "$(cat "$T/score.err")" = "llm-generate: interrupted: $n of 3000 items scored, results written" ] &&
+	[ "$n" -ge 2 ] && [ "$n" -lt 3000 ]
+}
+check "SIGINT, --score: the lines written are the first items' of an uninterrupted run; stderr counts them" same_score
+
 # distributed: rank 0 decides (the signal goes to its process, not to
 # mpirun, which ends the whole job on one); rank 1 follows its steps to
 # the close, and mpirun passes on rank 0's status

@@ -137,15 +137,22 @@ run() {
 	if [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*=[^\ \;\|\&]*$ ]]; then
 		export "${c?}"; ok "$where: $short"; return
 	fi
-	if [[ $c == *'&' ]] && [[ $c != *'&&' ]]; then
+	# a server started in the background: "CMD &", a comment after it allowed
+	local bare; bare=$(printf '%s' "$c" | sed -E "s/[[:space:]]+#[^'\"]*\$//")
+	if [[ $bare == *'&' ]] && [[ $bare != *'&&' ]]; then
+		c=$bare
 		setsid bash -c "${c%&}" >"$log" 2>&1 </dev/null &
 		bg+=($!)
+		ln -sf "$log" "$SCR/log.bg.$!"
 		if wait_until 120 health; then ok "$where: $short (up on port $PORT)"
 		else notok "$where: $short (no /health answer on port $PORT in 120 s)"; sed 's/^/#   /' "$log" | tail -5; fi
 		return
 	fi
 	if timeout 900 bash -c "$c" >"$log" 2>&1 </dev/null; then ok "$where: $short"
-	else notok "$where: $short (exit $?)"; sed 's/^/#   /' "$log" | tail -8; fi
+	else
+		notok "$where: $short (exit $?)"; sed 's/^/#   /' "$log" | tail -8
+		for p in "${bg[@]+"${bg[@]}"}"; do sed 's/^/#   server: /' "$SCR/log.bg.$p" 2>/dev/null | tail -5; done
+	fi
 }
 
 # session DOC DIR: DOC's examples, in DIR
@@ -153,7 +160,19 @@ session() {
 	local doc=$1 op a b
 	SCR=$T/$(basename "$doc")
 	mkdir -p "$SCR/tmp"
-	PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	# a free port below the kernel's ephemeral range, so that no server of a
+	# test running beside this one (--port 0) can be given it meanwhile
+	PORT=$(python3 -c '
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for p in random.sample(range(20000, min(lo, 32768)), 200):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); print(p); break
+    except OSError:
+        pass
+    finally:
+        s.close()')
 	extract "$doc" >"$SCR/plan" || { notok "$doc: its examples could not be read"; return; }
 	bg=()
 	(

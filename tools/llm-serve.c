@@ -78,9 +78,9 @@ static const struct llm_cli cli = {
 	.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 0, .max_pos = 0,
 };
 
-/* HOST names this machine only: localhost, 127.0.0.0/8, ::1 (or ::1 as an
- * IPv4-mapped 127.x). Anything else, a wildcard or a name included, may be
- * reachable from other machines. */
+/* HOST names this machine only: localhost, 127.0.0.0/8, ::1 or
+ * ::ffff:127.x.y.z. Anything else, a wildcard or a host name included, may
+ * be reachable from other machines. */
 static int host_is_loopback(const char *host)
 {
 	struct in_addr a4;

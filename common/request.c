@@ -111,6 +111,75 @@ static int refuse_unless(struct parse *c, json_t *o, const char *k, int is_defau
 	return bad(c, k, "not supported%s%s", what ? ": " : "", what ? what : "");
 }
 
+/* Fields of the OpenAI and vLLM request bodies that this code does not
+ * implement and that would change the answer: each is refused unless it
+ * asks for what happens without it. Fields that change nothing in the
+ * answer (user, metadata, store, service_tier, prediction,
+ * parallel_tool_calls) are taken and ignored. */
+enum dflt { D_ABSENT, D_FALSE, D_TRUE, D_ZERO, D_EMPTY, D_NONE_AUTO, D_TEXT };
+static const struct unimpl {
+	const char *k;
+	enum dflt d;
+	unsigned kinds;              /* 1 << enum llm_api_kind */
+	const char *what;
+} unimpl[] = {
+#define K_OAI ((1u << LLM_API_COMPLETION) | (1u << LLM_API_CHAT) | (1u << LLM_API_JSONL))
+#define K_CHAT (1u << LLM_API_CHAT)
+	{ "use_beam_search", D_FALSE, K_OAI, "no beam search" },
+	{ "include_stop_str_in_output", D_FALSE, K_OAI, NULL },
+	{ "prompt_logprobs", D_ZERO, K_OAI, NULL },
+	{ "truncate_prompt_tokens", D_ABSENT, K_OAI, NULL },
+	{ "allowed_token_ids", D_ABSENT, K_OAI, NULL },
+	{ "bad_words", D_EMPTY, K_OAI, NULL },
+	{ "logits_processors", D_EMPTY, K_OAI, NULL },
+	{ "guided_json", D_ABSENT, K_OAI, "no guided decoding" },
+	{ "guided_regex", D_ABSENT, K_OAI, "no guided decoding" },
+	{ "guided_choice", D_ABSENT, K_OAI, "no guided decoding" },
+	{ "guided_grammar", D_ABSENT, K_OAI, "no guided decoding" },
+	{ "structured_outputs", D_ABSENT, K_OAI, "no guided decoding" },
+	/* chat in llm-serve: its answers carry no tool calls, so tools are
+	 * refused there (llm-generate's JSONL lines render them into the
+	 * prompt, as documented in llm-generate(1)) */
+	{ "tools", D_EMPTY, K_CHAT, "tool calling is not implemented" },
+	{ "tool_choice", D_NONE_AUTO, K_CHAT, "tool calling is not implemented" },
+	{ "functions", D_EMPTY, K_CHAT, "function calling is not implemented" },
+	{ "function_call", D_NONE_AUTO, K_CHAT, "function calling is not implemented" },
+	{ "add_generation_prompt", D_TRUE, K_CHAT, NULL },
+	{ "continue_final_message", D_FALSE, K_CHAT, NULL },
+	{ "chat_template", D_ABSENT, K_CHAT, "the server's template is used (llm-serve --chat-template)" },
+	{ "audio", D_ABSENT, K_CHAT, "text output only" },
+	{ "modalities", D_TEXT, K_CHAT, "text output only" },
+	{ "reasoning_effort", D_ABSENT, K_CHAT, NULL },
+	{ "web_search_options", D_ABSENT, K_CHAT, NULL },
+#undef K_OAI
+#undef K_CHAT
+};
+
+static int is_dflt(json_t *v, enum dflt d)
+{
+	switch (d) {
+	case D_ABSENT: return 0;
+	case D_FALSE: return json_is_false(v);
+	case D_TRUE: return json_is_true(v);
+	case D_ZERO: return json_is_integer(v) && json_integer_value(v) == 0;
+	case D_EMPTY: return json_is_array(v) && json_array_size(v) == 0;
+	case D_NONE_AUTO: return json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
+	                                               !strcmp(json_string_value(v), "auto"));
+	case D_TEXT: return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+	                    !strcmp(json_string_value(json_array_get(v, 0)), "text");
+	}
+	return 0;
+}
+
+static int refuse_unimplemented(struct parse *c, json_t *o)
+{
+	for (size_t i = 0; i < sizeof unimpl / sizeof *unimpl; i++)
+		if ((unimpl[i].kinds & (1u << c->kind)) &&
+		    refuse_unless(c, o, unimpl[i].k, is_dflt(field(o, unimpl[i].k), unimpl[i].d), unimpl[i].what))
+			return -1;
+	return 0;
+}
+
 /* stop: a string or an array of non-empty strings, at most LLM_MAX_STOP
  * (vLLM takes any number; the sampler holds LLM_MAX_STOP, so more are
  * refused rather than cut). */
@@ -229,7 +298,8 @@ static int openai(struct parse *c, json_t *o)
 		return bad(c, "echo", "not supported");
 	json_t *bo = field(o, "best_of"), *sf = field(o, "suffix"), *rf = field(o, "response_format");
 	json_t *rt = json_object_get(rf, "type");
-	if (refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == r->n, "only best_of = n") ||
+	if (refuse_unimplemented(c, o) ||
+	    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == r->n, "only best_of = n") ||
 	    refuse_unless(c, o, "suffix", json_is_string(sf) && !json_string_length(sf), NULL) ||
 	    refuse_unless(c, o, "response_format", json_is_object(rf) && json_is_string(rt) &&
 	                  !strcmp(json_string_value(rt), "text"), "only {\"type\": \"text\"}"))
@@ -323,8 +393,9 @@ static int tokenize(struct parse *c, const char *k, const char *text, size_t len
 	return 0;
 }
 
-/* messages through the chat template (with tools and chat_template_kwargs),
- * then tokenized without special tokens: the template places BOS itself. */
+/* messages through the chat template (with chat_template_kwargs, and tools
+ * in llm-generate's lines), then tokenized without special tokens: the
+ * template places BOS itself. */
 static int chat(struct parse *c, json_t *o)
 {
 	const char *k = "messages";
@@ -336,6 +407,18 @@ static int chat(struct parse *c, json_t *o)
 		if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")) ||
 		    !(json_is_string(ct) || json_is_array(ct) || json_is_null(ct)))
 			return bad(c, k, "message %zu: expected {\"role\": string, \"content\": string}", i);
+		/* content parts: text only (an image or audio part would be
+		 * dropped by the template, changing the question) */
+		for (size_t j = 0; json_is_array(ct) && j < json_array_size(ct); j++) {
+			json_t *part = json_array_get(ct, j), *ty = json_object_get(part, "type");
+			if (!json_is_object(part) || !json_is_string(ty))
+				return bad(c, k, "message %zu: content part %zu: expected {\"type\": \"text\", \"text\": string}", i, j);
+			if (strcmp(json_string_value(ty), "text"))
+				return bad(c, k, "message %zu: content part %zu: type '%s' is not supported (text only)", i, j,
+				           json_string_value(ty));
+			if (!json_is_string(json_object_get(part, "text")))
+				return bad(c, k, "message %zu: content part %zu: expected {\"type\": \"text\", \"text\": string}", i, j);
+		}
 	}
 	json_t *kw = field(o, "chat_template_kwargs"), *tools = field(o, "tools");
 	if (kw && !json_is_object(kw))
@@ -349,7 +432,7 @@ static int chat(struct parse *c, json_t *o)
 	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", 1);
 	if (req && kw)
 		json_object_set(req, "chat_template_kwargs", kw);
-	if (req && tools)
+	if (req && tools && c->kind != LLM_API_CHAT)   /* chat: absent or [] (refused otherwise) */
 		json_object_set(req, "tools", tools);
 	char *rs = req ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(req);
@@ -440,7 +523,9 @@ static int parse(struct parse *c, json_t *body)
 		    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1") ||
 		    refuse_unless(c, o, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL) ||
 		    refuse_unless(c, o, "watermark", json_is_false(field(o, "watermark")), NULL) ||
-		    refuse_unless(c, o, "decoder_input_details", json_is_false(field(o, "decoder_input_details")), NULL))
+		    refuse_unless(c, o, "decoder_input_details", json_is_false(field(o, "decoder_input_details")), NULL) ||
+		    refuse_unless(c, o, "grammar", 0, "no guided decoding") ||
+		    refuse_unless(c, o, "adapter_id", 0, "one adapter per server (llm-serve --lora)"))
 			return -1;
 		long long trunc = 0;
 		if (get_int(c, o, "truncate", 1, INT32_MAX, &trunc) < 0)

@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -52,10 +53,40 @@ static void idle_timeout(struct MHD_Connection *c, unsigned seconds)
 	MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
 }
 
+/* A route of METHOD takes it; a GET route takes HEAD too (libmicrohttpd
+ * sends the headers only). */
+static int method_ok(const char *method, const char *route_method)
+{
+	return !strcmp(method, route_method) || (!strcmp(route_method, "GET") && !strcmp(method, "HEAD"));
+}
+
+/* The Allow header of a route of METHOD. */
+static const char *allow_of(const char *route_method) { return strcmp(route_method, "GET") ? route_method : "GET, HEAD"; }
+
+/* AUTH (the Authorization header, NULL when absent) carries KEY: the
+ * scheme "Bearer" in any case, spaces, then the key. The comparison takes
+ * the same time wherever the first difference is (it depends only on
+ * the lengths), so the key cannot be guessed byte by byte from the answers'
+ * timing. */
+static int key_ok(const char *auth, const char *key)
+{
+	if (!auth || strncasecmp(auth, "Bearer ", 7))
+		return 0;
+	const char *got = auth + 7;
+	while (*got == ' ')
+		got++;
+	size_t n = strlen(got), m = strlen(key);
+	volatile unsigned char d = n != m;
+	for (size_t i = 0; i < m; i++)
+		d |= (unsigned char)(key[i] ^ (i < n ? got[i] : 0));
+	return d == 0;
+}
+
 /* ---- responses --------------------------------------------------------- */
 
+/* HNAME: an extra header (NULL: none), HVAL its value */
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
-                                 char *body, size_t len, const char *retry_after)
+                                 char *body, size_t len, const char *hname, const char *hval)
 {
 	struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
 	if (!r) {
@@ -63,14 +94,15 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
 		return MHD_NO;
 	}
 	MHD_add_response_header(r, "Content-Type", ctype);
-	if (retry_after)
-		MHD_add_response_header(r, "Retry-After", retry_after);
+	if (hname)
+		MHD_add_response_header(r, hname, hval);
 	enum MHD_Result ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j, const char *retry)
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j, const char *hname,
+                                 const char *hval)
 {
 	char *body = json_dumps(j, JSON_COMPACT);
 	json_decref(j);
@@ -85,13 +117,16 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
 	} else {
 		n = strlen(body);
 	}
-	return send_text(c, status, "application/json", body, n, retry);
+	return send_text(c, status, "application/json", body, n, hname, hval);
 }
 
-static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c, enum kind k, unsigned status,
-                                  const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c, enum kind k, unsigned status,
-                                  const char *param, const char *fmt, ...)
+/* An error answer; 429 and 503 carry Retry-After, 405 an Allow header of
+ * ALLOW (the route's methods). */
+static enum MHD_Result send_error_allow(struct llm_server *s, struct MHD_Connection *c, enum kind k, unsigned status,
+                                        const char *allow, const char *param, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
+static enum MHD_Result send_error_allow(struct llm_server *s, struct MHD_Connection *c, enum kind k, unsigned status,
+                                        const char *allow, const char *param, const char *fmt, ...)
 {
 	char msg[600];
 	va_list ap;
@@ -114,8 +149,11 @@ static enum MHD_Result send_error(struct llm_server *s, struct MHD_Connection *c
 	else
 		j = json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", msg, "type", type,
 		              "param", param, "code", (int)status);
-	return send_json(c, status, j, status == 429 || status == 503 ? "1" : NULL);
+	if (status == 405)
+		return send_json(c, status, j, "Allow", allow);
+	return send_json(c, status, j, status == 429 || status == 503 ? "Retry-After" : NULL, "1");
 }
+#define send_error(s, c, k, status, ...) send_error_allow(s, c, k, status, NULL, __VA_ARGS__)
 
 /* ---- streaming --------------------------------------------------------- */
 
@@ -267,6 +305,13 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 503, NULL, "the server is %s", s->state == LLM_SERVER_DRAINING ? "draining" : "not ready");
 	}
+	if (j->n > s->o.sched.max_running + s->o.max_queue) {   /* never, however long it waits */
+		int n = j->n;
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, k, 400, "n", "n: %d choices can never be admitted: --max-running %d + --max-queue %d "
+		                  "hold %d", n, s->o.sched.max_running, s->o.max_queue, s->o.sched.max_running + s->o.max_queue);
+	}
 	if (s->in_flight + j->n > s->o.sched.max_running + s->o.max_queue) {
 		int q = s->in_flight - s->o.sched.max_running;
 		llm_srv_job_unref_locked(j);
@@ -342,7 +387,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	idle_timeout(conn, s->o.timeout);
 	if (!resp)
 		return send_error(s, conn, k, status, NULL, "%s", errmsg);
-	return send_json(conn, status, resp, NULL);
+	return send_json(conn, status, resp, NULL, NULL);
 }
 
 static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *conn)
@@ -404,7 +449,7 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 	}
 	pthread_mutex_unlock(&s->mu);
 	fclose(f);
-	return send_text(conn, 200, "text/plain; version=0.0.4", b, n, NULL);
+	return send_text(conn, 200, "text/plain; version=0.0.4", b, n, NULL, NULL);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -443,16 +488,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (cc->too_large)
 		return send_error(s, conn, tgi_k, 413, NULL, "the body exceeds --max-body %zu bytes", s->o.max_body);
 	if (!strcmp(url, "/health")) {
+		if (!method_ok(method, "GET"))
+			return send_error_allow(s, conn, tgi_k, 405, allow_of("GET"), NULL, "%s takes GET or HEAD, not %s", url, method);
 		pthread_mutex_lock(&s->mu);
 		enum llm_server_state st = s->state;
 		pthread_mutex_unlock(&s->mu);
 		const char *name = st == LLM_SERVER_READY ? "ready" : st == LLM_SERVER_LOADING ? "loading" :
 		                   st == LLM_SERVER_DRAINING ? "draining" : "failed";
-		return send_json(conn, st == LLM_SERVER_READY ? 200 : 503, json_pack("{s:s}", "status", name), NULL);
+		return send_json(conn, st == LLM_SERVER_READY ? 200 : 503, json_pack("{s:s}", "status", name), NULL, NULL);
 	}
 	if (s->o.api_key) {
 		const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-		if (!a || strncmp(a, "Bearer ", 7) || strcmp(a + 7, s->o.api_key))
+		if (!key_ok(a, s->o.api_key))
 			return send_error(s, conn, tgi_k, 401, NULL, "missing or wrong API key (Authorization: Bearer KEY)");
 	}
 	static const struct { const char *url, *method; int what; } routes[] = {
@@ -463,8 +510,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
 		if (strcmp(url, routes[i].url))
 			continue;
-		if (strcmp(method, routes[i].method))
-			return send_error(s, conn, tgi_k, 405, NULL, "%s takes %s, not %s", url, routes[i].method, method);
+		if (!method_ok(method, routes[i].method))
+			return send_error_allow(s, conn, tgi_k, 405, allow_of(routes[i].method), NULL, "%s takes %s, not %s", url,
+			                        allow_of(routes[i].method), method);
 		const char *body = cc->body.p ? cc->body.p : "";
 		switch (routes[i].what) {
 		case 0: return do_generate(s, conn, K_COMPLETION, 0, body, cc->body.len);
@@ -477,7 +525,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			pthread_mutex_unlock(&s->mu);
 			return send_json(conn, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data",
 			                                      "id", s->model_name, "object", "model", "created", (json_int_t)0,
-			                                      "owned_by", "llm-tools", "max_model_len", n_ctx), NULL);
+			                                      "owned_by", "llm-tools", "max_model_len", n_ctx), NULL, NULL);
 		}
 		default: return do_metrics(s, conn);
 		}

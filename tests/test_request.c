@@ -332,7 +332,8 @@ static void prompts(void)
 		snprintf(body, sizeof body, "{%s, \"chat_template_kwargs\": 1}", msgs);
 		refused((enum llm_api_kind)k, body, "chat_template_kwargs", "chat_template_kwargs: expected an object");
 		snprintf(body, sizeof body, "{%s, \"tools\": {}}", msgs);
-		refused((enum llm_api_kind)k, body, "tools", "tools: expected an array");
+		refused((enum llm_api_kind)k, body, "tools", k == LLM_API_CHAT ?
+		        "tools: not supported: tool calling is not implemented" : "tools: expected an array");
 	}
 	free(ids);
 	/* chat_template_kwargs reach the template, in both kinds */
@@ -481,6 +482,8 @@ static void openai_fields(void)
 		{ "\"best_of\": 2", "best_of: not supported: only 1" },
 		{ "\"decoder_input_details\": true", "decoder_input_details: not supported" },
 		{ "\"do_sample\": 1", "do_sample: expected true or false" },
+		{ "\"grammar\": {\"type\": \"json\", \"value\": {}}", "grammar: not supported: no guided decoding" },
+		{ "\"adapter_id\": \"x\"", "adapter_id: not supported: one adapter per server (llm-serve --lora)" },
 	};
 	for (size_t i = 0; i < sizeof tgi_bad / sizeof *tgi_bad; i++) {
 		snprintf(body, sizeof body, "{\"inputs\": \"a\", \"parameters\": {%s}}", tgi_bad[i][0]);
@@ -492,6 +495,106 @@ static void openai_fields(void)
 	          "\"decoder_input_details\": false}}", &r);
 	check(!s, "tgi: the unsupported fields at their defaults are taken");
 	llm_api_req_free(&r);
+}
+
+/* Fields that would change the answer and are not implemented: refused
+ * naming the field unless they ask for the default (issue 23: tools and
+ * image parts used to be dropped silently). */
+static void unimplemented_fields(void)
+{
+	static const struct { unsigned kinds; const char *bad, *param, *msg, *dflt; } f[] = {
+#define OAI ((1u << LLM_API_COMPLETION) | (1u << LLM_API_CHAT) | (1u << LLM_API_JSONL))
+#define CHAT (1u << LLM_API_CHAT)
+		{ OAI, "\"use_beam_search\": true", "use_beam_search", "use_beam_search: not supported: no beam search",
+		  "\"use_beam_search\": false" },
+		{ OAI, "\"include_stop_str_in_output\": true", "include_stop_str_in_output",
+		  "include_stop_str_in_output: not supported", "\"include_stop_str_in_output\": false" },
+		{ OAI, "\"prompt_logprobs\": 2", "prompt_logprobs", "prompt_logprobs: not supported", "\"prompt_logprobs\": 0" },
+		{ OAI, "\"truncate_prompt_tokens\": 3", "truncate_prompt_tokens", "truncate_prompt_tokens: not supported",
+		  "\"truncate_prompt_tokens\": null" },
+		{ OAI, "\"allowed_token_ids\": [1]", "allowed_token_ids", "allowed_token_ids: not supported", "\"allowed_token_ids\": null" },
+		{ OAI, "\"bad_words\": [\"x\"]", "bad_words", "bad_words: not supported", "\"bad_words\": []" },
+		{ OAI, "\"logits_processors\": [\"x\"]", "logits_processors", "logits_processors: not supported", "\"logits_processors\": []" },
+		{ OAI, "\"guided_json\": {}", "guided_json", "guided_json: not supported: no guided decoding", "\"guided_json\": null" },
+		{ OAI, "\"guided_regex\": \"a+\"", "guided_regex", "guided_regex: not supported: no guided decoding", "" },
+		{ OAI, "\"guided_choice\": [\"a\"]", "guided_choice", "guided_choice: not supported: no guided decoding", "" },
+		{ OAI, "\"guided_grammar\": \"g\"", "guided_grammar", "guided_grammar: not supported: no guided decoding", "" },
+		{ OAI, "\"structured_outputs\": {}", "structured_outputs", "structured_outputs: not supported: no guided decoding", "" },
+		{ CHAT, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "tools",
+		  "tools: not supported: tool calling is not implemented", "\"tools\": []" },
+		{ CHAT, "\"tool_choice\": \"required\"", "tool_choice", "tool_choice: not supported: tool calling is not implemented",
+		  "\"tool_choice\": \"none\"" },
+		{ CHAT, "\"tool_choice\": {\"type\": \"function\"}", "tool_choice",
+		  "tool_choice: not supported: tool calling is not implemented", "\"tool_choice\": \"auto\"" },
+		{ CHAT, "\"functions\": [{\"name\": \"f\"}]", "functions", "functions: not supported: function calling is not implemented",
+		  "\"functions\": []" },
+		{ CHAT, "\"function_call\": {\"name\": \"f\"}", "function_call",
+		  "function_call: not supported: function calling is not implemented", "\"function_call\": \"none\"" },
+		{ CHAT, "\"add_generation_prompt\": false", "add_generation_prompt", "add_generation_prompt: not supported",
+		  "\"add_generation_prompt\": true" },
+		{ CHAT, "\"continue_final_message\": true", "continue_final_message", "continue_final_message: not supported",
+		  "\"continue_final_message\": false" },
+		{ CHAT, "\"chat_template\": \"{{ x }}\"", "chat_template",
+		  "chat_template: not supported: the server's template is used (llm-serve --chat-template)", "" },
+		{ CHAT, "\"audio\": {\"voice\": \"x\"}", "audio", "audio: not supported: text output only", "" },
+		{ CHAT, "\"modalities\": [\"text\", \"audio\"]", "modalities", "modalities: not supported: text output only",
+		  "\"modalities\": [\"text\"]" },
+		{ CHAT, "\"reasoning_effort\": \"high\"", "reasoning_effort", "reasoning_effort: not supported", "" },
+		{ CHAT, "\"web_search_options\": {}", "web_search_options", "web_search_options: not supported", "" },
+		/* taken and ignored: they do not change the answer */
+		{ 0, NULL, NULL, NULL, "\"user\": \"u\", \"metadata\": {\"a\": \"b\"}, \"store\": true, "
+		  "\"service_tier\": \"auto\", \"prediction\": {\"type\": \"content\", \"content\": \"x\"}, "
+		  "\"parallel_tool_calls\": true" },
+#undef OAI
+#undef CHAT
+	};
+	char body[600];
+	for (int k = 0; k <= LLM_API_JSONL; k++) {
+		if (k == LLM_API_TGI)
+			continue;
+		for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+			struct llm_api_req r;
+			if (f[i].kinds & (1u << k)) {
+				body_of(body, sizeof body, (enum llm_api_kind)k, f[i].bad);
+				refused((enum llm_api_kind)k, body, f[i].param, f[i].msg);
+			}
+			body_of(body, sizeof body, (enum llm_api_kind)k, f[i].dflt);
+			enum llm_status s = parse((enum llm_api_kind)k, body, &r);
+			if (!check(!s, "%s %s: taken", kind_name[k], body))
+				check_diag("%s", llm_errmsg());
+			if (!s)
+				llm_api_req_free(&r);
+		}
+	}
+	/* llm-generate's lines still render tools into the prompt (llm-generate(1)) */
+	struct llm_api_env e = env_of(0, 1);
+	e.chat_template = "{% if tools %}{% for t in tools %}{{ t.function.name }};{% endfor %}{% endif %}{{ messages[0].content }}";
+	struct llm_api_req r, r2;
+	enum llm_status s = parse_env(LLM_API_JSONL, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+	                              "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}]}", &e, &r);
+	enum llm_status s2 = parse_env(LLM_API_JSONL, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &e, &r2);
+	if (!check(!s && !s2 && r.n_prompt > r2.n_prompt, "jsonl: tools reach the template"))
+		check_diag("%d %d %s: %d vs %d tokens", s, s2, llm_errmsg(), r.n_prompt, r2.n_prompt);
+	if (!s)
+		llm_api_req_free(&r);
+	if (!s2)
+		llm_api_req_free(&r2);
+	/* content parts: text only, in chat and JSONL */
+	for (int k = LLM_API_CHAT; k <= LLM_API_JSONL; k += LLM_API_JSONL - LLM_API_CHAT) {
+		refused((enum llm_api_kind)k, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"what is\"}, "
+		        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,AA==\"}}]}]}", "messages",
+		        "messages: message 0: content part 1: type 'image_url' is not supported (text only)");
+		refused((enum llm_api_kind)k, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_audio\"}]}]}",
+		        "messages", "messages: message 0: content part 0: type 'input_audio' is not supported (text only)");
+		refused((enum llm_api_kind)k, "{\"messages\": [{\"role\": \"user\", \"content\": [\"hi\"]}]}", "messages",
+		        "messages: message 0: content part 0: expected {\"type\": \"text\", \"text\": string}");
+		refused((enum llm_api_kind)k, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}", "messages",
+		        "messages: message 0: content part 0: expected {\"type\": \"text\", \"text\": string}");
+		s = parse((enum llm_api_kind)k, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"hi\"}]}]}", &r);
+		check(!s, "%s: text content parts are taken", kind_name[k]);
+		if (!s)
+			llm_api_req_free(&r);
+	}
 }
 
 int main(void)
@@ -509,6 +612,7 @@ int main(void)
 	prompts();
 	lengths();
 	openai_fields();
+	unimplemented_fields();
 	llm_tokenizer_close(tk);
 	return check_done();
 }

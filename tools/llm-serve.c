@@ -17,17 +17,19 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "llm.h"
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora, *weight_pages;
+	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora, *weight_pages;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
 	size_t kv_memory, max_body;
 	double drain_timeout;
-	int plan, check_weights;
+	int plan, check_weights, allow_unauth;
 };
 
 static struct serve_cfg cfg = {
@@ -44,7 +46,10 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "host", "ADDR", &cfg.host, "address to bind; anything but loopback exposes the server"),
 	LLM_INT(0, "port", "N", &cfg.port, "TCP port; 0 picks a free one (see --port-file)", 0, 65535),
 	LLM_STR(0, "port-file", "FILE", &cfg.port_file, "write the bound port to FILE once listening"),
-	LLM_STR(0, "api-key", "KEY", &cfg.api_key, "require 'Authorization: Bearer KEY' (all but /health)"),
+	LLM_STR(0, "api-key", "KEY", &cfg.api_key, "require 'Authorization: Bearer KEY' (all but /health); "
+	        "without it and --api-key-file, the LLM_API_KEY environment variable"),
+	LLM_STR(0, "api-key-file", "FILE", &cfg.api_key_file, "the API key is the first line of FILE (kept out of ps)"),
+	LLM_FLAG(0, "allow-unauthenticated", &cfg.allow_unauth, "listen beyond loopback (--host) without an API key"),
 	LLM_STR(0, "chat-template", "FILE", &cfg.chat_template, "Jinja chat template to use instead of the model's"),
 	LLM_STR(0, "served-model-name", "NAME", &cfg.name, "model name in /v1/models and responses (default: the checkpoint's base name)"),
 	LLM_INT(0, "max-running", "N", &cfg.max_running, "requests in the running batch at most", 1, 1024),
@@ -80,6 +85,57 @@ static const struct llm_cli cli = {
 	.example = "llm-serve -m models/smollm2-135m-fp8 --port 8080 --max-batch-tokens 512",
 	.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 0, .max_pos = 0,
 };
+
+/* HOST names this machine only: localhost, 127.0.0.0/8, ::1 or
+ * ::ffff:127.x.y.z. Anything else, a wildcard or a host name included, may
+ * be reachable from other machines. */
+static int host_is_loopback(const char *host)
+{
+	struct in_addr a4;
+	struct in6_addr a6;
+	if (!strcmp(host, "localhost"))
+		return 1;
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	if (inet_pton(AF_INET6, host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+	return 0;
+}
+
+/* The API key: --api-key or --api-key-file (not both), else LLM_API_KEY;
+ * NULL when none. *OWNED gets what to free. Exits 2 on a usage error, 1
+ * on an unreadable file. */
+static const char *api_key(char **owned)
+{
+	*owned = NULL;
+	if (cfg.api_key && cfg.api_key_file)
+		exit(llm_args_usage_error(&cli, "--api-key and --api-key-file are two ways to say one thing; give one"));
+	if (cfg.api_key && !*cfg.api_key)
+		exit(llm_args_usage_error(&cli, "--api-key: empty"));
+	if (cfg.api_key)
+		return cfg.api_key;
+	if (cfg.api_key_file) {
+		char *b;
+		size_t len;
+		if (llm_read_file(cfg.api_key_file, &b, &len))
+			llm_die("--api-key-file: %s", llm_errmsg());
+		size_t n = 0;
+		while (n < len && b[n] != '\n' && b[n] != '\0')
+			n++;
+		if (n > 0 && b[n - 1] == '\r')
+			n--;
+		b[n] = '\0';
+		if (!n) {
+			free(b);
+			llm_die("--api-key-file: %s: the first line is empty (it holds the key)", cfg.api_key_file);
+		}
+		return *owned = b;
+	}
+	const char *e = getenv("LLM_API_KEY");
+	if (e && !*e)
+		exit(llm_args_usage_error(&cli, "LLM_API_KEY is set but empty; unset it or give the key"));
+	return e;
+}
 
 /* End with MSG: naming the rank (and ending the job) when distributed. */
 static _Noreturn void fatal(const char *msg)
@@ -154,8 +210,18 @@ int main(int argc, char **argv)
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, "--kv-memory and --max-kv-tokens are two ways to say one thing; give one");
 
+	char *key_buf;
+	const char *key = api_key(&key_buf);
+	if (!key && !cfg.plan && !host_is_loopback(cfg.host)) {
+		if (!cfg.allow_unauth)
+			return llm_args_usage_error(&cli, "--host %s listens beyond loopback without an API key: give --api-key, "
+			                            "--api-key-file or LLM_API_KEY, or --allow-unauthenticated", cfg.host);
+		llm_warn("WARNING: --host %s: anyone who can reach this address can use the server (no API key, "
+		         "--allow-unauthenticated)", cfg.host);
+	}
+
 	struct llm_server_opts so = {
-		.model = cfg.model, .host = cfg.host, .port = (int)cfg.port, .api_key = cfg.api_key,
+		.model = cfg.model, .host = cfg.host, .port = (int)cfg.port, .api_key = key,
 		.model_name = cfg.name, .max_queue = (int)cfg.max_queue, .max_body = cfg.max_body,
 		.default_max_tokens = (int)cfg.default_max_tokens, .timeout = (unsigned)cfg.timeout,
 		.max_connections = (unsigned)cfg.max_connections, .max_conn_per_client = (unsigned)cfg.max_conn_per_client,
@@ -283,6 +349,7 @@ int main(int argc, char **argv)
 	if (left)
 		llm_warn("%d requests still running after the drain; cancelled", left);
 	llm_server_stop(srv);     /* distributed: the other ranks stop too */
+	free(key_buf);
 	free(tmpl);
 	LLM_INFO("llm-serve: stopped\n");
 	if (llm_comm_finalize(world))

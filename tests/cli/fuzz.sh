@@ -36,6 +36,13 @@ done
 
 replay fuzz_tokenizer_json "hand-written tokenizer.json files: byte-level, byte-fallback and Metaspace BPE, refused ones" tests/data/fuzz-tokenizer-json
 
+if have_stories; then
+	LLM_FUZZ_MODEL=$(stories) replay fuzz_request "kept corpus: completion, chat, TGI and JSONL bodies through the request parser" \
+		tests/data/fuzz-request
+else
+	skip "fuzz_request corpus" "no stories260K in \$LLM_TEST_MODELS"
+fi
+
 # the replay itself: an unreadable input is an error, not a silent pass
 check_fails "a missing input is reported" 1 "$FB/fuzz_safetensors" "$TMPD/no-such-file"
 tap_done

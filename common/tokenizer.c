@@ -1249,9 +1249,12 @@ static enum llm_status stream_emit(struct llm_detok_stream *s, bool final, const
 	*text = s->out ? s->out : "";
 	/* Re-anchor the window once nothing is held back, keeping a few ids of
 	 * context so decoders that treat the first token specially agree: four
-	 * that add text (special ids left out add none). */
+	 * that add text (special ids left out add none). Not when a Strip
+	 * decoder cuts the end of the text: what it cut is held back unseen,
+	 * and the window's own start could cut it again (the whole decode is
+	 * redone each time instead; no real tokenizer has such a decoder). */
 	size_t keep = 0;
-	if (!final && hold == 0 && stable == b.n && !s->junction && s->n > 32)
+	if (!final && hold == 0 && stable == b.n && !s->junction && s->n > 32 && !tk->strip_tail)
 		for (size_t seen = 0; keep < s->n && seen < 4; keep++)
 			if (!(s->skip_special && (tk->flags[s->ids[s->n - 1 - keep]] & TF_SPECIAL)))
 				seen++;

@@ -140,6 +140,7 @@ struct llm_tokenizer {
 	int32_t eos_ids[16];
 	size_t n_eos;
 	bool cleanup;
+	bool strip_tail;             /* a Strip decoder cuts the text's end: a stream never re-anchors */
 	bool bytelevel_dec;             /* the decoder has a ByteLevel step */
 	char *chat_template;
 	char *config_json;

@@ -272,6 +272,8 @@ static enum llm_status load_dec(struct loader *L, json_t *j, struct dec *d)
 			return LFAIL(L, LLM_ERR_FORMAT, "decoder: Strip: start/stop are not integers");
 		d->start = s ? (size_t)json_integer_value(s) : 0;
 		d->stop = e ? (size_t)json_integer_value(e) : 0;
+		if (d->stop)
+			L->tk->strip_tail = true;
 	} else if (!strcmp(type, "ByteLevel")) {
 		d->type = DEC_BYTELEVEL;
 		L->tk->bytelevel_dec = true;

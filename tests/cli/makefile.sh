@@ -42,7 +42,7 @@ check "without the model the demo says so and runs on a random checkpoint" sh -c
 # the build trees: CUDA=0 and CUDA=1 apart, and nothing left to compile
 # after the build make test made (skipped for make asan's own tree). The
 # make under test is a fresh one, not a job of the make running the suite.
-mk() { env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make --no-print-directory "$@"; }
+mk() { env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u MAKEOVERRIDES -u B -u BIN -u CUDA -u CC -u CFLAGS -u LDFLAGS make --no-print-directory "$@"; }
 b0=$(mk -s --eval='print-B: ; @echo $(B)' print-B CUDA=0 | tail -n 1)
 b1=$(mk -s --eval='print-B: ; @echo $(B)' print-B CUDA=1 | tail -n 1)
 check "CUDA=0 and CUDA=1 have their own build trees ($b0, $b1)" test "$b0" = build/cpu -a "$b1" = build/cuda

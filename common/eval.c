@@ -489,8 +489,17 @@ enum llm_status llm_eval_run(struct llm_eval *ev, struct llm_sched *s, const vol
 		sort_key = tokens;
 		qsort(order, n, sizeof *order, by_tokens);
 		st = llm_eval_plan(tokens, seqs, order, n, ev->o.theta, ev->o.step_tokens, ev->o.max_seqs, end, &ev->n_batch);
-	} else if (!st && n) {
-		end[0] = n, ev->n_batch = 1;
+	} else {
+		/* input order: batches of as many items as --parallel sequences
+		 * hold, so the contexts held for their endings stay bounded */
+		long sq = 0;
+		for (size_t i = 0; !st && i < n; i++) {
+			if (i && sq + seqs[i] > ev->o.max_seqs)
+				end[ev->n_batch++] = i, sq = 0;
+			sq += seqs[i];
+		}
+		if (n)
+			end[ev->n_batch++] = n;
 	}
 	ev->t_planned = llm_now();
 	ev->computed0 = computed(s);

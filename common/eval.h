@@ -26,7 +26,8 @@ struct llm_eval_opts {
 	int hellaswag;              /* lm-eval's HellaSwag preprocessing of the release's fields */
 	int skip_bad;               /* skip bad items (counted) instead of failing */
 	int labels;                 /* read "label"; predictions and accuracy (--eval) */
-	int sort;                   /* sort and batch by the DP (--eval); else all queued in input order */
+	int sort;                   /* sort and batch by the DP (--eval); else batches in input order,
+	                             * each of as many items as max_seqs sequences hold */
 	int theta;                  /* a batch's tokens at least this (the last batch may be smaller) */
 	int step_tokens;            /* the scheduler's tokens per step (the DP's cost unit) */
 	int max_seqs;               /* sequences of a batch at most (the scheduler's running requests) */

@@ -19,6 +19,7 @@
 #include "scheduler.h"
 #include "memplan.h"
 #include "score.h"
+#include "eval.h"
 #include "jobs.h"
 #include "textmode.h"
 #include "buf.h"

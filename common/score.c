@@ -9,10 +9,7 @@
  * order, so a result does not depend on what it was batched with. */
 #include "score.h"
 #include "tokenizer.h"
-#include "buf.h"
-#include "fileio.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,12 +27,23 @@ static int on_cont(void *user, int index, int32_t token, double logprob, int is_
 	return 0;
 }
 
-enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_ctx,
-                                const int32_t *const *cont, const int *n_cont, int n,
-                                struct llm_score_result *res)
+enum llm_status llm_sched_score_context(struct llm_sched *s, const int32_t *ctx, int n_ctx, int *parent)
 {
+	*parent = -1;
 	if (n_ctx < 1)
 		return llm_fail(LLM_ERR_USAGE, "score: empty context");
+	if (n_ctx < 2)
+		return LLM_OK;
+	/* the parent computes the context but its last token, once */
+	struct llm_request rq = { .prompt = ctx, .n_prompt = n_ctx, .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1 };
+	rq.params.temperature = 0;
+	return llm_sched_add(s, &rq, parent);
+}
+
+enum llm_status llm_sched_score_conts(struct llm_sched *s, int parent, const int32_t *ctx, int n_ctx,
+                                      const int32_t *const *cont, const int *n_cont, int n,
+                                      struct llm_score_result *res)
+{
 	int max = 0;
 	for (int k = 0; k < n; k++) {
 		if (n_cont[k] < 1)
@@ -47,16 +55,9 @@ enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_c
 	if (!p)
 		return llm_fail(LLM_ERR_NOMEM, "score: out of memory");
 	memcpy(p, ctx, (size_t)n_ctx * sizeof *p);
-	/* the parent computes the context but its last token, once; each
-	 * continuation forks it and feeds ctx[-1], cont[0 .. m-2], whose
-	 * logits score cont[0 .. m-1] */
+	/* each continuation forks the parent's context and feeds ctx[-1],
+	 * cont[0 .. m-2], whose logits score cont[0 .. m-1] */
 	enum llm_status st = LLM_OK;
-	int parent = -1;
-	if (n_ctx > 1) {
-		struct llm_request rq = { .prompt = p, .n_prompt = n_ctx, .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1 };
-		rq.params.temperature = 0;
-		st = llm_sched_add(s, &rq, &parent);
-	}
 	for (int k = 0; !st && k < n; k++) {
 		memcpy(p + n_ctx, cont[k], (size_t)n_cont[k] * sizeof *p);
 		struct llm_request rq = { .prompt = p, .n_prompt = n_ctx + n_cont[k], .params = LLM_SAMPLE_DEFAULT,
@@ -71,167 +72,16 @@ enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_c
 	return st;
 }
 
-/* ---- items of llm-generate --score ---------------------------------------- */
-
-static void item_free(struct llm_score_item *it)
+enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_ctx,
+                                const int32_t *const *cont, const int *n_cont, int n,
+                                struct llm_score_result *res)
 {
-	for (int k = 0; it->cont && k < it->n; k++)
-		free(it->cont[k]);
-	free(it->cont);
-	free(it->n_cont);
-	free(it->bytes);
-	free(it->res);
-	free(it->ctx);
-}
-
-void llm_score_items_free(struct llm_score_item *items, size_t n)
-{
-	for (size_t i = 0; items && i < n; i++)
-		item_free(&items[i]);
-	free(items);
-}
-
-/* The continuation's tokens are those of encode(context + continuation)
- * after the context's own tokens, as evaluation harnesses cut them. */
-static enum llm_status item_read(struct llm_score_item *it, json_t *o, const struct llm_tokenizer *tk)
-{
-	json_t *ctx = json_object_get(o, "context"), *conts = json_object_get(o, "continuations");
-	if (!json_is_string(ctx) || !json_is_array(conts) || !json_array_size(conts))
-		return llm_fail(LLM_ERR_USAGE, "needs \"context\" (a string) and \"continuations\" (a non-empty array of strings)");
-	size_t nc = json_array_size(conts), n_ctx;
-	it->n = (int)nc;
-	it->cont = calloc(nc, sizeof *it->cont);
-	it->n_cont = calloc(nc, sizeof *it->n_cont);
-	it->bytes = calloc(nc, sizeof *it->bytes);
-	it->res = calloc(nc, sizeof *it->res);
-	if (!it->cont || !it->n_cont || !it->bytes || !it->res)
-		return llm_fail(LLM_ERR_NOMEM, "out of memory");
-	LLM_TRY(llm_tokenizer_encode(tk, json_string_value(ctx), json_string_length(ctx), true, &it->ctx, &n_ctx));
-	it->n_ctx = (int)n_ctx;
-	for (size_t i = 0; i < nc; i++) {
-		json_t *c = json_array_get(conts, i);
-		if (!json_is_string(c))
-			return llm_fail(LLM_ERR_USAGE, "continuations[%zu] is not a string", i);
-		struct llm_buf whole = { 0 };
-		int32_t *wids = NULL;
-		size_t nw;
-		enum llm_status s = llm_buf_append(&whole, json_string_value(ctx), json_string_length(ctx));
-		if (!s)
-			s = llm_buf_append(&whole, json_string_value(c), json_string_length(c));
-		if (!s)
-			s = llm_tokenizer_encode(tk, whole.p, whole.len, true, &wids, &nw);
-		llm_buf_free(&whole);
-		if (!s && nw <= n_ctx)
-			s = llm_fail(LLM_ERR_USAGE, "continuations[%zu] adds no token", i);
-		if (!s && !(it->cont[i] = malloc((nw - n_ctx) * sizeof **it->cont)))
-			s = llm_fail(LLM_ERR_NOMEM, "out of memory");
-		if (!s) {
-			it->n_cont[i] = (int)(nw - n_ctx);
-			memcpy(it->cont[i], wids + n_ctx, (nw - n_ctx) * sizeof **it->cont);
-			it->bytes[i] = json_string_length(c);
-		}
-		free(wids);
-		if (s)
-			return s;
-	}
-	return LLM_OK;
-}
-
-enum llm_status llm_score_items_read(char *buf, size_t len, const struct llm_tokenizer *tk,
-                                     struct llm_score_item **items, size_t *n_items)
-{
-	struct llm_score_item *v = NULL;
-	size_t n = 0, cap = 0;
-	enum llm_status s = LLM_OK;
-	int line = 0;
-	for (char *at = buf, *p; !s && (p = llm_next_line(&at, buf + len)); ) {
-		line++;
-		if (!*p)
-			continue;
-		if ((s = LLM_ARRAY_RESERVE(v, cap, n + 1)))
-			break;
-		struct llm_score_item *it = &v[n++];
-		memset(it, 0, sizeof *it);
-		it->line = line;
-		json_error_t je;
-		json_t *o = json_loads(p, 0, &je);
-		s = o ? item_read(it, o, tk) : llm_fail(LLM_ERR_USAGE, "needs \"context\" (a string) and \"continuations\" "
-		                                        "(a non-empty array of strings): %s", je.text);
-		json_decref(o);
-		if (s)
-			llm_fail_prefix(s, "stdin: line %d", line);
-	}
-	if (s) {
-		llm_score_items_free(v, n);
-		return s;
-	}
-	*items = v;
-	*n_items = n;
-	return LLM_OK;
-}
-
-enum llm_status llm_score_items_queue(struct llm_sched *s, struct llm_score_item *items, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		struct llm_score_item *it = &items[i];
-		enum llm_status st = llm_sched_score(s, it->ctx, it->n_ctx, (const int32_t *const *)it->cont, it->n_cont,
-		                                     it->n, it->res);
-		if (st)
-			return llm_fail_prefix(st, "stdin: line %d", it->line);
-	}
-	return LLM_OK;
-}
-
-static int item_scored(const struct llm_score_item *it)
-{
-	for (int k = 0; k < it->n; k++)
-		if (it->res[k].n_scored < it->n_cont[k])
-			return 0;
-	return 1;
-}
-
-enum llm_status llm_score_items_run(struct llm_sched *s, struct llm_score_item *items, size_t n,
-                                    const volatile sig_atomic_t *stop,
-                                    void (*put)(void *user, const char *json), void *user, size_t *n_done)
-{
-	int pending = 1;
-	*n_done = 0;
-	while (*n_done < n) {
-		if (stop && *stop)
-			return LLM_OK;
-		if (pending)
-			LLM_TRY(llm_sched_step(s, &pending));
-		for (; *n_done < n && item_scored(&items[*n_done]); ++*n_done) {
-			char *js = llm_score_item_json(&items[*n_done]);
-			if (!js)
-				return llm_fail(LLM_ERR_NOMEM, "score: out of memory");
-			put(user, js);
-			free(js);
-		}
-		if (!pending && *n_done < n)   /* cannot happen: every request scores all its tokens */
-			return llm_fail(LLM_ERR_INTERNAL, "score: line %d: the scheduler finished it unscored", items[*n_done].line);
-	}
-	return LLM_OK;
-}
-
-char *llm_score_item_json(const struct llm_score_item *it)
-{
-	json_t *r = json_object(), *a = json_array(), *an = json_array(), *g = json_array(), *nt = json_array();
-	for (int i = 0; i < it->n; i++) {
-		double lp = it->res[i].logprob;
-		json_array_append_new(a, json_real(lp));
-		json_array_append_new(an, json_real(it->bytes[i] ? lp / (double)it->bytes[i] : lp));
-		json_array_append_new(g, json_boolean(it->res[i].is_greedy));
-		json_array_append_new(nt, json_integer(it->n_cont[i]));
-	}
-	json_object_set_new(r, "index", json_integer(it->line - 1));
-	json_object_set_new(r, "logprobs", a);
-	json_object_set_new(r, "normalized", an);
-	json_object_set_new(r, "greedy", g);
-	json_object_set_new(r, "tokens", nt);
-	char *js = json_dumps(r, JSON_COMPACT);
-	json_decref(r);
-	return js;
+	int parent;
+	for (int k = 0; k < n; k++)
+		if (n_cont[k] < 1)
+			return llm_fail(LLM_ERR_USAGE, "score: continuation %d is empty", k);
+	LLM_TRY(llm_sched_score_context(s, ctx, n_ctx, &parent));
+	return llm_sched_score_conts(s, parent, ctx, n_ctx, cont, n_cont, n, res);
 }
 
 /* The requests that score a whole file run as one scheduler's batch. */

@@ -8,8 +8,6 @@
 
 #include "scheduler.h"
 
-#include <signal.h>
-
 struct llm_tokenizer;
 
 struct llm_score_result {       /* one continuation */
@@ -25,40 +23,15 @@ struct llm_score_result {       /* one continuation */
 enum llm_status llm_sched_score(struct llm_sched *s, const int32_t *ctx, int n_ctx,
                                 const int32_t *const *cont, const int *n_cont, int n,
                                 struct llm_score_result *res);
-
-/* ---- llm-generate --score's items --------------------------------------- */
-
-struct llm_score_item {         /* one line {"context": ..., "continuations": [...]} */
-	int line;                   /* 1-based line of the input */
-	int32_t *ctx;               /* (n_ctx) the context's tokens, BOS included */
-	int n_ctx, n;
-	int32_t **cont;             /* (n) each continuation's tokens: those of
-	                             * encode(context + continuation) after the context's */
-	int *n_cont;                /* (n) */
-	size_t *bytes;              /* (n) each continuation's length in UTF-8 bytes */
-	struct llm_score_result *res;   /* (n) */
-};
-
-/* The items of BUF (LEN bytes, modified: one JSON object per non-empty
- * line), tokenized by TK. Errors name the line and the field. Free with
- * llm_score_items_free. */
-enum llm_status llm_score_items_read(char *buf, size_t len, const struct llm_tokenizer *tk,
-                                     struct llm_score_item **items, size_t *n);
-/* Queue every item on S (llm_sched_score); errors name the line. */
-enum llm_status llm_score_items_queue(struct llm_sched *s, struct llm_score_item *items, size_t n);
-/* Run S until the N queued ITEMS are scored: after each step PUT gets, in
- * input order, each item whose continuations and those of every item before
- * it are all scored, as one JSON line (llm_score_item_json). When *STOP
- * (may be NULL; a signal handler's flag) turns nonzero between steps it
- * returns at once, the rest unscored and still queued (closing S drops
- * them). *N_DONE: the items handed to PUT. LLM_ERR_NOMEM. */
-enum llm_status llm_score_items_run(struct llm_sched *s, struct llm_score_item *items, size_t n,
-                                    const volatile sig_atomic_t *stop,
-                                    void (*put)(void *user, const char *json), void *user, size_t *n_done);
-/* A scored item as one JSON line (no newline): index (line - 1), logprobs,
- * normalized (per byte of the continuation), greedy, tokens. Malloc'd. */
-char *llm_score_item_json(const struct llm_score_item *it);
-void llm_score_items_free(struct llm_score_item *items, size_t n);
+/* The two halves of llm_sched_score, so that many contexts are queued
+ * before their continuations (the scheduler admits in order and a
+ * continuation waits for its context: queued item by item, one context
+ * starts per step). *PARENT: the context's request, -1 for a context of
+ * one token (nothing to share). */
+enum llm_status llm_sched_score_context(struct llm_sched *s, const int32_t *ctx, int n_ctx, int *parent);
+enum llm_status llm_sched_score_conts(struct llm_sched *s, int parent, const int32_t *ctx, int n_ctx,
+                                      const int32_t *const *cont, const int *n_cont, int n,
+                                      struct llm_score_result *res);
 
 /* One item on engine E alone (a scheduler of E's sizes, run to the end):
  * LOGPROB[i] and IS_GREEDY[i] (may be NULL) of continuation i. */

@@ -20,14 +20,14 @@ struct generate_cfg {
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
 	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
 	struct llm_strlist stop, logit_bias;
-	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache;
+	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
-	int json, score, chat, show_tokens, ignore_eos, echo, check_weights;
+	int json, score, eval, hellaswag, skip_bad, chat, show_tokens, ignore_eos, echo, check_weights;
 };
 
 static struct generate_cfg cfg = {
 	.n_predict = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
-	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
+	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto", .eval_tokens = 2048,
 };
 
 static const struct llm_opt opts[] = {
@@ -63,6 +63,10 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG('e', "echo", &cfg.echo, "start each output's text with the prompt's (--show-tokens lists generated tokens only)"),
 	LLM_FLAG(0, "json", &cfg.json, "one JSON object per prompt, in input order"),
 	LLM_FLAG(0, "score", &cfg.score, "stdin JSONL {context, continuations}: log-likelihood of each continuation"),
+	LLM_FLAG(0, "eval", &cfg.eval, "stdin JSONL {context, endings, label}: multiple choice with accuracy (man page)"),
+	LLM_FLAG(0, "hellaswag", &cfg.hellaswag, "--eval/--score: HellaSwag release fields, lm-eval's preprocessing"),
+	LLM_FLAG(0, "skip-bad", &cfg.skip_bad, "--eval/--score: skip bad items (counted) instead of failing"),
+	LLM_INT(0, "eval-batch-tokens", "N", &cfg.eval_tokens, "--eval: tokens of a batch of items at least (theta)", 1, INT32_MAX),
 	LLM_STR(0, "perplexity", "FILE", &cfg.perplexity, "token count, negative log-likelihood and perplexity of FILE in windows of -c"),
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences computed together (prompts, --score continuations, --perplexity windows)", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
@@ -102,10 +106,9 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
-	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype);
+	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval ? (int)cfg.batch_tokens : 0;
 	o.backend = cfg.backend, o.lora_dir = cfg.lora, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
-	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens;
-	o.check_weights = cfg.check_weights;
+	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
 	return o;
 }
 
@@ -135,8 +138,7 @@ static void lead_close(struct llm_engine *e)
 	struct llm_buf t = { 0 };
 	if (llm_engine_lead_close(e, dist() && llm_log_level >= 2 ? &t : NULL))
 		die_msg();
-	fputs(t.len ? t.p : "", stderr);
-	llm_buf_free(&t);
+	fputs(t.len ? t.p : "", stderr), llm_buf_free(&t);
 }
 
 /* A rank other than 0: follow rank 0's engine until it is done. */
@@ -153,8 +155,7 @@ static void follow(void)
 /* A scheduler of the flags over E, with TK's detokenizer and EOS ids. */
 static struct llm_sched *sched_open(struct llm_engine *e, int n_run, int prefix, struct llm_tokenizer *tk)
 {
-	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens,
-	                             .prefix_entries = prefix };
+	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens, .prefix_entries = prefix };
 	if (tk)
 		llm_sched_opts_tokenizer(&so, &llm_engine_model(e)->cfg, tk);
 	struct llm_sched *s = NULL;
@@ -230,8 +231,7 @@ static void finish(struct llm_sched *sch, struct llm_engine *e)
 	char line[300];
 	llm_sched_summary(sch, line, sizeof line);
 	LLM_DEBUG("%s: %s\n", llm_progname(), line);
-	llm_sched_close(sch);
-	lead_close(e);
+	llm_sched_close(sch), lead_close(e);
 }
 
 /* A finished job's result: its text line (-p streamed it: the newline) or --json its object; -v its summary. */
@@ -270,30 +270,32 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 	if (llm_jobs_run(sch, jobs, n, !single, &out))
 		die_msg();
 	n_done = out.n_done, n_total = n;
-	finish(sch, e);
-	llm_jobs_free(jobs, n);
+	finish(sch, e), llm_jobs_free(jobs, n);
 	return LLM_OK;
 }
 
-/* --score: one {"context", "continuations"} item per line, all queued at once (a
- * context computed once, forked by its continuations), results in input order. */
+/* --score / --eval: items read and tokenised in threads while the engine
+ * loads, a context computed once and forked by its endings, results in input
+ * order (eval.h); --eval batches by the DP and ends on a summary. */
 static void put_line(void *user, const char *line) { (void)user, puts(line), fflush(stdout); }
 static enum llm_status run_score(struct llm_tokenizer *tk)
 {
 	llm_signals_catch();   /* Ctrl-C: the items scored, then exit 128 + the signal (main) */
-	char *buf;
-	size_t len, n = 0;
-	struct llm_score_item *items = NULL;
-	if (llm_read_file("-", &buf, &len) || llm_score_items_read(buf, len, tk, &items, &n))
+	struct llm_eval_opts o = { .hellaswag = cfg.hellaswag, .skip_bad = cfg.skip_bad, .labels = cfg.eval, .sort = cfg.eval,
+	                           .theta = (int)cfg.eval_tokens, .step_tokens = (int)cfg.batch_tokens, .max_seqs = (int)cfg.parallel };
+	struct llm_eval *ev;
+	if (llm_eval_start(&ev, "-", tk, &o))
 		die_msg();
-	free(buf);
 	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel);
 	struct llm_sched *sch = sched_open(e, (int)cfg.parallel, 0, NULL);
-	if (llm_score_items_queue(sch, items, n) || llm_score_items_run(sch, items, n, &llm_interrupt, put_line, NULL, &n_done))
+	if (llm_eval_run(ev, sch, &llm_interrupt, put_line, NULL, &n_done))
 		die_msg();
-	n_total = n, done_what = "items scored";
-	finish(sch, e);
-	llm_score_items_free(items, n);
+	n_total = llm_eval_count(ev), done_what = "items scored";
+	for (int json = 0; cfg.eval && !llm_interrupt && json <= cfg.json; json++) {   /* stderr; --json: stdout too */
+		char line[1200];
+		llm_eval_summary(ev, e, json, line, sizeof line), json ? puts(line) : fprintf(stderr, "%s: %s\n", llm_progname(), line);
+	}
+	finish(sch, e), llm_eval_free(ev);
 	return LLM_OK;
 }
 
@@ -310,9 +312,7 @@ static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 	if (llm_perplexity_text(e, tk, cfg.perplexity, buf, len, (int)cfg.n_ctx, &r))
 		die_msg();
 	llm_ppl_result_line(&r, cfg.perplexity, cfg.json, line, sizeof line);
-	puts(line);
-	free(buf);
-	lead_close(e);
+	puts(line), free(buf), lead_close(e);
 	return LLM_OK;
 }
 
@@ -322,6 +322,7 @@ static const struct mode { const int *flag; const char *name; enum llm_status (*
 	{ &cfg.detokenize, "--detokenize", run_detokenize, 1 },
 	{ &cfg.apply_template, "--apply-template", run_apply_template, 1 },
 	{ &cfg.score, "--score", run_score, 0 },
+	{ &cfg.eval, "--eval", run_score, 0 },
 	{ NULL, "--perplexity", run_perplexity, 0 },
 };
 
@@ -340,8 +341,7 @@ int main(int argc, char **argv)
 			mode = &modes[i];
 		}
 	static const struct mode generate = { NULL, "generation", run_generate, 0 };
-	if (!mode)
-		mode = &generate;
+	mode = mode ? mode : &generate;
 	int gen = mode == &generate, kv = llm_dtype_parse_flag(cfg.kv_dtype);
 	const struct { int bad; const char *msg; } rules[] = {   /* usage errors, in this order */
 		{ !gen && (cfg.prompt || cfg.prompt_file), "-p and -f go with generation" },
@@ -353,6 +353,7 @@ int main(int argc, char **argv)
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
 		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo) && !gen, "--logit-bias, --min-tokens and --echo go with generation" },
+		{ (cfg.hellaswag || cfg.skip_bad) && mode->run != run_score, "--hellaswag and --skip-bad go with --eval or --score" },
 		{ cfg.no_special && mode->run != run_tokenize, "--no-special goes with --tokenize" },
 		{ cfg.skip_special && mode->run != run_detokenize, "--skip-special goes with --detokenize" },
 		{ cfg.chat_template && mode->run != run_apply_template && !gen,
@@ -387,8 +388,7 @@ int main(int argc, char **argv)
 	if (llm_tokenizer_open_optional(&tk, cfg.model, &absent) && (!gen || !absent || cfg.prompt || cfg.prompt_file))
 		die_msg();
 	enum llm_status s = mode->run(tk);
-	llm_tokenizer_close(tk);
-	free(template_src);
+	llm_tokenizer_close(tk), free(template_src);
 	if (s)
 		die_msg();
 	if (llm_comm_finalize(world))

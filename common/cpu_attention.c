@@ -185,9 +185,10 @@ static const float EXP_C1 = 0.693359375f, EXP_C2 = -2.12194440e-4f;
 static const float EXP_P[6] = { 1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f };
 
-static inline float exp_1(float x)
+static INL float exp_1(float x)
 {
-	x = fmaxf(fminf(x, EXP_HI), EXP_LO);
+	x = x < EXP_HI ? x : EXP_HI;   /* fminf, fmaxf, NaN included (to EXP_HI), without their libm calls */
+	x = x > EXP_LO ? x : EXP_LO;
 	float t = rintf(x * EXP_L2E);
 	float r = fmaf(-t, EXP_C2, fmaf(-t, EXP_C1, x));
 	float p = fmaf(EXP_P[0], r, EXP_P[1]);
@@ -234,17 +235,28 @@ T512 static void silu_mul_512(float *o, const float *g, const float *u, int64_t 
 	}
 }
 
-void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const float *u, int64_t n)
+/* The portable loops (silu_mul_1, softmax_1) are inlined twice: as they
+ * are, and in a T256 function where each fmaf is one FMA instruction
+ * instead of a call into libm: the same operations, so the same bits. */
+static INL void silu_mul_1(float *o, const float *g, const float *u, int64_t n)
 {
-	if (isa >= LLM_ISA_AVX512) {
-		silu_mul_512(o, g, u, n);
-		return;
-	}
 	for (int64_t i = 0; i < n; i++) {
 		float v = g[i];
 		v *= 1.0f / (1.0f + exp_1(-v));
 		o[i] = v * u[i];
 	}
+}
+
+T256 static void silu_mul_256(float *o, const float *g, const float *u, int64_t n) { silu_mul_1(o, g, u, n); }
+
+void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const float *u, int64_t n)
+{
+	if (isa >= LLM_ISA_AVX512)
+		silu_mul_512(o, g, u, n);
+	else if (isa == LLM_ISA_AVX2)
+		silu_mul_256(o, g, u, n);
+	else
+		silu_mul_1(o, g, u, n);
 }
 
 /* ---- softmax ------------------------------------------------------------
@@ -288,12 +300,8 @@ T512 static float softmax_512(float *a, int64_t n)
 	return sum;
 }
 
-float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n)
+static INL float softmax_1(float *a, int64_t n)
 {
-	if (n < 1)
-		return 0.0f;
-	if (isa >= LLM_ISA_AVX512)
-		return softmax_512(a, n);
 	float mx = a[0], lane[16] = { 0 };
 	for (int64_t i = 1; i < n; i++)
 		if (a[i] > mx)
@@ -312,4 +320,15 @@ float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n)
 	for (int64_t i = 0; i < n; i++)
 		a[i] /= sum;
 	return sum;
+}
+
+T256 static float softmax_256(float *a, int64_t n) { return softmax_1(a, n); }
+
+float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n)
+{
+	if (n < 1)
+		return 0.0f;
+	if (isa >= LLM_ISA_AVX512)
+		return softmax_512(a, n);
+	return isa == LLM_ISA_AVX2 ? softmax_256(a, n) : softmax_1(a, n);
 }

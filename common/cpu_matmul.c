@@ -405,7 +405,6 @@ TBF static void x_to_bf16_512(uint16_t *dst, int64_t ds, const float *x, int64_t
 
 /* ---- AVX2 -------------------------------------------------------------- */
 
-#define T256 __attribute__((target("avx2,fma,f16c")))
 
 T256 static INL __m256i mask8_256(int64_t left)
 {

@@ -1,7 +1,7 @@
 /* bench/gemm_sweep.c: regenerate kernels/tune_table.h on the GPU at hand.
  *
  *   make && cc -std=c11 -O2 -iquote common -Ikernels -I/usr/local/cuda/include \
- *      -DLLM_CUDA bench/gemm_sweep.c build/libllm.a -o build/gemm_sweep \
+ *      -DLLM_CUDA bench/gemm_sweep.c build/cuda/libllm.a -o build/gemm_sweep \
  *      -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread \
  *      -L/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++ $(mpicc --showme:link)
  *   build/gemm_sweep > kernels/tune_table.h.new && mv kernels/tune_table.h.new kernels/tune_table.h

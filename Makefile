@@ -15,8 +15,11 @@
 # between CUDA=0 and CUDA=1 never rebuilds the other; bin/ is a link to the
 # tools of the configuration built last.
 
-# one job per core; a -j on the command line wins (make -j1 serialises)
+# one job per core; a -j on the command line wins (make -j1 serialises);
+# the makes this one runs share its job slots
+ifeq ($(MAKELEVEL),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 
 PREFIX   ?= /usr/local
 MANDIR   ?= $(PREFIX)/share/man

@@ -47,6 +47,7 @@ struct llm_eval {
 	struct llm_eval_item *items;   /* (n) the good items, in input order (moved from lines) */
 	size_t n, skipped, n_prefills;
 	int64_t tokens, computed0, computed;   /* planned; prompt tokens counter at start and end */
+	int window;                 /* documents: positions of a window (llm_eval_window) */
 	size_t n_batch;
 	/* clock (llm_now): process start, start, file read, tokenised, run
 	 * entered (the model loaded), readers joined, planned, end */
@@ -202,10 +203,28 @@ static void item_free(struct llm_eval_item *it)
 	memset(it, 0, sizeof *it);
 }
 
+/* A document: "text" (or a JSON string alone), tokenised without special
+ * tokens into IT->ctx until llm_eval_run cuts it into windows. */
+static enum llm_status doc_read(struct llm_eval_item *it, json_t *o, const struct llm_tokenizer *tk)
+{
+	json_t *t = json_is_object(o) ? json_object_get(o, "text") : o;
+	if (!json_is_string(t))
+		return llm_fail(LLM_ERR_USAGE, "needs \"text\", a string (or the line a JSON string)");
+	if (!json_string_length(t))
+		return llm_fail(LLM_ERR_USAGE, "text is empty");
+	size_t n;
+	it->doc = 1;
+	LLM_TRY(llm_tokenizer_encode(tk, json_string_value(t), json_string_length(t), false, &it->ctx, &n));
+	it->n_ctx = (int)n;
+	return LLM_OK;
+}
+
 static enum llm_status item_read(struct llm_eval_item *it, json_t *o, const struct llm_eval_opts *opt,
                                  const struct llm_tokenizer *tk)
 {
 	it->label = -1;
+	if (opt->documents)
+		return doc_read(it, o, tk);
 	if (!json_is_object(o))
 		return llm_fail(LLM_ERR_USAGE, "not a JSON object");
 	json_t *ends = json_object_get(o, "endings");
@@ -278,7 +297,7 @@ static void *tok_main(void *arg)
 		if (!l->text)
 			continue;
 		json_error_t je;
-		json_t *o = json_loads(l->text, 0, &je);
+		json_t *o = json_loads(l->text, ev->o.documents ? JSON_DECODE_ANY : 0, &je);
 		l->it.line = (int)i + 1;
 		l->st = o ? item_read(&l->it, o, &ev->o, ev->tk) : llm_fail(LLM_ERR_USAGE, "not JSON: %s", je.text);
 		json_decref(o);
@@ -381,6 +400,51 @@ size_t llm_eval_count(const struct llm_eval *ev)
 	return ev ? ev->n : 0;
 }
 
+void llm_eval_window(struct llm_eval *ev, int window)
+{
+	ev->window = window;
+}
+
+/* Documents: each one's tokens (held in ctx since reading) cut into windows,
+ * its endings, as llm_perplexity cuts a text: with BOS, the context is BOS
+ * and a window holds window - 1 tokens; without, window tokens, each
+ * window its own context. */
+static enum llm_status cut_windows(struct llm_eval *ev)
+{
+	int32_t bos = llm_tokenizer_bos(ev->tk);
+	int lead = bos >= 0, chunk = ev->window - lead;
+	if (chunk < 1)
+		return llm_fail(LLM_ERR_USAGE, "--ctx-size %d leaves no room for a token", ev->window);
+	for (size_t i = 0; i < ev->n; i++) {
+		struct llm_eval_item *it = &ev->items[i];
+		int32_t *ids = it->ctx;
+		int n = it->n_ctx, nw = (n + chunk - 1) / chunk;
+		size_t na = nw ? (size_t)nw : 1;
+		it->ctx = lead ? malloc(sizeof *it->ctx) : NULL;
+		it->n_ctx = lead;
+		it->n = nw;
+		it->end = calloc(na, sizeof *it->end), it->n_end = calloc(na, sizeof *it->n_end);
+		it->chars = calloc(na, sizeof *it->chars), it->res = calloc(na, sizeof *it->res);
+		int ok = it->end && it->n_end && it->chars && it->res && (!lead || it->ctx);
+		if (ok && lead)
+			it->ctx[0] = bos;
+		for (int k = 0; ok && k < nw; k++) {
+			int m = n - k * chunk < chunk ? n - k * chunk : chunk;
+			if (!(it->end[k] = malloc((size_t)m * sizeof **it->end)))
+				ok = 0;
+			else
+				memcpy(it->end[k], ids + (size_t)k * (size_t)chunk, (size_t)m * sizeof *ids);
+			it->n_end[k] = m;
+			it->chars[k] = 1;
+			it->tokens += m + lead;
+		}
+		free(ids);
+		if (!ok)
+			return llm_fail(LLM_ERR_NOMEM, "eval: out of memory");
+	}
+	return LLM_OK;
+}
+
 /* ---- the batches -------------------------------------------------------------- */
 
 enum llm_status llm_eval_plan(const int64_t *tokens, const int *seqs, const size_t *order, size_t n,
@@ -434,10 +498,17 @@ static int by_tokens(const void *a, const void *b)
 
 /* ---- the run ------------------------------------------------------------------ */
 
+/* The tokens ending K of IT scores: a window that is its own context
+ * does not score its first. */
+static int to_score(const struct llm_eval_item *it, int k)
+{
+	return it->n_end[k] - (it->doc && !it->n_ctx);
+}
+
 static int item_scored(const struct llm_eval_item *it)
 {
 	for (int k = 0; k < it->n; k++)
-		if (it->res[k].n_scored < it->n_end[k])
+		if (it->res[k].n_scored < to_score(it, k))
 			return 0;
 	return 1;
 }
@@ -457,13 +528,22 @@ static enum llm_status queue_batch(struct llm_eval *ev, struct llm_sched *s, con
 	enum llm_status st = LLM_OK;
 	for (size_t i = 0; !st && i < n; i++) {
 		struct llm_eval_item *it = &ev->items[order[i]];
-		st = llm_sched_score_context(s, it->ctx, it->n_ctx, &parents[order[i]]);
+		parents[order[i]] = -1;
+		if (it->n_ctx)
+			st = llm_sched_score_context(s, it->ctx, it->n_ctx, &parents[order[i]]);
 		ev->n_prefills += parents[order[i]] >= 0;
 	}
 	for (size_t i = 0; !st && i < n; i++) {
 		struct llm_eval_item *it = &ev->items[order[i]];
-		st = llm_sched_score_conts(s, parents[order[i]], it->ctx, it->n_ctx, (const int32_t *const *)it->end,
-		                           it->n_end, it->n, it->res);
+		if (it->n_ctx)
+			st = llm_sched_score_conts(s, parents[order[i]], it->ctx, it->n_ctx, (const int32_t *const *)it->end,
+			                           it->n_end, it->n, it->res);
+		for (int k = 0; !it->n_ctx && !st && k < it->n; k++) {   /* windows that are their own context */
+			int m = it->n_end[k] - 1;
+			const int32_t *cont = it->end[k] + 1;
+			if (m > 0)
+				st = llm_sched_score_conts(s, -1, it->end[k], 1, &cont, &m, 1, &it->res[k]);
+		}
 	}
 	return st ? llm_fail_prefix(st, "eval") : LLM_OK;
 }
@@ -474,6 +554,8 @@ enum llm_status llm_eval_run(struct llm_eval *ev, struct llm_sched *s, const vol
 	*n_done = 0;
 	ev->t_run = llm_now();
 	LLM_TRY(collect(ev));
+	if (ev->o.documents)
+		LLM_TRY(cut_windows(ev));
 	ev->t_joined = llm_now();
 	size_t n = ev->n, *order = malloc((n ? n : 1) * sizeof *order), *end = malloc((n ? n : 1) * sizeof *end);
 	int64_t *tokens = malloc((n ? n : 1) * sizeof *tokens);
@@ -557,8 +639,38 @@ static void item_scores(const struct llm_eval_item *it, double *raw, double *nor
 	}
 }
 
+/* A document's scored tokens and negative log-likelihood, summed in
+ * window order as llm_perplexity sums them. */
+static int64_t doc_nll(const struct llm_eval_item *it, double *nll)
+{
+	int64_t t = 0;
+	*nll = 0;
+	for (int k = 0; k < it->n; k++) {
+		*nll -= it->res[k].logprob;
+		t += to_score(it, k) > 0 ? to_score(it, k) : 0;
+	}
+	return t;
+}
+
+static char *doc_json(const struct llm_eval_item *it)
+{
+	double nll;
+	int64_t t = doc_nll(it, &nll);
+	json_t *r = json_object();
+	json_object_set_new(r, "index", json_integer(it->line - 1));
+	json_object_set_new(r, "tokens", json_integer(t));
+	json_object_set_new(r, "windows", json_integer(it->n));
+	json_object_set_new(r, "nll", json_real(nll));
+	json_object_set_new(r, "ppl", t ? json_real(exp(nll / (double)t)) : json_null());
+	char *js = json_dumps(r, JSON_COMPACT | JSON_REAL_PRECISION(17));
+	json_decref(r);
+	return js;
+}
+
 char *llm_eval_item_json(const struct llm_eval_item *it)
 {
+	if (it->doc)
+		return doc_json(it);
 	double *raw = malloc(2 * (size_t)it->n * sizeof *raw);
 	if (!raw)
 		return NULL;
@@ -600,6 +712,36 @@ static void mean_se(size_t k, size_t n, double *mean, double *se)
 	*se = n > 1 ? sqrt(var / (double)n) : NAN;
 }
 
+/* The summary of documents: tokens, nll and perplexity over all of them
+ * (token-weighted), documents and tokens per second, the time split. */
+static void doc_summary(struct llm_eval *ev, int json, char *bline, double bubble, int pp, char *out, size_t n)
+{
+	int64_t tok = 0;
+	double nll = 0;
+	for (size_t i = 0; i < ev->n; i++) {
+		double d;
+		if (item_scored(&ev->items[i]))
+			tok += doc_nll(&ev->items[i], &d), nll += d;
+	}
+	double ppl = tok ? exp(nll / (double)tok) : NAN;
+	double total = ev->t_end - ev->t_proc, init = ev->t_planned - ev->t_proc, compute = ev->t_end - ev->t_planned;
+	double load = ev->t_run - ev->t_start, tk = ev->t_tok - ev->t_start, wait = ev->t_joined - ev->t_run;
+	double dps = total > 0 ? (double)ev->n / total : 0, tps = total > 0 ? (double)tok / total : 0;
+	if (json)
+		snprintf(out, n, "{\"summary\":true,\"documents\":%zu,\"skipped\":%zu,\"window\":%d,\"tokens\":%lld,"
+		         "\"nll\":%.6f,\"ppl\":%.6f,\"documents_per_s\":%.3f,\"tokens_per_s\":%.1f,\"batches\":%zu,"
+		         "\"computed_tokens\":%lld,\"init_s\":%.3f,\"load_s\":%.3f,\"tokenize_s\":%.3f,\"wait_s\":%.3f,"
+		         "\"compute_s\":%.3f,\"total_s\":%.3f,\"pp_stages\":%d,\"pipeline_bubble\":%.4f}",
+		         ev->n, ev->skipped, ev->window, (long long)tok, nll, tok ? ppl : 0, dps, tps, ev->n_batch,
+		         (long long)ev->computed, init, load, tk, wait, compute, total, pp, bubble);
+	else
+		snprintf(out, n, "%zu documents (%zu skipped): %lld tokens in windows of %d: nll %.6f, perplexity %.4f; "
+		         "%.2f documents/s, %.0f tokens/s; %zu batches; init %.2f s (load %.2f s, tokenise %.2f s, "
+		         "then waited %.2f s), compute %.2f s, total %.2f s%s",
+		         ev->n, ev->skipped, (long long)tok, ev->window, nll, ppl, dps, tps, ev->n_batch, init, load, tk,
+		         wait, compute, total, bline);
+}
+
 void llm_eval_summary(struct llm_eval *ev, struct llm_engine *e, int json, char *out, size_t n)
 {
 	const struct llm_model_dist *d = e ? llm_engine_model(e)->dist : NULL;
@@ -631,6 +773,10 @@ void llm_eval_summary(struct llm_eval *ev, struct llm_engine *e, int json, char 
 	char bline[80] = "";
 	if (pp > 1)
 		snprintf(bline, sizeof bline, "; %d pipeline stages, bubble %.1f%%", pp, 100 * bubble);
+	if (ev->o.documents) {
+		doc_summary(ev, json, bline, bubble, pp, out, n);
+		return;
+	}
 	if (json)
 		snprintf(out, n, "{\"summary\":true,\"items\":%zu,\"skipped\":%zu,\"labelled\":%zu,\"acc\":%.6f,"
 		         "\"acc_stderr\":%.6f,\"acc_norm\":%.6f,\"acc_norm_stderr\":%.6f,\"items_per_s\":%.3f,"

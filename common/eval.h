@@ -13,7 +13,13 @@
  *   program (llm_eval_plan); each batch is queued whole, the next one when
  *   the current has less than one step's tokens left to compute.
  * - Normalised scores divide by the ending's Unicode code points.
- * - Bad items are one error naming the line, or skipped and counted. */
+ * - Bad items are one error naming the line, or skipped and counted.
+ * - Documents (opts.documents: --perplexity --jsonl): a line is a text,
+ *   cut into windows as llm_perplexity_text cuts a file ([BOS] + window - 1
+ *   tokens, every one scored; without BOS, window tokens and the first not
+ *   scored), each window a sequence; the documents are sorted and batched
+ *   by the same DP, and a document's numbers equal those of
+ *   llm_perplexity_text on its text alone. */
 #ifndef LLM_EVAL_H
 #define LLM_EVAL_H
 
@@ -32,6 +38,7 @@ struct llm_eval_opts {
 	int step_tokens;            /* the scheduler's tokens per step (the DP's cost unit) */
 	int max_seqs;               /* sequences of a batch at most (the scheduler's running requests) */
 	int threads;                /* tokenising threads (0: the online CPUs, at most 8) */
+	int documents;              /* lines are documents {"text": ...} for perplexity */
 };
 
 struct llm_eval_item {          /* one line: a context and its endings */
@@ -45,6 +52,9 @@ struct llm_eval_item {          /* one line: a context and its endings */
 	int *chars;                 /* (n) each ending's length in Unicode code points */
 	struct llm_score_result *res;   /* (n) */
 	int64_t tokens;             /* tokens computed: n_ctx - 1 + sum n_end */
+	int doc;                    /* a document: its windows are the endings; with n_ctx 1 the
+	                             * context is BOS, with n_ctx 0 each window is its own context
+	                             * (its first token not scored) */
 };
 
 struct llm_eval;
@@ -53,6 +63,9 @@ struct llm_eval;
  * opts->threads threads; returns at once (only allocation fails here). */
 enum llm_status llm_eval_start(struct llm_eval **ev, const char *file, const struct llm_tokenizer *tk,
                                const struct llm_eval_opts *o);
+/* Documents: the window of positions each document is cut into (the
+ * engine's context or less), before llm_eval_run. */
+void llm_eval_window(struct llm_eval *ev, int window);
 /* Wait for the items (a bad one's error names the line, unless skip_bad),
  * plan the batches and run them on S, handing each item's JSON line
  * (llm_eval_item_json) to PUT in input order as soon as it and those
@@ -73,7 +86,8 @@ size_t llm_eval_count(const struct llm_eval *ev);
 void llm_eval_summary(struct llm_eval *ev, struct llm_engine *e, int json, char *out, size_t n);
 void llm_eval_free(struct llm_eval *ev);
 
-/* An item as one JSON line (no newline): index (line - 1), logprobs,
+/* An item as one JSON line (no newline): a document: index, tokens
+ * (scored), windows, nll, ppl (null when no token was scored); else index (line - 1), logprobs,
  * normalized (per code point of the ending), greedy, tokens (each
  * ending's), context_tokens, pred, pred_norm; with a label also label,
  * correct, correct_norm. Malloc'd; NULL when out of memory. */

@@ -22,7 +22,7 @@ struct generate_cfg {
 	struct llm_strlist stop, logit_bias;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
-	int json, score, eval, hellaswag, skip_bad, chat, show_tokens, ignore_eos, echo, check_weights;
+	int json, score, eval, jsonl, hellaswag, skip_bad, chat, show_tokens, ignore_eos, echo, check_weights;
 };
 
 static struct generate_cfg cfg = {
@@ -65,9 +65,10 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "score", &cfg.score, "stdin JSONL {context, continuations}: log-likelihood of each continuation"),
 	LLM_FLAG(0, "eval", &cfg.eval, "stdin JSONL {context, endings, label}: multiple choice with accuracy (man page)"),
 	LLM_FLAG(0, "hellaswag", &cfg.hellaswag, "--eval/--score: HellaSwag release fields, lm-eval's preprocessing"),
-	LLM_FLAG(0, "skip-bad", &cfg.skip_bad, "--eval/--score: skip bad items (counted) instead of failing"),
-	LLM_INT(0, "eval-batch-tokens", "N", &cfg.eval_tokens, "--eval: tokens of a batch of items at least (theta)", 1, INT32_MAX),
+	LLM_FLAG(0, "skip-bad", &cfg.skip_bad, "--eval/--score/--jsonl: skip bad items (counted) instead of failing"),
+	LLM_INT(0, "eval-batch-tokens", "N", &cfg.eval_tokens, "--eval/--jsonl: tokens of a batch of items at least (theta)", 1, INT32_MAX),
 	LLM_STR(0, "perplexity", "FILE", &cfg.perplexity, "token count, negative log-likelihood and perplexity of FILE in windows of -c"),
+	LLM_FLAG(0, "jsonl", &cfg.jsonl, "--perplexity: FILE is JSONL, a document {\"text\": ...} per line, each scored alone, batched as --eval"),
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences computed together (prompts, --score continuations, --perplexity windows)", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024),
@@ -106,7 +107,7 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
-	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval ? (int)cfg.batch_tokens : 0;
+	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : 0;
 	o.backend = cfg.backend, o.lora_dir = cfg.lora, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
 	return o;
@@ -281,17 +282,19 @@ static void put_line(void *user, const char *line) { (void)user, puts(line), ffl
 static enum llm_status run_score(struct llm_tokenizer *tk)
 {
 	llm_signals_catch();   /* Ctrl-C: the items scored, then exit 128 + the signal (main) */
-	struct llm_eval_opts o = { .hellaswag = cfg.hellaswag, .skip_bad = cfg.skip_bad, .labels = cfg.eval, .sort = cfg.eval,
-	                           .theta = (int)cfg.eval_tokens, .step_tokens = (int)cfg.batch_tokens, .max_seqs = (int)cfg.parallel };
+	struct llm_eval_opts o = { .hellaswag = cfg.hellaswag, .skip_bad = cfg.skip_bad, .labels = cfg.eval, .sort = cfg.eval || cfg.jsonl,
+	                           .theta = (int)cfg.eval_tokens, .step_tokens = (int)cfg.batch_tokens, .max_seqs = (int)cfg.parallel,
+	                           .documents = cfg.jsonl };
 	struct llm_eval *ev;
-	if (llm_eval_start(&ev, "-", tk, &o))
+	if (llm_eval_start(&ev, cfg.jsonl ? cfg.perplexity : "-", tk, &o))
 		die_msg();
 	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel);
+	llm_eval_window(ev, cfg.n_ctx ? (int)cfg.n_ctx : llm_engine_n_ctx(e));
 	struct llm_sched *sch = sched_open(e, (int)cfg.parallel, 0, NULL);
 	if (llm_eval_run(ev, sch, &llm_interrupt, put_line, NULL, &n_done))
 		die_msg();
-	n_total = llm_eval_count(ev), done_what = "items scored";
-	for (int json = 0; cfg.eval && !llm_interrupt && json <= cfg.json; json++) {   /* stderr; --json: stdout too */
+	n_total = llm_eval_count(ev), done_what = cfg.jsonl ? "documents scored" : "items scored";
+	for (int json = 0; (cfg.eval || cfg.jsonl) && !llm_interrupt && json <= cfg.json; json++) {   /* stderr; --json: stdout too */
 		char line[1200];
 		llm_eval_summary(ev, e, json, line, sizeof line), json ? puts(line) : fprintf(stderr, "%s: %s\n", llm_progname(), line);
 	}
@@ -301,11 +304,13 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 
 /* --perplexity FILE: windows of -c tokens, each [BOS] + chunk from position
  * 0, every chunk token scored (llama-perplexity's scheme); the windows run
- * --parallel at a time. */
+ * --parallel at a time. --jsonl: documents, the evaluation job's way. */
 static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 {
 	char *buf, line[1200];
 	size_t len;
+	if (cfg.jsonl)
+		return run_score(tk);
 	LLM_TRY(llm_read_file(cfg.perplexity, &buf, &len));
 	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel);
 	struct llm_ppl_result r;
@@ -353,7 +358,9 @@ int main(int argc, char **argv)
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
 		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo) && !gen, "--logit-bias, --min-tokens and --echo go with generation" },
-		{ (cfg.hellaswag || cfg.skip_bad) && mode->run != run_score, "--hellaswag and --skip-bad go with --eval or --score" },
+		{ cfg.hellaswag && mode->run != run_score, "--hellaswag goes with --eval or --score" },
+		{ cfg.skip_bad && mode->run != run_score && !cfg.jsonl, "--skip-bad goes with --eval, --score or --jsonl" },
+		{ cfg.jsonl && !cfg.perplexity, "--jsonl goes with --perplexity" },
 		{ cfg.no_special && mode->run != run_tokenize, "--no-special goes with --tokenize" },
 		{ cfg.skip_special && mode->run != run_detokenize, "--skip-special goes with --detokenize" },
 		{ cfg.chat_template && mode->run != run_apply_template && !gen,

@@ -132,4 +132,65 @@ import json
 r = [json.loads(l) for l in open('$T/skip.out')]
 assert [x['index'] for x in r[:-1]] == [0, 5] and r[-1]['skipped'] == 4 and r[-1]['items'] == 2, r"
 check_fails "--skip-bad without --eval or --score is a usage error" 2 $G -m "$M" --skip-bad -p x
+
+# --perplexity --jsonl: many documents batched as --eval batches items, each
+# document's numbers those of --perplexity on its text alone (with BOS:
+# [BOS] + window - 1 tokens; without, a window is its own context)
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+docs = ["Once upon a time, there was a little girl named Lily. She liked to play in the park.",
+        "The sun was shining. Tom went to the store to buy apples for his mom, and a café.",
+        "A bare string document. " * 20, "Hi"]
+with open(t + "/docs.jsonl", "w") as f:
+    for i, d in enumerate(docs):
+        f.write(json.dumps(d if i == 2 else {"text": d}) + "\n")
+        open("%s/doc%d.txt" % (t, i), "w").write(d)
+PY
+nobos=$T/nobos
+mkdir -p "$nobos"
+for f in "$M"/*; do ln -sf "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$nobos/"; done
+rm -f "$nobos/special_tokens_map.json" "$nobos/tokenizer_config.json" "$nobos/generation_config.json"
+python3 -c "
+import json, sys
+c = json.load(open('$M/tokenizer_config.json')); c['bos_token'] = None; c['add_bos_token'] = False
+json.dump(c, open('$nobos/tokenizer_config.json', 'w'))"
+echo '{"eos_token_id": 2}' >"$nobos/generation_config.json"
+check "a copy of stories260K whose tokenizer has no BOS" sh -c "echo hi | $G -m '$nobos' --tokenize | grep -qv '^\[1,'"
+for m in "$M:with BOS" "$nobos:without BOS"; do
+	for c in 16 64; do
+		$G -m "${m%%:*}" --perplexity "$T/docs.jsonl" --jsonl -c $c --json --parallel 3 >"$T/ppl.out" 2>"$T/ppl.err"
+		for i in 0 1 2 3; do $G -m "${m%%:*}" --perplexity "$T/doc$i.txt" -c $c --json; done >"$T/ppl1.out"
+		check "--perplexity --jsonl ${m#*:}, windows of $c: each document's tokens, nll and ppl those of --perplexity on it alone; the summary over all" \
+			python3 - "$T/ppl.out" "$T/ppl1.out" <<'PY'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+docs, s = rows[:-1], rows[-1]
+assert [d["index"] for d in docs] == [0, 1, 2, 3], docs
+for d, r in zip(docs, ref):
+    assert d["tokens"] == r["tokens"] and abs(d["nll"] - r["nll"]) <= 5e-7, (d, r)
+    assert (d["ppl"] is None) == (r["tokens"] == 0), (d, r)
+    assert d["ppl"] is None or abs(d["ppl"] - r["ppl"]) <= 1e-6 * r["ppl"], (d, r)
+assert docs[2]["windows"] > 1, docs[2]
+tok, nll = sum(d["tokens"] for d in docs), sum(d["nll"] for d in docs)
+assert s["summary"] and s["documents"] == 4 and s["tokens"] == tok, s
+assert abs(s["nll"] - nll) < 1e-5 and abs(s["ppl"] - math.exp(nll / tok)) < 1e-5 * s["ppl"], s
+PY
+	done
+done
+$G -m "$M" --perplexity "$T/docs.jsonl" --jsonl -c 16 --json --parallel 1 --eval-batch-tokens 1 >"$T/p1.out" 2>/dev/null
+$G -m "$M" --perplexity - --jsonl -c 16 --json --parallel 64 <"$T/docs.jsonl" >"$T/p64.out" 2>"$T/p64.err"
+check "--perplexity --jsonl: one window at a time and 64 at once (stdin) give the same numbers" \
+	sh -c "head -n 4 '$T/p1.out' >'$T/a' && head -n 4 '$T/p64.out' >'$T/b' && cmp -s '$T/a' '$T/b'"
+check "--perplexity --jsonl: a human summary on stderr" grep -q '^llm-generate: 4 documents (0 skipped): [0-9]* tokens in windows of 16: nll .*, perplexity ' "$T/p64.err"
+printf '%s\n' '{"text": "Once upon a time"}' '{"txt": "x"}' '{"text": ""}' '[1]' '"Lily ran"' >"$T/badd.jsonl"
+check_fails "--perplexity --jsonl: a line without \"text\" is named" 1 $G -m "$M" --perplexity "$T/badd.jsonl" --jsonl
+check "  ... as 'FILE: line 2: needs \"text\"'" grep -q "badd.jsonl: line 2: needs \"text\"" "$T/err"
+$G -m "$M" --perplexity "$T/badd.jsonl" --jsonl --skip-bad --json >"$T/skipd.out" 2>/dev/null
+check "--perplexity --jsonl --skip-bad: lines 1 and 5 scored, 3 bad ones counted" python3 -c "
+import json
+r = [json.loads(l) for l in open('$T/skipd.out')]
+assert [x['index'] for x in r[:-1]] == [0, 4] and r[-1]['skipped'] == 3 and r[-1]['documents'] == 2, r"
+check_fails "--jsonl without --perplexity is a usage error" 2 $G -m "$M" --jsonl --eval
 tap_done

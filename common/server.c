@@ -447,9 +447,29 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 		fprintf(f, "%s_sum %.6f\n%s_count %llu\n", hs[i].name, hs[i].h->sum, hs[i].name,
 		        (unsigned long long)hs[i].h->count);
 	}
+	llm_srv_metrics_vllm(s, f);
 	pthread_mutex_unlock(&s->mu);
 	fclose(f);
 	return send_text(conn, 200, "text/plain; version=0.0.4", b, n, NULL, NULL);
+}
+
+/* /tokenize (TOK) or /detokenize: server_api.c */
+static enum MHD_Result do_tokens(struct llm_server *s, struct MHD_Connection *conn, int tok, const char *body, size_t len)
+{
+	json_error_t je;
+	json_t *o = json_loadb(body, len, 0, &je), *out = NULL;
+	if (!o)
+		return send_error(s, conn, K_COMPLETION, 400, NULL, "malformed JSON: line %d: %s", je.line, je.text);
+	const char *param = NULL;
+	enum llm_status st = !json_is_object(o) ? llm_fail(LLM_ERR_USAGE, "the body must be a JSON object")
+	                     : tok ? llm_srv_tokenize(s, o, &out, &param) : llm_srv_detokenize(s, o, &out, &param);
+	if (st) {   /* param points into O: the answer first */
+		enum MHD_Result r = send_error(s, conn, K_COMPLETION, st == LLM_ERR_NOMEM ? 500 : 400, param, "%s", llm_errmsg());
+		json_decref(o);
+		return r;
+	}
+	json_decref(o);
+	return send_json(conn, 200, out, NULL, NULL);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -506,6 +526,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		{ "/v1/completions", "POST", 0 }, { "/v1/chat/completions", "POST", 1 },
 		{ "/generate", "POST", 2 }, { "/generate_stream", "POST", 3 },
 		{ "/v1/models", "GET", 4 }, { "/metrics", "GET", 5 },
+		{ "/tokenize", "POST", 6 }, { "/detokenize", "POST", 7 }, { "/info", "GET", 8 },
+		{ "/v1/embeddings", "POST", 9 },
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
 		if (strcmp(url, routes[i].url))
@@ -527,7 +549,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			                                      "id", s->model_name, "object", "model", "created", (json_int_t)0,
 			                                      "owned_by", "llm-tools", "max_model_len", n_ctx), NULL, NULL);
 		}
-		default: return do_metrics(s, conn);
+		case 5: return do_metrics(s, conn);
+		case 6: case 7: return do_tokens(s, conn, routes[i].what == 6, body, cc->body.len);
+		case 8: return send_json(conn, 200, llm_srv_info(s), NULL, NULL);
+		default:
+			return send_error(s, conn, K_COMPLETION, 400, "model", "%s computes no embeddings: pooling a generative "
+			                  "model's hidden states gives no trained embedding (llm-serve(1))", s->model_name);
 		}
 	}
 	return send_error(s, conn, tgi_k, 404, NULL, "no such endpoint: %s %s", method, url);
@@ -558,6 +585,7 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->ecv, NULL);
 	s->state = LLM_SERVER_LOADING;
+	s->req_prompt.le = s->req_gen.le = llm_srv_tokens_le;
 	enum llm_status st;
 	if (o->chat_template && !(s->template_src = llm_strdup(o->chat_template))) {
 		st = llm_fail(LLM_ERR_NOMEM, "server: out of memory");

@@ -18,8 +18,9 @@ const double llm_srv_bucket_le[N_BUCKET] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 
 static void observe(struct histo *h, double v)
 {
+	const double *le = h->le ? h->le : llm_srv_bucket_le;
 	for (int i = 0; i < N_BUCKET; i++)
-		if (v <= llm_srv_bucket_le[i])
+		if (v <= le[i])
 			h->n[i]++;
 	h->count++;
 	h->sum += v;
@@ -61,7 +62,8 @@ static void on_admit(void *user)
 	pthread_mutex_lock(&s->mu);
 	if (!j->admitted) {
 		j->admitted = 1;
-		observe(&s->queue, now_s() - j->t_arrival);
+		j->t_admit = now_s();
+		observe(&s->queue, j->t_admit - j->t_arrival);
 	}
 	pthread_mutex_unlock(&s->mu);
 }
@@ -73,8 +75,14 @@ static void choice_done_locked(struct llm_server *s, struct choice *c, enum llm_
 	c->done = 1;
 	c->finish = f;
 	struct job *j = c->job;
+	s->finished[f == LLM_FINISH_LENGTH ? 1 : f == LLM_FINISH_CANCEL ? 2 : f == LLM_FINISH_ERROR ? 3 : 0]++;
+	if (c->n_tok) {
+		observe(&s->decode, c->t_last - c->t_first);
+		observe(&s->req_gen, c->n_tok);
+	}
 	if (++j->n_done == j->n) {
 		observe(&s->e2e, now_s() - j->t_arrival);
+		observe(&s->req_prompt, j->n_prompt);
 		if (f == LLM_FINISH_CANCEL || j->cancelled)
 			s->req_cancel++;
 		else
@@ -156,10 +164,14 @@ static void publish_locked(struct llm_server *s)
 			c->ev[c->n_ev++] = *p;
 			if (p->token >= 0) {
 				s->gen_tokens++;
-				if (p->index == 0)
+				if (p->index == 0) {
 					observe(&s->ttft, p->t - j->t_arrival);
-				else
+					observe(&s->prefill, p->t - (j->admitted ? j->t_admit : j->t_arrival));
+					c->t_first = p->t;
+				} else {
 					observe(&s->itl, p->t - c->t_last);
+				}
+				c->n_tok++;
 				c->t_last = p->t;
 			}
 			if (p->finish)

@@ -55,7 +55,8 @@ struct choice {
 	struct ev *ev;
 	int n_ev;
 	size_t cap_ev;
-	double t_last;
+	double t_last, t_first;
+	int n_tok;                   /* tokens generated */
 	/* the engine thread's own: events of this step not yet published */
 	struct ev *pend;
 	int n_pend, touched;
@@ -77,7 +78,7 @@ struct job {
 	struct choice ch[MAX_N];
 	int cancelled, cancel_sent, added, failed, http_status;
 	char errmsg[256];
-	double t_arrival;
+	double t_arrival, t_admit;
 	int admitted;
 	char id[40];
 	long long created;
@@ -90,8 +91,9 @@ struct job {
 
 #define N_BUCKET 14
 extern const double llm_srv_bucket_le[N_BUCKET];   /* the histograms' upper bounds (s) */
+extern const double llm_srv_tokens_le[N_BUCKET];   /* the same for token counts */
 
-struct histo { uint64_t n[N_BUCKET]; uint64_t count; double sum; };
+struct histo { uint64_t n[N_BUCKET]; uint64_t count; double sum; const double *le; /* NULL: llm_srv_bucket_le */ };
 
 struct llm_server {
 	struct llm_server_opts o;
@@ -115,6 +117,9 @@ struct llm_server {
 	uint64_t req_ok, req_429, req_4xx, req_5xx, req_cancel;
 	uint64_t prompt_tokens, gen_tokens;
 	struct histo ttft, itl, e2e, queue;
+	struct histo prefill, decode, req_prompt, req_gen;   /* admission to first token, first to last;
+	                                                      * tokens of a request's prompt, of a sequence */
+	uint64_t finished[4];        /* sequences ended: stop (EOS too), length, abort, error */
 	/* the engine thread's own: choices with pending events */
 	struct choice **touched;
 	int n_touched;
@@ -136,5 +141,12 @@ json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens
 json_t *llm_srv_tgi_generated(struct job *j);
 /* Append to j->out the SSE events of J's new events (and the end). */
 void llm_srv_stream_format(struct llm_server *s, struct job *j);
+/* server_api.c: vLLM's /tokenize and /detokenize bodies (O) to *OUT, or a
+ * usage error with *PARAM the field (NULL: none); TGI's /info; the metrics
+ * under vLLM's names (under srv->mu) */
+enum llm_status llm_srv_tokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
+enum llm_status llm_srv_detokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
+json_t *llm_srv_info(struct llm_server *s);
+void llm_srv_metrics_vllm(struct llm_server *s, FILE *f);
 
 #endif

@@ -1,0 +1,133 @@
+# tests/cli/serve_api.sh: llm-serve's endpoints beside generation
+# (common/server_api.c): /tokenize and /detokenize in vLLM's shapes against
+# llm-generate's tokenizer modes, TGI's /info, the refusal of
+# /v1/embeddings, and the metrics under vLLM's names: their values against
+# the requests sent and the project's own counters, and every metric the
+# Grafana dashboard (bench/grafana/llm-serve.json) queries present on a live
+# server.
+. tests/lib/tap.sh
+T=$TMPD
+if ! have_stories; then skip "llm-serve's API endpoints on stories260K" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
+M=$(stories)
+PY=python3
+[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+llm-serve -m "$M" --port 0 --port-file "$T/port" -t 1 --chat-template tests/data/chat-template.jinja \
+	--served-model-name 'stories "260K"' 2>"$T/server.log" & SP=$!
+U=$(serve_url "$T/port")
+post() { curl -s -m 60 -o "$T/$1.out" -w '%{http_code}' "$U$2" -H 'Content-Type: application/json' -d "$3"; }
+
+# /tokenize: a prompt's ids as a completion runs them (BOS added), and the
+# pieces; messages rendered by the template then tokenized without BOS
+code=$(post tok /tokenize '{"prompt": "Once upon a time", "return_token_strs": true}')
+want=$(printf 'Once upon a time' | llm-generate -m "$M" --tokenize | tr -d ' ')
+check "/tokenize: the ids of llm-generate --tokenize, the count and the pieces" $PY -c "
+import json, sys
+r = json.load(open('$T/tok.out'))
+assert '$code' == '200', r
+assert r['tokens'] == $want and r['count'] == len(r['tokens']) and r['max_model_len'] == 512, r
+assert r['token_strs'][0] == '<s>' and len(r['token_strs']) == r['count'], r"
+code=$(post tokn /tokenize '{"prompt": "Once upon a time", "add_special_tokens": false}')
+check "/tokenize add_special_tokens false: no BOS, token_strs null" $PY -c "
+import json
+r = json.load(open('$T/tokn.out'))
+assert r['tokens'] == $want[1:] and r['token_strs'] is None, r"
+chat='{"messages": [{"role": "user", "content": "Hello there"}]}'
+code=$(post chat /tokenize "$chat")
+tmpl=$(echo '{"messages": [{"role": "user", "content": "Hello there"}], "add_generation_prompt": true}' | llm-generate -m "$M" --apply-template --chat-template tests/data/chat-template.jinja |
+	llm-generate -m "$M" --tokenize --no-special | tr -d ' ')
+check "/tokenize messages: the chat template's prompt, tokenized without special tokens" $PY -c "
+import json
+r = json.load(open('$T/chat.out'))
+assert '$code' == '200' and r['tokens'] == $tmpl, (r, $tmpl)"
+code=$(post chatng /tokenize '{"messages": [{"role": "user", "content": "Hello there"}], "add_generation_prompt": false}')
+check "/tokenize add_generation_prompt false: fewer tokens" $PY -c "
+import json
+r = json.load(open('$T/chatng.out'))
+assert '$code' == '200' and len(r['tokens']) < len($tmpl) and r['tokens'] == $tmpl[:len(r['tokens'])], r"
+code=$(post bad /tokenize '{"prompt": "x", "truncate_prompt_tokens": 3}')
+check "/tokenize: a field not implemented is refused by name (400)" $PY -c "
+import json
+r = json.load(open('$T/bad.out'))
+assert '$code' == '400' and r['error']['param'] == 'truncate_prompt_tokens', r"
+code=$(post bad2 /tokenize '{"prompt": 7}')
+check "/tokenize: a prompt that is not a string is a 400 naming prompt" $PY -c "
+import json
+r = json.load(open('$T/bad2.out'))
+assert '$code' == '400' and r['error']['param'] == 'prompt', r"
+
+# /detokenize: the inverse, special tokens kept; ids outside the vocabulary named
+code=$(post detok /detokenize "{\"tokens\": $want}")
+check "/detokenize: the ids of /tokenize give the text back (BOS kept)" $PY -c "
+import json
+r = json.load(open('$T/detok.out'))
+assert '$code' == '200' and r['prompt'].endswith('Once upon a time') and r['prompt'].startswith('<s>'), r"
+code=$(post detokb /detokenize '{"tokens": [1, 512]}')
+check "/detokenize: an id outside the vocabulary is a 400 naming tokens[1]" $PY -c "
+import json
+r = json.load(open('$T/detokb.out'))
+assert '$code' == '400' and r['error']['message'].startswith('tokens[1]') and r['error']['param'] == 'tokens', r"
+
+# /info (TGI) and /v1/embeddings
+code=$(curl -s -m 30 -o "$T/info.out" -w '%{http_code}' "$U/info")
+check "/info: TGI's fields from the server's settings" $PY -c "
+import json
+r = json.load(open('$T/info.out'))
+assert '$code' == '200' and r['model_id'] == 'stories \"260K\"' and r['max_total_tokens'] == 512, r
+assert r['max_input_tokens'] == 511 and r['max_stop_sequences'] == 8 and r['model_device_type'] == 'cpu', r"
+code=$(post emb /v1/embeddings '{"input": "hello", "model": "x"}')
+check "/v1/embeddings: refused with the reason (400)" $PY -c "
+import json
+r = json.load(open('$T/emb.out'))
+assert '$code' == '400' and 'no embeddings' in r['error']['message'], r"
+
+# metrics: 3 requests (2 of 4 tokens reaching max_tokens, one of 2 choices
+# with a stop on the first token's text is not deterministic: length only)
+post c1 /v1/completions '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}' >/dev/null
+post c2 /v1/completions '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}' >/dev/null
+post c3 /v1/completions '{"prompt": "The cat", "max_tokens": 3, "n": 2, "seed": 1}' >/dev/null
+curl -s -m 30 "$U/metrics" >"$T/metrics"
+check "metrics under vLLM's names agree with the requests and the project's counters" $PY - "$T/metrics" <<'PY'
+import re, sys
+v = {}
+for line in open(sys.argv[1]):
+    if line.startswith("#") or not line.strip():
+        continue
+    name, val = line.rsplit(" ", 1)
+    m = re.match(r'([^{]+)(?:\{(.*)\})?$', name)
+    labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+    v[(m.group(1), labels)] = float(val)
+    if not labels:
+        v[m.group(1)] = float(val)
+def g(n, **extra):
+    return v[(n, frozenset(list(extra.items()) + [("model_name", 'stories \\"260K\\"')]))]
+assert g("vllm:request_success_total", finished_reason="length") == 4, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:generation_tokens_total") == v["llm_generation_tokens_total"] == 4 + 4 + 3 + 3, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:prompt_tokens_total") == v["llm_prompt_tokens_total"], {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:time_to_first_token_seconds_count") == 4 and g("vllm:inter_token_latency_seconds_count") == 3 + 3 + 2 + 2, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:e2e_request_latency_seconds_count") == 3 and g("vllm:request_prompt_tokens_count") == 3, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:request_generation_tokens_count") == 4 and g("vllm:request_generation_tokens_sum") == 14, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:request_generation_tokens_bucket", le="5") == 4 and g("vllm:request_generation_tokens_bucket", le="2") == 0, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:request_decode_time_seconds_count") == 4 and g("vllm:request_prefill_time_seconds_count") == 4, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert g("vllm:prefix_cache_hits_total") == v["llm_prefix_cache_hit_tokens_total"], {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+assert 0 <= g("vllm:kv_cache_usage_perc") <= 1 and g("vllm:num_requests_running") == 0, {k: x for k, x in v.items() if isinstance(k, tuple) and k[0].startswith('vllm') and 'bucket' not in k[0]}
+PY
+check "every metric the Grafana dashboard queries is on the live server" $PY - bench/grafana/llm-serve.json "$T/metrics" <<'PY'
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+have = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{| )", text, re.M))
+words = {"sum", "by", "rate", "increase", "histogram_quantile", "le", "status", "finished_reason", "model_name"}
+n = 0
+assert d["panels"] and all(p.get("targets") for p in d["panels"]), "panels without queries"
+for p in d["panels"]:
+    for t in p["targets"]:
+        for m in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.sub(r'"[^"]*"|\$\w+|\[[^]]*\]', "", t["expr"])):
+            if m in words or m.isdigit():
+                continue
+            n += 1
+            assert m in have, "panel %r queries %s, not on the server" % (p["title"], m)
+assert n >= 20, n
+PY
+kill -TERM $SP; wait $SP
+check "the server exits 0" [ $? = 0 ]
+tap_done

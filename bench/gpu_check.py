@@ -90,9 +90,10 @@ def invariance(alone, *outs):
     done({"prompts": len(base), "runs": runs, "differing": differ}, len(base) > 0 and differ == 0)
 
 
-def safetensors_bytes(ckpt):
+def safetensors_bytes(ckpt, tied):
     """Bytes of every tensor a decode step reads whole: all but the
-    embedding table (a step gathers one row of it)."""
+    embedding table (a step gathers one row of it), unless TIED (the table
+    is the lm_head too, read whole)."""
     files = [ckpt] if ckpt.endswith(".safetensors") else \
         [os.path.join(ckpt, f) for f in sorted(os.listdir(ckpt)) if f.endswith(".safetensors")]
     total = emb = 0
@@ -107,12 +108,12 @@ def safetensors_bytes(ckpt):
             total += size
             if "embed_tokens" in name:
                 emb += size
-    return total - emb, emb
+    return (total if tied else total - emb), emb
 
 
 def decode(ckpt, bench, bw):
     cfg = json.load(open(os.path.join(ckpt, "config.json")))
-    wbytes, emb = safetensors_bytes(ckpt)
+    wbytes, emb = safetensors_bytes(ckpt, cfg.get("tie_word_embeddings", False))
     gbs = json.load(open(bw))["copy_gbs"]
     n_layer, n_kv = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
     d_head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]

@@ -43,4 +43,25 @@ printf '%s\n' '{"ids":[1,2]}' '{"ids":[3,4]}' >"$T/i1"
 printf '%s\n' '{"ids":[1,2]}' '{"ids":[3,5]}' >"$T/i2"
 check "gpu_check.py invariance fails when one prompt's ids differ" sh -c '! python3 bench/gpu_check.py invariance "$1" "$2" >/dev/null' _ "$T/i1" "$T/i2"
 check "gpu_check.py invariance passes on equal ids" python3 bench/gpu_check.py invariance "$T/i1" "$T/i1"
+# the decode roofline's arithmetic on a real (random) checkpoint: the bytes
+# of its tensors, less the embedding table unless tied, over the bandwidth
+llm-quantize -q --random configs/tiny-check.json --dtype fp8 --seed 1 "$T/tiny" 2>/dev/null
+printf '%s\n' '{"test": "tg64 x1", "batch": 1, "tok_s": 100, "wrong": 0}' '{"test": "tg64 x8", "batch": 8, "tok_s": 400, "wrong": 0}' >"$T/rows"
+echo '{"copy_gbs": 0.001}' >"$T/bw"
+check "gpu_check.py decode: step times, weight + KV bytes over the bandwidth" python3 - "$T/tiny" "$T/rows" "$T/bw" <<'PY'
+import json, os, struct, subprocess, sys
+ck, rows, bw = sys.argv[1:4]
+d = json.loads(subprocess.run(["python3", "bench/gpu_check.py", "decode", ck, rows, bw], check=True,
+                              capture_output=True, text=True).stdout)
+cfg = json.load(open(os.path.join(ck, "config.json")))
+f = open(os.path.join(ck, "model.safetensors"), "rb"); n = struct.unpack("<Q", f.read(8))[0]
+data = os.path.getsize(f.name) - 8 - n
+tied = cfg.get("tie_word_embeddings", False)
+assert d["weight_bytes_per_step"] == (data if tied else data - d["embedding_bytes"]) and d["embedding_bytes"] > 0, d
+r1, r8 = d["rows"]
+assert abs(r1["step_ms"] - 10) < 1e-9 and abs(r8["step_ms"] - 20) < 1e-9, d
+kv = 8 * 65 / 2 * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * (cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]) * 4
+assert abs(r8["roofline_ms"] - (d["weight_bytes_per_step"] + kv) / 1e6 * 1e3) < 1e-6 * r8["roofline_ms"], (r8, kv)
+assert abs(r1["fraction_of_roofline"] - r1["roofline_ms"] / 10) < 1e-12, d
+PY
 tap_done

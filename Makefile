@@ -38,6 +38,10 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # the build tree of this configuration; bin/ links to its tools
 B        ?= build/$(if $(filter 1,$(CUDA)),cuda,cpu)
 BIN      ?= $(B)/bin
+# make CUDA_SM=90 builds for that one architecture (bench/gpu.sh passes the device's)
+ifneq ($(CUDA_SM),)
+CUDA_ARCH ?= -gencode arch=compute_$(CUDA_SM),code=sm_$(CUDA_SM)
+endif
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # nvcc has no -iquote: kernels/ include common/ headers by relative path
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra
@@ -53,6 +57,8 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 # the libFuzzer harnesses, each linked with tests/lib/fuzz_replay.c: their
 # kept corpora run in make test (tests/cli/fuzz.sh)
 FUZZ_BINS = $(patsubst tests/fuzz/%.c,$(B)/tests/fuzz/%,$(wildcard tests/fuzz/*.c))
+# the GPU bench drivers bench/gpu.sh runs (the tile sweep, the bandwidth probe): CUDA builds only
+BENCH_BINS = $(if $(filter 1,$(CUDA)),$(B)/bench/gemm_sweep $(B)/bench/gpu_bandwidth)
 
 ifeq ($(CUDA),1)
 override CFLAGS += -DLLM_CUDA -I$(CUDA_HOME)/include
@@ -75,7 +81,7 @@ $(B)/common/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 endif
 $(info mpi: $(if $(filter 1,$(MPI)),yes ($(MPICC)),no))
 
-all: $(TOOL_BINS) $(TEST_BINS) $(FUZZ_BINS) $(B)/tests/mpi_check
+all: $(TOOL_BINS) $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(B)/tests/mpi_check
 
 # bin/ follows the default trees only (make asan and make fuzz name their own)
 ifeq ($(origin B),file)
@@ -88,7 +94,7 @@ bin-link: $(TOOL_BINS)
 # Changed flags force a rebuild: objects depend on a file holding them.
 $(B)/flags: FORCE
 	@mkdir -p $(B)
-	@echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA)' > $@
+	@echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)' > $@
 
 $(B)/%.o: %.c $(B)/flags
 	@mkdir -p $(dir $@)
@@ -110,6 +116,9 @@ $(B)/tests/%: $(B)/tests/%.o $(B)/tests/lib/check.o $(B)/libllm.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/tests/fuzz/%: $(B)/tests/fuzz/%.o $(B)/tests/lib/fuzz_replay.o $(B)/libllm.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/bench/%: $(B)/bench/%.o $(B)/libllm.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The missing Debian packages (apt-get as root, or through sudo) and the npm

@@ -2,6 +2,7 @@
 # program under compute-sanitizer. Without a device (or without CUDA
 # support) the device checks are skipped with the reason, and what needs no
 # device still runs: --backend cuda is a clear error, never a fallback.
+# LLM_TEST_CUDA_SANITIZER=0 skips the memcheck (bench/gpu.sh runs it apart).
 . tests/lib/tap.sh
 T=$TMPD
 TC=${LLM_TESTBIN:-build/cpu/tests}/test_cuda
@@ -30,7 +31,9 @@ if [ -n "$reason" ]; then
 	tap_done
 fi
 
-if command -v compute-sanitizer >/dev/null 2>&1; then
+if [ "${LLM_TEST_CUDA_SANITIZER:-1}" = 0 ]; then
+	skip "compute-sanitizer memcheck clean on test_cuda" "LLM_TEST_CUDA_SANITIZER=0 (bench/gpu.sh runs it as its own step)"
+elif command -v compute-sanitizer >/dev/null 2>&1; then
 	compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check full "$TC" >"$T/san" 2>&1; rc=$?
 	check "compute-sanitizer memcheck clean on test_cuda (exit $rc)" [ "$rc" = 0 ]
 	[ "$rc" = 0 ] || grep -E "ERROR SUMMARY|Invalid|not ok" "$T/san" | head -10 | sed 's/^/#   /'

@@ -1,0 +1,415 @@
+#!/usr/bin/env bash
+# bench/gpu.sh: the one command of a device session (issue 28): build for the
+# GPU at hand, then check and measure the CUDA backend, step by step.
+#
+#   bench/gpu.sh OUTDIR [--quick] [--dry-run]
+#
+# Each step is timed and bounded (timeout), writes OUTDIR/<step>.json
+# ({"step", "status": "PASS|FAIL|SKIP", "seconds", "reason", numbers...})
+# and its log OUTDIR/<step>.log, and prints one line: "PASS step (12.3 s)",
+# "FAIL step: reason" or "SKIP step: reason". A failed step does not stop
+# the run. The end: a summary line and OUTDIR/summary.json (device, driver,
+# commit, every step's status). The whole run fits a budget (540 s; --quick
+# 170 s): a step gets at most what is left, and one that cannot start in
+# time is skipped with that reason, so the command ends before a 10-minute
+# device call does.
+#
+# Steps: build (make CUDA=1 CUDA_SM=<the device's compute capability>);
+# test_cuda; compute-sanitizer memcheck and racecheck on test_cuda;
+# tests/cli/cuda.sh; greedy (stories260K --backend cuda against the
+# reference ids); logits_smol and logits_8b (random FP8 checkpoints of the
+# SmolLM2-135M and Llama-3.1-8B shapes, CPU against CUDA: argmax agreement
+# and top-10 log-prob differences, tolerances in LOGIT_TOL below);
+# batch_invariance (a prompt's greedy ids alone and in batches of 2..64 on
+# the GPU); then the measurements: startup (start to first token of the 8B
+# FP8 checkpoint), decode (llm-bench model at batch 1, 8, 32, 128 against
+# the roofline of weight + KV bytes over the bandwidth measured in the same
+# run), gemm_bench (fused FP8 GEMM against cuBLAS BF16, 8B and 70B shapes)
+# and gemm_sweep (a new kernels/tune_table.h, left in OUTDIR).
+# --quick: the correctness steps up to batch_invariance (no 8B checkpoint).
+# --dry-run: no device needed: the CPU build, the small random checkpoint,
+# the CPU half of each comparison and every JSON file; device steps SKIP
+# (tests/cli/gpu_kit.sh runs it in make test, so this script cannot rot).
+# With LLM_BIN set (a directory holding the tools), the dry run uses those
+# tools instead of building.
+#
+# Models: stories260K and its reference from $LLM_TEST_MODELS and
+# $LLM_TEST_REF, else shared/models and shared/reference inside the
+# checkout (what travels to a device machine), else ../shared/...
+# Missing build libraries: headers and libraries under .gpudeps/include and
+# .gpudeps/lib are used when present (bench/results/README).
+# Exit status: 0 every step passed or skipped, 3 a step failed, 2 usage.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+
+usage() { echo "usage: bench/gpu.sh OUTDIR [--quick] [--dry-run]" >&2; exit 2; }
+OUTDIR="" QUICK=0 DRY=0
+for a in "$@"; do
+	case $a in
+	--quick) QUICK=1 ;;
+	--dry-run) DRY=1 ;;
+	-h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+	-*) echo "bench/gpu.sh: unknown option '$a'" >&2; usage ;;
+	*) [ -z "$OUTDIR" ] || { echo "bench/gpu.sh: one OUTDIR only" >&2; usage; }; OUTDIR=$a ;;
+	esac
+done
+[ -n "$OUTDIR" ] || usage
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR=$(cd "$OUTDIR" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpukit.XXXXXX") || exit 2
+BG_PID=""
+cleanup() { [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+BUDGET=540
+[ $QUICK = 1 ] && BUDGET=170
+T0=$SECONDS
+# Tolerances of the CPU-vs-CUDA logits (nats, on every log-prob both top-10
+# lists hold; the argmax must agree where the CPU's margin exceeds twice
+# this). The CUDA tensor-core GEMM rounds activations and dequantized
+# weights to bf16 (2^-9 relative each) where the CPU keeps f32; over 30 or
+# 32 layers of random weights these errors stay uncorrelated and, with
+# random models' flat distributions (log-probs near -ln(n_vocab)), move a
+# log-prob by far less than the 0.2-nat gaps between neighbours. First-run
+# values: the device session records the measured maxima and tightens them.
+LOGIT_TOL_SMOL=0.05
+LOGIT_TOL_8B=0.08
+
+export LLM_TEST_MODELS=${LLM_TEST_MODELS:-$( [ -d shared/models ] && echo "$ROOT/shared/models" || echo "$ROOT/../shared/models")}
+export LLM_TEST_REF=${LLM_TEST_REF:-$( [ -d shared/reference ] && echo "$ROOT/shared/reference" || echo "$ROOT/../shared/reference")}
+if [ -d .gpudeps/include ] || [ -d .gpudeps/lib ]; then
+	export CPATH="$ROOT/.gpudeps/include${CPATH:+:$CPATH}"
+	export LIBRARY_PATH="$ROOT/.gpudeps/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+	export LD_LIBRARY_PATH="$ROOT/.gpudeps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+PATH="$PATH:$CUDA_HOME/bin:$CUDA_HOME/compute-sanitizer"
+PY=$(command -v python3 || true)
+
+# ---- the device --------------------------------------------------------
+DEV_NAME="none" DEV_DRIVER="none" DEV_CAP="" DEV_MEM="" NODEV=""
+if [ $DRY = 1 ]; then
+	NODEV="dry run (no device used)"
+elif ! command -v nvidia-smi >/dev/null 2>&1; then
+	NODEV="no device: nvidia-smi not found"
+else
+	q=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv,noheader 2>&1 | head -n 1)
+	IFS=, read -r DEV_NAME DEV_DRIVER DEV_CAP DEV_MEM <<<"$q"
+	DEV_NAME=$(echo "$DEV_NAME" | sed 's/^ *//; s/ *$//') DEV_DRIVER=${DEV_DRIVER// /} DEV_CAP=${DEV_CAP// /}
+	DEV_MEM=$(echo "$DEV_MEM" | sed 's/^ *//')
+	[[ $DEV_CAP =~ ^[0-9]+\.[0-9]+$ ]] || { NODEV="no device: nvidia-smi says '$q'"; DEV_NAME="none"; DEV_DRIVER="none"; }
+fi
+SM=${DEV_CAP//./}
+COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && COMMIT="$COMMIT (modified)"
+
+# ---- steps -------------------------------------------------------------
+jstr() {   # a JSON string of $1
+	local s=${1//\\/\\\\}
+	s=${s//\"/\\\"}
+	s=$(printf '%s' "$s" | tr '\n\t\r' '   ' | tr -d '\000-\037')
+	printf '"%s"' "$s"
+}
+STEPS=() STATUSES=()
+n_pass=0 n_fail=0 n_skip=0
+# step NAME LIMIT FUNC: run FUNC with a time limit of at most LIMIT seconds
+# (less when the budget is short); FUNC sets STATUS (PASS by default), REASON
+# and EXTRA (a JSON object of numbers) and writes its log to $LOG.
+step() {
+	local name=$1 limit=$2 fn=$3 left t0 secs
+	left=$((BUDGET - (SECONDS - T0) - 15))
+	[ "$limit" -gt "$left" ] && limit=$left
+	STATUS=PASS REASON="" EXTRA="" LOG=$OUTDIR/$name.log TL=$limit
+	: >"$LOG"
+	t0=$(date +%s.%N)
+	if [ "$limit" -lt 5 ]; then
+		STATUS=SKIP REASON="out of the time budget ($BUDGET s)"
+	else
+		"$fn"
+	fi
+	secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+	{
+		printf '{"step": "%s", "status": "%s", "seconds": %s, "reason": %s, "time_limit": %s' \
+			"$name" "$STATUS" "$secs" "$(jstr "$REASON")" "$limit"
+		if [ -n "$EXTRA" ] && [ "${EXTRA:0:1}" = "{" ] && [ "$EXTRA" != "{}" ]; then
+			printf ', "result": %s' "$EXTRA"
+		fi
+		printf '}\n'
+	} >"$OUTDIR/$name.json"
+	case $STATUS in
+	PASS) echo "PASS $name ($secs s)"; n_pass=$((n_pass + 1)) ;;
+	FAIL) echo "FAIL $name: $REASON"; n_fail=$((n_fail + 1)) ;;
+	*) echo "SKIP $name: $REASON"; n_skip=$((n_skip + 1)) ;;
+	esac
+	STEPS+=("$name") STATUSES+=("$STATUS")
+}
+skip() { STATUS=SKIP REASON=$1; }
+failed() { STATUS=FAIL REASON=$1; }
+# tmo CMD...: CMD under the step's time limit; 124 when it ran out
+tmo() { timeout -k 10 "$TL" "$@"; }
+timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
+# need_gpu: false (and the step skipped) unless a device and a CUDA build
+need_gpu() {
+	[ -n "$NODEV" ] && { skip "$NODEV"; return 1; }
+	[ "$BUILD_OK" = 1 ] || { skip "no CUDA build (step build failed)"; return 1; }
+	return 0
+}
+need_py() { [ -n "$PY" ] || { failed "python3 not found"; return 1; }; }
+# check_py CMD ARG...: a gpu_check.py subcommand, its JSON in EXTRA
+check_py() {
+	local rc
+	EXTRA=$("$PY" bench/gpu_check.py "$@" 2>>"$LOG"); rc=$?
+	echo "gpu_check.py $1: $EXTRA (exit $rc)" >>"$LOG"
+	return $rc
+}
+
+BUILD_OK=0 CPU_OK=0
+B=build/cuda
+GEN=$ROOT/$B/bin/llm-generate QUANT=$ROOT/$B/bin/llm-quantize BENCH=$ROOT/$B/bin/llm-bench
+
+s_build() {
+	local jobs rc libs="jansson pcre2-8 utf8proc microhttpd curl" l miss=""
+	jobs=$(nproc 2>/dev/null || echo 2)
+	for l in $libs; do
+		echo 'int main(void){return 0;}' | cc -x c - -o "$WORK/l" -l"$l" >/dev/null 2>&1 || miss="$miss lib$l"
+	done
+	[ -z "$miss" ] || { failed "libraries missing:$miss (put headers and .so files in .gpudeps/include and .gpudeps/lib)"; return; }
+	if [ $DRY = 1 ]; then
+		if [ -n "${LLM_BIN:-}" ] && [ -x "$LLM_BIN/llm-generate" ]; then
+			GEN=$LLM_BIN/llm-generate QUANT=$LLM_BIN/llm-quantize BENCH=$LLM_BIN/llm-bench
+			CPU_OK=1
+			skip "dry run: the tools of LLM_BIN ($LLM_BIN), no CUDA build"
+			return
+		fi
+		B=build/cpu
+		GEN=$ROOT/$B/bin/llm-generate QUANT=$ROOT/$B/bin/llm-quantize BENCH=$ROOT/$B/bin/llm-bench
+		tmo make -j"$jobs" CUDA=0 "$B/bin/llm-generate" "$B/bin/llm-quantize" "$B/bin/llm-bench" >>"$LOG" 2>&1; rc=$?
+		[ $rc = 0 ] && CPU_OK=1
+		if [ $rc = 0 ]; then skip "dry run: CPU build only (make CUDA=0)"
+		else failed "make CUDA=0 failed (exit $rc; see build.log)"; fi
+		return
+	fi
+	[ -n "$NODEV" ] && { skip "$NODEV"; return; }
+	tmo make -j"$jobs" CUDA=1 CUDA_SM="$SM" "$B/bin/llm-generate" "$B/bin/llm-quantize" "$B/bin/llm-bench" \
+		"$B/tests/test_cuda" "$B/bench/gemm_sweep" "$B/bench/gpu_bandwidth" >>"$LOG" 2>&1; rc=$?
+	if [ $rc = 0 ]; then BUILD_OK=1 CPU_OK=1; EXTRA="{\"cuda_sm\": \"$SM\", \"jobs\": $jobs}"
+	elif timed_out $rc; then failed "make CUDA=1 CUDA_SM=$SM timed out after $TL s"
+	else failed "make CUDA=1 CUDA_SM=$SM failed (exit $rc): $(grep -m1 -E 'error|Error' "$LOG")"; fi
+}
+
+# tap_counts FILE: {"ok", "not_ok", "skip"} of a TAP log
+tap_counts() {
+	printf '{"ok": %d, "not_ok": %d, "skip": %d}' "$(grep -c '^ok' "$1")" "$(grep -c '^not ok' "$1")" \
+		"$(grep -c '^ok.*# SKIP' "$1")"
+}
+s_test_cuda() {
+	need_gpu || return
+	local rc
+	tmo "$B/tests/test_cuda" >>"$LOG" 2>&1; rc=$?
+	EXTRA=$(tap_counts "$LOG")
+	if timed_out $rc; then failed "timed out after $TL s"
+	elif grep -q '# SKIP no CUDA device' "$LOG"; then failed "test_cuda sees no CUDA device"
+	elif [ $rc != 0 ] || grep -q '^not ok' "$LOG"; then failed "exit $rc: $(grep -m1 '^not ok' "$LOG")"; fi
+}
+sanitizer() {   # TOOL [OPTION...]
+	need_gpu || return
+	command -v compute-sanitizer >/dev/null || { failed "compute-sanitizer not found"; return; }
+	local rc errs tool=$1
+	shift
+	tmo compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" "$B/tests/test_cuda" >>"$LOG" 2>&1; rc=$?
+	errs=$(grep -o 'ERROR SUMMARY: [0-9]*' "$LOG" | tail -n 1 | grep -o '[0-9]*$')
+	EXTRA="{\"errors\": ${errs:-null}, \"exit\": $rc}"
+	if timed_out $rc; then failed "timed out after $TL s"
+	elif [ $rc != 0 ]; then failed "exit $rc, ${errs:-no} errors: $(grep -m1 -E '=+ (Invalid|Race|Error)|not ok' "$LOG")"; fi
+}
+s_memcheck() { sanitizer memcheck --leak-check full; }
+s_racecheck() { sanitizer racecheck; }
+s_cuda_sh() {
+	need_gpu || return
+	local rc line
+	# the memcheck of cuda.sh is the step memcheck above
+	LLM_TEST_CUDA_SANITIZER=0 LLM_BIN=$ROOT/$B/bin LLM_TESTBIN=$ROOT/$B/tests LLM_TEST_JOBS=1 \
+		tmo tests/run cuda.sh >>"$LOG" 2>&1; rc=$?
+	line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$LOG" | tail -n 1)
+	EXTRA=$(echo "$line" | awk '{ printf "{\"passed\": %d, \"failed\": %d, \"skipped\": %d}", $1, $3, $5 }')
+	if timed_out $rc; then failed "timed out after $TL s"
+	elif [ $rc != 0 ] || [ -z "$line" ]; then failed "exit $rc: $line $(grep -m1 '^not ok' "$LOG")"; fi
+}
+s_greedy() {
+	local m=$LLM_TEST_MODELS/stories260K ref=$LLM_TEST_REF/stories260K/greedy.jsonl rc
+	[ -f "$m/model.safetensors" ] && [ -f "$ref" ] || { skip "no stories260K model or reference under $LLM_TEST_MODELS, $LLM_TEST_REF"; return; }
+	need_py || return
+	"$PY" -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); print(json.dumps({"prompt_ids": r["prompt_ids"], "max_tokens": r["n"], "temperature": 0}))' \
+		"$ref" >"$WORK/greedy.jsonl"
+	local be=cuda
+	if [ -n "$NODEV" ] || [ "$BUILD_OK" != 1 ]; then
+		[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+		be=cpu   # the CPU half: the same comparison against the CPU backend
+	fi
+	tmo "$GEN" -m "$m" --backend $be --json --temp 0 --parallel 8 <"$WORK/greedy.jsonl" >"$WORK/greedy.$be" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "llm-generate --backend $be exit $rc: $(tail -n 1 "$LOG")"; return; }
+	check_py greedy "$ref" "$WORK/greedy.$be" || { failed "--backend $be: ids differ from the reference: $EXTRA"; return; }
+	[ $be = cuda ] || skip "$(need_gpu; echo "$REASON"); the CPU half passed (--backend cpu equals the reference)"
+}
+
+# the random checkpoints (made once, reused)
+SMOL=$WORK/smol L8B=$WORK/llama8b
+make_smol() {
+	[ -f "$SMOL/model.safetensors" ] && return 0
+	tmo "$QUANT" -q --random configs/smollm2-135m.json --dtype fp8 --seed 1 "$SMOL" >>"$LOG" 2>&1
+}
+# logits NAME CKPT CONFIG TOL: CPU against CUDA, greedy, top-10 log-probs
+logits() {
+	local ck=$2 tol=$4 rc vocab
+	[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+	need_py || return
+	vocab=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$3")
+	"$PY" bench/gpu_check.py prompts 4 12 6 "$vocab" 7 >"$WORK/$1.prompts"
+	tmo "$GEN" -m "$ck" --backend cpu --json --temp 0 --logprobs 10 --parallel 4 <"$WORK/$1.prompts" \
+		>"$WORK/$1.cpu" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "CPU half timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "llm-generate --backend cpu exit $rc: $(tail -n 1 "$LOG")"; return; }
+	if ! need_gpu; then
+		# the CPU half: the comparison of the CPU with itself must hold exactly
+		check_py logits "$WORK/$1.cpu" "$WORK/$1.cpu" 0 || { failed "the comparison fails CPU against CPU: $EXTRA"; return; }
+		REASON="$REASON; the CPU half ran ($(wc -l <"$WORK/$1.cpu") prompts, --logprobs 10)"
+		return
+	fi
+	tmo "$GEN" -m "$ck" --backend cuda --json --temp 0 --logprobs 10 --parallel 4 <"$WORK/$1.prompts" \
+		>"$WORK/$1.cuda" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "CUDA half timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "llm-generate --backend cuda exit $rc: $(tail -n 1 "$LOG")"; return; }
+	check_py logits "$WORK/$1.cpu" "$WORK/$1.cuda" "$tol" || failed "CPU against CUDA out of tolerance $tol: $EXTRA"
+}
+s_logits_smol() {
+	[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+	make_smol || { failed "llm-quantize --random smollm2-135m failed: $(tail -n 1 "$LOG")"; return; }
+	logits logits_smol "$SMOL" configs/smollm2-135m.json $LOGIT_TOL_SMOL
+}
+# the 8B-shape checkpoint (about 10 GB): started in the background after the
+# build so that it is written while the GPU tests run
+start_8b() {
+	[ $DRY = 0 ] && [ $QUICK = 0 ] && [ "$BUILD_OK" = 1 ] || return
+	( timeout -k 10 300 "$QUANT" -q --random configs/llama-3.1-8b.json --dtype fp8 --seed 1 "$L8B" \
+		>"$OUTDIR/make_8b.log" 2>&1; echo $? >"$WORK/8b.rc" ) &
+	BG_PID=$!
+}
+have_8b() {
+	[ $QUICK = 1 ] && { skip "--quick: no 8B-shape checkpoint"; return 1; }
+	[ $DRY = 1 ] && { skip "dry run: the 8B-shape checkpoint (about 10 GB) is made on the device only"; return 1; }
+	need_gpu || return 1
+	[ -n "$BG_PID" ] || { failed "the 8B-shape checkpoint was never started"; return 1; }
+	local end=$((SECONDS + TL))
+	while [ ! -f "$WORK/8b.rc" ] && [ $SECONDS -lt $end ]; do sleep 1; done
+	[ -f "$WORK/8b.rc" ] || { failed "the 8B-shape checkpoint was not written in time"; return 1; }
+	[ "$(cat "$WORK/8b.rc")" = 0 ] || { failed "llm-quantize --random llama-3.1-8b failed: $(tail -n 1 "$OUTDIR/make_8b.log")"; return 1; }
+	return 0
+}
+s_logits_8b() { have_8b && logits logits_8b "$L8B" configs/llama-3.1-8b.json $LOGIT_TOL_8B; }
+s_batch_invariance() {
+	local be=cuda n=64 len=12 sizes="2 4 8 16 32 64" rc b outs=()
+	[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+	need_py || return
+	make_smol || { failed "llm-quantize --random smollm2-135m failed"; return; }
+	if ! need_gpu; then be=cpu n=4 len=4 sizes="4"; fi   # the CPU half, smaller
+	"$PY" bench/gpu_check.py prompts $n 20 $len 49152 11 >"$WORK/inv.prompts"
+	tmo "$GEN" -m "$SMOL" --backend $be --json --temp 0 --parallel 1 <"$WORK/inv.prompts" >"$WORK/inv.1" 2>>"$LOG"; rc=$?
+	[ $rc = 0 ] || { failed "--parallel 1 exit $rc"; return; }
+	for b in $sizes; do
+		tmo "$GEN" -m "$SMOL" --backend $be --json --temp 0 --parallel $b <"$WORK/inv.prompts" >"$WORK/inv.$b" 2>>"$LOG"; rc=$?
+		[ $rc = 0 ] || { failed "--parallel $b exit $rc"; return; }
+		outs+=("$WORK/inv.$b")
+	done
+	local why=$REASON
+	check_py invariance "$WORK/inv.1" "${outs[@]}" || { failed "--backend $be: ids depend on the batch: $EXTRA"; return; }
+	[ $be = cuda ] || skip "$why; the CPU half passed (--backend cpu, $n prompts, batch 1 against $sizes)"
+}
+s_startup() {
+	have_8b || return
+	local t0 t1 rc
+	cat "$L8B"/*.safetensors >/dev/null
+	echo '{"prompt_ids": [1], "max_tokens": 1, "temperature": 0}' >"$WORK/one.jsonl"
+	t0=$(date +%s.%N)
+	tmo "$GEN" -m "$L8B" --backend cuda --json <"$WORK/one.jsonl" >"$WORK/one.out" 2>>"$LOG"; rc=$?
+	t1=$(date +%s.%N)
+	[ $rc = 0 ] || { failed "llm-generate exit $rc: $(tail -n 1 "$LOG")"; return; }
+	EXTRA=$("$PY" -c 'import json,sys
+o = json.loads(open(sys.argv[1]).readline()); w = float(sys.argv[3]) - float(sys.argv[2])
+print(json.dumps({"start_to_first_token_s": w, "ttft_ms": o["timings"]["ttft_ms"], "target_s": 5.0,
+                  "page_cache": "warm (cat of the file first)"}))' "$WORK/one.out" "$t0" "$t1")
+}
+s_decode() {
+	have_8b || return
+	local rc
+	tmo "$B/bench/gpu_bandwidth" >"$OUTDIR/bandwidth.json" 2>>"$LOG"; rc=$?
+	[ $rc = 0 ] || { failed "gpu_bandwidth exit $rc: $(tail -n 1 "$LOG")"; return; }
+	tmo "$BENCH" -q model "$L8B" --backend cuda -p 0 -n 64 -b 1,8,32,128 -r 3 --format jsonl \
+		>"$WORK/decode.jsonl" 2>>"$LOG"; rc=$?
+	cat "$WORK/decode.jsonl" >>"$LOG"
+	if timed_out $rc; then failed "llm-bench timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "llm-bench model exit $rc: $(tail -n 1 "$LOG")"; return; }
+	grep '^{' "$WORK/decode.jsonl" >"$WORK/decode.rows"
+	check_py decode "$L8B" "$WORK/decode.rows" "$OUTDIR/bandwidth.json" || failed "wrong rows: $EXTRA"
+}
+s_gemm_bench() {
+	need_gpu || return
+	[ $QUICK = 1 ] && { skip "--quick: correctness only"; return; }
+	local rc
+	tmo "$B/bench/gemm_sweep" --bench --iters 20 >"$OUTDIR/gemm.jsonl" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "timed out after $TL s ($(wc -l <"$OUTDIR/gemm.jsonl") rows)"; return; fi
+	[ $rc = 0 ] || { failed "exit $rc: $(tail -n 1 "$LOG")"; return; }
+	EXTRA=$("$PY" -c 'import json,sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+lo = [x["speedup"] for x in r if x["m"] <= 16]; hi = [x["speedup"] for x in r if x["m"] >= 2048]
+print(json.dumps({"rows": len(r), "wrong": sum(x["wrong"] for x in r), "min_speedup_m_le_16": min(lo, default=None),
+                  "target_m_le_16": 1.8, "min_speedup_m_ge_2048": min(hi, default=None), "target_m_ge_2048": 0.95}))' \
+		"$OUTDIR/gemm.jsonl")
+	echo "$EXTRA" | grep -q '"wrong": 0,' || failed "rows with wrong outputs: $EXTRA"
+}
+s_gemm_sweep() {
+	need_gpu || return
+	[ $QUICK = 1 ] && { skip "--quick: correctness only"; return; }
+	local rc
+	tmo "$B/bench/gemm_sweep" --iters 20 >"$OUTDIR/tune_table.h" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "timed out after $TL s"; return; fi
+	[ $rc = 0 ] && grep -q LLM_GEMM_TUNE_DEVICE "$OUTDIR/tune_table.h" || { failed "exit $rc: $(tail -n 1 "$LOG")"; return; }
+	EXTRA="{\"rows\": $(grep -c '^	{' "$OUTDIR/tune_table.h"), \"table\": \"tune_table.h\"}"
+}
+
+echo "# bench/gpu.sh: device $DEV_NAME (sm $SM, driver $DEV_DRIVER), commit $COMMIT, budget $BUDGET s$([ $QUICK = 1 ] && echo ', --quick')$([ $DRY = 1 ] && echo ', --dry-run')"
+step build 300 s_build
+start_8b
+step test_cuda 60 s_test_cuda
+step memcheck 100 s_memcheck
+step racecheck 100 s_racecheck
+step cuda_sh 90 s_cuda_sh
+step greedy 60 s_greedy
+step logits_smol 90 s_logits_smol
+step batch_invariance 90 s_batch_invariance
+step logits_8b 180 s_logits_8b
+step startup 60 s_startup
+step decode 120 s_decode
+step gemm_bench 120 s_gemm_bench
+step gemm_sweep 150 s_gemm_sweep
+
+total=$((SECONDS - T0))
+{
+	printf '{"device": %s, "driver": %s, "compute_cap": %s, "memory": %s, "commit": %s, "date": "%s", ' \
+		"$(jstr "$DEV_NAME")" "$(jstr "$DEV_DRIVER")" "$(jstr "$DEV_CAP")" "$(jstr "$DEV_MEM")" "$(jstr "$COMMIT")" \
+		"$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	printf '"quick": %s, "dry_run": %s, "seconds": %d, "budget_s": %d, "passed": %d, "failed": %d, "skipped": %d, "steps": {' \
+		"$([ $QUICK = 1 ] && echo true || echo false)" "$([ $DRY = 1 ] && echo true || echo false)" \
+		"$total" "$BUDGET" $n_pass $n_fail $n_skip
+	for i in "${!STEPS[@]}"; do
+		[ "$i" = 0 ] || printf ', '
+		printf '"%s": "%s"' "${STEPS[$i]}" "${STATUSES[$i]}"
+	done
+	printf '}}\n'
+} >"$OUTDIR/summary.json"
+echo "# summary: $n_pass passed, $n_fail failed, $n_skip skipped in $total s ($OUTDIR/summary.json)"
+[ $n_fail = 0 ] || exit 3
+exit 0

@@ -131,6 +131,14 @@ struct llm_request {
 	 * equals). A nonzero return cancels the request. */
 	int score_from;
 	int (*on_score)(void *user, int index, int32_t token, double logprob, int is_argmax);
+	/* Prompt log-probs (echo, prompt_logprobs, decoder_input_details):
+	 * with score_from >= 1 and on_prompt_lp given instead of on_score,
+	 * each scored prompt token's log-prob, its RANK among the vocabulary
+	 * by logit (1: the greedy choice; equal logits rank by id) and the
+	 * score_top (at most LLM_MAX_LOGPROBS) best tokens, best first. */
+	int score_top;
+	int (*on_prompt_lp)(void *user, int index, int32_t token, double logprob, int rank,
+	                    const struct llm_logprob *top, int n_top);
 	/* Nothing is generated: the prompt but its last token is computed (the
 	 * last one is only scored), then one event with token -1 and finish
 	 * LLM_FINISH_LENGTH ends the request. Needs 2 prompt tokens or more. */

@@ -127,7 +127,6 @@ static const struct unimpl {
 #define K_CHAT (1u << LLM_API_CHAT)
 	{ "use_beam_search", D_FALSE, K_OAI, "no beam search" },
 	{ "include_stop_str_in_output", D_FALSE, K_OAI, NULL },
-	{ "prompt_logprobs", D_ZERO, K_OAI, NULL },
 	{ "truncate_prompt_tokens", D_ABSENT, K_OAI, NULL },
 	{ "allowed_token_ids", D_ABSENT, K_OAI, NULL },
 	{ "bad_words", D_EMPTY, K_OAI, NULL },
@@ -291,11 +290,15 @@ static int openai(struct parse *c, json_t *o)
 		if (so && get_bool(c, so, "include_usage", &r->include_usage) < 0)
 			return -1;
 	}
-	int echo = 0;
-	if (get_bool(c, o, "echo", &echo) < 0)
+	if (get_bool(c, o, "echo", &r->echo) < 0)
 		return -1;
-	if (echo)
-		return bad(c, "echo", "not supported");
+	if (r->echo && c->kind != LLM_API_COMPLETION)
+		return bad(c, "echo", "%s", c->kind == LLM_API_CHAT ? "not supported in chat (a completions field)"
+		                                                     : "not a JSONL field (llm-generate --echo)");
+	if (field(o, "prompt_logprobs") && c->kind == LLM_API_JSONL)
+		return bad(c, "prompt_logprobs", "not a JSONL field (llm-generate --score scores prompts)");
+	if (get_int32(c, o, "prompt_logprobs", 0, LLM_MAX_LOGPROBS, &r->prompt_logprobs) < 0)
+		return -1;
 	json_t *bo = field(o, "best_of"), *sf = field(o, "suffix"), *rf = field(o, "response_format");
 	json_t *rt = json_object_get(rf, "type");
 	if (refuse_unimplemented(c, o) ||
@@ -519,11 +522,10 @@ static int parse(struct parse *c, json_t *body)
 			r->p.temperature = 0;
 		json_t *bo = field(o, "best_of"), *tp = field(o, "typical_p");
 		if (get_bool(c, o, "details", &r->details) < 0 || get_bool(c, o, "return_full_text", &r->full_text) < 0 ||
-		    logprobs(c, o) < 0 ||
+		    get_bool(c, o, "decoder_input_details", &r->prefill_details) < 0 || logprobs(c, o) < 0 ||
 		    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1") ||
 		    refuse_unless(c, o, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL) ||
 		    refuse_unless(c, o, "watermark", json_is_false(field(o, "watermark")), NULL) ||
-		    refuse_unless(c, o, "decoder_input_details", json_is_false(field(o, "decoder_input_details")), NULL) ||
 		    refuse_unless(c, o, "grammar", 0, "no guided decoding") ||
 		    refuse_unless(c, o, "adapter_id", 0, "one adapter per server (llm-serve --lora)"))
 			return -1;
@@ -577,6 +579,7 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 	memset(r, 0, sizeof *r);
 	r->p = env->defaults;
 	r->n = 1;
+	r->prompt_logprobs = -1;
 	struct parse c = { r, env, kind, LLM_OK, "max_tokens", 0 };
 	if (parse(&c, body) < 0) {
 		char param[sizeof r->param];

@@ -55,6 +55,11 @@ struct llm_api_req {
 	int logprobs;               /* OpenAI: the chosen tokens' log-probs asked for */
 	int details, full_text;     /* TGI: details, return_full_text */
 	char *inputs;               /* TGI return_full_text: the input text (owned) */
+	int echo;                   /* OpenAI completions: the prompt before each choice's text,
+	                             * its tokens in the log-probs (the first null) */
+	int prompt_logprobs;        /* vLLM: each prompt token's log-prob, rank and this many best
+	                             * (-1: none) */
+	int prefill_details;        /* TGI decoder_input_details: details.prefill */
 	char param[48];             /* on failure: the field at fault ("": none) */
 };
 

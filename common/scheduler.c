@@ -45,6 +45,8 @@ struct sreq {
 	int prefill_only;           /* scoring: nothing is sampled */
 	int score_from, scored;     /* score prompt ids [score_from, n_prompt); scored: the next one due */
 	int (*on_score)(void *, int, int32_t, double, int);
+	int score_top;
+	int (*on_prompt_lp)(void *, int, int32_t, double, int, const struct llm_logprob *, int);
 	int parent, n_shared;       /* n_shared > 0: fork the parent's first n_shared positions */
 	int hold;                   /* children still to fork this request's sequence */
 	struct llm_reqout out;      /* sampling, stops, text, events */
@@ -287,8 +289,10 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 		return llm_fail(LLM_ERR_RANGE, "prompt of %d tokens + max_tokens %d exceeds the context of %d",
 		                rq->n_prompt, mt, s->n_ctx);
 	}
-	if (rq->score_from < 0 || rq->score_from >= rq->n_prompt || (rq->score_from && !rq->on_score))
-		return llm_fail(LLM_ERR_USAGE, "score_from: %d is not a prompt index from 1 (with a callback)", rq->score_from);
+	if (rq->score_from < 0 || rq->score_from >= rq->n_prompt || (rq->score_from && !rq->on_score == !rq->on_prompt_lp))
+		return llm_fail(LLM_ERR_USAGE, "score_from: %d is not a prompt index from 1 (with one callback)", rq->score_from);
+	if (rq->score_top < 0 || rq->score_top > LLM_MAX_LOGPROBS)
+		return llm_fail(LLM_ERR_USAGE, "score_top: %d is outside [0, %d]", rq->score_top, LLM_MAX_LOGPROBS);
 	struct sreq *par = NULL;
 	if (rq->n_shared > 0) {
 		int end = rq->prefill_only ? rq->n_prompt - 1 : rq->n_prompt;
@@ -328,6 +332,8 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	r->prefill_only = rq->prefill_only != 0;
 	r->score_from = r->scored = rq->score_from;
 	r->on_score = rq->on_score;
+	r->on_prompt_lp = rq->on_prompt_lp;
+	r->score_top = rq->score_top;
 	if (par) {
 		r->parent = par->id;
 		r->n_shared = rq->n_shared;
@@ -505,11 +511,21 @@ static void score_row(struct llm_sched *s, struct sreq *r, int p, const float *l
 {
 	int32_t t = r->ids[p + 1];
 	double lp = llm_logprob(logits, s->n_vocab, t);
-	int argmax = 1;
-	for (int k = 0; k < s->n_vocab && argmax; k++)
-		argmax = !(logits[k] > logits[t] || (logits[k] == logits[t] && k < t));
+	int argmax = 1, above = 0, stop;
+	for (int k = 0; k < s->n_vocab && (argmax || r->on_prompt_lp); k++)
+		if (logits[k] > logits[t] || (logits[k] == logits[t] && k < t))
+			argmax = 0, above++;
 	r->scored = p + 2;
-	if (!r->out.quiet && r->on_score(r->out.user, p + 1, t, lp, argmax)) {
+	if (r->out.quiet)
+		return;
+	if (r->on_prompt_lp) {
+		struct llm_logprob top[LLM_MAX_LOGPROBS];
+		int n_top = r->score_top ? llm_top_logprobs(logits, s->n_vocab, r->score_top, top) : 0;
+		stop = r->on_prompt_lp(r->out.user, p + 1, t, lp, above + 1, top, n_top);
+	} else {
+		stop = r->on_score(r->out.user, p + 1, t, lp, argmax);
+	}
+	if (stop) {
 		r->out.quiet = 1;        /* the callback cancels: no more events */
 		r->cancel = 1;
 	}

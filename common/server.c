@@ -289,6 +289,29 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->logprobs = rq.logprobs;
 	j->details = rq.details;
 	j->full_text = rq.full_text;
+	j->echo = rq.echo;
+	j->prompt_lp = rq.prompt_logprobs;
+	j->prefill = rq.prefill_details && rq.details;
+	if (tgi_stream && rq.prefill_details) {
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, k, 400, "decoder_input_details", "decoder_input_details: not with streaming");
+	}
+	/* the prompt's log-probs: scored by choice 0's request */
+	int want = (j->echo && j->logprobs) || j->prompt_lp >= 0 || j->prefill;
+	j->plp_top = j->prompt_lp > 0 ? j->prompt_lp : 0;
+	if (j->echo && j->logprobs && j->p.n_logprobs > j->plp_top)
+		j->plp_top = j->p.n_logprobs;
+	if (want && !(j->plp = calloc((size_t)j->n_prompt, sizeof *j->plp))) {
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, k, 500, NULL, "out of memory");
+	}
+	for (int i = 0; j->plp && i < j->n_prompt; i++)
+		j->plp[i].lp = NAN;
+	j->plp_ready = !j->plp || j->n_prompt < 2;
 	/* the chosen tokens' log-probs: TGI's token events carry them; OpenAI's
 	 * only when asked for */
 	j->p.skip_logprob = k != K_TGI && !j->logprobs;

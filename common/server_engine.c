@@ -47,6 +47,7 @@ void llm_srv_job_unref_locked(struct job *j)
 	free(j->bias);
 	pthread_cond_destroy(&j->cv);
 	free(j->inputs);
+	free(j->plp);
 	free(j->prompt);
 	llm_buf_free(&j->out);
 	free(j);
@@ -133,6 +134,20 @@ static int on_token(void *user, const struct llm_token_event *e)
 	return 0;
 }
 
+/* Choice 0's prompt token INDEX scored (engine thread, without the lock:
+ * its first event, published under the lock, comes after). */
+static int on_plp(void *user, int index, int32_t token, double lp, int rank, const struct llm_logprob *top, int n_top)
+{
+	(void)token;
+	struct job *j = ((struct choice *)user)->job;
+	struct plp *p = &j->plp[index];
+	p->lp = (float)lp;
+	p->rank = rank;
+	p->n_top = n_top;
+	memcpy(p->top, top, (size_t)n_top * sizeof *top);
+	return 0;
+}
+
 /* The pending events of every touched choice become visible (engine
  * thread, under the lock); the jobs hold the engine's reference until
  * their choices are done, which happens only here. */
@@ -142,6 +157,8 @@ static void publish_locked(struct llm_server *s)
 		struct choice *c = s->touched[k];
 		struct job *j = c->job;
 		c->touched = 0;
+		if (c->index == 0 && c->n_pend)
+			j->plp_ready = 1;
 		for (int i = 0; i < c->n_pend; i++) {
 			struct ev *p = &c->pend[i];
 			if (c->done || p->finish == LLM_FINISH_ERROR) {   /* cancelled meanwhile: dropped */
@@ -245,6 +262,8 @@ void *llm_srv_engine_main(void *arg)
 				if (c > 0)
 					p.seed += (uint64_t)c;
 				struct llm_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt, .params = p, .on_token = on_token, .user = &j->ch[c] };
+				if (c == 0 && j->plp && j->n_prompt >= 2)
+					rq.score_from = 1, rq.on_prompt_lp = on_plp, rq.score_top = j->plp_top;
 				pthread_mutex_unlock(&s->mu);
 				st = llm_sched_add(s->sch, &rq, &j->ch[c].sched_id);
 				pthread_mutex_lock(&s->mu);

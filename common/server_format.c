@@ -84,8 +84,81 @@ static json_t *token_bytes(struct llm_server *s, int32_t id)
 	return a;
 }
 
-/* Log-probs of events [from, to) of C, in the request's format. */
-static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice *c, int from, int to, size_t *offset)
+/* The prompt as echo gives it: its ids decoded, special tokens left out. */
+static json_t *prompt_text(struct llm_server *s, struct job *j)
+{
+	char *t = NULL;
+	size_t n = 0;
+	if (!s->tk || llm_tokenizer_decode(s->tk, j->prompt, (size_t)j->n_prompt, true, &t, &n)) {
+		free(t);
+		return json_string("");
+	}
+	json_t *r = jstr(t, n);
+	free(t);
+	return r;
+}
+
+/* Prompt token I's scored entry (NULL: none, as for the first). */
+static const struct plp *plp_at(const struct job *j, int i)
+{
+	return j->plp && !isnan(j->plp[i].lp) ? &j->plp[i] : NULL;
+}
+
+/* Echo with log-probs: the prompt's entries of the completion form. */
+static void echo_logprobs(struct llm_server *s, struct job *j, json_t *toks, json_t *lps, json_t *tops, json_t *offs,
+                          size_t *offset)
+{
+	for (int i = 0; i < j->n_prompt; i++) {
+		const struct plp *p = plp_at(j, i);
+		json_t *ts = token_str(s, j->prompt[i]);
+		json_array_append_new(offs, json_integer((json_int_t)*offset));
+		*offset += json_string_length(ts);
+		json_array_append_new(toks, ts);
+		json_array_append_new(lps, p ? json_real(p->lp) : json_null());
+		json_t *top = p ? json_object() : json_null();
+		for (int k = 0; p && k < p->n_top && k < j->p.n_logprobs; k++) {
+			json_t *ks = token_str(s, p->top[k].id);
+			json_object_set_new(top, json_string_value(ks), json_real(p->top[k].logprob));
+			json_decref(ks);
+		}
+		json_array_append_new(tops, top);
+	}
+}
+
+/* vLLM's prompt_logprobs: null for the first token, then per token an
+ * object keyed by id (as a string) holding the token and the best ones:
+ * logprob, rank, decoded_token. NULL when not asked for. */
+static json_t *prompt_logprobs_json(struct llm_server *s, struct job *j)
+{
+	if (j->prompt_lp < 0 || !j->plp)
+		return NULL;
+	json_t *a = json_array();
+	for (int i = 0; i < j->n_prompt; i++) {
+		const struct plp *p = plp_at(j, i);
+		if (!p) {
+			json_array_append_new(a, json_null());
+			continue;
+		}
+		json_t *d = json_object();
+		char key[16];
+		snprintf(key, sizeof key, "%d", j->prompt[i]);
+		json_object_set_new(d, key, json_pack("{s:f, s:i, s:o}", "logprob", (double)p->lp, "rank", p->rank,
+		                                      "decoded_token", token_str(s, j->prompt[i])));
+		for (int k = 0; k < p->n_top && k < j->prompt_lp; k++) {
+			snprintf(key, sizeof key, "%d", p->top[k].id);
+			if (!json_object_get(d, key))
+				json_object_set_new(d, key, json_pack("{s:f, s:i, s:o}", "logprob", (double)p->top[k].logprob,
+				                                      "rank", k + 1, "decoded_token", token_str(s, p->top[k].id)));
+		}
+		json_array_append_new(a, d);
+	}
+	return a;
+}
+
+/* Log-probs of events [from, to) of C, in the request's format; ECHO: the
+ * prompt's entries first (completions). */
+static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice *c, int from, int to, size_t *offset,
+                             int echo)
 {
 	if (!j->logprobs)
 		return json_null();
@@ -107,6 +180,8 @@ static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice 
 		return json_pack("{s:o}", "content", content);
 	}
 	json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+	if (echo)
+		echo_logprobs(s, j, toks, lps, tops, offs, offset);
 	for (int i = from; i < to; i++) {
 		struct ev *v = &c->ev[i];
 		if (v->token < 0)
@@ -164,6 +239,23 @@ static int gen_count(const struct job *j)
 	return n;
 }
 
+/* Completions with echo: the prompt's text, then the choice's. */
+static json_t *echo_text(struct llm_server *s, struct job *j, struct choice *ch)
+{
+	json_t *a = prompt_text(s, j), *b = text_of(ch, 0, ch->n_ev);
+	size_t na = json_string_length(a), nb = json_string_length(b);
+	char *x = malloc(na + nb + 1);
+	json_t *r = NULL;
+	if (x) {
+		memcpy(x, json_string_value(a), na);
+		memcpy(x + na, json_string_value(b), nb);
+		r = json_stringn(x, na + nb);
+		free(x);
+	}
+	json_decref(a), json_decref(b);
+	return r ? r : json_string("");
+}
+
 static json_t *usage_json(const struct job *j)
 {
 	int g = gen_count(j);
@@ -180,18 +272,26 @@ json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 		json_t *o;
 		if (j->kind == K_CHAT)
 			o = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
-			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
+			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0),
 			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
 		else
-			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "text", text_of(ch, 0, ch->n_ev),
-			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off),
+			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c,
+			              "text", j->echo ? echo_text(s, j, ch) : text_of(ch, 0, ch->n_ev),
+			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, j->echo),
 			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
+		json_t *pl = j->kind == K_CHAT ? NULL : prompt_logprobs_json(s, j);
+		if (pl)
+			json_object_set_new(o, "prompt_logprobs", pl);
 		json_array_append_new(choices, o);
 	}
-	return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
-	                 "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
-	                 "created", (json_int_t)j->created, "model", s->model_name, "choices", choices,
-	                 "usage", usage_json(j));
+	json_t *r = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
+	                      "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
+	                      "created", (json_int_t)j->created, "model", s->model_name, "choices", choices,
+	                      "usage", usage_json(j));
+	json_t *pl = j->kind == K_CHAT ? prompt_logprobs_json(s, j) : NULL;
+	if (pl)
+		json_object_set_new(r, "prompt_logprobs", pl);
+	return r;
 }
 
 /* TGI top_n_tokens: the best tokens at event V, best first. */
@@ -213,6 +313,16 @@ json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens
 	json_t *d = json_pack("{s:s, s:i, s:o}", "finish_reason", tgi_finish(c->finish),
 	                      "generated_tokens", gen_count(j), "seed",
 	                      j->p.temperature > 0 ? json_integer((json_int_t)(j->p.seed & INT64_MAX)) : json_null());
+	if (with_tokens && j->prefill) {   /* decoder_input_details: the prompt's tokens, the first unscored */
+		json_t *pre = json_array();
+		for (int i = 0; i < j->n_prompt; i++) {
+			const struct plp *p = plp_at(j, i);
+			json_array_append_new(pre, json_pack("{s:i, s:o, s:o}", "id", j->prompt[i], "text",
+			                                     token_str(s, j->prompt[i]), "logprob",
+			                                     p ? json_real(p->lp) : json_null()));
+		}
+		json_object_set_new(d, "prefill", pre);
+	}
 	if (with_tokens) {
 		json_t *toks = json_array();
 		for (int i = 0; i < c->n_ev; i++)
@@ -284,6 +394,25 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 	j->started = 1;
 	for (int c = 0; c < j->n; c++) {
 		struct choice *ch = &j->ch[c];
+		if (!tgi && ch->sent == 0 && ch->n_ev && (j->echo || j->prompt_lp >= 0)) {
+			if (!j->plp_ready)
+				continue;      /* the prompt's chunk waits for choice 0's scores */
+			/* the first chunk: the prompt (echo) and its log-probs */
+			size_t off = 0;
+			json_t *ch_o = json_pack("{s:i, s:n, s:n}", "index", c, "logprobs", "finish_reason");
+			if (j->kind != K_CHAT)
+				json_object_set_new(ch_o, "text", j->echo ? prompt_text(s, j) : json_string(""));
+			else
+				json_object_set_new(ch_o, "delta", json_pack("{s:s}", "content", ""));
+			if (j->echo && j->logprobs)
+				json_object_set_new(ch_o, "logprobs", logprobs_json(s, j, ch, 0, 0, &off, 1));
+			json_t *pl = prompt_logprobs_json(s, j);
+			if (pl)
+				json_object_set_new(ch_o, "prompt_logprobs", pl);
+			out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
+			                       j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
+			                       "created", (json_int_t)j->created, "model", s->model_name, "choices", ch_o), 0);
+		}
 		for (; ch->sent < ch->n_ev; ch->sent++) {
 			int i = ch->sent;
 			struct ev *v = &ch->ev[i];
@@ -307,12 +436,12 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 			json_t *ch_o;
 			if (j->kind == K_CHAT)
 				ch_o = json_pack("{s:i, s:{s:o}, s:o, s:o, s:o}", "index", c, "delta", "content", text_of(ch, i, i + 1),
-				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
+				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off, 0),
 				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
 				                 "token_ids", ids_of(ch, i, i + 1));
 			else
 				ch_o = json_pack("{s:i, s:o, s:o, s:o, s:o}", "index", c, "text", text_of(ch, i, i + 1),
-				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off),
+				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off, 0),
 				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),
 				                 "token_ids", ids_of(ch, i, i + 1));
 			json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id,

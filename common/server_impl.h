@@ -47,6 +47,11 @@ struct ev {                      /* one event of a choice, copied from the engin
 	int index;                   /* its token's index in the choice */
 };
 
+struct plp {                     /* a prompt token's log-prob (echo, prompt_logprobs, TGI prefill) */
+	float lp;                    /* NAN: not scored (the first token, or cancelled before) */
+	int rank, n_top;
+	struct llm_logprob top[LLM_MAX_LOGPROBS];
+};
 struct job;
 struct choice {
 	struct job *job;
@@ -70,6 +75,12 @@ struct job {
 	enum kind kind;
 	int stream, n, n_done, logprobs, top_logprobs, include_usage, details, full_text;
 	char *inputs;                /* TGI return_full_text */
+	int echo, prompt_lp, prefill;   /* completions echo; vLLM prompt_logprobs (-1: none); TGI
+	                                 * decoder_input_details */
+	struct plp *plp;             /* (n_prompt) choice 0's prompt scored, when one of those asks;
+	                              * written by the engine thread before choice 0's first event */
+	int plp_top;                 /* best tokens per prompt position */
+	int plp_ready;               /* choice 0 has an event (its prompt is scored) */
 	int32_t *prompt;
 	int n_prompt;
 	struct llm_sample_params p;

@@ -415,8 +415,20 @@ static void openai_fields(void)
 	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"stream\": \"yes\"}", "stream", "stream: expected true or false");
 	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"stream_options\": 1}", "stream_options",
 	        "stream_options: expected an object");
+	s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"echo\": true, \"prompt_logprobs\": 2}", &r);
+	check(!s && r.echo && r.prompt_logprobs == 2, "completion: echo, prompt_logprobs 2");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"prompt_logprobs\": null}", &r);
+	check(s || (!r.echo && r.prompt_logprobs == -1), "chat: prompt_logprobs null is none");
+	llm_api_req_free(&r);
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"prompt_logprobs\": 21}", "prompt_logprobs",
+	        "prompt_logprobs: 21 is out of range [0, 20]");
+	refused(LLM_API_JSONL, "{\"prompt\": \"a\", \"echo\": true}", "echo", "echo: not a JSONL field (llm-generate --echo)");
+	refused(LLM_API_JSONL, "{\"prompt\": \"a\", \"prompt_logprobs\": 1}", "prompt_logprobs",
+	        "prompt_logprobs: not a JSONL field (llm-generate --score scores prompts)");
+	refused(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"echo\": true}", "echo",
+	        "echo: not supported in chat (a completions field)");
 	for (int k = 0; k <= LLM_API_JSONL; k += LLM_API_JSONL) {
-		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"echo\": true}", "echo", "echo: not supported");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"best_of\": 2}", "best_of", "best_of: not supported: only best_of = n");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"suffix\": \"x\"}", "suffix", "suffix: not supported");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}",
@@ -480,7 +492,6 @@ static void openai_fields(void)
 	static const char *tgi_bad[][2] = {
 		{ "\"typical_p\": 0.5", "typical_p: not supported" }, { "\"watermark\": true", "watermark: not supported" },
 		{ "\"best_of\": 2", "best_of: not supported: only 1" },
-		{ "\"decoder_input_details\": true", "decoder_input_details: not supported" },
 		{ "\"do_sample\": 1", "do_sample: expected true or false" },
 		{ "\"grammar\": {\"type\": \"json\", \"value\": {}}", "grammar: not supported: no guided decoding" },
 		{ "\"adapter_id\": \"x\"", "adapter_id: not supported: one adapter per server (llm-serve --lora)" },
@@ -494,6 +505,9 @@ static void openai_fields(void)
 	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"typical_p\": 1, \"watermark\": false, \"best_of\": 1, "
 	          "\"decoder_input_details\": false}}", &r);
 	check(!s, "tgi: the unsupported fields at their defaults are taken");
+	llm_api_req_free(&r);
+	s = parse(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"details\": true, \"decoder_input_details\": true}}", &r);
+	check(!s && r.prefill_details && r.details, "tgi: decoder_input_details");
 	llm_api_req_free(&r);
 }
 
@@ -509,7 +523,6 @@ static void unimplemented_fields(void)
 		  "\"use_beam_search\": false" },
 		{ OAI, "\"include_stop_str_in_output\": true", "include_stop_str_in_output",
 		  "include_stop_str_in_output: not supported", "\"include_stop_str_in_output\": false" },
-		{ OAI, "\"prompt_logprobs\": 2", "prompt_logprobs", "prompt_logprobs: not supported", "\"prompt_logprobs\": 0" },
 		{ OAI, "\"truncate_prompt_tokens\": 3", "truncate_prompt_tokens", "truncate_prompt_tokens: not supported",
 		  "\"truncate_prompt_tokens\": null" },
 		{ OAI, "\"allowed_token_ids\": [1]", "allowed_token_ids", "allowed_token_ids: not supported", "\"allowed_token_ids\": null" },

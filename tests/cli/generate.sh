@@ -249,7 +249,7 @@ jsonl_fails "a JSONL line with 9 stop strings is refused (was: cut to 8)" \
 	'{"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9"]}' "stdin: line 2: stop: 9 stop strings, at most 8"
 jsonl_fails "a JSONL max_tokens 0 is refused (at least 1, as llm-serve)" \
 	'{"prompt": "a", "max_tokens": 0}' "stdin: line 2: max_tokens: 0 is out of range [1, 2147483647]"
-jsonl_fails "a JSONL echo: true is refused (was: ignored)" '{"prompt": "a", "echo": true}' "stdin: line 2: echo: not supported"
+jsonl_fails "a JSONL echo: true is refused (was: ignored)" '{"prompt": "a", "echo": true}' "stdin: line 2: echo: not a JSONL field (llm-generate --echo)"
 jsonl_fails "a JSONL n: 2 is refused: one completion per line (was: ignored)" \
 	'{"prompt": "a", "n": 2}' "stdin: line 2: n: 2 is out of range [1, 1]"
 jsonl_fails "a JSONL temperature out of range: the server's message" \

@@ -128,6 +128,69 @@ for p in d["panels"]:
             assert m in have, "panel %r queries %s, not on the server" % (p["title"], m)
 assert n >= 20, n
 PY
+# prompt log-probs: echo (completions), vLLM's prompt_logprobs, TGI's
+# decoder_input_details; the numbers against llm-generate --score (another
+# path through the scheduler: a context, then the continuation scored)
+code=$(post echo /v1/completions '{"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 2, "prompt_logprobs": 3}')
+post plain /v1/completions '{"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0}' >/dev/null
+echo '{"context": "Once", "continuations": [" upon a time"]}' | llm-generate -m "$M" --score >"$T/score.out"
+check "echo: the prompt's text then the completion's; its tokens in the log-probs, the first null" $PY - "$T" "$code" "$want" <<'PY'
+import json, sys
+t, code, ids = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+e = json.load(open(t + "/echo.out"))["choices"][0]
+p = json.load(open(t + "/plain.out"))["choices"][0]
+assert code == "200" and e["text"] == "Once upon a time" + p["text"], (e["text"], p["text"])
+lp = e["logprobs"]
+n = len(ids)
+assert len(lp["tokens"]) == n + 3 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, lp
+assert all(isinstance(x, float) and x <= 0 for x in lp["token_logprobs"][1:]), lp
+assert lp["text_offset"] == sorted(lp["text_offset"]) and e["token_ids"] == p["token_ids"], lp
+assert all(len(d) == 2 for d in lp["top_logprobs"][1:]), lp
+PY
+check "echo and prompt_logprobs: the prompt's log-probs are those llm-generate --score gives; ranks and best tokens agree" \
+	$PY - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+e = json.load(open(t + "/echo.out"))["choices"][0]
+score = json.loads(open(t + "/score.out").read())
+lp = e["logprobs"]["token_logprobs"]
+got, want = sum(lp[2:5]), score["logprobs"][0]
+assert abs(got - want) <= 1e-5 * abs(want), (got, want, score)
+pl = e["prompt_logprobs"]
+assert pl[0] is None and len(pl) == 5, pl
+for i, d in enumerate(pl[1:], 1):
+    tok = str(json.load(open(t + "/tok.out"))["tokens"][i])
+    assert tok in d and abs(d[tok]["logprob"] - lp[i]) < 1e-6, (i, d)
+    best = min(d.values(), key=lambda x: x["rank"])
+    assert best["rank"] == 1 and all(x["logprob"] <= best["logprob"] for x in d.values()), d
+    assert (d[tok]["rank"] == 1) == (max(e["logprobs"]["top_logprobs"][i].values()) == lp[i]), (d, i)
+    assert len([k for k, x in d.items() if x["rank"] <= 3]) == 3, d
+PY
+curl -sN -m 60 "$U/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 2, "stream": true}' >"$T/echo.sse"
+check "echo, streamed: the prompt's chunk first, the text the same as unstreamed" $PY - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+ev = [json.loads(l[6:]) for l in open(t + "/echo.sse") if l.startswith("data: {")]
+e = json.load(open(t + "/echo.out"))["choices"][0]
+first = ev[0]["choices"][0]
+assert first["text"] == "Once upon a time" and first["logprobs"]["token_logprobs"][0] is None, first
+assert "".join(x["choices"][0]["text"] for x in ev) == e["text"], ev
+assert first["logprobs"]["token_logprobs"] == e["logprobs"]["token_logprobs"][:5], first
+PY
+code=$(post tgi /generate '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 2, "details": true, "decoder_input_details": true}}')
+check "TGI decoder_input_details: details.prefill holds the prompt's ids and their log-probs, the first null" $PY - "$T" "$code" "$want" <<'PY'
+import json, sys
+t, code, ids = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+pre = json.load(open(t + "/tgi.out"))["details"]["prefill"]
+e = json.load(open(t + "/echo.out"))["choices"][0]["logprobs"]["token_logprobs"]
+assert code == "200" and [x["id"] for x in pre] == ids and pre[0]["logprob"] is None, pre
+assert all(abs(x["logprob"] - y) < 1e-6 for x, y in zip(pre[1:], e[1:5])), (pre, e)
+PY
+code=$(curl -s -m 30 -o "$T/tgis.out" -w '%{http_code}' "$U/generate_stream" -d '{"inputs": "Once", "parameters": {"details": true, "decoder_input_details": true}}')
+check "TGI decoder_input_details on /generate_stream: 400" sh -c "[ $code = 400 ] && grep -q decoder_input_details '$T/tgis.out'"
+code=$(post echoc /v1/chat/completions '{"messages": [{"role": "user", "content": "hi"}], "echo": true}')
+check "echo in chat: 400 naming it" sh -c "[ $code = 400 ] && grep -q '\"param\":\"echo\"' '$T/echoc.out'"
+
 kill -TERM $SP; wait $SP
 check "the server exits 0" [ $? = 0 ]
 tap_done

@@ -10,6 +10,7 @@
 #include "tokenizer.h"
 #include "jinja.h"
 #include "fileio.h"
+#include "buf.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -26,6 +27,16 @@ struct parse {
 	enum llm_status st;         /* of the first failure */
 	const char *max_key;        /* the field max_tokens came from */
 	int max_given;              /* 1: the body set it */
+	json_t *suffix;             /* completions: a non-empty suffix (fill in the middle) */
+	const char *const *fim;     /* the tokenizer's prefix, suffix and middle tokens */
+};
+
+/* Fill-in-the-middle tokens, in the spellings tokenizers use: prefix,
+ * suffix, middle; the prompt becomes prefix + prompt + suffix token +
+ * suffix + middle (the PSM order these models are trained on). */
+static const char *const fim_tokens[][3] = {
+	{ "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>" },
+	{ "<fim_prefix>", "<fim_suffix>", "<fim_middle>" },
 };
 
 static int bad_st(struct parse *c, enum llm_status st, const char *field, const char *fmt, ...)
@@ -301,9 +312,31 @@ static int openai(struct parse *c, json_t *o)
 		return -1;
 	json_t *bo = field(o, "best_of"), *sf = field(o, "suffix"), *rf = field(o, "response_format");
 	json_t *rt = json_object_get(rf, "type");
+	if (json_is_string(sf) && json_string_length(sf)) {
+		for (size_t i = 0; c->env->tk && i < sizeof fim_tokens / sizeof *fim_tokens && !c->fim; i++)
+			if (llm_tokenizer_find(c->env->tk, fim_tokens[i][0]) >= 0 &&
+			    llm_tokenizer_find(c->env->tk, fim_tokens[i][1]) >= 0 &&
+			    llm_tokenizer_find(c->env->tk, fim_tokens[i][2]) >= 0)
+				c->fim = fim_tokens[i];
+		if (!c->fim)
+			return bad(c, "suffix", "this model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+			           "<|fim_middle|> or <fim_...>)");
+		if (c->kind == LLM_API_CHAT)
+			return bad(c, "suffix", "not a chat field");
+		c->suffix = sf;
+	}
+	r->best_of = r->n;
+	if (bo && c->kind == LLM_API_COMPLETION) {
+		if (get_int32(c, o, "best_of", r->n, c->env->max_n > 0 ? c->env->max_n : 1, &r->best_of) < 0)
+			return -1;
+		if (r->best_of > r->n && r->stream)
+			return bad(c, "best_of", "%d > n: not with stream (the best are known at the end)", r->best_of);
+		bo = NULL;
+	}
 	if (refuse_unimplemented(c, o) ||
-	    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == r->n, "only best_of = n") ||
-	    refuse_unless(c, o, "suffix", json_is_string(sf) && !json_string_length(sf), NULL) ||
+	    refuse_unless(c, o, "best_of", !bo || (json_is_integer(bo) && json_integer_value(bo) == r->n),
+	                  "only best_of = n") ||
+	    (sf && !json_is_string(sf) ? bad(c, "suffix", "expected a string") : 0) ||
 	    refuse_unless(c, o, "response_format", json_is_object(rf) && json_is_string(rt) &&
 	                  !strcmp(json_string_value(rt), "text"), "only {\"type\": \"text\"}"))
 		return -1;
@@ -458,6 +491,19 @@ static int completion_prompt(struct parse *c, json_t *pr)
 	const char *k = "prompt";
 	if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
 		pr = json_array_get(pr, 0);
+	if (json_is_string(pr) && c->suffix) {
+		struct llm_buf b = { 0 };
+		int bad_mem = llm_buf_append(&b, c->fim[0], strlen(c->fim[0])) ||
+		              llm_buf_append(&b, json_string_value(pr), json_string_length(pr)) ||
+		              llm_buf_append(&b, c->fim[1], strlen(c->fim[1])) ||
+		              llm_buf_append(&b, json_string_value(c->suffix), json_string_length(c->suffix)) ||
+		              llm_buf_append(&b, c->fim[2], strlen(c->fim[2]));
+		int r = bad_mem ? bad_st(c, LLM_ERR_NOMEM, k, "out of memory") : tokenize(c, k, b.p, b.len, 1, 1);
+		llm_buf_free(&b);
+		return r;
+	}
+	if (c->suffix)
+		return bad(c, "suffix", "goes with a text prompt");
 	if (json_is_string(pr))
 		return tokenize(c, k, json_string_value(pr), json_string_length(pr), 1, 1);
 	if (json_is_array(pr) && json_array_size(pr) > 0)
@@ -580,7 +626,7 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 	r->p = env->defaults;
 	r->n = 1;
 	r->prompt_logprobs = -1;
-	struct parse c = { r, env, kind, LLM_OK, "max_tokens", 0 };
+	struct parse c = { r, env, kind, LLM_OK, "max_tokens", 0, NULL, NULL };
 	if (parse(&c, body) < 0) {
 		char param[sizeof r->param];
 		memcpy(param, r->param, sizeof param);
@@ -594,7 +640,7 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_api_env *env, const char *field_name,
                                         const char *text, size_t len, int special)
 {
-	struct parse c = { r, env, LLM_API_JSONL, LLM_OK, "max_tokens", 0 };
+	struct parse c = { r, env, LLM_API_JSONL, LLM_OK, "max_tokens", 0, NULL, NULL };
 	free(r->prompt);
 	r->prompt = NULL;
 	r->n_prompt = 0;

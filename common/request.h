@@ -51,6 +51,8 @@ struct llm_api_req {
 	char *stops[LLM_MAX_STOP];  /* owned */
 	struct llm_logit_bias *bias;   /* owned */
 	int n;                      /* choices */
+	int best_of;                /* completions: choices generated, the n of highest
+	                             * cumulative log-prob returned (>= n) */
 	int stream, include_usage;  /* OpenAI */
 	int logprobs;               /* OpenAI: the chosen tokens' log-probs asked for */
 	int details, full_text;     /* TGI: details, return_full_text */

@@ -283,7 +283,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	memcpy(j->stops, rq.stops, sizeof j->stops);
 	j->bias = rq.bias;
 	j->inputs = rq.inputs;
-	j->n = rq.n;
+	j->n = rq.best_of > rq.n ? rq.best_of : rq.n;
+	j->n_ret = rq.n;
 	j->stream = rq.stream || tgi_stream;
 	j->include_usage = rq.include_usage;
 	j->logprobs = rq.logprobs;
@@ -314,7 +315,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->plp_ready = !j->plp || j->n_prompt < 2;
 	/* the chosen tokens' log-probs: TGI's token events carry them; OpenAI's
 	 * only when asked for */
-	j->p.skip_logprob = k != K_TGI && !j->logprobs;
+	j->p.skip_logprob = k != K_TGI && !j->logprobs && j->n_ret == j->n;
 	for (int c = 0; c < j->n; c++) {
 		j->ch[c].job = j;
 		j->ch[c].index = c;

@@ -8,6 +8,7 @@
 #include "server_impl.h"
 #include "fileio.h"
 #include "tokenizer.h"
+#include "buf.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -84,17 +85,29 @@ static json_t *token_bytes(struct llm_server *s, int32_t id)
 	return a;
 }
 
-/* The prompt as echo gives it: its ids decoded, special tokens left out. */
-static json_t *prompt_text(struct llm_server *s, struct job *j)
+/* The prompt as echo gives it: its ids decoded, special tokens left out
+ * (a streaming decode, so the text is decode(prompt)); OFFS (n_prompt, may
+ * be NULL) gets where each token's text starts in it. */
+static json_t *prompt_text(struct llm_server *s, struct job *j, size_t *offs)
 {
-	char *t = NULL;
-	size_t n = 0;
-	if (!s->tk || llm_tokenizer_decode(s->tk, j->prompt, (size_t)j->n_prompt, true, &t, &n)) {
-		free(t);
-		return json_string("");
+	struct llm_buf b = { 0 };
+	struct llm_detok_stream ds;
+	const char *t;
+	size_t n;
+	if (s->tk)
+		llm_detok_stream_init(&ds, s->tk, true);
+	for (int i = 0; i < j->n_prompt; i++) {
+		if (offs)
+			offs[i] = b.len;
+		if (s->tk && !llm_detok_stream_push(&ds, j->prompt[i], &t, &n))
+			(void)llm_buf_append(&b, t, n);
 	}
-	json_t *r = jstr(t, n);
-	free(t);
+	if (s->tk && !llm_detok_stream_flush(&ds, &t, &n))
+		(void)llm_buf_append(&b, t, n);
+	if (s->tk)
+		llm_detok_stream_free(&ds);
+	json_t *r = jstr(b.p ? b.p : "", b.len);
+	llm_buf_free(&b);
 	return r;
 }
 
@@ -108,12 +121,12 @@ static const struct plp *plp_at(const struct job *j, int i)
 static void echo_logprobs(struct llm_server *s, struct job *j, json_t *toks, json_t *lps, json_t *tops, json_t *offs,
                           size_t *offset)
 {
+	size_t *at = malloc((size_t)j->n_prompt * sizeof *at);
+	json_t *text = prompt_text(s, j, at);
 	for (int i = 0; i < j->n_prompt; i++) {
 		const struct plp *p = plp_at(j, i);
-		json_t *ts = token_str(s, j->prompt[i]);
-		json_array_append_new(offs, json_integer((json_int_t)*offset));
-		*offset += json_string_length(ts);
-		json_array_append_new(toks, ts);
+		json_array_append_new(offs, json_integer((json_int_t)(*offset + (at ? at[i] : 0))));
+		json_array_append_new(toks, token_str(s, j->prompt[i]));
 		json_array_append_new(lps, p ? json_real(p->lp) : json_null());
 		json_t *top = p ? json_object() : json_null();
 		for (int k = 0; p && k < p->n_top && k < j->p.n_logprobs; k++) {
@@ -123,6 +136,9 @@ static void echo_logprobs(struct llm_server *s, struct job *j, json_t *toks, jso
 		}
 		json_array_append_new(tops, top);
 	}
+	*offset += json_string_length(text);   /* the completion's text_offset continue after the prompt's */
+	json_decref(text);
+	free(at);
 }
 
 /* vLLM's prompt_logprobs: null for the first token, then per token an
@@ -242,7 +258,7 @@ static int gen_count(const struct job *j)
 /* Completions with echo: the prompt's text, then the choice's. */
 static json_t *echo_text(struct llm_server *s, struct job *j, struct choice *ch)
 {
-	json_t *a = prompt_text(s, j), *b = text_of(ch, 0, ch->n_ev);
+	json_t *a = prompt_text(s, j, NULL), *b = text_of(ch, 0, ch->n_ev);
 	size_t na = json_string_length(a), nb = json_string_length(b);
 	char *x = malloc(na + nb + 1);
 	json_t *r = NULL;
@@ -263,11 +279,29 @@ static json_t *usage_json(const struct job *j)
 	                 "total_tokens", j->n_prompt + g);
 }
 
+/* The cumulative log-prob of choice C's tokens (best_of's ranking). */
+static double cum_logprob(const struct choice *c)
+{
+	double t = 0;
+	for (int i = 0; i < c->n_ev; i++)
+		if (c->ev[i].token >= 0)
+			t += c->ev[i].logprob;
+	return t;
+}
+
 json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 {
 	json_t *choices = json_array();
+	int order[MAX_N];           /* best_of: the choices by cumulative log-prob, highest first (stable) */
 	for (int c = 0; c < j->n; c++) {
-		struct choice *ch = &j->ch[c];
+		int k = c;
+		double v = j->n_ret < j->n ? cum_logprob(&j->ch[c]) : 0;
+		while (k > 0 && v > (j->n_ret < j->n ? cum_logprob(&j->ch[order[k - 1]]) : 0))
+			order[k] = order[k - 1], k--;
+		order[k] = c;
+	}
+	for (int c = 0; c < j->n_ret; c++) {
+		struct choice *ch = &j->ch[order[c]];
 		size_t off = 0;
 		json_t *o;
 		if (j->kind == K_CHAT)
@@ -401,7 +435,7 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 			size_t off = 0;
 			json_t *ch_o = json_pack("{s:i, s:n, s:n}", "index", c, "logprobs", "finish_reason");
 			if (j->kind != K_CHAT)
-				json_object_set_new(ch_o, "text", j->echo ? prompt_text(s, j) : json_string(""));
+				json_object_set_new(ch_o, "text", j->echo ? prompt_text(s, j, NULL) : json_string(""));
 			else
 				json_object_set_new(ch_o, "delta", json_pack("{s:s}", "content", ""));
 			if (j->echo && j->logprobs)

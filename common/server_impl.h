@@ -73,6 +73,7 @@ struct job {
 	pthread_cond_t cv;
 	int refs;
 	enum kind kind;
+	int n_ret;                   /* choices answered: the n of best_of by cumulative log-prob */
 	int stream, n, n_done, logprobs, top_logprobs, include_usage, details, full_text;
 	char *inputs;                /* TGI return_full_text */
 	int echo, prompt_lp, prefill;   /* completions echo; vLLM prompt_logprobs (-1: none); TGI

@@ -421,6 +421,13 @@ static void openai_fields(void)
 	s = parse(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"prompt_logprobs\": null}", &r);
 	check(s || (!r.echo && r.prompt_logprobs == -1), "chat: prompt_logprobs null is none");
 	llm_api_req_free(&r);
+	s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 2, \"best_of\": 5}", &r);
+	check(!s && r.n == 2 && r.best_of == 5, "completion: best_of 5 for n 2");
+	llm_api_req_free(&r);
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"n\": 3, \"best_of\": 2}", "best_of",
+	        "best_of: 2 is out of range [3, 16]");
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"best_of\": 2, \"stream\": true}", "best_of",
+	        "best_of: 2 > n: not with stream (the best are known at the end)");
 	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"prompt_logprobs\": 21}", "prompt_logprobs",
 	        "prompt_logprobs: 21 is out of range [0, 20]");
 	refused(LLM_API_JSONL, "{\"prompt\": \"a\", \"echo\": true}", "echo", "echo: not a JSONL field (llm-generate --echo)");
@@ -429,8 +436,9 @@ static void openai_fields(void)
 	refused(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"echo\": true}", "echo",
 	        "echo: not supported in chat (a completions field)");
 	for (int k = 0; k <= LLM_API_JSONL; k += LLM_API_JSONL) {
-		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"best_of\": 2}", "best_of", "best_of: not supported: only best_of = n");
-		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"suffix\": \"x\"}", "suffix", "suffix: not supported");
+		if (k == LLM_API_JSONL)
+			refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"best_of\": 2}", "best_of",
+			        "best_of: not supported: only best_of = n");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}",
 		        "response_format", "response_format: not supported: only {\"type\": \"text\"}");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"model\": 5}", "model", "model: expected a string");
@@ -610,6 +618,46 @@ static void unimplemented_fields(void)
 	}
 }
 
+/* suffix: fill in the middle where the tokenizer has the tokens (qwen3's
+ * reference tokenizer), refused naming why where it has not (stories260K). */
+static void fill_in_middle(void)
+{
+	refused(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"suffix\": \"b\"}", "suffix",
+	        "suffix: this model has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|> or <fim_...>)");
+	struct llm_api_req r;
+	enum llm_status s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"suffix\": \"\"}", &r);
+	check(!s, "an empty suffix is no suffix");
+	if (!s)
+		llm_api_req_free(&r);
+	const char *ref = test_ref_dir();
+	char dir[4096];
+	struct llm_tokenizer *q = NULL;
+	snprintf(dir, sizeof dir, "%s/tokenizers/qwen3", ref ? ref : "");
+	if (!ref || llm_tokenizer_open(&q, dir)) {
+		check_skip("no qwen3 tokenizer in $LLM_TEST_REF/tokenizers", "fill in the middle");
+		return;
+	}
+	struct llm_api_env e = { .defaults = LLM_SAMPLE_DEFAULT, .tk = q, .max_n = 1 };
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"def add(a, b):\\n    \", \"suffix\": \"\\n    return c\\n\"}", &e, &r);
+	const char *whole = "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>";
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int ok = !s && !llm_tokenizer_encode(q, whole, strlen(whole), true, &ids, &n) && (size_t)r.n_prompt == n &&
+	         !memcmp(r.prompt, ids, n * sizeof *ids);
+	int32_t pre = llm_tokenizer_find(q, "<|fim_prefix|>"), mid = llm_tokenizer_find(q, "<|fim_middle|>");
+	check(ok && n > 3 && r.prompt[0] == pre && r.prompt[n - 1] == mid,
+	      "qwen3: the prompt is <|fim_prefix|> prompt <|fim_suffix|> suffix <|fim_middle|> (%zu tokens, first %d, last %d)",
+	      n, n ? r.prompt[0] : -1, n ? r.prompt[n - 1] : -1);
+	free(ids);
+	if (!s)
+		llm_api_req_free(&r);
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": [1, 2], \"suffix\": \"x\"}", &e, &r);
+	check(s && !strcmp(r.param, "suffix"), "a suffix with token ids is refused: %s", s ? llm_errmsg() : "taken");
+	if (!s)
+		llm_api_req_free(&r);
+	llm_tokenizer_close(q);
+}
+
 int main(void)
 {
 	const char *models = test_models_dir();
@@ -626,6 +674,7 @@ int main(void)
 	lengths();
 	openai_fields();
 	unimplemented_fields();
+	fill_in_middle();
 	llm_tokenizer_close(tk);
 	return check_done();
 }

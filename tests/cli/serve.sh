@@ -137,7 +137,7 @@ import json; c = json.load(open('$T/lo.json'))['choices'][0]; l = c['logprobs']
 assert ''.join(l['tokens']) == c['text'] and l['tokens'][1] == ' there', l
 assert all(c['text'][o:].startswith(t) for o, t in zip(l['text_offset'], l['tokens'])), l"
 for bad in '"logit_bias": {"x": 1}|logit_bias' '"logit_bias": {"400": 101}|logit_bias' '"logit_bias": {"512": 1}|logit_bias' \
-	'"min_tokens": 9|min_tokens' '"stop_token_ids": [512]|stop_token_ids' '"best_of": 2|best_of' '"suffix": "x"|suffix' \
+	'"min_tokens": 9|min_tokens' '"stop_token_ids": [512]|stop_token_ids' '"best_of": 0|best_of' '"suffix": "x"|suffix' \
 	'"response_format": {"type": "json_object"}|response_format'; do
 	f=${bad%|*}; name=${bad#*|}
 	c=$(code "$URL/v1/completions" -d "{\"prompt\": \"a\", \"max_tokens\": 8, $f}")

@@ -146,6 +146,10 @@ assert len(lp["tokens"]) == n + 3 and lp["token_logprobs"][0] is None and lp["to
 assert all(isinstance(x, float) and x <= 0 for x in lp["token_logprobs"][1:]), lp
 assert lp["text_offset"] == sorted(lp["text_offset"]) and e["token_ids"] == p["token_ids"], lp
 assert all(len(d) == 2 for d in lp["top_logprobs"][1:]), lp
+# text_offset indexes the echoed text: where each token's text starts (BOS
+# adds none; the first word's leading space is decode's to drop)
+assert lp["text_offset"][:2] == [0, 0], lp
+assert all(e["text"][o:].startswith(tk) for o, tk in list(zip(lp["text_offset"], lp["tokens"]))[2:]), lp
 PY
 check "echo and prompt_logprobs: the prompt's log-probs are those llm-generate --score gives; ranks and best tokens agree" \
 	$PY - "$T" <<'PY'
@@ -190,6 +194,26 @@ code=$(curl -s -m 30 -o "$T/tgis.out" -w '%{http_code}' "$U/generate_stream" -d 
 check "TGI decoder_input_details on /generate_stream: 400" sh -c "[ $code = 400 ] && grep -q decoder_input_details '$T/tgis.out'"
 code=$(post echoc /v1/chat/completions '{"messages": [{"role": "user", "content": "hi"}], "echo": true}')
 check "echo in chat: 400 naming it" sh -c "[ $code = 400 ] && grep -q '\"param\":\"echo\"' '$T/echoc.out'"
+
+# best_of: 4 drawn (the same 4 as n 4 with that seed: choice c draws with
+# seed + c), the 2 of highest cumulative log-prob returned, best first
+post all4 /v1/completions '{"prompt": "Once upon a time", "max_tokens": 8, "n": 4, "seed": 7, "temperature": 1.5, "logprobs": 0}' >/dev/null
+code=$(post best /v1/completions '{"prompt": "Once upon a time", "max_tokens": 8, "n": 2, "best_of": 4, "seed": 7, "temperature": 1.5}')
+check "best_of 4, n 2: the 2 of highest cumulative log-prob among the 4, best first" $PY - "$T" "$code" <<'PY'
+import json, sys
+t, code = sys.argv[1], sys.argv[2]
+a = json.load(open(t + "/all4.out"))["choices"]
+b = json.load(open(t + "/best.out"))
+cum = sorted(a, key=lambda c: -sum(c["logprobs"]["token_logprobs"]))
+assert code == "200" and [c["text"] for c in b["choices"]] == [c["text"] for c in cum[:2]], (b, cum)
+assert [c["index"] for c in b["choices"]] == [0, 1] and b["choices"][0]["logprobs"] is None, b
+assert len({c["text"] for c in a}) > 1, "the 4 draws should differ at temperature 1.5"
+assert b["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in a), b["usage"]
+PY
+code=$(post bestbad /v1/completions '{"prompt": "Once", "n": 2, "best_of": 1}')
+check "best_of below n: 400 naming best_of" sh -c "[ $code = 400 ] && grep -q '\"param\":\"best_of\"' '$T/bestbad.out'"
+code=$(post bests /v1/completions '{"prompt": "Once", "best_of": 2, "stream": true}')
+check "best_of > n with stream: 400" sh -c "[ $code = 400 ] && grep -q 'not with stream' '$T/bests.out'"
 
 kill -TERM $SP; wait $SP
 check "the server exits 0" [ $? = 0 ]

@@ -167,6 +167,27 @@ char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, const s
 	return out;
 }
 
+enum llm_status llm_kv_size_generate(const char *path, int64_t tokens, size_t bytes, int64_t need,
+                                     struct llm_engine_opts *o)
+{
+	if (!tokens && !bytes && need <= 0)
+		return LLM_OK;       /* no prompt lengths known: the engine's default pool */
+	struct llm_model m = { 0 };
+	int part = llm_model_is_partitioned(path);
+	LLM_TRY(part ? llm_model_geometry(&m, path) : llm_model_open(&m, path));
+	struct llm_kv_size sz = {
+		.tokens = tokens, .bytes = bytes, .need = need > 0 ? need : 1, .backend = o->backend,
+		.n_seq = o->kv_seqs > 0 && o->kv_seqs < o->max_seqs ? o->kv_seqs : o->max_seqs,
+		.need_what = need > 0 ? "the longest prompt with its output" : "one position",
+	};
+	sz.seq_tokens = sz.need > 4096 ? sz.need : 4096;   /* the pool of old, or more */
+	struct llm_mem_plan p;
+	enum llm_status s = llm_kv_size_opts(&m, o->n_ctx, &sz, o, &p, NULL);
+	if (!part)
+		llm_model_close(&m);
+	return s;
+}
+
 enum llm_status llm_model_geometry(struct llm_model *m, const char *dir)
 {
 	char *path = llm_path_join(dir, "config.json"), *json = NULL;

@@ -22,6 +22,12 @@ struct llm_kv_size {
 	size_t assume;              /* the free memory, pretended (--assume-memory); 0: measured (llm_mem_free) */
 	const char *backend;        /* whose memory is measured: "auto", "cpu", "cuda[:N]"; NULL: "auto" */
 };
+/* --kv-memory and --max-kv-tokens, the same in every tool that takes them
+ * (DEFAULT: what neither gives, for --help). */
+#define LLM_KV_MEMORY_OPT(dest, DEFAULT) \
+	LLM_SIZE(0, "kv-memory", "SIZE", dest, "KV cache size (e.g. 512MiB); default: " DEFAULT)
+#define LLM_MAX_KV_TOKENS_OPT(dest) \
+	LLM_INT(0, "max-kv-tokens", "N", dest, "KV cache size in token positions (instead of --kv-memory)", 0, INT32_MAX)
 /* The usage error of both flags, the same in every tool. */
 #define LLM_KV_SIZE_TWICE "--kv-memory and --max-kv-tokens are two ways to say one thing; give one"
 
@@ -69,6 +75,18 @@ enum llm_status llm_kv_size_opts(const struct llm_model *m, int ctx_size, const 
  * memory. */
 char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, const struct llm_kv_fit *fit,
                         int max_running, int fits);
+
+/* llm-generate's KV sizing: TOKENS (--max-kv-tokens) or BYTES
+ * (--kv-memory), else from the prompts: O's kv_seqs (else max_seqs)
+ * sequences of min(n_ctx, max(4096, NEED)) positions each, within the KV
+ * budget. The cache must hold one sequence of NEED (the longest prompt
+ * with its max_tokens; 0: unknown, the engine's default pool then, and one
+ * position with TOKENS or BYTES); else LLM_ERR_RANGE naming the flag and
+ * the size needed, or the memory and the bytes short. Opens the model at
+ * PATH to count (mapped, or its config.json alone when partitioned: the
+ * weights are not counted then) and sets O's kv_blocks. */
+enum llm_status llm_kv_size_generate(const char *path, int64_t tokens, size_t bytes, int64_t need,
+                                     struct llm_engine_opts *o);
 
 /* The geometry of the whole model of checkpoint directory DIR from its
  * config.json alone (no weights mapped): enough for llm_mem_plan() on a

@@ -56,8 +56,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "max-batch-tokens", "N", &cfg.max_batch_tokens,
 	        "SplitFuse token budget of one forward step (decodes first, then prompt chunks)", 1, 1 << 20),
 	LLM_INT(0, "kv-block-size", "N", &cfg.kv_block_size, "token positions per KV block", 1, 4096),
-	LLM_SIZE(0, "kv-memory", "SIZE", &cfg.kv_memory, "KV cache size (e.g. 512MiB); default: --max-running full contexts, "
-	         "at most 90% of the memory free after the weights and activations"),
+	LLM_KV_MEMORY_OPT(&cfg.kv_memory, "--max-running full contexts, at most 90% of the memory free after the weights and activations"),
 	LLM_SIZE(0, "assume-memory", "SIZE", &cfg.assume_memory, "size the default KV cache (and --plan) as if SIZE were "
 	         "free (MemAvailable; on CUDA the device's free memory) instead of measuring it"),
 	LLM_INT(0, "max-kv-tokens", "N", &cfg.max_kv_tokens, "KV cache size in token positions (instead of --kv-memory)", 0, INT32_MAX),

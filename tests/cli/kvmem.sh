@@ -2,10 +2,38 @@
 # --plan with --assume-memory (the free memory pretended, so no cgroup and no
 # real shortage): how many contexts fit, how many sequences of -c tokens,
 # and when not one fits, by how many bytes; the refusal at start; the flags
-# that size the cache instead.
+# that size the cache instead. llm-generate sizes its cache from the
+# prompts: a prompt over 4096 tokens runs to the end (random tiny model with
+# a long context), and a --max-kv-tokens too small for it is one line
+# naming the flag and the need.
 . tests/lib/tap.sh
 T=$TMPD
 S=llm-serve
+G=llm-generate
+
+# llm-generate: a random model of dim 64, 2 layers, 16384 positions; a
+# prompt of 5001 ids (no tokenizer needed)
+python3 -c "
+import json; c = json.load(open('configs/tiny-check.json'))
+c.update(hidden_size=64, intermediate_size=128, max_position_embeddings=16384); json.dump(c, open('$T/long.json', 'w'))
+import random; random.seed(1)
+print(json.dumps({'prompt_ids': [1] + [random.randrange(3, 512) for _ in range(5000)]}))" >"$T/long.jsonl"
+llm-quantize -q --random "$T/long.json" --seed 1 "$T/long" 2>"$T/err"
+$G -m "$T/long" -n 4 --temp 0 --ignore-eos --json -t 1 <"$T/long.jsonl" >"$T/g1.json" 2>"$T/err"; rc=$?
+check "llm-generate: a prompt of 5001 tokens (over 4096) runs to the end" python3 -c "
+import json; r = json.loads(open('$T/g1.json').readline())
+assert $rc == 0 and len(r['prompt_ids']) == 5001 and len(r['ids']) == 4 and r['finish_reason'] == 'length', r"
+check_fails "... --max-kv-tokens too small for it: exit 1, one line" 1 $G -m "$T/long" -n 4 --temp 0 --max-kv-tokens 4096 -t 1 <"$T/long.jsonl"
+check "... naming the flag and the need (prompt 5001 + 4)" grep -q -- \
+	"--max-kv-tokens 4096 holds 4096 tokens, less than the longest prompt with its output of 5005: need --max-kv-tokens 5005" "$T/err"
+$G -m "$T/long" -n 4 --temp 0 --ignore-eos --json -t 1 --max-kv-tokens 5005 <"$T/long.jsonl" >"$T/g2.json" 2>"$T/err"
+check "... and the size it names runs, with the same tokens" python3 -c "
+import json; a = json.loads(open('$T/g1.json').readline()); b = json.loads(open('$T/g2.json').readline())
+assert a['ids'] == b['ids'], (a['ids'], b['ids'])"
+check_fails "--kv-memory too small for it: exit 1, the size needed" 1 $G -m "$T/long" -n 4 --kv-memory 2MiB -t 1 <"$T/long.jsonl"
+check "... (5005 positions of 512 bytes in blocks of 16: 2504KiB)" grep -q -- "--kv-memory 2048KiB holds 4096 tokens, .*need --kv-memory 2504KiB" "$T/err"
+check_fails "llm-generate: --kv-memory and --max-kv-tokens together are a usage error" 2 $G -m "$T/long" --kv-memory 1MiB --max-kv-tokens 64
+check "... the same line as llm-serve's" grep -q -- "--kv-memory and --max-kv-tokens are two ways to say one thing" "$T/err"
 check_fails "--assume-memory with a bad size is a usage error" 2 $S -m x --assume-memory 12XB
 check_fails "--kv-memory and --max-kv-tokens together are a usage error" 2 $S -m x --kv-memory 1MiB --max-kv-tokens 64
 check "... naming both" grep -q -- "--kv-memory and --max-kv-tokens are two ways to say one thing" "$T/err"

@@ -530,7 +530,7 @@ enum llm_status llm_engine_lead_open(struct llm_engine **e, const char *path, co
 	*e = NULL;
 	*first = 0;
 	if (w && w->size > 1) {
-		int32_t sizes[2] = { o->max_seqs, o->kv_seqs };
+		int64_t sizes[3] = { o->max_seqs, o->kv_seqs, o->kv_blocks };   /* rank 0's sizing */
 		LLM_TRY(llm_comm_bcast_idle(w, sizes, sizeof sizes, 0));
 	}
 	LLM_TRY(open_all(e, path, o, w, first));
@@ -551,11 +551,12 @@ enum llm_status llm_engine_follow(const char *path, const struct llm_engine_opts
 {
 	struct llm_comm *w = o->comm ? o->comm : llm_comm_world();
 	struct llm_engine_opts mine = *o;
-	int32_t sizes[2];
+	int64_t sizes[3];
 	*first = -1;
 	LLM_TRY(llm_comm_bcast_idle(w, sizes, sizeof sizes, 0));
-	mine.max_seqs = sizes[0];
-	mine.kv_seqs = sizes[1];
+	mine.max_seqs = (int)sizes[0];
+	mine.kv_seqs = (int)sizes[1];
+	mine.kv_blocks = sizes[2];
 	struct llm_engine *e = NULL;
 	LLM_TRY(open_all(&e, path, &mine, w, first));
 	enum llm_status s = llm_engine_serve_worker(e);

@@ -55,7 +55,8 @@ struct llm_engine_opts {
 	enum llm_cpu_isa isa;       /* LLM_ISA_AUTO: best, or $LLM_CPU_ISA */
 	enum llm_dtype kv_dtype;    /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
 	int kv_block_size;          /* positions per KV block */
-	int64_t kv_blocks;          /* 0: kv_seqs x min(n_ctx, 4096) positions */
+	int64_t kv_blocks;          /* 0: kv_seqs x min(n_ctx, 4096) positions (memplan.h sizes it from
+	                               the memory or the prompts) */
 	int kv_seqs;                /* 0 (or over max_seqs): max_seqs */
 	int max_seqs;               /* sequences in flight */
 	int n_ctx;                  /* 0: max_position_embeddings */
@@ -212,7 +213,7 @@ struct llm_buf;
 enum llm_status llm_engine_traffic(struct llm_engine *e, struct llm_buf *out);
 
 /* A tool over ranks (every rank runs the tool with the same flags): rank
- * 0 reads the input and knows O's max_seqs and kv_seqs then; it calls
+ * 0 reads the input and knows O's max_seqs, kv_seqs and kv_blocks then; it calls
  * llm_engine_lead_open, which sends them to the other ranks, opens the
  * engine on every rank and starts leading. The other ranks call
  * llm_engine_follow with the same O (its sizes replaced by rank 0's): it

@@ -166,6 +166,16 @@ static int on_token(void *user, const struct llm_token_event *ev)
 	return 0;
 }
 
+int64_t llm_jobs_kv_need(const struct llm_job *jobs, size_t n)
+{
+	int64_t most = 0;
+	for (size_t i = 0; i < n; i++) {
+		int64_t need = jobs[i].p.max_tokens > 0 ? (int64_t)jobs[i].n_prompt + jobs[i].p.max_tokens : INT64_MAX;
+		most = need > most ? need : most;
+	}
+	return most;
+}
+
 enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_tokenizer *tk)
 {
 	if (!tk)

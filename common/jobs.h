@@ -54,6 +54,10 @@ enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, cons
  * first, as an event of its own (token -1, index 0, no finish).
  * LLM_ERR_USAGE without TK, LLM_ERR_NOMEM. */
 enum llm_status llm_jobs_echo(struct llm_job *jobs, size_t n, const struct llm_tokenizer *tk);
+/* The KV positions the longest of the N JOBS needs: its prompt and
+ * max_tokens (INT64_MAX when a job's max_tokens is 0, up to the context),
+ * for sizing the cache (memplan.h's llm_kv_size_generate); 0 when N is 0. */
+int64_t llm_jobs_kv_need(const struct llm_job *jobs, size_t n);
 /* Where llm_jobs_run hands results, and when it stops. */
 struct llm_jobs_out {
 	void (*done)(void *user, size_t i);    /* may be NULL: job i finished, in input order */

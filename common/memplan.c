@@ -3,76 +3,189 @@
 #define _GNU_SOURCE
 #include "memplan.h"
 #include "fileio.h"
+#include "args.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
 
-/* B bytes for people: MiB from 1 GiB up, else KiB. */
+#ifdef LLM_CUDA
+int llm_cuda_device_count(void);                    /* kernels/cuda_ops.c: 0 without a device or driver */
+int llm_cuda_mem_free(int dev, size_t *free_bytes); /* kernels/cuda_ops.c: cudaMemGetInfo of DEV; 0: ok */
+#endif
+
+/* B bytes for people: MiB from 1 GiB up, else KiB, rounded up (a size a
+ * message says is needed is enough). */
 static void human(size_t b, char *out, size_t n)
 {
 	if (b >= (1u << 30))
-		snprintf(out, n, "%.0fMiB", (double)b / (1 << 20) + 0.5);
+		snprintf(out, n, "%lluMiB", (unsigned long long)((b + (1u << 20) - 1) >> 20));
 	else
-		snprintf(out, n, "%.0fKiB", (double)b / 1024 + 0.5);
+		snprintf(out, n, "%lluKiB", (unsigned long long)((b + 1023) >> 10));
+}
+
+enum llm_status llm_mem_free(const char *backend, size_t *bytes, const char **source)
+{
+	*bytes = 0;
+	*source = "MemAvailable";
+	if (!backend)
+		backend = "auto";
+	int cuda = !strcmp(backend, "cuda") || !strncmp(backend, "cuda:", 5);
+#ifdef LLM_CUDA
+	/* the hook for the GPU: its free memory, with the weights not yet
+	 * uploaded (not run on a device here yet: the CPU path is the tested one) */
+	if (cuda || (!strcmp(backend, "auto") && llm_cuda_device_count() > 0)) {
+		int64_t dev = 0;
+		*source = "cudaMemGetInfo";
+		if (backend[4] == ':' && llm_parse_int(backend + 5, 0, INT32_MAX, &dev))
+			return llm_fail(LLM_ERR_USAGE, "backend '%s': bad device number", backend);
+		if (llm_cuda_mem_free((int)dev, bytes))
+			return llm_fail(LLM_ERR_IO, "backend %s: cudaMemGetInfo failed", backend);
+		return LLM_OK;
+	}
+#else
+	if (cuda)
+		return llm_fail(LLM_ERR_USAGE, "backend '%s': built without CUDA support", backend);
+#endif
+	if (!(*bytes = llm_mem_available()))
+		return llm_fail(LLM_ERR_IO, "/proc/meminfo: no MemAvailable to size the KV cache from: "
+		                "give --kv-memory or --max-kv-tokens");
+	return LLM_OK;
 }
 
 enum llm_status llm_kv_size_opts(const struct llm_model *m, int ctx_size, const struct llm_kv_size *sz,
-                                 struct llm_engine_opts *o, struct llm_mem_plan *p)
+                                 struct llm_engine_opts *o, struct llm_mem_plan *p, struct llm_kv_fit *fit_out)
 {
+	struct llm_kv_fit fit_here, *fit = fit_out ? fit_out : &fit_here;
+	memset(fit, 0, sizeof *fit);
 	int n_ctx = ctx_size > 0 && ctx_size < m->cfg.max_ctx ? ctx_size : m->cfg.max_ctx;
 	o->n_ctx = n_ctx;
 	o->kv_blocks = 1;
-	llm_mem_plan(m, o, p);       /* the bytes of a position under O */
-	size_t per_tok = p->kv_bytes_per_token, bs = (size_t)p->kv_block_size;
+	llm_mem_plan(m, o, p);       /* the bytes of a position under O, and of the rest */
+	size_t per_tok = p->kv_bytes_per_token, bs = (size_t)p->kv_block_size, blk_bytes = per_tok * bs;
+	int64_t need = sz->need > 0 && sz->need < n_ctx ? sz->need : n_ctx;
+	int64_t need_blocks = (need + (int64_t)bs - 1) / (int64_t)bs;
+	fit->need = need;
 	int64_t blocks;
 	const char *knob;
-	char have[64], need[64];
+	char have[200], what[96], need_s[64];
+	if (sz->need_what)
+		snprintf(what, sizeof what, "%s of %lld", sz->need_what, (long long)need);
+	else
+		snprintf(what, sizeof what, "one context of %d", n_ctx);
 	if (sz->tokens > 0) {
 		blocks = (sz->tokens + (int64_t)bs - 1) / (int64_t)bs;
 		knob = "--max-kv-tokens";
 		snprintf(have, sizeof have, "%lld", (long long)sz->tokens);
-		snprintf(need, sizeof need, "%d", n_ctx);
+		snprintf(need_s, sizeof need_s, "%lld", (long long)need);
 	} else if (sz->bytes > 0) {
-		blocks = (int64_t)(sz->bytes / (per_tok * bs));
+		blocks = (int64_t)(sz->bytes / blk_bytes);
 		knob = "--kv-memory";
 		human(sz->bytes, have, sizeof have);
-		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
+		human((size_t)need_blocks * blk_bytes, need_s, sizeof need_s);
 	} else {
-		int64_t full = (int64_t)sz->full_contexts * ((n_ctx + (int64_t)bs - 1) / (int64_t)bs);
-		int64_t cap = (int64_t)(sz->default_cap / (per_tok * bs));
+		/* the default: what the machine has, after everything else the
+		 * engine holds (the weights are mapped, not yet resident: all count) */
+		size_t avail;
+		const char *src = "--assume-memory";
+		if (sz->assume)
+			avail = sz->assume;
+		else
+			LLM_TRY(llm_mem_free(sz->backend, &avail, &src));
+		size_t other = p->weight_bytes + p->scratch_bytes + p->logits_bytes;
+		fit->measured = 1;
+		fit->available = avail;
+		fit->source = src;
+		fit->budget = avail > other ? (size_t)(LLM_KV_MEM_FRACTION * (double)(avail - other)) : 0;
+		int64_t per = sz->seq_tokens > 0 && sz->seq_tokens < n_ctx ? sz->seq_tokens : n_ctx;
+		int64_t full = (int64_t)(sz->n_seq > 0 ? sz->n_seq : 1) * ((per + (int64_t)bs - 1) / (int64_t)bs);
+		int64_t cap = (int64_t)(fit->budget / blk_bytes);
+		fit->budget_seqs = cap / need_blocks;
 		blocks = full < cap ? full : cap;
-		knob = "--kv-memory";
-		human(sz->default_cap, have, sizeof have);
-		snprintf(have + strlen(have), sizeof have - strlen(have), " (the default)");
-		human(per_tok * (size_t)n_ctx + per_tok * bs, need, sizeof need);
+		knob = NULL;
+		char a[32], o_s[32], b[32];
+		human(avail, a, sizeof a), human(other, o_s, sizeof o_s), human(fit->budget, b, sizeof b);
+		snprintf(have, sizeof have, "%s %s less %s of weights and activations leaves %s for the KV cache (%.0f%%):",
+		         src, a, o_s, b, 100 * LLM_KV_MEM_FRACTION);
 	}
-	if (blocks < 1)
-		blocks = 1;
-	o->kv_blocks = blocks;
+	o->kv_blocks = blocks > 0 ? blocks : 1;
 	llm_mem_plan(m, o, p);
-	if (blocks * (int64_t)bs < n_ctx)
-		return llm_fail(LLM_ERR_RANGE, "%s %s holds %lld tokens, less than one context of %d: need %s %s, or --ctx-size %lld",
-		                knob, have, (long long)(blocks * (int64_t)bs), n_ctx, knob, need,
-		                (long long)(blocks * (int64_t)bs));
-	return LLM_OK;
+	if (blocks < 1) {            /* no room at all: the plan says so, not one block */
+		o->kv_blocks = p->kv_blocks = 0;
+		p->total -= p->kv_bytes;
+		p->kv_bytes = 0;
+	}
+	fit->seqs = blocks / need_blocks;
+	if (blocks >= need_blocks)
+		return LLM_OK;
+	fit->short_bytes = (size_t)(need_blocks - blocks) * blk_bytes;
+	long long held = (long long)(blocks > 0 ? blocks * (int64_t)bs : 0);
+	char ctx_hint[64] = "";
+	if (!sz->need_what && held > 0)
+		snprintf(ctx_hint, sizeof ctx_hint, ", or --ctx-size %lld", held);
+	if (knob)
+		return llm_fail(LLM_ERR_RANGE, "%s %s holds %lld tokens, less than %s: need %s %s%s",
+		                knob, have, held, what, knob, need_s, ctx_hint);
+	char sh[32];
+	human(fit->short_bytes, sh, sizeof sh);
+	return llm_fail(LLM_ERR_RANGE, "%s %lld tokens, less than %s: %s short (give --kv-memory or --max-kv-tokens "
+	                "to size the cache yourself%s)", have, held, what, sh, ctx_hint);
 }
 
-char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, int max_running, int fits)
+/* V as a JSON number, or null when not HAS */
+static const char *num_or_null(int has, unsigned long long v, char *buf, size_t n)
+{
+	if (!has)
+		return "null";
+	snprintf(buf, n, "%llu", v);
+	return buf;
+}
+
+char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, const struct llm_kv_fit *fit,
+                        int max_running, int fits)
 {
 	int64_t kv_tokens = p->kv_blocks * p->kv_block_size;
+	char av[32], bu[32], bs[32], src[48] = "null";
+	if (fit->measured)
+		snprintf(src, sizeof src, "\"%s\"", fit->source);
 	char *out = NULL;
 	if (asprintf(&out, "{\"model\": \"%s\", \"weight_bytes\": %zu, \"kv_bytes_per_token\": %zu, \"kv_block_size\": %d, "
 	             "\"kv_blocks\": %lld, \"kv_bytes\": %zu, \"kv_tokens\": %lld, \"activation_bytes\": %zu, "
 	             "\"logits_bytes\": %zu, \"total_bytes\": %zu, \"n_ctx\": %d, \"max_running\": %d, "
-	             "\"max_batch_tokens\": %d, \"max_context_that_fits\": %lld, \"fits\": %s}",
+	             "\"max_batch_tokens\": %d, \"max_context_that_fits\": %lld, \"seqs_that_fit\": %lld, "
+	             "\"memory_available\": %s, \"memory_source\": %s, \"kv_memory_fraction\": %.2f, "
+	             "\"kv_budget_bytes\": %s, \"seqs_memory_holds\": %s, \"short_bytes\": %zu, \"fits\": %s}",
 	             model, p->weight_bytes, p->kv_bytes_per_token, p->kv_block_size, (long long)p->kv_blocks,
 	             p->kv_bytes, (long long)kv_tokens, p->scratch_bytes, p->logits_bytes, p->total, p->n_ctx,
 	             max_running, p->max_batch_tokens, (long long)(kv_tokens < p->n_ctx ? kv_tokens : p->n_ctx),
+	             (long long)fit->seqs, num_or_null(fit->measured, fit->available, av, sizeof av), src,
+	             LLM_KV_MEM_FRACTION, num_or_null(fit->measured, fit->budget, bu, sizeof bu),
+	             num_or_null(fit->measured, (unsigned long long)fit->budget_seqs, bs, sizeof bs), fit->short_bytes,
 	             fits ? "true" : "false") < 0)
 		return NULL;
 	return out;
+}
+
+enum llm_status llm_kv_size_generate(const char *path, int64_t tokens, size_t bytes, int64_t need,
+                                     struct llm_engine_opts *o)
+{
+	if (!tokens && !bytes && need <= 0)
+		return LLM_OK;       /* no prompt lengths known: the engine's default pool */
+	struct llm_model m = { 0 };
+	int part = llm_model_is_partitioned(path);
+	LLM_TRY(part ? llm_model_geometry(&m, path) : llm_model_open(&m, path));
+	struct llm_kv_size sz = {
+		.tokens = tokens, .bytes = bytes, .need = need > 0 ? need : 1, .backend = o->backend,
+		.n_seq = o->kv_seqs > 0 && o->kv_seqs < o->max_seqs ? o->kv_seqs : o->max_seqs,
+		.need_what = need > 0 ? "the longest prompt with its output" : "one position",
+	};
+	sz.seq_tokens = sz.need > 4096 ? sz.need : 4096;   /* the pool of old, or more */
+	struct llm_mem_plan p;
+	enum llm_status s = llm_kv_size_opts(&m, o->n_ctx, &sz, o, &p, NULL);
+	if (!part)
+		llm_model_close(&m);
+	return s;
 }
 
 enum llm_status llm_model_geometry(struct llm_model *m, const char *dir)

@@ -97,6 +97,19 @@ int llm_cuda_device_count(void)
 	return n;
 }
 
+/* The free memory of device DEV (cudaMemGetInfo), for sizing the KV cache
+ * before the engine opens (common/memplan.c); 0 on success. */
+int llm_cuda_mem_free(int dev, size_t *free_bytes)
+{
+	size_t total = 0;
+	*free_bytes = 0;
+	if (cudaSetDevice(dev) != cudaSuccess || cudaMemGetInfo(free_bytes, &total) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return -1;
+	}
+	return 0;
+}
+
 /* ---- device memory ----------------------------------------------------- */
 
 static int is_dev(const struct cuda_be *c, const void *p)

@@ -20,7 +20,8 @@ struct generate_cfg {
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
 	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
 	struct llm_strlist stop, logit_bias;
-	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens;
+	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens;
+	size_t kv_memory;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
 	int json, score, eval, jsonl, hellaswag, skip_bad, chat, show_tokens, ignore_eos, echo, check_weights;
 };
@@ -71,6 +72,7 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "jsonl", &cfg.jsonl, "--perplexity: FILE is JSONL, a document {\"text\": ...} per line, each scored alone, batched as --eval"),
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences computed together (prompts, --score continuations, --perplexity windows)", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
+	LLM_KV_MEMORY_OPT(&cfg.kv_memory, "--parallel x the longest prompt with its -n (4096 at least), in 90% of free memory"), LLM_MAX_KV_TOKENS_OPT(&cfg.max_kv_tokens),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
@@ -122,13 +124,13 @@ static _Noreturn void open_failed(int first)
 	exit(1);
 }
 
-/* Rank 0, its input read: open the engine on every rank and lead. */
-static struct llm_engine *lead_open(int max_seqs, int kv_seqs)
+/* Rank 0, its input read: size the KV cache (NEED: the longest sequence; 0: unknown), open the engine on every rank and lead. */
+static struct llm_engine *lead_open(int max_seqs, int kv_seqs, int64_t need)
 {
 	struct llm_engine_opts o = engine_opts(max_seqs, kv_seqs);
 	struct llm_engine *e;
-	int first;
-	if (llm_engine_lead_open(&e, cfg.model, &o, &first))
+	int first = 0;
+	if (llm_kv_size_generate(cfg.model, cfg.max_kv_tokens, cfg.kv_memory, need, &o) || llm_engine_lead_open(&e, cfg.model, &o, &first))
 		open_failed(first);
 	return e;
 }
@@ -167,8 +169,7 @@ static struct llm_sched *sched_open(struct llm_engine *e, int n_run, int prefix,
 
 /* ---- modes: each reads its input, writes stdout ----------------------------- */
 
-/* --chat-template FILE, read by main */
-static char *template_src;
+static char *template_src;   /* --chat-template FILE, read by main */
 
 /* --tokenize, --detokenize, --apply-template: stdin to stdout */
 static enum llm_status text_mode(struct llm_tokenizer *tk, enum llm_text_mode m, int flag)
@@ -187,8 +188,7 @@ static enum llm_status text_mode(struct llm_tokenizer *tk, enum llm_text_mode m,
 		llm_fail_prefix(s, "%s", cfg.chat_template);
 	if (!s && (fwrite(out.p ? out.p : "", 1, out.len, stdout) != out.len || fflush(stdout)))
 		s = llm_fail(LLM_ERR_IO, "stdout: write failed");
-	llm_buf_free(&out);
-	free(in);
+	llm_buf_free(&out), free(in);
 	return s;
 }
 static enum llm_status run_tokenize(struct llm_tokenizer *tk) { return text_mode(tk, LLM_TEXT_TOKENIZE, !cfg.no_special); }
@@ -265,7 +265,7 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 	free(buf);
 	jobs[0].on_event = single && !cfg.json ? stream : NULL;
 	int n_run = (int)((size_t)cfg.parallel < n ? (size_t)cfg.parallel : n);
-	struct llm_engine *e = lead_open(n_run + (int)cfg.prefix_cache, n_run);
+	struct llm_engine *e = lead_open(n_run + (int)cfg.prefix_cache, n_run, llm_jobs_kv_need(jobs, n));
 	struct llm_sched *sch = sched_open(e, n_run, (int)cfg.prefix_cache, tk);
 	struct llm_jobs_out out = { .done = put, .user = jobs, .stop = &llm_interrupt, .gaps = cfg.json };   /* text lines stop at a gap */
 	if (llm_jobs_run(sch, jobs, n, !single, &out))
@@ -288,7 +288,7 @@ static enum llm_status run_score(struct llm_tokenizer *tk)
 	struct llm_eval *ev;
 	if (llm_eval_start(&ev, cfg.jsonl ? cfg.perplexity : "-", tk, &o))
 		die_msg();
-	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel);
+	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel, 0);
 	llm_eval_window(ev, cfg.n_ctx ? (int)cfg.n_ctx : llm_engine_n_ctx(e));
 	struct llm_sched *sch = sched_open(e, (int)cfg.parallel, 0, NULL);
 	if (llm_eval_run(ev, sch, &llm_interrupt, put_line, NULL, &n_done))
@@ -312,7 +312,7 @@ static enum llm_status run_perplexity(struct llm_tokenizer *tk)
 	if (cfg.jsonl)
 		return run_score(tk);
 	LLM_TRY(llm_read_file(cfg.perplexity, &buf, &len));
-	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel);
+	struct llm_engine *e = lead_open((int)cfg.parallel, (int)cfg.parallel, 0);
 	struct llm_ppl_result r;
 	if (llm_perplexity_text(e, tk, cfg.perplexity, buf, len, (int)cfg.n_ctx, &r))
 		die_msg();
@@ -334,8 +334,7 @@ static const struct mode { const int *flag; const char *name; enum llm_status (*
 int main(int argc, char **argv)
 {
 	const char *pos[16];
-	int n_pos;
-	int rc = llm_args_parse(argc, argv, &cli, pos, &n_pos);
+	int n_pos, rc = llm_args_parse(argc, argv, &cli, pos, &n_pos);
 	if (rc != LLM_ARGS_OK)
 		return rc == LLM_ARGS_EXIT ? 0 : 2;
 	const struct mode *mode = NULL;
@@ -357,6 +356,7 @@ int main(int argc, char **argv)
 		{ !cfg.model || llm_model_check_args(cfg.model, cfg.n_ctx), cfg.model ? llm_errmsg() : "missing -m DIR" },
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
+		{ cfg.kv_memory && cfg.max_kv_tokens, LLM_KV_SIZE_TWICE },
 		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo) && !gen, "--logit-bias, --min-tokens and --echo go with generation" },
 		{ cfg.hellaswag && mode->run != run_score, "--hellaswag goes with --eval or --score" },
 		{ cfg.skip_bad && mode->run != run_score && !cfg.jsonl, "--skip-bad goes with --eval, --score or --jsonl" },

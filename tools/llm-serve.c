@@ -27,7 +27,7 @@ struct serve_cfg {
 	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora, *weight_pages;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
-	size_t kv_memory, max_body;
+	size_t kv_memory, max_body, assume_memory;
 	double drain_timeout;
 	int plan, check_weights, allow_unauth;
 };
@@ -56,7 +56,9 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "max-batch-tokens", "N", &cfg.max_batch_tokens,
 	        "SplitFuse token budget of one forward step (decodes first, then prompt chunks)", 1, 1 << 20),
 	LLM_INT(0, "kv-block-size", "N", &cfg.kv_block_size, "token positions per KV block", 1, 4096),
-	LLM_SIZE(0, "kv-memory", "SIZE", &cfg.kv_memory, "KV cache size (e.g. 512MiB); default: --max-running full contexts, at most 1GiB"),
+	LLM_KV_MEMORY_OPT(&cfg.kv_memory, "--max-running full contexts, at most 90% of the memory free after the weights and activations"),
+	LLM_SIZE(0, "assume-memory", "SIZE", &cfg.assume_memory, "size the default KV cache (and --plan) as if SIZE were "
+	         "free (MemAvailable; on CUDA the device's free memory) instead of measuring it"),
 	LLM_INT(0, "max-kv-tokens", "N", &cfg.max_kv_tokens, "KV cache size in token positions (instead of --kv-memory)", 0, INT32_MAX),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_INT('c', "ctx-size", "N", &cfg.ctx_size, "context length (0: the model's)", 0, INT32_MAX),
@@ -208,7 +210,7 @@ int main(int argc, char **argv)
 	if (wp < 0)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
-		return llm_args_usage_error(&cli, "--kv-memory and --max-kv-tokens are two ways to say one thing; give one");
+		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
 
 	char *key_buf;
 	const char *key = api_key(&key_buf);
@@ -271,15 +273,22 @@ int main(int argc, char **argv)
 	if (dist ? llm_model_geometry(&m, cfg.model) : llm_model_open(&m, cfg.model))
 		fatal(llm_errmsg());
 	struct llm_mem_plan p;
-	struct llm_kv_size ks = { .tokens = cfg.max_kv_tokens, .bytes = cfg.kv_memory,
-	                          .full_contexts = (int)cfg.max_running, .default_cap = LLM_KV_DEFAULT_CAP };
-	int fits = llm_kv_size_opts(&m, (int)cfg.ctx_size, &ks, &eo, &p) == LLM_OK;
+	struct llm_kv_fit fit;
+	struct llm_kv_size ks = { .tokens = cfg.max_kv_tokens, .bytes = cfg.kv_memory, .n_seq = (int)cfg.max_running,
+	                          .assume = cfg.assume_memory, .backend = cfg.backend };
+	enum llm_status ksz = llm_kv_size_opts(&m, (int)cfg.ctx_size, &ks, &eo, &p, &fit);
+	if (ksz && ksz != LLM_ERR_RANGE)     /* the free memory could not be read */
+		fatal(llm_errmsg());
+	int64_t fits = ksz == LLM_OK, agreed[2] = { eo.kv_blocks, fits };
+	if (dist && llm_comm_bcast(world, agreed, sizeof agreed, 0))   /* rank 0's memory decides for all */
+		fatal(llm_errmsg());
+	eo.kv_blocks = agreed[0], fits = agreed[1];
 	if (!fits && world->rank == 0)
 		llm_warn("%s", llm_errmsg());
 	if (!dist)
 		llm_model_close(&m);
 	if (cfg.plan) {
-		char *js = llm_mem_plan_json(cfg.model, &p, (int)cfg.max_running, fits);
+		char *js = llm_mem_plan_json(cfg.model, &p, &fit, (int)cfg.max_running, (int)fits);
 		if (!js)
 			llm_die("out of memory");
 		puts(js);

@@ -94,17 +94,20 @@ float llm_cpu_dot(enum llm_cpu_isa isa, const float *a, const float *b, int64_t 
  * over them), then token tiles of 4, rows in tiles of 4, remainders of 1. */
 #define RB 64
 
-#define DEFINE_DRIVER(name, tile)                                                           \
+#define DEFINE_DRIVER(name, tile) DEFINE_DRIVER_NR(name, tile, 4)
+/* NR4: the rows of a 4-token tile (the registers decide: 16 accumulators
+ * fit AVX-512's 32, not AVX2's 16); a 1-token tile takes 4 rows. */
+#define DEFINE_DRIVER_NR(name, tile, NR4)                                                   \
 static void name(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,          \
                  const struct llm_weight *w, int64_t r0, int64_t r1)                       \
 {                                                                                           \
 	for (int64_t rb = r0; rb < r1; rb += RB) {                                          \
 		int64_t re = rb + RB < r1 ? rb + RB : r1;                                   \
 		for (int64_t t = 0; t < n_tok; ) {                                          \
-			int nt = n_tok - t >= 4 ? 4 : 1;                                    \
+			int nt = n_tok - t >= 4 ? 4 : 1, nr = nt == 4 ? (NR4) : 4;          \
 			int64_t r = rb;                                                     \
-			for (; r + 4 <= re; r += 4)                                         \
-				tile(y + t * ys, ys, x + t * xs, xs, nt, 4, w, r);          \
+			for (; r + nr <= re; r += nr)                                       \
+				tile(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r);         \
 			for (; r < re; r++)                                                 \
 				tile(y + t * ys, ys, x + t * xs, xs, nt, 1, w, r);          \
 			t += nt;                                                            \
@@ -415,11 +418,11 @@ T256 static INL __m256i mask8_256(int64_t left)
 
 /* The last partial chunk of a row is copied to a zero-padded buffer first,
  * so no load reads past the tensor. */
-T256 static INL __m256 wload_256(const struct llm_weight *w, int64_t r, int64_t c, int64_t left)
+T256 static INL __m256 wload_256(const struct llm_weight *w, enum llm_dtype dt, int64_t r, int64_t c, int64_t left)
 {
 	size_t i = (size_t)r * (size_t)w->cols + (size_t)c;
 	int k = left >= 8 ? 8 : (int)left;
-	switch (w->dtype) {
+	switch (dt) {
 	case LLM_DTYPE_F32:
 		if (k == 8)
 			return _mm256_loadu_ps((const float *)w->data + i);
@@ -435,7 +438,7 @@ T256 static INL __m256 wload_256(const struct llm_weight *w, int64_t r, int64_t 
 				buf[j] = ((const uint16_t *)w->data)[i + (size_t)j];
 			h = _mm_loadu_si128((const __m128i *)buf);
 		}
-		if (w->dtype == LLM_DTYPE_F16)
+		if (dt == LLM_DTYPE_F16)
 			return _mm256_cvtph_ps(h);
 		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 	}
@@ -464,68 +467,113 @@ T256 static INL float hsum_256(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
+/* small loops over a tile's rows and tokens, unrolled so the accumulators
+ * live in registers */
+#define UNROLL _Pragma("GCC unroll 8")
 T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
-                                 int nt, int nr, const struct llm_weight *w, int64_t r)
+                                 int nt, int nr, const struct llm_weight *w, int64_t r, enum llm_dtype dt)
 {
-	__m256 acc[4][4];
-	for (int i = 0; i < nr; i++)
+	__m256 acc[4][8];
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
 		for (int t = 0; t < nt; t++)
 			acc[i][t] = _mm256_setzero_ps();
+	}
 	int64_t n = w->cols;
-	int fp8 = w->dtype == LLM_DTYPE_E4M3;
+	int fp8 = dt == LLM_DTYPE_E4M3;
 	int64_t bk = fp8 ? w->block_cols : n;
-	size_t esz = llm_dtype_size(w->dtype);
+	size_t esz = llm_dtype_size(dt);
 	const float *srow[4] = { 0 };
-	if (fp8)
-		for (int i = 0; i < nr; i++)
-			srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
+	UNROLL
+	for (int i = 0; i < nr; i++)
+		srow[i] = fp8 ? w->scale + ((r + i) / w->block_rows) * w->scale_cols : NULL;
 	for (int64_t c0 = 0; c0 < n; c0 += bk) {
 		int64_t ce = c0 + bk < n ? c0 + bk : n;
 		__m256 sc[4];
-		if (fp8)
-			for (int i = 0; i < nr; i++)
-				sc[i] = _mm256_set1_ps(srow[i][c0 / bk] * 256.0f);
-		for (int64_t c = c0; c < ce; c += 8) {
-			int64_t left = ce - c;
-			__m256 xv[4];
-			if (left >= 8) {
-				for (int t = 0; t < nt; t++)
-					xv[t] = _mm256_loadu_ps(x + t * xs + c);
-			} else {
-				__m256i m = mask8_256(left);
-				for (int t = 0; t < nt; t++)
-					xv[t] = _mm256_maskload_ps(x + t * xs + c, m);
-			}
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			sc[i] = _mm256_set1_ps(fp8 ? srow[i][c0 / bk] * 256.0f : 1.0f);
+		int64_t c = c0;
+		for (; c + 8 <= ce; c += 8) {   /* x is read from L1 by each FMA: 8 tokens leave no registers for it */
+			UNROLL
 			for (int i = 0; i < nr; i++) {
 				_mm_prefetch((const char *)w->data + ((size_t)(r + nr + i) * (size_t)n + (size_t)c) * esz,
 				             _MM_HINT_T0);
-				__m256 wv = wload_256(w, r + i, c, left);
+				__m256 wv = wload_256(w, dt, r + i, c, 8);
 				if (fp8)
 					wv = _mm256_mul_ps(wv, sc[i]);
+				UNROLL
 				for (int t = 0; t < nt; t++)
-					acc[i][t] = _mm256_fmadd_ps(xv[t], wv, acc[i][t]);
+					acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(x + t * xs + c), wv, acc[i][t]);
+			}
+		}
+		if (c < ce) {                   /* the block's last, partial chunk */
+			__m256i m = mask8_256(ce - c);
+			UNROLL
+			for (int i = 0; i < nr; i++) {
+				__m256 wv = wload_256(w, dt, r + i, c, ce - c);
+				if (fp8)
+					wv = _mm256_mul_ps(wv, sc[i]);
+				UNROLL
+				for (int t = 0; t < nt; t++)
+					acc[i][t] = _mm256_fmadd_ps(_mm256_maskload_ps(x + t * xs + c, m), wv, acc[i][t]);
 			}
 		}
 	}
-	for (int i = 0; i < nr; i++)
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
 		for (int t = 0; t < nt; t++)
 			y[t * ys + r + i] = hsum_256(acc[i][t]);
+	}
 }
+
+/* The tile shapes the driver asks for, each with its weight dtype fixed, so
+ * the conversion is chosen once and the accumulators stay in registers. */
+#define TILE_256_DT(dt)                                                                     \
+	do {                                                                                \
+		if (nt == 8)                                                                \
+			tile_256(y, ys, x, xs, 8, 1, w, r, dt);                             \
+		else if (nt == 4 && nr == 2)                                                \
+			tile_256(y, ys, x, xs, 4, 2, w, r, dt);                             \
+		else if (nt == 4)                                                           \
+			tile_256(y, ys, x, xs, 4, 1, w, r, dt);                             \
+		else if (nr == 4)                                                           \
+			tile_256(y, ys, x, xs, 1, 4, w, r, dt);                             \
+		else                                                                        \
+			tile_256(y, ys, x, xs, 1, 1, w, r, dt);                             \
+	} while (0)
 
 T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs,
                                    int nt, int nr, const struct llm_weight *w, int64_t r)
 {
-	if (nt == 4 && nr == 4)
-		tile_256(y, ys, x, xs, 4, 4, w, r);
-	else if (nt == 4)
-		tile_256(y, ys, x, xs, 4, 1, w, r);
-	else if (nr == 4)
-		tile_256(y, ys, x, xs, 1, 4, w, r);
-	else
-		tile_256(y, ys, x, xs, 1, 1, w, r);
+	switch (w->dtype) {
+	case LLM_DTYPE_E4M3: TILE_256_DT(LLM_DTYPE_E4M3); break;
+	case LLM_DTYPE_BF16: TILE_256_DT(LLM_DTYPE_BF16); break;
+	case LLM_DTYPE_F16: TILE_256_DT(LLM_DTYPE_F16); break;
+	default: TILE_256_DT(LLM_DTYPE_F32); break;
+	}
 }
 
-T256 DEFINE_DRIVER(matmul_avx2, tile_256_dispatch)
+/* AVX2 has 16 registers: token tiles of 8 (one row: 8 accumulators, one
+ * weight conversion per 8 FMAs), then 4 (two rows), then 1 (four rows). */
+T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
+                             const struct llm_weight *w, int64_t r0, int64_t r1)
+{
+	for (int64_t rb = r0; rb < r1; rb += RB) {
+		int64_t re = rb + RB < r1 ? rb + RB : r1;
+		for (int64_t t = 0; t < n_tok; ) {
+			int nt = n_tok - t >= 8 ? 8 : n_tok - t >= 4 ? 4 : 1, nr = nt == 8 ? 1 : nt == 4 ? 2 : 4;
+			int64_t r = rb;
+			for (; r + nr <= re; r += nr)
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r);
+			for (; r < re; r++)
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, 1, w, r);
+			t += nt;
+		}
+	}
+}
 
 T256 static float dot_avx2(const float *a, const float *b, int64_t n)
 {

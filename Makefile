@@ -67,6 +67,21 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas
 endif
 $(info cuda: $(if $(filter 1,$(CUDA)),yes ($(NVCC)),no))
 
+# NCCL (the CUDA toolkit's, or Debian's libnccl-dev) in CUDA builds: the
+# communicator of GPU ranks, common/comm_nccl.c (-DLLM_NCCL); make NCCL=0
+# leaves it out. --as-needed: only programs that use it load libnccl.
+ifeq ($(CUDA),1)
+NCCL_H   ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+NCCL     ?= $(if $(NCCL_H),1,0)
+else
+NCCL     := 0
+endif
+ifeq ($(NCCL),1)
+override CFLAGS += -DLLM_NCCL
+LDLIBS   += -Wl,--push-state,--as-needed -lnccl -Wl,--pop-state
+endif
+$(info nccl: $(if $(filter 1,$(NCCL)),yes ($(NCCL_H)),no))
+
 # MPI (OpenMPI from Debian: libopenmpi-dev) when mpicc is found; make MPI=0
 # builds the single-process communication layer only. The flags come from
 # the wrapper itself, so no MPI path is hard-coded.

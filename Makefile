@@ -50,7 +50,11 @@ TOOLS     = llm-quantize llm-repartition llm-generate llm-serve llm-finetune llm
 LIB_SRC   = $(wildcard common/*.c)
 CU_SRC    = $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu))
 CUC_SRC   = $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.c))
-LIB_OBJ   = $(LIB_SRC:%.c=$(B)/%.o) $(CUC_SRC:%.c=$(B)/%.o) $(CU_SRC:%.cu=$(B)/%.cu.o)
+LIB_OBJ   = $(LIB_SRC:%.c=$(B)/%.o)
+# the CUDA backend: a shared library of its own, loaded by the programs when
+# asked for (common/backend.c), so that the CPU backend never maps cuBLAS
+CUDA_OBJ  = $(CUC_SRC:%.c=$(B)/%.o) $(CU_SRC:%.cu=$(B)/%.cu.o)
+CUDA_SO   = $(if $(filter 1,$(CUDA)),$(B)/lib/libllm_cuda.so)
 TOOL_BINS = $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/llm-*.c))
 TEST_SRC  = $(wildcard tests/test_*.c)
 TEST_BINS = $(TEST_SRC:tests/%.c=$(B)/tests/%)
@@ -63,9 +67,27 @@ BENCH_BINS = $(if $(filter 1,$(CUDA)),$(B)/bench/gemm_sweep $(B)/bench/gpu_bandw
 ifeq ($(CUDA),1)
 override CFLAGS += -DLLM_CUDA -I$(CUDA_HOME)/include
 NVCCFLAGS += -DLLM_CUDA
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+# what libllm_cuda.so links, and the programs that call into it directly
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+# every program exports the functions the library takes from it
+LDLIBS   += -ldl -Wl,--dynamic-list=kernels/imports.list
 endif
 $(info cuda: $(if $(filter 1,$(CUDA)),yes ($(NVCC)),no))
+
+# NCCL (the CUDA toolkit's, or Debian's libnccl-dev) in CUDA builds: the
+# communicator of GPU ranks, common/comm_nccl.c (-DLLM_NCCL); make NCCL=0
+# leaves it out. --as-needed: only programs that use it load libnccl.
+ifeq ($(CUDA),1)
+NCCL_H   ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+NCCL     ?= $(if $(NCCL_H),1,0)
+else
+NCCL     := 0
+endif
+ifeq ($(NCCL),1)
+override CFLAGS += -DLLM_NCCL
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,--push-state,--as-needed -lnccl -Wl,--pop-state
+endif
+$(info nccl: $(if $(filter 1,$(NCCL)),yes ($(NCCL_H)),no))
 
 # MPI (OpenMPI from Debian: libopenmpi-dev) when mpicc is found; make MPI=0
 # builds the single-process communication layer only. The flags come from
@@ -91,10 +113,12 @@ bin-link: $(TOOL_BINS)
 	@if [ -d bin ] && [ ! -L bin ]; then rm -rf bin; fi
 	@[ "$$(readlink bin 2>/dev/null)" = "$(B)/bin" ] || { ln -sfn $(B)/bin bin && echo "bin -> $(B)/bin"; }
 
-# Changed flags force a rebuild: objects depend on a file holding them.
+# Changed flags force a rebuild: objects depend on a file holding them
+# (CUDA builds: with the kernels' -fPIC of the shared library).
+FLAGS_LINE = $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)$(if $(CUDA_SO), kernels -fPIC)
 $(B)/flags: FORCE
 	@mkdir -p $(B)
-	@echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)' > $@
+	@echo '$(FLAGS_LINE)' | cmp -s - $@ || echo '$(FLAGS_LINE)' > $@
 
 $(B)/%.o: %.c $(B)/flags
 	@mkdir -p $(dir $@)
@@ -108,7 +132,15 @@ $(B)/libllm.a: $(LIB_OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(BIN)/%: $(B)/tools/%.o $(B)/libllm.a
+# position-independent, for the shared library
+$(CUDA_OBJ): CFLAGS += -fPIC
+$(CUDA_OBJ): NVCCFLAGS += -Xcompiler -fPIC
+$(B)/lib/libllm_cuda.so: $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libllm_cuda.so -o $@ $^ $(CUDA_LIBS)
+
+# the tools load libllm_cuda.so at run time: built with them, not linked
+$(BIN)/%: $(B)/tools/%.o $(B)/libllm.a | $(CUDA_SO)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -120,6 +152,16 @@ $(B)/tests/fuzz/%: $(B)/tests/fuzz/%.o $(B)/tests/lib/fuzz_replay.o $(B)/libllm.
 
 $(B)/bench/%: $(B)/bench/%.o $(B)/libllm.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# the programs that call the CUDA backend's own functions link it (found
+# through $ORIGIN/../lib; named before libllm.a, which then supplies what
+# it imports) and the CUDA runtime
+ifeq ($(CUDA),1)
+$(B)/tests/test_cuda: $(B)/tests/test_cuda.o $(B)/tests/lib/check.o $(CUDA_SO) $(B)/libllm.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -Wl,-rpath,'$$ORIGIN/../lib'
+$(BENCH_BINS): $(B)/bench/%: $(B)/bench/%.o $(CUDA_SO) $(B)/libllm.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS) -Wl,-rpath,'$$ORIGIN/../lib'
+endif
 
 # The missing Debian packages (apt-get as root, or through sudo) and the npm
 # client tests/cli/serve_openai.sh drives; quick when everything is there.
@@ -157,9 +199,10 @@ install: all
 	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(MANDIR)/man1
 	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(MANDIR)/man5
+	$(if $(CUDA_SO),install -d $(DESTDIR)$(PREFIX)/lib && install -m 755 $(CUDA_SO) $(DESTDIR)$(PREFIX)/lib)
 
 uninstall:
-	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(TOOLS:%=$(DESTDIR)$(MANDIR)/man1/%.1) $(DESTDIR)$(MANDIR)/man5/llm-checkpoint.5
+	rm -f $(TOOLS:%=$(DESTDIR)$(PREFIX)/bin/%) $(DESTDIR)$(PREFIX)/lib/libllm_cuda.so $(TOOLS:%=$(DESTDIR)$(MANDIR)/man1/%.1) $(DESTDIR)$(MANDIR)/man5/llm-checkpoint.5
 
 clean:
 	rm -rf build build-asan build-fuzz bin tests/tmp

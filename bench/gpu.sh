@@ -15,7 +15,8 @@
 # device call does.
 #
 # Steps: build (make CUDA=1 CUDA_SM=<the device's compute capability>);
-# test_cuda; compute-sanitizer memcheck and racecheck on test_cuda;
+# test_cuda; nccl (test_cuda's NCCL checks, alone and under mpirun -np 1);
+# compute-sanitizer memcheck and racecheck on test_cuda;
 # tests/cli/cuda.sh; greedy (stories260K --backend cuda against the
 # reference ids); logits_smol and logits_8b (random FP8 checkpoints of the
 # SmolLM2-135M and Llama-3.1-8B shapes, CPU against CUDA: argmax agreement
@@ -212,6 +213,28 @@ s_test_cuda() {
 	elif grep -q '# SKIP no CUDA device' "$LOG"; then failed "test_cuda sees no CUDA device"
 	elif [ $rc != 0 ] || grep -q '^not ok' "$LOG"; then failed "exit $rc: $(grep -m1 '^not ok' "$LOG")"; fi
 }
+# the NCCL communicator: test_cuda's NCCL checks alone (a one-rank
+# communicator, its id made in the process), then again as the one rank of
+# mpirun -np 1 (the id passed over MPI), each on device buffers against
+# the CPU communicator
+s_nccl() {
+	need_gpu || return
+	local rc rc2=skipped mpirun
+	NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo "$B/tests/test_cuda" nccl >>"$LOG" 2>&1; rc=$?
+	if command -v mpirun >/dev/null 2>&1; then
+		mpirun="mpirun --oversubscribe"
+		[ "$(id -u)" = 0 ] && mpirun="$mpirun --allow-run-as-root"
+		echo "# $mpirun -np 1 test_cuda nccl" >>"$LOG"
+		NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo $mpirun -np 1 "$B/tests/test_cuda" nccl >>"$LOG" 2>&1; rc2=$?
+	fi
+	EXTRA=$(tap_counts "$LOG" | sed "s/}\$/, \"mpirun_exit\": \"$rc2\"}/")
+	if timed_out $rc || timed_out $rc2; then failed "timed out after $TL s"
+	elif grep -q '# SKIP built without NCCL' "$LOG"; then failed "the CUDA build has no NCCL (nccl.h not found)"
+	elif grep -q '# SKIP no CUDA device' "$LOG"; then failed "test_cuda sees no CUDA device"
+	elif [ $rc != 0 ] || { [ "$rc2" != skipped ] && [ "$rc2" != 0 ]; } || grep -q '^not ok' "$LOG"; then
+		failed "exit $rc (mpirun -np 1: $rc2): $(grep -m1 '^not ok' "$LOG")"
+	elif [ "$rc2" = skipped ]; then REASON="mpirun not found: the id over MPI not checked"; fi
+}
 sanitizer() {   # TOOL [OPTION...]
 	need_gpu || return
 	command -v compute-sanitizer >/dev/null || { failed "compute-sanitizer not found"; return; }
@@ -384,6 +407,7 @@ echo "# bench/gpu.sh: device $DEV_NAME (sm $SM, driver $DEV_DRIVER), commit $COM
 step build 300 s_build
 start_8b
 step test_cuda 60 s_test_cuda
+step nccl 60 s_nccl
 step memcheck 100 s_memcheck
 step racecheck 100 s_racecheck
 step cuda_sh 90 s_cuda_sh

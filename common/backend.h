@@ -144,13 +144,15 @@ struct llm_backend {
 
 extern const struct llm_backend_ops llm_cpu_ops;
 #ifdef LLM_CUDA
-extern const struct llm_backend_ops llm_cuda_ops;     /* kernels/cuda_ops.c */
+/* kernels/cuda_ops.c, in libllm_cuda.so: llm_backend_open loads it (backend.c) */
+extern const struct llm_backend_ops llm_cuda_ops;
 #endif
 
 /* Open a backend by spec: "auto" (cuda:0 if built with CUDA and a device is
  * present, else cpu), "cpu", "cuda" or "cuda:N". O may be NULL (defaults).
  * Without CUDA support "cuda" fails with LLM_ERR_UNSUPPORTED "built without
- * CUDA support"; nothing falls back silently. *BE is owned by the caller and
+ * CUDA support", and so does it, naming libllm_cuda.so, when that library
+ * cannot be loaded; nothing falls back silently. *BE is owned by the caller and
  * released with llm_backend_close(). */
 enum llm_status llm_backend_open(const char *spec, const struct llm_backend_opts *o,
                                  struct llm_backend **be);

@@ -322,6 +322,32 @@ void llm_grid_free(struct llm_grid *g)
 	memset(g, 0, sizeof *g);
 }
 
+void llm_comm_slice(int64_t n, int size, int t, int64_t *start, int64_t *len)
+{
+	int64_t a = n * t / size, b = n * (t + 1) / size;
+	*start = a;
+	*len = b - a;
+}
+
+/* The all-gather of unequal parts with the slices' byte counts (on the
+ * stack up to 64 ranks: nothing allocated in a step) */
+enum llm_status llm_comm_allgather_slices(struct llm_comm *c, float *x, int64_t n)
+{
+	size_t stack[64] = { 0 }, *counts = c->size <= 64 ? stack : malloc((size_t)c->size * sizeof *counts);
+	if (!counts)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	int64_t a = 0, len;
+	for (int r = 0; r < c->size; r++) {
+		llm_comm_slice(n, c->size, r, &a, &len);
+		counts[r] = (size_t)len * sizeof(float);
+	}
+	llm_comm_slice(n, c->size, c->rank, &a, &len);
+	enum llm_status s = llm_comm_allgatherv(c, x + a, x, counts);
+	if (counts != stack)
+		free(counts);
+	return s;
+}
+
 enum llm_status llm_comm_first_failing(struct llm_comm *c, int failed, int *first)
 {
 	*first = failed ? 0 : -1;

@@ -1,6 +1,6 @@
 /* common/comm.h: the communication layer of distributed runs: one interface,
  * three implementations (single process, MPI for CPU ranks, NCCL for GPU
- * ranks bootstrapped over MPI), never a home-made transport.
+ * ranks bootstrapped over MPI: comm_nccl.c), never a home-made transport.
  *
  * Guarantees: every call either completes on every rank of the communicator
  * or the job ends: a rank that fails calls llm_comm_abort (or exits, or
@@ -93,6 +93,15 @@ enum llm_status llm_comm_send(struct llm_comm *c, const void *buf, size_t n, int
 enum llm_status llm_comm_recv(struct llm_comm *c, void *buf, size_t n, int src, int tag);
 enum llm_status llm_comm_barrier(struct llm_comm *c);
 
+/* The pipeline boundary's slices (partition.h, "stage boundary"): of N
+ * elements over SIZE ranks, rank T's is [*START, *START + *LEN) =
+ * [T*N/SIZE, (T+1)*N/SIZE) (llm_part_range splits the same way). */
+void llm_comm_slice(int64_t n, int size, int t, int64_t *start, int64_t *len);
+/* The boundary's all-gather, in place: X (N) f32, of which each rank of C
+ * holds its own slice; afterwards every rank holds all N. Host memory, or
+ * device memory on a NCCL communicator. Collective over C. */
+enum llm_status llm_comm_allgather_slices(struct llm_comm *c, float *x, int64_t n);
+
 /* Collective: whether any rank FAILED (nonzero); *FIRST gets the lowest
  * failing rank, or -1 when none did. */
 enum llm_status llm_comm_first_failing(struct llm_comm *c, int failed, int *first);
@@ -128,11 +137,16 @@ extern const struct llm_comm_ops llm_comm_mpi_ops;        /* comm_mpi.c */
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv);
 #endif
 #ifdef LLM_NCCL
-/* kernels/comm_nccl.c (issue 6, part 2): a NCCL communicator over the ranks
- * of MPI communicator MPI_COMM (its ncclUniqueId broadcast over MPI), on
- * CUDA device DEVICE; buffers are device pointers. */
+/* common/comm_nccl.c (CUDA builds with NCCL): a NCCL communicator over the
+ * ranks of BOOT (MPI under mpirun: rank 0's ncclUniqueId is broadcast over
+ * it), or, with BOOT NULL, a one-rank communicator with its own id; on
+ * CUDA device DEVICE. Every buffer its operations take is device memory
+ * of that device; each call waits for its own stream, so the caller
+ * finishes work queued on other streams first. Collective over BOOT.
+ * LLM_ERR_UNSUPPORTED without a device, LLM_ERR_USAGE for a device the
+ * process does not see, LLM_ERR_COMM naming the NCCL call otherwise. */
 extern const struct llm_comm_ops llm_comm_nccl_ops;
-enum llm_status llm_comm_nccl_open(struct llm_comm *mpi_comm, int device, struct llm_comm **out);
+enum llm_status llm_comm_nccl_open(struct llm_comm *boot, int device, struct llm_comm **out);
 #endif
 
 #endif

@@ -200,8 +200,7 @@ enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct
 	m->d_ff_loc = c->d_ff / T;
 	llm_part_range(c->n_vocab, T, t, &m->vocab_begin, &m->n_vocab_loc);
 	d->v0 = malloc(((size_t)T + 1) * sizeof *d->v0);
-	d->counts = malloc((size_t)T * sizeof *d->counts);
-	if (!d->v0 || !d->counts) {
+	if (!d->v0) {
 		s = llm_fail(LLM_ERR_NOMEM, "%s: out of memory", dir);
 		goto fail;
 	}
@@ -336,7 +335,6 @@ void llm_model_close(struct llm_model *m)
 		if (m->dist->grid.world)
 			llm_grid_free(&m->dist->grid);
 		free(m->dist->v0);
-		free(m->dist->counts);
 		free(m->dist);
 	}
 	free(m->layers);
@@ -498,13 +496,8 @@ static enum llm_status stage_recv(struct llm_model_dist *d, float *x, int64_t n_
 	d->stats.boundary_recvd += (uint64_t)len * sizeof(float);
 	if (T == 1)
 		return LLM_OK;
-	for (int r = 0; r < T; r++) {
-		int64_t ra, rl;
-		llm_part_range(n_el, T, r, &ra, &rl);
-		d->counts[r] = (size_t)rl * sizeof(float);
-	}
 	d->stats.tp_allgather += (uint64_t)len * sizeof(float);
-	return llm_comm_allgatherv(d->grid.tp, x + a, x, d->counts);   /* in place */
+	return llm_comm_allgather_slices(d->grid.tp, x, n_el);   /* the same slices, in place */
 }
 
 /* Last stage: the logits slices (n_out, V_t) of the TP ranks go to world

@@ -51,7 +51,6 @@ struct llm_model_dist {
 	int n_micro;                /* most pipeline micro-batches per step (P > 1): 2P, or
 	                               $LLM_PP_MICRO; each holds >= 32 tokens (model.c) */
 	int64_t *v0;                /* (tp + 1) vocabulary slice bounds of the TP ranks */
-	size_t *counts;             /* (tp) all-gather byte counts of the stage boundary */
 	struct llm_dist_stats stats;
 };
 

@@ -181,6 +181,19 @@ static void grid(int tp, int pp)
 	}
 	int ok = pp == 1 || g.stage == 0 || !memcmp(got, x, sizeof x);
 	verdict(ok, "stage boundary: 1/T column blocks sent, all-gathered into x");
+	/* the model's boundary gather (llm_comm_allgather_slices): flat
+	 * slices [t*N/T, (t+1)*N/T) of an N no T divides, in place */
+	enum { NS = 37 };
+	float y[NS];
+	int64_t a, len;
+	llm_comm_slice(NS, tp, g.tp_rank, &a, &len);
+	for (int i = 0; i < NS; i++)
+		y[i] = i >= a && i < a + len ? (float)(3 * i + 1) : -1.0f;
+	TRY(llm_comm_allgather_slices(g.tp, y, NS));
+	int same = 1;
+	for (int i = 0; i < NS; i++)
+		same &= y[i] == (float)(3 * i + 1);
+	verdict(same, "the boundary's flat 1/T slices of %d floats all-gathered in place over the TP group", NS);
 	uint64_t per = g.pp->stats.sent - sent0;
 	verdict(pp == 1 || g.stage == pp - 1 || per == (uint64_t)(NT * D / tp) * sizeof(float),
 	        "each TP rank sends %zu of %zu bytes across the boundary (1/T)",

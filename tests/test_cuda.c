@@ -35,7 +35,15 @@
  * the exact and bit-for-bit cases stay exact (the reference's double sums
  * of exact f32 terms are exact too). The reference runs with f32 inputs
  * (llm_ref_matmul BF16_IN 0): the bf16 rounding of the tensor-core and
- * cuBLAS paths is inside their 2^-7 bound. */
+ * cuBLAS paths is inside their 2^-7 bound.
+ *
+ * The NCCL communicator (common/comm_nccl.c, builds with NCCL): one rank on
+ * device 0 (NCCL takes a communicator of one; two ranks on one GPU it
+ * refuses), its id made here, or passed over MPI under mpirun -np 1; every
+ * collective on device buffers gives the bytes the CPU communicator gives
+ * on host buffers (exact: collectives copy, and a one-rank sum adds
+ * nothing), and writes nothing past its output (guard bytes).
+ * "test_cuda nccl" runs these checks alone (bench/gpu.sh step nccl). */
 #define _GNU_SOURCE
 #include "check.h"
 #include "backend.h"
@@ -50,6 +58,10 @@
 #ifdef LLM_CUDA
 #include "../kernels/llm_cuda.h"
 #include "../kernels/cuda_kernels.h"
+#endif
+#ifdef LLM_NCCL
+#include "comm.h"
+#include <cuda_runtime_api.h>
 #endif
 
 /* Every GPU check by name, for the skip lines. */
@@ -72,11 +84,28 @@ static const char *const gpu_checks[] = {
 	"kv_store bytes and attention against the plain reference, positions to 277 (block 17)",
 };
 
+/* The NCCL communicator's checks, by name. */
+static const char *const nccl_checks[] = {
+	"nccl: a one-rank communicator on device 0 (its id made here, or over MPI under mpirun)",
+	"nccl: all-reduce (sum) of device f32 equals the CPU communicator's bits",
+	"nccl: all-gather out of place and in place equals the CPU communicator's bytes, guards intact",
+	"nccl: all-gather of unequal parts (grouped broadcasts) equals the CPU communicator's, guards intact",
+	"nccl: the stage boundary's 1/T slices all-gathered in place on the device equal the CPU's",
+	"nccl: argmax pairs, broadcast, barrier and split equal the CPU communicator's",
+	"nccl: byte and call counters equal the CPU communicator's for the same calls",
+};
+
+static void skip_nccl(const char *reason)
+{
+	for (size_t i = 0; i < sizeof nccl_checks / sizeof *nccl_checks; i++)
+		check_skip(reason, "cuda: %s", nccl_checks[i]);
+}
 
 static void skip_all(const char *reason)
 {
 	for (size_t i = 0; i < sizeof gpu_checks / sizeof *gpu_checks; i++)
 		check_skip(reason, "cuda: %s", gpu_checks[i]);
+	skip_nccl(reason);
 }
 
 #ifdef LLM_CUDA
@@ -689,12 +718,171 @@ static void test_argmax(void)
 	free(seen);
 }
 
+#ifdef LLM_NCCL
+/* Device memory for the communicator: plain cudaMalloc and synchronous
+ * copies, then a device-wide wait, so that the communicator's own stream
+ * finds the bytes there. */
+static void *nccl_dev(const void *h, size_t n)
+{
+	void *p = NULL;
+	if (cudaMalloc(&p, n ? n : 1) != cudaSuccess || (h && cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) != cudaSuccess)
+	    || cudaDeviceSynchronize() != cudaSuccess) {
+		check(0, "device buffer of %zu bytes: %s", n, cudaGetErrorString(cudaGetLastError()));
+		exit(1);
+	}
+	return p;
+}
+
+static void nccl_put(void *d, const void *h, size_t n)
+{
+	if (cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+		check_diag("cudaMemcpy to the device failed");
+}
+
+/* Whether device D holds the N bytes of host REF. */
+static int nccl_same(const char *what, const void *d, const void *ref, size_t n)
+{
+	unsigned char *h = malloc(n ? n : 1);
+	int ok = cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess && !memcmp(h, ref, n);
+	if (!ok) {
+		size_t i = 0;
+		while (i < n && h[i] == ((const unsigned char *)ref)[i])
+			i++;
+		check_diag("%s: the device's bytes differ from the CPU communicator's from byte %zu of %zu", what, i, n);
+	}
+	free(h);
+	return ok;
+}
+
+static void test_nccl(void)
+{
+	struct llm_comm *world = NULL, *nc = NULL, *sub = NULL;
+	if (llm_comm_init(&world, NULL, NULL)) {
+		check(0, "cuda: %s: %s", nccl_checks[0], llm_errmsg());
+		return;
+	}
+	enum llm_status s = llm_comm_nccl_open(world, 0, &nc);
+	check(!s && !strcmp(nc->ops->name, "nccl") && nc->size == world->size && nc->rank == world->rank,
+	      "cuda: %s (%s, %d rank(s) from a %s world)", nccl_checks[0], s ? llm_errmsg() : "opened",
+	      world->size, world->ops->name);
+	if (s) {
+		for (size_t i = 1; i < sizeof nccl_checks / sizeof *nccl_checks; i++)
+			check_skip("the NCCL communicator did not open", "cuda: %s", nccl_checks[i]);
+		llm_comm_finalize(world);
+		return;
+	}
+	int R = world->size, me = world->rank, ok;
+	enum { GUARD = 256 };
+
+	/* all-reduce: an odd length, random values */
+	size_t n = 1000003;
+	float *h = rand_x(1, (int64_t)n, 0), *ref = malloc(n * sizeof *ref);
+	memcpy(ref, h, n * sizeof *ref);
+	float *d = nccl_dev(h, n * sizeof *h);
+	ok = !llm_comm_allreduce_sum_f32(world, ref, n);
+	ok &= !llm_comm_allreduce_sum_f32(nc, d, n) || (check_diag("%s", llm_errmsg()), 0);
+	check(ok && nccl_same("all-reduce", d, ref, n * sizeof *ref), "cuda: %s", nccl_checks[1]);
+
+	/* all-gather: an odd byte count per rank, guard bytes after the output */
+	size_t nb = 4099 * 4 + 3, tot = (size_t)R * nb + GUARD;
+	unsigned char *send = malloc(nb), *hr = malloc(tot);
+	for (size_t i = 0; i < nb; i++)
+		send[i] = (unsigned char)(urand() * 256);
+	memset(hr, 0xa5, tot);
+	unsigned char *dsend = nccl_dev(send, nb), *dr = nccl_dev(hr, tot);
+	ok = !llm_comm_allgather(world, send, nb, hr);
+	ok &= !llm_comm_allgather(nc, dsend, nb, dr) || (check_diag("%s", llm_errmsg()), 0);
+	ok &= nccl_same("all-gather", dr, hr, tot);
+	memset(hr, 0xa5, tot);                              /* in place: the part already there */
+	memcpy(hr + (size_t)me * nb, send, nb);
+	nccl_put(dr, hr, tot);
+	ok &= !llm_comm_allgather(world, hr + (size_t)me * nb, nb, hr);
+	ok &= !llm_comm_allgather(nc, dr + (size_t)me * nb, nb, dr) || (check_diag("%s", llm_errmsg()), 0);
+	check(ok && nccl_same("all-gather in place", dr, hr, tot), "cuda: %s", nccl_checks[2]);
+	cudaFree(dr);
+
+	/* unequal parts: rank r gives (r + 1) * 1001 + 7 bytes */
+	size_t *counts = malloc((size_t)R * sizeof *counts), vt = GUARD;
+	for (int r = 0; r < R; r++)
+		vt += counts[r] = (size_t)(r + 1) * 1001 + 7;
+	unsigned char *hv = malloc(vt);
+	memset(hv, 0x5a, vt);
+	unsigned char *dv = nccl_dev(hv, vt);
+	ok = !llm_comm_allgatherv(world, send, hv, counts);
+	ok &= !llm_comm_allgatherv(nc, dsend, dv, counts) || (check_diag("%s", llm_errmsg()), 0);
+	check(ok && nccl_same("all-gather of parts", dv, hv, vt), "cuda: %s", nccl_checks[3]);
+	cudaFree(dv);
+
+	/* the boundary: N = n_tok * d_model, each rank's slice in place, the
+	 * rest of the buffer stale (NaN) until the gather */
+	int64_t ne = 7 * 576 + 5, a, len;
+	float *bx = rand_x(1, ne, 0), *bref = malloc((size_t)ne * sizeof *bref);
+	llm_comm_slice(ne, R, me, &a, &len);
+	for (int64_t i = 0; i < ne; i++)
+		bref[i] = i >= a && i < a + len ? bx[i] : NAN;
+	float *dx = nccl_dev(bref, (size_t)ne * sizeof *bref);
+	ok = !llm_comm_allgather_slices(world, bref, ne);
+	ok &= !llm_comm_allgather_slices(nc, dx, ne) || (check_diag("%s", llm_errmsg()), 0);
+	ok &= R > 1 || !memcmp(bref, bx, (size_t)ne * sizeof *bx);   /* one rank: its slice is the whole */
+	check(ok && nccl_same("boundary slices", dx, bref, (size_t)ne * sizeof *bref), "cuda: %s (N %lld, %d rank(s))",
+	      nccl_checks[4], (long long)ne, R);
+	cudaFree(dx);
+
+	/* argmax pairs, broadcast from rank 0, barrier, a split and its all-reduce */
+	enum { NP = 37 };
+	float pv[NP];
+	int32_t pi[NP];
+	for (int i = 0; i < NP; i++)
+		pv[i] = (float)(int)(urand() * 5), pi[i] = (int32_t)(urand() * 1000);
+	float *dpv = nccl_dev(pv, sizeof pv);
+	int32_t *dpi = nccl_dev(pi, sizeof pi);
+	ok = !llm_comm_argmax_f32(world, pv, pi, NP);
+	ok &= !llm_comm_argmax_f32(nc, dpv, dpi, NP) || (check_diag("%s", llm_errmsg()), 0);
+	ok &= nccl_same("argmax values", dpv, pv, sizeof pv) && nccl_same("argmax indices", dpi, pi, sizeof pi);
+	ok &= !llm_comm_bcast(world, send, nb, 0);
+	ok &= !llm_comm_bcast(nc, dsend, nb, 0) || (check_diag("%s", llm_errmsg()), 0);
+	ok &= nccl_same("broadcast", dsend, send, nb);
+	ok &= !llm_comm_barrier(nc) || (check_diag("%s", llm_errmsg()), 0);
+	s = llm_comm_split(nc, me % 2, me, &sub);
+	ok &= (!s && sub->ops == nc->ops && sub->size == (R + 1 - me % 2) / 2) || (check_diag("split: %s", llm_errmsg()), 0);
+	if (!s) {
+		memcpy(ref, h, n * sizeof *ref);
+		nccl_put(d, h, n * sizeof *h);
+		ok &= !llm_comm_allreduce_sum_f32(sub, d, n) || (check_diag("%s", llm_errmsg()), 0);
+		ok &= R > 1 || nccl_same("all-reduce on the split", d, ref, n * sizeof *ref);
+	}
+	check(ok, "cuda: %s", nccl_checks[5]);
+	check(nc->stats.coll == world->stats.coll && nc->stats.n_coll == world->stats.n_coll,
+	      "cuda: %s (%llu bytes in %llu calls; CPU %llu in %llu)", nccl_checks[6],
+	      (unsigned long long)nc->stats.coll, (unsigned long long)nc->stats.n_coll,
+	      (unsigned long long)world->stats.coll, (unsigned long long)world->stats.n_coll);
+
+	llm_comm_free(sub);
+	llm_comm_free(nc);
+	cudaFree(d);
+	cudaFree(dsend);
+	cudaFree(dpv);
+	cudaFree(dpi);
+	free(h), free(ref), free(send), free(hr), free(counts), free(hv), free(bx), free(bref);
+	llm_comm_finalize(world);
+}
+#endif
+
 #endif /* LLM_CUDA */
 
-int main(void)
+int main(int argc, char **argv)
 {
 	struct llm_backend *be = NULL;
+	int only_nccl = argc == 2 && !strcmp(argv[1], "nccl");
+	if (argc > 2 || (argc == 2 && !only_nccl)) {
+		fprintf(stderr, "usage: test_cuda [nccl]\n");
+		return 2;
+	}
 #ifndef LLM_CUDA
+	if (only_nccl) {
+		skip_nccl("built without CUDA support (make CUDA=0)");
+		return check_done();
+	}
 	enum llm_status s = llm_backend_open("cuda", NULL, &be);
 	check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "built without CUDA support"),
 	      "backend cuda in a CPU-only build is a clear error: %s", llm_errmsg());
@@ -705,6 +893,31 @@ int main(void)
 	return check_done();
 #else
 	int n_dev = llm_cuda_device_count();
+#ifdef LLM_NCCL
+	if (!n_dev) {
+		struct llm_comm *nc = NULL;
+		enum llm_status ns = llm_comm_nccl_open(NULL, 0, &nc);
+		check(ns == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "no CUDA device"),
+		      "nccl: a communicator without a device is a clear error: %s", llm_errmsg());
+	} else {
+		struct llm_comm *nc = NULL;
+		enum llm_status ns = llm_comm_nccl_open(NULL, 1023, &nc);
+		check(ns == LLM_ERR_USAGE && strstr(llm_errmsg(), "device 1023"),
+		      "nccl: a communicator on a device that is not there is a clear error: %s", llm_errmsg());
+	}
+	if (only_nccl) {
+		if (n_dev)
+			test_nccl();
+		else
+			skip_nccl("no CUDA device");
+		return check_done();
+	}
+#else
+	if (only_nccl) {
+		skip_nccl("built without NCCL (make NCCL=0, or no nccl.h found)");
+		return check_done();
+	}
+#endif
 	enum llm_status s = llm_backend_open("auto", NULL, &be);
 	check(s == LLM_OK && !strcmp(be->ops->name, n_dev ? "cuda" : "cpu"),
 	      "backend auto opens %s with %d CUDA device(s) (%s)", n_dev ? "cuda" : "the CPU", n_dev,
@@ -740,6 +953,11 @@ int main(void)
 	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);
 	llm_backend_close(gpu);
 	llm_backend_close(cpu);
+#ifdef LLM_NCCL
+	test_nccl();
+#else
+	skip_nccl("built without NCCL (make NCCL=0, or no nccl.h found)");
+#endif
 	return check_done();
 #endif
 }

@@ -17,6 +17,41 @@ fi
 M=$(stories)
 REF=$LLM_TEST_REF/stories260K/greedy.jsonl
 
+# The CUDA backend is libllm_cuda.so, loaded only when asked for
+# (common/backend.c): the CPU backend of a CUDA build maps no CUDA library,
+# and without the library --backend cuda is an error naming it.
+LIB=$LLM_BIN/../lib/libllm_cuda.so
+dl_checks="a CUDA build's llm-generate needs no CUDA library at start (readelf)
+llm-generate --backend cpu of a CUDA build loads no CUDA library (LD_DEBUG=files)
+llm-generate --backend cuda loads libllm_cuda.so and its CUDA libraries
+without libllm_cuda.so, --backend cuda is a one-line error naming it, and auto runs on the CPU
+libllm_cuda.so takes from the program only the functions of kernels/imports.list"
+if [ ! -f "$LIB" ]; then
+	echo "$dl_checks" | while read -r c; do skip "$c" "not a CUDA build (no $LIB)"; done
+elif ! have_stories; then
+	echo "$dl_checks" | while read -r c; do skip "$c" "no stories260K in \$LLM_TEST_MODELS"; done
+else
+	check "a CUDA build's llm-generate needs no CUDA library at start (readelf)" \
+		sh -c "readelf -d '$LLM_BIN/llm-generate' >'$T/dyn' && grep -q NEEDED '$T/dyn' && ! grep -qE 'lib(cudart|cublas|nccl|llm_cuda)' '$T/dyn'"
+	LD_DEBUG=files llm-generate -m "$M" --backend cpu -p "Once" -n 2 --temp 0 >/dev/null 2>"$T/ld.cpu"; rc=$?
+	check "llm-generate --backend cpu of a CUDA build loads no CUDA library (LD_DEBUG=files; exit $rc)" \
+		sh -c "[ $rc = 0 ] && grep -q 'file=' '$T/ld.cpu' && ! grep -qE 'file=[^ ]*lib(cudart|cublas|llm_cuda)' '$T/ld.cpu'"
+	LD_DEBUG=files llm-generate -m "$M" --backend cuda -p "Once" -n 2 --temp 0 >/dev/null 2>"$T/ld.cuda"
+	check "llm-generate --backend cuda loads libllm_cuda.so and its CUDA libraries" \
+		sh -c "grep -q 'file=[^ ]*/lib/libllm_cuda.so' '$T/ld.cuda' && grep -q 'file=libcublas' '$T/ld.cuda'"
+	mkdir -p "$T/alone/bin"
+	cp "$LLM_BIN/llm-generate" "$T/alone/bin/"
+	"$T/alone/bin/llm-generate" -m "$M" --backend cuda -p "Once" -n 2 --temp 0 >/dev/null 2>"$T/alone.err"; rc=$?
+	"$T/alone/bin/llm-generate" -m "$M" --backend auto -p "Once" -n 2 --temp 0 >"$T/alone.out" 2>/dev/null; rc2=$?
+	check "without libllm_cuda.so, --backend cuda is a one-line error naming it, and auto runs on the CPU (exit $rc: $(head -n 1 "$T/alone.err"); auto exit $rc2)" \
+		sh -c "[ $rc = 1 ] && [ \$(wc -l <'$T/alone.err') = 1 ] && grep -q 'libllm_cuda.so not found' '$T/alone.err' && [ $rc2 = 0 ] && [ -s '$T/alone.out' ]"
+	nm -D --undefined-only "$LIB" | awk '$NF ~ /^llm_/ { print $NF }' | sort -u >"$T/imports"
+	sed -n 's/^[[:space:]]*\(llm_[a-z0-9_]*\);.*/\1/p' kernels/imports.list | sort -u >"$T/listed"
+	extra=$(comm -23 "$T/imports" "$T/listed" | tr '\n' ' ')
+	check "libllm_cuda.so takes from the program only the functions of kernels/imports.list (${extra:-none beyond: $(tr '\n' ' ' <"$T/listed")})" \
+		sh -c "[ -s '$T/imports' ] && [ -z '$extra' ]"
+fi
+
 if [ -n "$reason" ]; then
 	if have_stories; then
 		llm-generate -m "$M" --backend cuda -p "Once" -n 4 --temp 0 >"$T/out" 2>"$T/err"; rc=$?

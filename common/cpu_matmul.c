@@ -94,6 +94,10 @@ float llm_cpu_dot(enum llm_cpu_isa isa, const float *a, const float *b, int64_t 
  * over them), then token tiles of 4, rows in tiles of 4, remainders of 1. */
 #define RB 64
 
+/* small loops over a tile's rows and tokens, unrolled so the accumulators
+ * live in registers */
+#define UNROLL _Pragma("GCC unroll 8")
+
 #define DEFINE_DRIVER(name, tile) DEFINE_DRIVER_NR(name, tile, 4)
 /* NR4: the rows of a 4-token tile (the registers decide: 16 accumulators
  * fit AVX-512's 32, not AVX2's 16); a 1-token tile takes 4 rows. */
@@ -149,29 +153,34 @@ T512 static INL void tile_512(float *y, int64_t ys, const float *x, int64_t xs,
                                  int nt, int nr, const struct llm_weight *w, int64_t r)
 {
 	__m512 acc[4][4];
-	for (int i = 0; i < nr; i++)
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
 		for (int t = 0; t < nt; t++)
 			acc[i][t] = _mm512_setzero_ps();
+	}
 	int64_t n = w->cols;
 	int fp8 = w->dtype == LLM_DTYPE_E4M3;
 	int64_t bk = fp8 ? w->block_cols : n;
 	size_t esz = llm_dtype_size(w->dtype);
 	const float *srow[4] = { 0 };
-	if (fp8)
-		for (int i = 0; i < nr; i++)
-			srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
+	UNROLL
+	for (int i = 0; i < nr; i++)
+		srow[i] = fp8 ? w->scale + ((r + i) / w->block_rows) * w->scale_cols : NULL;
 	for (int64_t c0 = 0; c0 < n; c0 += bk) {            /* scale blocks */
 		int64_t ce = c0 + bk < n ? c0 + bk : n;
 		__m512 sc[4];
-		if (fp8)
-			for (int i = 0; i < nr; i++)
-				sc[i] = _mm512_set1_ps(srow[i][c0 / bk] * 256.0f);
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			sc[i] = _mm512_set1_ps(fp8 ? srow[i][c0 / bk] * 256.0f : 1.0f);
 		for (int64_t c = c0; c < ce; c += 16) {
 			int64_t left = ce - c;
 			__mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 			__m512 xv[4];
+			UNROLL
 			for (int t = 0; t < nt; t++)
 				xv[t] = _mm512_maskz_loadu_ps(m, x + t * xs + c);
+			UNROLL
 			for (int i = 0; i < nr; i++) {
 				/* the rows of the next tile, same columns: narrow rows
 				 * (d_model 576) defeat the hardware prefetcher */
@@ -180,14 +189,18 @@ T512 static INL void tile_512(float *y, int64_t ys, const float *x, int64_t xs,
 				__m512 wv = wload_512(w, r + i, c, m);
 				if (fp8)
 					wv = _mm512_mul_ps(wv, sc[i]);
+				UNROLL
 				for (int t = 0; t < nt; t++)
 					acc[i][t] = _mm512_fmadd_ps(xv[t], wv, acc[i][t]);
 			}
 		}
 	}
-	for (int i = 0; i < nr; i++)
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
 		for (int t = 0; t < nt; t++)
 			y[t * ys + r + i] = _mm512_reduce_add_ps(acc[i][t]);
+	}
 }
 
 /* Specialize the tile shapes so the accumulators live in registers. */
@@ -467,9 +480,6 @@ T256 static INL float hsum_256(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
-/* small loops over a tile's rows and tokens, unrolled so the accumulators
- * live in registers */
-#define UNROLL _Pragma("GCC unroll 8")
 T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
                                  int nt, int nr, const struct llm_weight *w, int64_t r, enum llm_dtype dt)
 {

@@ -346,6 +346,7 @@ static int intern(struct llm_grammar *g, const uint32_t *set, size_t n)
 }
 
 int llm_grammar_start(struct llm_grammar *g) { return g->start; }
+const struct llm_gvocab *llm_grammar_vocab(const struct llm_grammar *g) { return g->voc; }
 
 int llm_grammar_next(struct llm_grammar *g, int st, const void *bytes, size_t n)
 {
@@ -376,6 +377,13 @@ int llm_grammar_next(struct llm_grammar *g, int st, const void *bytes, size_t n)
 		st = nx;
 	}
 	return st;
+}
+
+int llm_grammar_next_token(struct llm_grammar *g, int st, int id)
+{
+	size_t n;
+	const char *b = llm_gvocab_token(g->voc, id, &n);
+	return b && n ? llm_grammar_next(g, st, b, n) : -1;
 }
 
 int llm_grammar_accepts(const struct llm_grammar *g, int st) { return st >= 0 && g->st[st].accept; }

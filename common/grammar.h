@@ -52,11 +52,16 @@ enum llm_status llm_grammar_compile(struct llm_grammar **g, const char *src, siz
 struct llm_grammar *llm_grammar_ref(struct llm_grammar *g);
 void llm_grammar_unref(struct llm_grammar *g);   /* NULL: nothing */
 
+/* The vocabulary masks are over (NULL: none). */
+const struct llm_gvocab *llm_grammar_vocab(const struct llm_grammar *g);
 /* The start state. */
 int llm_grammar_start(struct llm_grammar *g);
 /* The state after N bytes at S from state ST: -1 when the grammar refuses
  * them (or its state table is full: LLM_ERR_NOMEM is then left as the message). */
 int llm_grammar_next(struct llm_grammar *g, int st, const void *s, size_t n);
+/* llm_grammar_next with the bytes of token ID of the grammar's vocabulary
+ * (-1 for a token of no bytes or outside it). */
+int llm_grammar_next_token(struct llm_grammar *g, int st, int id);
 /* Whether the text so far is a whole sentence of the grammar. */
 int llm_grammar_accepts(const struct llm_grammar *g, int st);
 /* Whether some byte may follow. */

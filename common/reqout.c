@@ -234,6 +234,8 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 	if (!ev.finish && o->g) {   /* the mask allowed it: the grammar takes its bytes */
 		o->gst = llm_grammar_next_token(o->g, o->gst, so.token);
 		if (o->gst < 0) {
+			llm_fail(LLM_ERR_INTERNAL, "grammar: token %d does not continue the text (or its state table is full)",
+			         so.token);
 			struct llm_token_event ee = { .req = o->id, .index = o->n_gen - 1, .token = -1, .text = "",
 			                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
 			emit(o, &ee);

@@ -159,8 +159,7 @@ static struct llm_sched *sched_open(struct llm_engine *e, int n_run, int prefix,
 	if (tk)
 		llm_sched_opts_tokenizer(&so, &llm_engine_model(e)->cfg, tk);
 	struct llm_sched *s = NULL;
-	if (llm_sched_open(&s, e, &so))
-		die_msg();
+	if (llm_sched_open(&s, e, &so)) die_msg();
 	return s;
 }
 
@@ -345,14 +344,15 @@ int main(int argc, char **argv)
 	int gen = mode == &generate, kv = llm_dtype_parse_flag(cfg.kv_dtype);
 	const struct { int bad; const char *msg; } rules[] = {   /* usage errors, in this order */
 		{ !gen && (cfg.prompt || cfg.prompt_file), "-p and -f go with generation" },
-		{ cfg.prompt && cfg.prompt_file, "-p and -f cannot be combined" },
+		{ cfg.prompt && cfg.prompt_file, "-p and -f cannot be combined" }, { cfg.json_schema && cfg.grammar, "--json-schema and --grammar cannot be combined" },
 		{ cfg.chat && !gen, "--chat goes with generation" },
 		{ cfg.system && !cfg.chat, "--system goes with --chat" },
 		{ cfg.n_logprobs && !cfg.json, "--logprobs goes with --json" },
 		{ !cfg.model || llm_model_check_args(cfg.model, cfg.n_ctx), cfg.model ? llm_errmsg() : "missing -m DIR" },
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
-		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo) && !gen, "--logit-bias, --min-tokens and --echo go with generation" },
+		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo || cfg.json_schema || cfg.grammar) && !gen,
+		  "--logit-bias, --min-tokens, --echo, --json-schema and --grammar go with generation" },
 		{ (cfg.hellaswag || cfg.skip_bad) && mode->run != run_score, "--hellaswag and --skip-bad go with --eval or --score" },
 		{ cfg.no_special && mode->run != run_tokenize, "--no-special goes with --tokenize" },
 		{ cfg.skip_special && mode->run != run_detokenize, "--skip-special goes with --detokenize" },

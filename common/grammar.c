@@ -17,6 +17,7 @@
 #include "hash.h"
 #include "buf.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -43,6 +44,8 @@ struct gstate {
 	int n_allowed;
 };
 
+struct gvis { uint64_t h, gen; };
+
 /* A growable array of words: a stack set is stacks [len, e_0 .. e_len-1] one after another. */
 struct words { uint32_t *w; size_t n, cap; };
 
@@ -68,6 +71,10 @@ struct llm_grammar {
 	struct words tmp, can;            /* a set being built, its canonical form */
 	size_t *ord, cap_ord;             /* stack offsets while sorting */
 	size_t *ord2, cap_ord2;
+	struct gvis *vis;                 /* (cap_vis) the configurations one step has expanded (by
+	                                   * hash); entries of another generation than gen are free */
+	size_t cap_vis, n_vis;
+	uint64_t gen;
 	struct words *lvl;                /* (n_lvl) the trie walk's sets by depth */
 	size_t n_lvl;
 	int start, overflow;
@@ -76,6 +83,14 @@ struct llm_grammar {
 
 struct tnode { int32_t child, sib, tok; uint8_t byte; };
 
+struct gcache {
+	uint64_t h;
+	char *text;                       /* (len) */
+	size_t len;
+	struct llm_grammar *g;            /* a reference of the cache's; NULL: a free entry */
+	unsigned long use;
+};
+
 struct llm_gvocab {
 	int n;
 	char **tok;                       /* (n) bytes */
@@ -83,6 +98,9 @@ struct llm_gvocab {
 	struct tnode *node;               /* node 0: the root */
 	size_t n_node, cap_node;
 	int32_t *tok_next;                /* (n) the next token ending at the same node */
+	pthread_mutex_t mu;               /* guards the cache */
+	struct gcache cache[LLM_GRAMMAR_CACHE];
+	unsigned long clock;
 };
 
 static int words_reserve(struct words *b, size_t need)
@@ -100,10 +118,17 @@ static int words_push(struct words *b, uint32_t x)
 
 /* ---- the vocabulary ---------------------------------------------------- */
 
+void llm_grammar_unref(struct llm_grammar *g);
+
 void llm_gvocab_free(struct llm_gvocab *v)
 {
 	if (!v)
 		return;
+	for (int i = 0; i < LLM_GRAMMAR_CACHE; i++) {
+		llm_grammar_unref(v->cache[i].g);
+		free(v->cache[i].text);
+	}
+	pthread_mutex_destroy(&v->mu);
 	for (int i = 0; v->tok && i < v->n; i++)
 		free(v->tok[i]);
 	free(v->tok);
@@ -132,6 +157,7 @@ enum llm_status llm_gvocab_new(struct llm_gvocab **out, int n, const char *const
 	struct llm_gvocab *v = calloc(1, sizeof *v);
 	if (!v)
 		return llm_fail(LLM_ERR_NOMEM, "grammar: out of memory");
+	pthread_mutex_init(&v->mu, NULL);
 	v->n = n;
 	v->tok = calloc((size_t)n + 1, sizeof *v->tok);
 	v->len = calloc((size_t)n + 1, sizeof *v->len);
@@ -179,6 +205,46 @@ static int stk_reserve(struct llm_grammar *g, size_t need)
 	return llm_array_reserve(&g->stk, &g->cap_stk, need, sizeof *g->stk) ? -1 : 0;
 }
 
+/* Whether configuration g->stk[0..n) was expanded already in this step
+ * (then it adds nothing: its expansion depends on it alone), else noted. An
+ * ambiguous grammar ((a|b?)* and the like) reaches one configuration by
+ * many paths; without this their number grows exponentially. -1: no memory. */
+static int visited(struct llm_grammar *g, size_t n)
+{
+	uint64_t h = llm_hash_fmix(llm_hash_fnv1a(LLM_FNV1A_INIT ^ n, g->stk, n * sizeof *g->stk)) | 1;
+	if ((g->n_vis + 1) * 2 > g->cap_vis) {
+		size_t cap = g->cap_vis ? g->cap_vis * 2 : 256;
+		struct gvis *nv = calloc(cap, sizeof *nv);
+		if (!nv)
+			return -1;
+		for (size_t i = 0; i < g->cap_vis; i++)
+			if (g->vis[i].gen == g->gen) {
+				size_t k = g->vis[i].h & (cap - 1);
+				while (nv[k].gen == g->gen)
+					k = (k + 1) & (cap - 1);
+				nv[k] = g->vis[i];
+			}
+		free(g->vis);
+		g->vis = nv;
+		g->cap_vis = cap;
+	}
+	size_t k = h & (g->cap_vis - 1);
+	for (; g->vis[k].gen == g->gen; k = (k + 1) & (g->cap_vis - 1))
+		if (g->vis[k].h == h)
+			return 1;
+	g->vis[k].h = h;
+	g->vis[k].gen = g->gen;
+	g->n_vis++;
+	return 0;
+}
+
+/* A new step: no configuration expanded yet. */
+static void vis_reset(struct llm_grammar *g)
+{
+	g->gen++;
+	g->n_vis = 0;
+}
+
 /* Expand the stack g->stk[0..n) into OUT: each configuration whose top is
  * an E_BYTES, or the empty stack. Leaves g->stk[0..n) as it found it. */
 static int expand(struct llm_grammar *g, struct words *out, size_t n)
@@ -201,6 +267,9 @@ static int expand(struct llm_grammar *g, struct words *out, size_t n)
 		out->n += n;
 		return 0;
 	}
+	int seen = visited(g, n);
+	if (seen)
+		return seen < 0 ? -1 : 0;
 	const struct grule *r = &g->rule[e->arg];
 	size_t m = g->el[p + 1].type == E_END ? n - 1 : n;   /* a tail call replaces the frame */
 	if (stk_reserve(g, m + 1))
@@ -269,6 +338,7 @@ static int canon(struct llm_grammar *g, const struct words *in, struct words *ou
 static int step(struct llm_grammar *g, const uint32_t *set, size_t n, uint8_t b, struct words *out)
 {
 	g->tmp.n = 0;
+	vis_reset(g);
 	for (size_t at = 0; at < n; at += set[at] + 1) {
 		uint32_t l = set[at];
 		if (!l)
@@ -489,6 +559,7 @@ static void grammar_free(struct llm_grammar *g)
 	free(g->pool.w);
 	free(g->ht);
 	free(g->stk);
+	free(g->vis);
 	free(g->tmp.w);
 	free(g->can.w);
 	free(g->ord);
@@ -611,7 +682,8 @@ static int alt_add(struct parser *P, int r, const struct seq *s)
 	if (llm_array_reserve(&ru->alt, &ru->cap_alt, ru->n_alt + 1, sizeof *ru->alt))
 		return nomem(P);
 	ru->alt[ru->n_alt++] = (uint32_t)g->n_el;
-	memcpy(g->el + g->n_el, s->e, s->n * sizeof *s->e);
+	if (s->n)
+		memcpy(g->el + g->n_el, s->e, s->n * sizeof *s->e);
 	g->n_el += s->n;
 	g->el[g->n_el++] = (struct gel){ E_END, 0 };
 	return 0;
@@ -785,6 +857,8 @@ static long read_char(struct parser *P)
 			return perr(P, "invalid UTF-8");
 		v = v << 6 | (p[i] & 0x3F);
 	}
+	if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) || v < (n == 2 ? 0x80 : n == 3 ? 0x800 : n == 4 ? 0x10000 : 0))
+		return perr(P, "invalid UTF-8");   /* beyond Unicode, a surrogate, or overlong */
 	if (*p == '\n')
 		P->line++;
 	P->p += n;
@@ -1092,7 +1166,10 @@ static int check_rules(struct parser *P)
 					uint32_t v = g->el[p].arg;
 					if (v == i) {
 						P->line = g->rule[i].line;
-						rc = perr(P, "rule '%s' is left-recursive", g->rule[i].name);
+						rc = g->rule[i].name[0] == '_' ?   /* a group or repetition's rule */
+						     perr(P, "left recursion: a repetition of an item that can be empty, as (x?)*, "
+						          "or a group that starts with its own rule") :
+						     perr(P, "rule '%s' is left-recursive", g->rule[i].name);
 						break;
 					}
 					if (!reach[v]) {
@@ -1169,8 +1246,13 @@ enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, s
 			nomem(&P);
 		else {
 			g->stk[0] = (uint32_t)at;
-			if (expand(g, &g->tmp, 1) || canon(g, &g->tmp, &g->can) || (g->start = intern(g, g->can.w, g->can.n)) < 0)
-				nomem(&P);
+			vis_reset(g);
+			if (expand(g, &g->tmp, 1) || canon(g, &g->tmp, &g->can) || (g->start = intern(g, g->can.w, g->can.n)) < 0) {
+				if (g->overflow)
+					perr(&P, "the grammar is too ambiguous (its start has more than %zu stack words)", MAX_SET);
+				else
+					nomem(&P);
+			}
 		}
 	}
 	if (P.st) {
@@ -1178,5 +1260,39 @@ enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, s
 		return P.st;
 	}
 	*out = g;
+	return LLM_OK;
+}
+
+enum llm_status llm_grammar_compile_cached(struct llm_grammar **out, const char *src, size_t len, struct llm_gvocab *v)
+{
+	uint64_t h = llm_hash_fnv1a(LLM_FNV1A_INIT, src, len);
+	pthread_mutex_lock(&v->mu);
+	for (int i = 0; i < LLM_GRAMMAR_CACHE; i++) {
+		struct gcache *c = &v->cache[i];
+		if (c->g && c->h == h && c->len == len && !memcmp(c->text, src, len)) {
+			c->use = ++v->clock;
+			*out = llm_grammar_ref(c->g);
+			pthread_mutex_unlock(&v->mu);
+			return LLM_OK;
+		}
+	}
+	pthread_mutex_unlock(&v->mu);
+	/* compiled outside the lock; two threads may both compile a new text,
+	 * and the second one's replaces the first in the cache */
+	LLM_TRY(llm_grammar_compile(out, src, len, v));
+	char *t = malloc(len + 1);
+	if (!t)
+		return LLM_OK;            /* not kept: still compiled */
+	memcpy(t, src, len);
+	pthread_mutex_lock(&v->mu);
+	struct gcache *old = &v->cache[0];   /* a free entry, else the least recently used */
+	for (int i = 1; i < LLM_GRAMMAR_CACHE; i++)
+		if (!v->cache[i].g || (old->g && v->cache[i].use < old->use))
+			old = &v->cache[i];
+	struct llm_grammar *drop = old->g;
+	free(old->text);
+	*old = (struct gcache){ .h = h, .text = t, .len = len, .g = llm_grammar_ref(*out), .use = ++v->clock };
+	pthread_mutex_unlock(&v->mu);
+	llm_grammar_unref(drop);
 	return LLM_OK;
 }

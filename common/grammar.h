@@ -49,6 +49,14 @@ const char *llm_gvocab_token(const struct llm_gvocab *v, int id, size_t *len);
  * must outlive the grammar; NULL: no masks). LLM_ERR_USAGE with a message
  * "grammar: line L: ..." for bad text, LLM_ERR_NOMEM. The count is 1. */
 enum llm_status llm_grammar_compile(struct llm_grammar **g, const char *src, size_t len, const struct llm_gvocab *v);
+/* The same from V's cache of the last LLM_GRAMMAR_CACHE texts compiled
+ * over it: a text seen again is the grammar compiled the first time (a new
+ * reference), so its states and masks, computed for one request, serve the
+ * next ones (clients send the same schema again and again). Thread-safe (V
+ * holds a mutex); the grammar's states, as any grammar's, are for one
+ * thread at a time. */
+#define LLM_GRAMMAR_CACHE 16
+enum llm_status llm_grammar_compile_cached(struct llm_grammar **g, const char *src, size_t len, struct llm_gvocab *v);
 struct llm_grammar *llm_grammar_ref(struct llm_grammar *g);
 void llm_grammar_unref(struct llm_grammar *g);   /* NULL: nothing */
 

@@ -88,6 +88,7 @@ struct rx {
 	struct llm_buf *b;
 	int json;                  /* inside a JSON string: quote, backslash, controls escaped */
 	int depth;
+	int nullable;              /* of what was parsed last */
 	enum llm_status st;
 };
 
@@ -168,7 +169,7 @@ static size_t ranges_norm(struct range *rg, size_t n, int neg, uint32_t top)
 	return k;
 }
 
-/* RG less the code points JSON strings escape (quote, backslash, controls). */
+/* RG (room for MAX_RANGES) less the code points JSON strings escape (quote, backslash, controls). */
 static size_t ranges_json(struct range *rg, size_t n)
 {
 	struct range out[MAX_RANGES * 2 + 2];
@@ -267,6 +268,8 @@ static long rx_cp(struct rx *x, int esc)
 			return rx_fail(x, "invalid UTF-8");
 		v = v << 6 | (p[i] & 0x3F);
 	}
+	if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) || v < (n == 2 ? 0x80 : n == 3 ? 0x800 : n == 4 ? 0x10000 : 0))
+		return rx_fail(x, "invalid UTF-8");   /* beyond Unicode, a surrogate, or overlong */
 	x->p += n;
 	return v;
 }
@@ -330,6 +333,7 @@ static int rx_alt(struct rx *x);
 static int rx_atom(struct rx *x)
 {
 	char c = *x->p;
+	x->nullable = 0;                /* a group's is its alternatives' */
 	if (c == '(') {
 		x->p++;
 		if (x->p < x->e && *x->p == '?') {
@@ -360,7 +364,7 @@ static int rx_atom(struct rx *x)
 	}
 	if (c == '.') {               /* any character but a newline */
 		x->p++;
-		struct range rg[2] = { { 0, 9 }, { 11, 0x10FFFF } };
+		struct range rg[MAX_RANGES + 1] = { { 0, 9 }, { 11, 0x10FFFF } };   /* room for the JSON cuts */
 		return rx_class_put(x, rg, 2);
 	}
 	if (c == '^' || c == '$')
@@ -397,9 +401,16 @@ static int rx_count(struct rx *x, long *v)
 	return n;
 }
 
+/* Repetitions of an atom that can match the empty text (as (a?)*) would
+ * be left recursion in the grammar: unbounded ones are written bounded,
+ * {0,m+16}, which matches a subset of the same texts (each of which the
+ * pattern still matches). */
+#define RX_EMPTY_REPS 16
+
+/* A sequence; x->nullable: whether it matches the empty text. */
 static int rx_seq(struct rx *x)
 {
-	int any = 0;
+	int nullable = 1;
 	while (x->p < x->e && *x->p != '|' && *x->p != ')') {
 		if (*x->p == '$' && x->p + 1 == x->e && !x->depth) {
 			x->p++;
@@ -408,13 +419,13 @@ static int rx_seq(struct rx *x)
 		/* the atom goes in a group of its own, so a repetition applies to it alone */
 		if (rx_put(x, llm_buf_append_str(x->b, "(")) || rx_atom(x) || rx_put(x, llm_buf_append_str(x->b, ")")))
 			return -1;
-		any = 1;
+		int an = x->nullable;
+		long m = 1, n = 1;
 		if (x->p < x->e && (*x->p == '?' || *x->p == '*' || *x->p == '+')) {
-			if (rx_put(x, llm_buf_append(x->b, x->p, 1)))
-				return -1;
+			m = *x->p == '+';
+			n = *x->p == '?' ? 1 : -1;
 			x->p++;
 		} else if (x->p < x->e && *x->p == '{') {
-			long m = 0, n = -1;
 			x->p++;
 			int hm = rx_count(x, &m);
 			if (x->p < x->e && *x->p == ',') {
@@ -427,9 +438,16 @@ static int rx_seq(struct rx *x)
 			if ((!hm && n < 0) || x->p >= x->e || *x->p != '}')
 				return rx_fail(x, "'{' must start a repetition {m}, {m,}, {,n} or {m,n}");
 			x->p++;
-			if (rx_put(x, n < 0 ? put(x->b, "{%ld,}", m) : put(x->b, "{%ld,%ld}", m, n)))
-				return -1;
+			if ((n >= 0 && n < m) || m > 10000 - RX_EMPTY_REPS || n > 10000)
+				return rx_fail(x, "repetition {%ld,%ld}: bounds out of order or beyond 10000", m, n);
 		}
+		if (an && n < 0) {
+			n = m + RX_EMPTY_REPS;
+			m = 0;
+		}
+		if ((m != 1 || n != 1) && rx_put(x, n < 0 ? put(x->b, "{%ld,}", m) : put(x->b, "{%ld,%ld}", m, n)))
+			return -1;
+		nullable &= an || m == 0;
 		if (x->p < x->e && *x->p == '?')   /* lazy: the same texts */
 			x->p++;
 		if (x->p < x->e && (*x->p == '*' || *x->p == '+' || *x->p == '{' || *x->p == '?'))
@@ -437,21 +455,25 @@ static int rx_seq(struct rx *x)
 		if (rx_put(x, llm_buf_append_str(x->b, " ")))
 			return -1;
 	}
-	(void)any;
+	x->nullable = nullable;
 	return 0;
 }
 
+/* Alternatives; x->nullable: whether one matches the empty text. */
 static int rx_alt(struct rx *x)
 {
+	int nullable = 0;
 	for (;;) {
 		if (rx_seq(x))
 			return -1;
+		nullable |= x->nullable;
 		if (x->p < x->e && *x->p == '|') {
 			x->p++;
 			if (rx_put(x, llm_buf_append_str(x->b, "| ")))
 				return -1;
 			continue;
 		}
+		x->nullable = nullable;
 		return 0;
 	}
 }

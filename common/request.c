@@ -275,7 +275,7 @@ static int set_grammar(struct parse *c, const char *k, struct llm_buf *text, enu
 {
 	struct llm_grammar *g = NULL;
 	if (!s)
-		s = llm_grammar_compile(&g, text->p ? text->p : "", text->len, c->env->gvocab);
+		s = llm_grammar_compile_cached(&g, text->p ? text->p : "", text->len, c->env->gvocab);
 	llm_buf_free(text);
 	if (s)
 		return bad_st(c, usage(s), k, "%s", llm_errmsg());
@@ -763,7 +763,7 @@ enum llm_status llm_api_env_guide(struct llm_api_env *env, const char *json_sche
 void llm_api_env_guide_free(struct llm_api_env *env)
 {
 	llm_grammar_unref(env->defaults.grammar);
-	llm_gvocab_free((struct llm_gvocab *)env->gvocab);
+	llm_gvocab_free(env->gvocab);
 	env->defaults.grammar = NULL;
 	env->gvocab = NULL;
 }

@@ -50,8 +50,8 @@ struct llm_api_env {
 	int n_ctx;                  /* prompt + max_tokens within it, max_tokens 0
 	                             * becoming the rest; 0: not checked here */
 	int max_n;                  /* the most choices (n) a request may ask for */
-	const struct llm_gvocab *gvocab;   /* the tokens' bytes for grammars; NULL: structured
-	                                    * output is refused (no tokenizer) */
+	struct llm_gvocab *gvocab;  /* the tokens' bytes for grammars, and its cache of them;
+	                             * NULL: structured output is refused (no tokenizer) */
 };
 
 struct llm_api_req {

@@ -211,7 +211,33 @@ static void test_masks(void)
 	      !llm_grammar_can_continue(g, llm_grammar_next(g, start, "{}", 2)),
 	      "accepts where the object closes, and nothing may follow");
 	llm_grammar_unref(g);
-	llm_gvocab_free(v);
+	/* the vocabulary's cache: the same text is the same grammar (its states
+	 * and masks shared), another text another one */
+	struct llm_grammar *c1 = NULL, *c2 = NULL, *c3 = NULL;
+	llm_grammar_compile_cached(&c1, json_g, strlen(json_g), v);
+	llm_grammar_compile_cached(&c2, json_g, strlen(json_g), v);
+	llm_grammar_compile_cached(&c3, "root ::= \"a\"", 12, v);
+	check(c1 && c1 == c2 && c3 && c3 != c1, "the compile cache: one grammar per text");
+	llm_grammar_unref(c1);
+	llm_grammar_unref(c2);
+	llm_grammar_unref(c3);
+	llm_gvocab_free(v);   /* drops the cache's references */
+}
+
+/* An ambiguous grammar reaches one configuration by many paths: expanded
+ * once each (3^16 paths before), and a nullable item under * is refused as
+ * left recursion with a message that says what it is. */
+static void test_ambiguous(void)
+{
+	const char *src = "root ::= x{0,16} \"z\"\nx ::= \"a\"? | \"b\"? | \"\"";
+	struct llm_grammar *g = compile(src, NULL);
+	check(g && llm_grammar_match(g, "ababz", 5) && !llm_grammar_match(g, "abcz", 4),
+	      "an ambiguous repetition compiles and matches");
+	llm_grammar_unref(g);
+	g = NULL;
+	enum llm_status s = llm_grammar_compile(&g, "root ::= (\"a\"?)*", 16, NULL);
+	check(s == LLM_ERR_USAGE && strstr(llm_errmsg(), "a repetition of an item that can be empty"),
+	      "(x?)* is refused naming what it is (%s)", llm_errmsg());
 }
 
 int main(void)
@@ -219,5 +245,6 @@ int main(void)
 	test_accept();
 	test_errors();
 	test_masks();
+	test_ambiguous();
 	return check_done();
 }

@@ -2,6 +2,7 @@
 #include "jobs.h"
 #include "tokenizer.h"
 #include "fileio.h"
+#include "grammar.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -21,6 +22,7 @@ void llm_job_free(struct llm_job *j)
 	for (int i = 0; i < LLM_MAX_STOP; i++)
 		free(j->stop_own[i]);
 	free(j->bias_own);
+	llm_grammar_unref(j->p.grammar);
 	memset(j, 0, sizeof *j);
 }
 

@@ -24,6 +24,7 @@
 #include "textmode.h"
 #include "buf.h"
 #include "request.h"
+#include "guide.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

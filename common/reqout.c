@@ -1,6 +1,7 @@
 /* common/reqout.c: a request's output (see reqout.h for the order). */
 #include "reqout.h"
 #include "buf.h"
+#include "grammar.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,15 @@ enum llm_status llm_reqout_init(struct llm_reqout *o, int id, const struct llm_r
 		memset(o, 0, sizeof *o);
 		return s;
 	}
+	if (o->p.grammar) {
+		o->g = llm_grammar_ref(o->p.grammar);
+		o->gst = llm_grammar_start(o->g);
+		o->n_vocab = n_vocab;
+		if (!(o->mask = malloc((size_t)n_vocab))) {
+			llm_reqout_free(o);
+			return llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+		}
+	}
 	llm_sampler_prompt(&o->smp, rq->prompt, rq->n_prompt);
 	llm_sampler_hold(&o->smp, o->p.stop_ids, o->p.n_stop_ids);
 	if (!o->p.ignore_eos)
@@ -64,6 +74,8 @@ void llm_reqout_free(struct llm_reqout *o)
 	if (o->dt && o->detok->close)
 		o->detok->close(o->dt);
 	llm_sampler_free(&o->smp);
+	llm_grammar_unref(o->g);
+	free(o->mask);
 	free(o->buf);
 	free(o->text);
 	memset(o, 0, sizeof *o);
@@ -151,10 +163,51 @@ void llm_reqout_cancelled(struct llm_reqout *o)
 	llm_reqout_end(o, LLM_FINISH_CANCEL);
 }
 
+/* The grammar's mask for the next draw into the sampler: 0 it goes on, 1
+ * the text is a sentence nothing extends (*FIN STOP), -1 an error (message left). */
+static int grammar_mask(struct llm_reqout *o)
+{
+	struct llm_grammar *g = o->g;
+	int acc = llm_grammar_accepts(g, o->gst);
+	if (acc && !llm_grammar_can_continue(g, o->gst))
+		return 1;
+	const uint8_t *m;
+	int na;
+	if (llm_grammar_mask(g, o->gst, &m, &na))
+		return -1;
+	int nm = llm_gvocab_size(llm_grammar_vocab(g));   /* the tokenizer's ids; the model may pad past them */
+	nm = nm < o->n_vocab ? nm : o->n_vocab;
+	memcpy(o->mask, m, (size_t)nm);
+	memset(o->mask + nm, 0, (size_t)(o->n_vocab - nm));
+	if (acc && !o->p.ignore_eos)
+		for (int i = 0; i < o->n_eos; i++)
+			if (o->eos[i] >= 0 && o->eos[i] < o->n_vocab) {
+				o->mask[o->eos[i]] = 1;
+				na++;
+			}
+	if (!na) {
+		llm_fail(LLM_ERR_RANGE, "grammar: no token of the vocabulary continues the text");
+		return -1;
+	}
+	o->smp.mask = o->mask;
+	o->smp.n_mask = o->n_vocab;
+	return 0;
+}
+
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin)
 {
 	struct llm_sample_out so;
-	if (llm_sampler_sample(&o->smp, logits, &so)) {   /* this request fails, the others go on */
+	int gm = o->g ? grammar_mask(o) : 0;
+	if (gm > 0) {               /* complete: ends without a token */
+		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
+		                              .finish = LLM_FINISH_STOP, .stop_index = -1 };
+		release_tail(o, &ev);
+		emit(o, &ev);
+		*tok = -1;
+		*fin = LLM_FINISH_STOP;
+		return LLM_OK;
+	}
+	if (gm < 0 || llm_sampler_sample(&o->smp, logits, &so)) {   /* this request fails, the others go on */
 		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
 		                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
 		emit(o, &ev);
@@ -178,6 +231,19 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 		for (int i = 0; i < o->n_eos; i++)
 			if (so.token == o->eos[i])
 				ev.finish = LLM_FINISH_EOS;
+	if (!ev.finish && o->g) {   /* the mask allowed it: the grammar takes its bytes */
+		o->gst = llm_grammar_next_token(o->g, o->gst, so.token);
+		if (o->gst < 0) {
+			llm_fail(LLM_ERR_INTERNAL, "grammar: token %d does not continue the text (or its state table is full)",
+			         so.token);
+			struct llm_token_event ee = { .req = o->id, .index = o->n_gen - 1, .token = -1, .text = "",
+			                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
+			emit(o, &ee);
+			*tok = -1;
+			*fin = LLM_FINISH_ERROR;
+			return LLM_OK;
+		}
+	}
 	if (ev.finish) {            /* the stop or EOS token adds no text; what is pending is final */
 		release_tail(o, &ev);
 		emit(o, &ev);
@@ -205,6 +271,11 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 		} else {
 			release = o->text_len - stop_holdback(o);
 		}
+	}
+	if (!ev.finish && o->g && llm_grammar_accepts(o->g, o->gst) && !llm_grammar_can_continue(o->g, o->gst)) {
+		ev.finish = LLM_FINISH_STOP;   /* a whole sentence that nothing extends */
+		release_tail(o, &ev);
+		release = ev.text_len;
 	}
 	if (!ev.finish && o->n_gen >= o->max_new) {
 		ev.finish = LLM_FINISH_LENGTH;

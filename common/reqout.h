@@ -11,7 +11,15 @@
  * and EOS ids no probability and stop strings are not looked for. Text that
  * could still start a stop string is held back; the last event releases
  * all that is left (the detokenizer flushed). The callback's nonzero
- * return cancels: no further events. */
+ * return cancels: no further events.
+ *
+ * With a grammar (params.grammar): before each draw the sampler gets the
+ * grammar state's token mask, EOS ids added where the text so far is a
+ * whole sentence (unless ignore_eos); each token advances the state. The
+ * request ends with LLM_FINISH_STOP as soon as the text is a sentence
+ * nothing can extend; max new tokens before that end it with
+ * LLM_FINISH_LENGTH, never as complete; a state that no token of the
+ * vocabulary continues ends it with LLM_FINISH_ERROR. */
 #ifndef LLM_REQOUT_H
 #define LLM_REQOUT_H
 
@@ -34,6 +42,10 @@ struct llm_reqout {
 	void *user;
 	int quiet;                  /* no more events: cancelled by the callback, or set by the
 	                             * manager on a rank that only follows rank 0 */
+	struct llm_grammar *g;      /* p.grammar, a reference of its own; NULL: none */
+	int gst;                    /* its state */
+	uint8_t *mask;              /* (n_vocab) the grammar's mask with EOS where it accepts */
+	int n_vocab;
 };
 
 /* Set O up for request RQ (its params checked by the caller) with MAX_NEW

@@ -11,6 +11,7 @@
 #include "jinja.h"
 #include "fileio.h"
 #include "buf.h"
+#include "guide.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -142,11 +143,9 @@ static const struct unimpl {
 	{ "allowed_token_ids", D_ABSENT, K_OAI, NULL },
 	{ "bad_words", D_EMPTY, K_OAI, NULL },
 	{ "logits_processors", D_EMPTY, K_OAI, NULL },
-	{ "guided_json", D_ABSENT, K_OAI, "no guided decoding" },
-	{ "guided_regex", D_ABSENT, K_OAI, "no guided decoding" },
-	{ "guided_choice", D_ABSENT, K_OAI, "no guided decoding" },
-	{ "guided_grammar", D_ABSENT, K_OAI, "no guided decoding" },
-	{ "structured_outputs", D_ABSENT, K_OAI, "no guided decoding" },
+	{ "structured_outputs", D_ABSENT, K_OAI, "use guided_json, guided_regex, guided_choice or guided_grammar" },
+	{ "guided_decoding_backend", D_ABSENT, K_OAI, "one grammar engine" },
+	{ "guided_whitespace_pattern", D_ABSENT, K_OAI, "JSON is written compact" },
 	/* chat in llm-serve: its answers carry no tool calls, so tools are
 	 * refused there (llm-generate's JSONL lines render them into the
 	 * prompt, as documented in llm-generate(1)) */
@@ -280,6 +279,119 @@ static int sampling(struct parse *c, json_t *o)
 	return 0;
 }
 
+/* Grammar text TEXT (S: how making it went) compiled as the request's
+ * grammar, replacing the default; errors name field K. */
+static int set_grammar(struct parse *c, const char *k, struct llm_buf *text, enum llm_status s)
+{
+	struct llm_grammar *g = NULL;
+	if (!s)
+		s = llm_grammar_compile_cached(&g, text->p ? text->p : "", text->len, c->env->gvocab);
+	llm_buf_free(text);
+	if (s)
+		return bad_st(c, usage(s), k, "%s", llm_errmsg());
+	llm_grammar_unref(c->r->p.grammar);
+	c->r->p.grammar = g;
+	return 0;
+}
+
+/* A schema given as an object, or as its JSON text (guided_json, TGI). */
+static enum llm_status schema_text(json_t *v, struct llm_buf *b)
+{
+	if (json_is_object(v) || json_is_boolean(v))
+		return llm_guide_json_schema(v, b);
+	if (!json_is_string(v))
+		return llm_fail(LLM_ERR_USAGE, "expected a JSON schema (an object, or its text)");
+	json_error_t e;
+	json_t *s = json_loads(json_string_value(v), JSON_DECODE_ANY, &e);
+	if (!s)
+		return llm_fail(LLM_ERR_USAGE, "the schema's text is not JSON: %s", e.text);
+	enum llm_status st = llm_guide_json_schema(s, b);
+	json_decref(s);
+	return st;
+}
+
+/* Structured output (request.h): one field of these at most. */
+static int guided(struct parse *c, json_t *o)
+{
+	static const char *const keys[] = { "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar" };
+	const char *k = NULL;
+	for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+		json_t *v = field(o, keys[i]), *t = json_object_get(v, "type");
+		if (!v || (i == 0 && json_is_string(t) && !strcmp(json_string_value(t), "text")))
+			continue;
+		if (k)
+			return bad(c, keys[i], "only one of response_format, guided_json, guided_regex, guided_choice and "
+			           "guided_grammar may be given (and %s is)", k);
+		k = keys[i];
+	}
+	if (!k)
+		return 0;
+	if (!c->env->gvocab)
+		return bad(c, k, "structured output needs the model's tokenizer files");
+	json_t *v = field(o, k);
+	struct llm_buf b = { 0 };
+	enum llm_status s = LLM_OK;
+	if (!strcmp(k, "response_format")) {
+		json_t *t = json_object_get(v, "type"), *js = json_object_get(v, "json_schema");
+		const char *ts = json_is_string(t) ? json_string_value(t) : NULL;
+		if (!json_is_object(v) || !ts)
+			return bad(c, k, "expected {\"type\": \"text\", \"json_object\" or \"json_schema\"}");
+		if (!strcmp(ts, "json_object"))
+			s = llm_guide_json_object(&b);
+		else if (!strcmp(ts, "json_schema") && json_is_object(js) && json_object_get(js, "schema"))
+			s = schema_text(json_object_get(js, "schema"), &b);
+		else if (!strcmp(ts, "json_schema"))
+			return bad(c, k, "expected \"json_schema\": {\"name\": ..., \"schema\": {...}}");
+		else
+			return bad(c, k, "type '%s' is not supported (text, json_object or json_schema)", ts);
+	} else if (!strcmp(k, "guided_json")) {
+		s = schema_text(v, &b);
+	} else if (!strcmp(k, "guided_regex")) {
+		if (!json_is_string(v))
+			return bad(c, k, "expected a string");
+		s = llm_guide_regex(json_string_value(v), json_string_length(v), &b);
+	} else if (!strcmp(k, "guided_choice")) {
+		size_t n = json_is_array(v) ? json_array_size(v) : 0;
+		const char **ch = n ? malloc(n * sizeof *ch) : NULL;
+		if (!n)
+			return bad(c, k, "expected a non-empty array of strings");
+		if (!ch)
+			return bad_st(c, LLM_ERR_NOMEM, k, "out of memory");
+		for (size_t i = 0; i < n; i++)
+			if (!(ch[i] = json_string_value(json_array_get(v, i)))) {
+				free(ch);
+				return bad(c, k, "expected a non-empty array of strings");
+			}
+		s = llm_guide_choice(ch, n, &b);
+		free(ch);
+	} else {
+		if (!json_is_string(v))
+			return bad(c, k, "expected grammar text (a string)");
+		s = llm_buf_append(&b, json_string_value(v), json_string_length(v));
+	}
+	return set_grammar(c, k, &b, s);
+}
+
+/* TGI's parameters.grammar: {"type": "json", "value": schema} or {"type": "regex", "value": "..."}. */
+static int tgi_grammar(struct parse *c, json_t *o)
+{
+	const char *k = "grammar";
+	json_t *v = field(o, k), *t = json_object_get(v, "type"), *val = json_object_get(v, "value");
+	if (!v)
+		return 0;
+	const char *ts = json_is_string(t) ? json_string_value(t) : "";
+	if (!json_is_object(v) || !val || (strcmp(ts, "json") && strcmp(ts, "regex")))
+		return bad(c, k, "expected {\"type\": \"json\" or \"regex\", \"value\": ...}");
+	if (!c->env->gvocab)
+		return bad(c, k, "structured output needs the model's tokenizer files");
+	struct llm_buf b = { 0 };
+	if (!strcmp(ts, "regex") && !json_is_string(val))
+		return bad(c, k, "value: expected a string");
+	enum llm_status s = !strcmp(ts, "json") ? schema_text(val, &b) :
+	                    llm_guide_regex(json_string_value(val), json_string_length(val), &b);
+	return set_grammar(c, k, &b, s);
+}
+
 /* The OpenAI fields beyond sampling (completion, chat, JSONL). */
 static int openai(struct parse *c, json_t *o)
 {
@@ -310,8 +422,7 @@ static int openai(struct parse *c, json_t *o)
 		return bad(c, "prompt_logprobs", "not a JSONL field (llm-generate --score scores prompts)");
 	if (get_int32(c, o, "prompt_logprobs", 0, LLM_MAX_LOGPROBS, &r->prompt_logprobs) < 0)
 		return -1;
-	json_t *bo = field(o, "best_of"), *sf = field(o, "suffix"), *rf = field(o, "response_format");
-	json_t *rt = json_object_get(rf, "type");
+	json_t *bo = field(o, "best_of"), *sf = field(o, "suffix");
 	if (json_is_string(sf) && json_string_length(sf)) {
 		for (size_t i = 0; c->env->tk && i < sizeof fim_tokens / sizeof *fim_tokens && !c->fim; i++)
 			if (llm_tokenizer_find(c->env->tk, fim_tokens[i][0]) >= 0 &&
@@ -336,9 +447,7 @@ static int openai(struct parse *c, json_t *o)
 	if (refuse_unimplemented(c, o) ||
 	    refuse_unless(c, o, "best_of", !bo || (json_is_integer(bo) && json_integer_value(bo) == r->n),
 	                  "only best_of = n") ||
-	    (sf && !json_is_string(sf) ? bad(c, "suffix", "expected a string") : 0) ||
-	    refuse_unless(c, o, "response_format", json_is_object(rf) && json_is_string(rt) &&
-	                  !strcmp(json_string_value(rt), "text"), "only {\"type\": \"text\"}"))
+	    (sf && !json_is_string(sf) ? bad(c, "suffix", "expected a string") : 0) || guided(c, o))
 		return -1;
 	return 0;
 }
@@ -572,7 +681,7 @@ static int parse(struct parse *c, json_t *body)
 		    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1") ||
 		    refuse_unless(c, o, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL) ||
 		    refuse_unless(c, o, "watermark", json_is_false(field(o, "watermark")), NULL) ||
-		    refuse_unless(c, o, "grammar", 0, "no guided decoding") ||
+		    tgi_grammar(c, o) ||
 		    refuse_unless(c, o, "adapter_id", 0, "one adapter per server (llm-serve --lora)"))
 			return -1;
 		long long trunc = 0;
@@ -624,6 +733,7 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 {
 	memset(r, 0, sizeof *r);
 	r->p = env->defaults;
+	llm_grammar_ref(r->p.grammar);
 	r->n = 1;
 	r->prompt_logprobs = -1;
 	struct parse c = { r, env, kind, LLM_OK, "max_tokens", 0, NULL, NULL };
@@ -658,5 +768,51 @@ void llm_api_req_free(struct llm_api_req *r)
 		free(r->stops[i]);
 	free(r->bias);
 	free(r->inputs);
+	llm_grammar_unref(r->p.grammar);
 	memset(r, 0, sizeof *r);
+}
+
+enum llm_status llm_api_env_guide(struct llm_api_env *env, const char *json_schema, const char *grammar)
+{
+	struct llm_gvocab *v = NULL;
+	env->gvocab = NULL;
+	env->defaults.grammar = NULL;
+	if (env->tk)
+		LLM_TRY(llm_gvocab_tokenizer(&v, env->tk, llm_tokenizer_n_vocab(env->tk)));
+	env->gvocab = v;
+	const char *path = json_schema ? json_schema : grammar;
+	if (!path)
+		return LLM_OK;
+	if (json_schema && grammar)
+		return llm_fail(LLM_ERR_USAGE, "--json-schema and --grammar: give one of them");
+	if (!v)
+		return llm_fail(LLM_ERR_USAGE, "%s: structured output needs the model's tokenizer files", path);
+	char *text = NULL;
+	size_t len;
+	struct llm_buf b = { 0 };
+	LLM_TRY(llm_read_file(path, &text, &len));   /* its message names the file */
+	enum llm_status s = LLM_OK;
+	if (json_schema) {
+		json_error_t e;
+		json_t *o = json_loadb(text, len, JSON_DECODE_ANY, &e);
+		s = o ? llm_guide_json_schema(o, &b) : llm_fail(LLM_ERR_USAGE, "line %d: not JSON: %s", e.line, e.text);
+		json_decref(o);
+	} else {
+		s = llm_buf_append(&b, text, len);
+	}
+	if (!s)
+		s = llm_grammar_compile(&env->defaults.grammar, b.p ? b.p : "", b.len, v);
+	free(text);
+	llm_buf_free(&b);
+	if (s)
+		llm_fail_prefix(s, "%s", path);
+	return s;
+}
+
+void llm_api_env_guide_free(struct llm_api_env *env)
+{
+	llm_grammar_unref(env->defaults.grammar);
+	llm_gvocab_free(env->gvocab);
+	env->defaults.grammar = NULL;
+	env->gvocab = NULL;
 }

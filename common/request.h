@@ -12,7 +12,15 @@
  * refused, never cut), a field this code cannot honour refused unless it
  * asks for the default. Every error names its field: the message starts
  * with "FIELD: " and R->param holds FIELD, so a server answers 400 with
- * it and a tool prefixes where the body came from ("stdin: line 3"). */
+ * it and a tool prefixes where the body came from ("stdin: line 3").
+ *
+ * Structured output (guide.h, grammar.h): at most one of response_format
+ * {"type": "json_object"} or {"type": "json_schema", "json_schema":
+ * {"schema": {...}}}, guided_json (a schema, or its JSON text),
+ * guided_regex, guided_choice (strings), guided_grammar (grammar text);
+ * TGI: parameters.grammar {"type": "json" or "regex", "value": ...}. It is
+ * compiled here into p.grammar (the request's reference); a schema keyword
+ * or a pattern feature that is not supported is refused naming it. */
 #ifndef LLM_REQUEST_H
 #define LLM_REQUEST_H
 
@@ -22,6 +30,7 @@
 
 struct json_t;
 struct llm_tokenizer;
+struct llm_gvocab;
 
 enum llm_api_kind {
 	LLM_API_COMPLETION,         /* OpenAI /v1/completions */
@@ -41,13 +50,16 @@ struct llm_api_env {
 	int n_ctx;                  /* prompt + max_tokens within it, max_tokens 0
 	                             * becoming the rest; 0: not checked here */
 	int max_n;                  /* the most choices (n) a request may ask for */
+	struct llm_gvocab *gvocab;  /* the tokens' bytes for grammars, and its cache of them;
+	                             * NULL: structured output is refused (no tokenizer) */
 };
 
 struct llm_api_req {
 	int32_t *prompt;            /* (n_prompt) token ids, malloc'd */
 	int n_prompt;
 	struct llm_sample_params p; /* stop strings and biases point at stops and bias
-	                             * below, or at the env's defaults */
+	                             * below, or at the env's defaults; p.grammar is a
+	                             * reference of R's (the env's default one's, or its own) */
 	char *stops[LLM_MAX_STOP];  /* owned */
 	struct llm_logit_bias *bias;   /* owned */
 	int n;                      /* choices */
@@ -79,5 +91,12 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_api_env *env, const char *field,
                                         const char *text, size_t len, int special);
 void llm_api_req_free(struct llm_api_req *r);
+
+/* llm-generate's flags: ENV->gvocab from ENV->tk (when it is set), and as
+ * the default grammar of every request the schema in file JSON_SCHEMA or
+ * the grammar text in file GRAMMAR (NULL: none; not both). Errors name the
+ * file. Free with llm_api_env_guide_free. */
+enum llm_status llm_api_env_guide(struct llm_api_env *env, const char *json_schema, const char *grammar);
+void llm_api_env_guide_free(struct llm_api_env *env);
 
 #endif

@@ -88,7 +88,7 @@ enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_
 	/* only what the parameters use: a vocabulary-sized array is 200 KB at
 	 * 49152 tokens, and fresh pages cost a request its faults (greedy
 	 * without penalties, the common case in serving, needs none) */
-	int pen = penalized(p), smp = p->temperature != 0, adj = pen || p->n_bias || p->min_tokens;
+	int pen = penalized(p), smp = p->temperature != 0, adj = pen || p->n_bias || p->min_tokens || p->grammar;
 	if (pen) {
 		s->count = calloc((size_t)n_vocab, sizeof *s->count);
 		s->seen = calloc((size_t)n_vocab, 1);
@@ -317,10 +317,13 @@ enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, s
 		                (double)logits[bad], (long long)bad);
 	const float *w = logits;       /* the adjusted copy where something adjusts them */
 	int hold = s->n_hold && s->n_out < p->min_tokens;
-	if (penalized(p) || p->n_bias || hold) {
+	if (penalized(p) || p->n_bias || hold || s->mask) {
 		float *pw = s->work;
 		memcpy(pw, logits, (size_t)n * sizeof *pw);
 		w = pw;
+		for (int i = 0; s->mask && i < n; i++)
+			if (i >= s->n_mask || !s->mask[i])
+				pw[i] = -INFINITY;
 		for (int i = 0; i < p->n_bias; i++)
 			pw[p->bias[i].id] += p->bias[i].bias;
 		for (int i = 0; hold && i < s->n_hold; i++)
@@ -334,6 +337,8 @@ enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, s
 			}
 	}
 	int32_t tok = 0;
+	if (s->mask && w[llm_argmax(w, n)] == -INFINITY)
+		return llm_fail(LLM_ERR_RANGE, "no token is allowed here (the grammar's mask, min_tokens)");
 	if (p->temperature == 0) {
 		tok = llm_argmax(w, n);
 	} else {

@@ -1,6 +1,8 @@
 /* common/sampler.h: per-request token sampling.
  *
- * Order (as vLLM/Hugging Face): logit biases added to the logits, the ids
+ * Order (as vLLM/Hugging Face): the tokens a grammar's mask refuses
+ * (struct llm_sampler's mask, set by the caller before each draw) set to
+ * -inf, so every later step sees only allowed tokens; logit biases added to the logits, the ids
  * held back before min_tokens (llm_sampler_hold) set to -inf, penalties
  * (repetition over prompt and output, frequency and presence over the
  * output), then greedy
@@ -23,6 +25,7 @@
 #define LLM_MAX_HOLD 24         /* ids held back before min_tokens: EOS ids and stop ids */
 
 struct llm_logit_bias { int32_t id; float bias; };
+struct llm_grammar;
 
 struct llm_sample_params {
 	float temperature;          /* 0: greedy */
@@ -47,6 +50,9 @@ struct llm_sample_params {
 	int n_bias;
 	const struct llm_logit_bias *bias;   /* (n_bias) added to the logits (an id twice: both
 	                                      * added), each in [-100, 100]; -100 all but bans */
+	struct llm_grammar *grammar;   /* structured output (grammar.h): the text must be a sentence
+	                                * of it; NULL: none. The request's owner holds a reference;
+	                                * the scheduler's request output takes its own (reqout.c) */
 };
 #define LLM_SAMPLE_DEFAULT { .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f }
 
@@ -90,6 +96,9 @@ struct llm_sampler {
 	int n_out;                  /* tokens accepted */
 	int n_hold;
 	int32_t hold[LLM_MAX_HOLD]; /* no probability while n_out < p.min_tokens */
+	const uint8_t *mask;        /* (n_mask) set by the caller before a draw, NULL: none; a token
+	                             * whose byte is 0 (or at or past n_mask) gets no probability */
+	int n_mask;
 };
 
 /* Allocates the per-request state (O(n_vocab)); P's strings and biases are
@@ -106,7 +115,9 @@ void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n);
 void llm_sampler_accept(struct llm_sampler *s, int32_t id);
 /* Choose the next token from LOGITS (n_vocab, not modified). LLM_ERR_RANGE
  * when a logit is NaN or infinite (the model's numbers are broken: no
- * token is chosen and OUT is not set); the message names the first such id. */
+ * token is chosen and OUT is not set); the message names the first such id.
+ * LLM_ERR_RANGE too when the mask (and min_tokens' hold) leave no token.
+ * A mask needs p.grammar set at init (its working copy of the logits). */
 enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out);
 
 /* The first index of the largest of W[0..n) (as `w[i] > w[best]` from 0). */

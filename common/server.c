@@ -14,6 +14,7 @@
 #include "tokenizer.h"
 #include "args.h"
 #include "request.h"
+#include "guide.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -258,7 +259,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->created = (long long)time(NULL);
 	j->fd = -1;
 	struct llm_api_env env = { .defaults = LLM_SAMPLE_DEFAULT, .tk = s->tk, .chat_template = s->template_src,
-	                           .model_name = s->model_name, .max_n = MAX_N };
+	                           .model_name = s->model_name, .max_n = MAX_N, .gvocab = s->gvocab };
 	env.defaults.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
 	env.defaults.max_tokens = k == K_COMPLETION ? s->o.default_max_tokens : 0;
 	pthread_mutex_lock(&s->mu);
@@ -627,7 +628,8 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 			b--;
 		s->model_name = strndup(m + b, n - b);
 	}
-	if ((st = llm_tokenizer_open_model(&s->tk, o->model)))
+	if ((st = llm_tokenizer_open_model(&s->tk, o->model)) ||
+	    (st = llm_gvocab_tokenizer(&s->gvocab, s->tk, llm_tokenizer_n_vocab(s->tk))))
 		goto fail;
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
 	struct addrinfo *ai = NULL;
@@ -716,6 +718,7 @@ void llm_server_stop(struct llm_server *s)
 	llm_sched_close(s->sch);
 	llm_engine_close(s->e);
 	llm_tokenizer_close(s->tk);
+	llm_gvocab_free(s->gvocab);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->ecv);
 	free(s->model_name);

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "server_impl.h"
 #include "tokenizer.h"
+#include "grammar.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +46,7 @@ void llm_srv_job_unref_locked(struct job *j)
 	for (int i = 0; i < LLM_MAX_STOP; i++)
 		free(j->stops[i]);
 	free(j->bias);
+	llm_grammar_unref(j->p.grammar);
 	pthread_cond_destroy(&j->cv);
 	free(j->inputs);
 	free(j->plp);

@@ -123,6 +123,7 @@ struct llm_server {
 	struct llm_engine *e;
 	struct llm_sched *sch;
 	struct llm_tokenizer *tk;
+	struct llm_gvocab *gvocab;  /* tk's token bytes, for the requests' grammars */
 	uint64_t next_id;
 	/* metrics */
 	struct llm_sched_stats st;

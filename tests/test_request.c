@@ -440,7 +440,7 @@ static void openai_fields(void)
 			refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"best_of\": 2}", "best_of",
 			        "best_of: not supported: only best_of = n");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}",
-		        "response_format", "response_format: not supported: only {\"type\": \"text\"}");
+		        "response_format", "response_format: structured output needs the model's tokenizer files");
 		refused((enum llm_api_kind)k, "{\"prompt\": \"a\", \"model\": 5}", "model", "model: expected a string");
 	}
 	/* llm-generate makes one completion per line */
@@ -501,7 +501,8 @@ static void openai_fields(void)
 		{ "\"typical_p\": 0.5", "typical_p: not supported" }, { "\"watermark\": true", "watermark: not supported" },
 		{ "\"best_of\": 2", "best_of: not supported: only 1" },
 		{ "\"do_sample\": 1", "do_sample: expected true or false" },
-		{ "\"grammar\": {\"type\": \"json\", \"value\": {}}", "grammar: not supported: no guided decoding" },
+		{ "\"grammar\": {\"type\": \"json\", \"value\": {}}", "grammar: structured output needs the model's tokenizer files" },
+		{ "\"grammar\": {\"type\": \"xml\", \"value\": {}}", "grammar: expected {\"type\": \"json\" or \"regex\", \"value\": ...}" },
 		{ "\"adapter_id\": \"x\"", "adapter_id: not supported: one adapter per server (llm-serve --lora)" },
 	};
 	for (size_t i = 0; i < sizeof tgi_bad / sizeof *tgi_bad; i++) {
@@ -536,11 +537,12 @@ static void unimplemented_fields(void)
 		{ OAI, "\"allowed_token_ids\": [1]", "allowed_token_ids", "allowed_token_ids: not supported", "\"allowed_token_ids\": null" },
 		{ OAI, "\"bad_words\": [\"x\"]", "bad_words", "bad_words: not supported", "\"bad_words\": []" },
 		{ OAI, "\"logits_processors\": [\"x\"]", "logits_processors", "logits_processors: not supported", "\"logits_processors\": []" },
-		{ OAI, "\"guided_json\": {}", "guided_json", "guided_json: not supported: no guided decoding", "\"guided_json\": null" },
-		{ OAI, "\"guided_regex\": \"a+\"", "guided_regex", "guided_regex: not supported: no guided decoding", "" },
-		{ OAI, "\"guided_choice\": [\"a\"]", "guided_choice", "guided_choice: not supported: no guided decoding", "" },
-		{ OAI, "\"guided_grammar\": \"g\"", "guided_grammar", "guided_grammar: not supported: no guided decoding", "" },
-		{ OAI, "\"structured_outputs\": {}", "structured_outputs", "structured_outputs: not supported: no guided decoding", "" },
+		{ OAI, "\"guided_json\": {}", "guided_json", "guided_json: structured output needs the model's tokenizer files",
+		  "\"guided_json\": null" },
+		{ OAI, "\"structured_outputs\": {}", "structured_outputs",
+		  "structured_outputs: not supported: use guided_json, guided_regex, guided_choice or guided_grammar", "" },
+		{ OAI, "\"guided_decoding_backend\": \"xgrammar\"", "guided_decoding_backend",
+		  "guided_decoding_backend: not supported: one grammar engine", "" },
 		{ CHAT, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "tools",
 		  "tools: not supported: tool calling is not implemented", "\"tools\": []" },
 		{ CHAT, "\"tool_choice\": \"required\"", "tool_choice", "tool_choice: not supported: tool calling is not implemented",
@@ -658,6 +660,99 @@ static void fill_in_middle(void)
 	llm_tokenizer_close(q);
 }
 
+/* Structured output: each field compiles into the request's grammar (its
+ * sentences checked), one field at most, what is not supported refused
+ * by name, and the env's default grammar shared by reference. */
+static void structured(void)
+{
+	struct llm_api_env e = env_of(0, 1);
+	struct llm_gvocab *gv = NULL;
+	if (!check(!llm_gvocab_tokenizer(&gv, tk, llm_tokenizer_n_vocab(tk)), "the tokenizer's vocabulary for grammars"))
+		return;
+	e.gvocab = gv;
+	static const struct { const char *field, *yes, *no; } ok[] = {
+		{ "\"response_format\": {\"type\": \"json_object\"}", "{\"a\":[1,2.5e3,\"x\",null]}", "[1]" },
+		{ "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"schema\": "
+		  "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 5, \"maximum\": 250}}, "
+		  "\"required\": [\"a\"]}}}", "{\"a\":250}", "{\"a\":251}" },
+		{ "\"guided_json\": \"{\\\"enum\\\": [\\\"x\\\", 2]}\"", "2", "3" },
+		{ "\"guided_regex\": \"(ab|c)+\\\\d{2}\"", "abcab12", "ab1" },
+		{ "\"guided_choice\": [\"yes\", \"no\"]", "no", "yes!" },
+		{ "\"guided_grammar\": \"root ::= [a-c]{2}\"", "ca", "cad" },
+	};
+	char body[800];
+	for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+		struct llm_api_req r;
+		snprintf(body, sizeof body, "{\"prompt\": \"a\", %s}", ok[i].field);
+		enum llm_status s = parse_env(LLM_API_JSONL, body, &e, &r);
+		if (s)
+			check_diag("%s", llm_errmsg());
+		check(!s && r.p.grammar && llm_grammar_match(r.p.grammar, ok[i].yes, strlen(ok[i].yes)) &&
+		      !llm_grammar_match(r.p.grammar, ok[i].no, strlen(ok[i].no)),
+		      "%s: takes '%s', not '%s'", ok[i].field, ok[i].yes, ok[i].no);
+		llm_api_req_free(&r);
+	}
+	static const struct { enum llm_api_kind k; const char *field, *param, *msg; } bad[] = {
+		{ LLM_API_COMPLETION, "\"guided_json\": {\"type\": \"string\", \"format\": \"date\"}", "guided_json",
+		  "guided_json: schema: unsupported keyword 'format'" },
+		{ LLM_API_CHAT, "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"properties\": "
+		  "{\"a\": {\"type\": \"array\", \"uniqueItems\": true}}}}}", "response_format",
+		  "response_format: schema.properties.a: unsupported keyword 'uniqueItems'" },
+		{ LLM_API_JSONL, "\"response_format\": {\"type\": \"json_schema\"}", "response_format",
+		  "response_format: expected \"json_schema\": {\"name\": ..., \"schema\": {...}}" },
+		{ LLM_API_JSONL, "\"response_format\": {\"type\": \"xml\"}", "response_format",
+		  "response_format: type 'xml' is not supported (text, json_object or json_schema)" },
+		{ LLM_API_JSONL, "\"guided_regex\": \"(a\"", "guided_regex", "guided_regex: at offset 2: expected ')'" },
+		{ LLM_API_JSONL, "\"guided_regex\": \"a\\\\1\"", "guided_regex", "guided_regex: at offset 2: back-references are not supported" },
+		{ LLM_API_JSONL, "\"guided_choice\": []", "guided_choice", "guided_choice: expected a non-empty array of strings" },
+		{ LLM_API_JSONL, "\"guided_grammar\": \"root ::= x\"", "guided_grammar",
+		  "guided_grammar: grammar: line 1: rule 'x' is not defined" },
+		{ LLM_API_JSONL, "\"guided_json\": {\"type\": \"integer\", \"minimum\": 3, \"maximum\": 2}", "guided_json",
+		  "guided_json: schema: no integer lies between the bounds" },
+		{ LLM_API_JSONL, "\"guided_choice\": [\"a\"], \"guided_regex\": \"a\"", "guided_choice",
+		  "guided_choice: only one of response_format, guided_json, guided_regex, guided_choice and guided_grammar may be "
+		  "given (and guided_regex is)" },
+		{ LLM_API_TGI, "\"grammar\": {\"type\": \"regex\", \"value\": 5}", "grammar", "grammar: value: expected a string" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		struct llm_api_req r;
+		if (bad[i].k == LLM_API_TGI)
+			snprintf(body, sizeof body, "{\"inputs\": \"a\", \"parameters\": {%s}}", bad[i].field);
+		else if (bad[i].k == LLM_API_CHAT)
+			snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], %s}", bad[i].field);
+		else
+			snprintf(body, sizeof body, "{\"prompt\": \"a\", %s}", bad[i].field);
+		struct llm_api_env eb = e;
+		eb.max_n = LLM_MAX_N;
+		enum llm_status s = parse_env(bad[i].k, body, &eb, &r);
+		if (!check(s == LLM_ERR_USAGE && !strcmp(r.param, bad[i].param) && !strcmp(llm_errmsg(), bad[i].msg),
+		           "%s: refused naming %s: %s", kind_name[bad[i].k], bad[i].param, bad[i].msg))
+			check_diag("got %d: %s", s, s ? llm_errmsg() : "accepted");
+		if (!s)
+			llm_api_req_free(&r);
+	}
+	/* TGI's grammar: a regex */
+	struct llm_api_req r;
+	enum llm_status s = parse_env(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"grammar\": {\"type\": \"regex\", "
+	                              "\"value\": \"x+\"}}}", &e, &r);
+	check(!s && llm_grammar_match(r.p.grammar, "xx", 2), "tgi: grammar {type: regex}");
+	llm_api_req_free(&r);
+	/* the default grammar: each request its reference; its own field replaces it */
+	struct llm_grammar *g = NULL;
+	llm_grammar_compile(&g, "root ::= \"z\"", 12, gv);
+	e.defaults.grammar = g;
+	struct llm_api_req r1, r2;
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\"}", &e, &r1);
+	enum llm_status s2 = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\", \"guided_choice\": [\"q\"]}", &e, &r2);
+	check(!s && !s2 && r1.p.grammar == g && r2.p.grammar != g && llm_grammar_match(r2.p.grammar, "q", 1),
+	      "the default grammar, or the line's own");
+	llm_api_req_free(&r1);
+	llm_api_req_free(&r2);
+	check(llm_grammar_match(g, "z", 1), "the default outlives its requests");
+	llm_grammar_unref(g);
+	llm_gvocab_free(gv);
+}
+
 int main(void)
 {
 	const char *models = test_models_dir();
@@ -675,6 +770,7 @@ int main(void)
 	openai_fields();
 	unimplemented_fields();
 	fill_in_middle();
+	structured();
 	llm_tokenizer_close(tk);
 	return check_done();
 }

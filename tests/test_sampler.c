@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "sampler.h"
+#include "grammar.h"
 #include "generate.h"
 #include "sched_run.h"
 
@@ -590,8 +591,54 @@ static void test_nonfinite(void)
 	      "llm_first_nonfinite: the first NaN/Inf in f32, f16, bf16 and e4m3, across blocks");
 }
 
+/* A grammar's mask: refused tokens get no probability before every other
+ * step (a +100 bias, penalties, greedy, top-k), the rest keep their
+ * relative odds; a mask that leaves nothing is an error, not a token. */
+static void test_mask(void)
+{
+	float l[6] = { 5.0f, 1.0f, 0.5f, 0.0f, 4.0f, -1.0f };
+	uint8_t m[6] = { 0, 1, 1, 0, 0, 1 };
+	struct llm_logit_bias b = { 3, 100.0f };
+	struct llm_grammar *g = NULL;
+	llm_grammar_compile(&g, "root ::= \"x\"", 12, NULL);   /* the masks below stand for its */
+	struct llm_sample_params p = params(0, 1);
+	p.grammar = g;
+	p.n_bias = 1;
+	p.bias = &b;
+	struct llm_sampler s;
+	llm_sampler_init(&s, &p, 6);
+	s.mask = m;
+	s.n_mask = 6;
+	check(draw(&s, l) == 1, "greedy under a mask: the best allowed token, a +100 bias on a refused one changes nothing");
+	llm_sampler_free(&s);
+	p = params(1.0f, 3);
+	p.grammar = g;
+	p.top_k = 2;
+	p.repetition_penalty = 1.5f;
+	llm_sampler_init(&s, &p, 6);
+	s.mask = m;
+	s.n_mask = 5;                 /* id 5 past the mask: refused too */
+	int bad = 0, c1 = 0, n = 4000;
+	for (int i = 0; i < n; i++) {
+		int32_t t = draw(&s, l);
+		bad += !(t == 1 || t == 2);
+		c1 += t == 1;
+	}
+	double want = exp(1.0) / (exp(1.0) + exp(0.5)), f = (double)c1 / n;
+	check(!bad && fabs(f - want) < 5 * sqrt(want * (1 - want) / n),
+	      "sampled under a mask (top-k 2, penalty): only allowed ids, at their relative odds (%.3f vs %.3f)", f, want);
+	uint8_t none[6] = { 0 };
+	s.mask = none;
+	struct llm_sample_out o;
+	check(llm_sampler_sample(&s, l, &o) == LLM_ERR_RANGE && strstr(llm_errmsg(), "no token is allowed"),
+	      "a mask that allows nothing: an error, no token");
+	llm_sampler_free(&s);
+	llm_grammar_unref(g);
+}
+
 int main(void)
 {
+	test_mask();
 	test_nonfinite();
 	test_forms();
 	test_argmax();

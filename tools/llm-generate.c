@@ -18,7 +18,7 @@
 struct generate_cfg {
 	const char *model, *chat_template;   /* -m DIR; a template FILE overriding the model's */
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages, *json_schema, *grammar;
 	struct llm_strlist stop, logit_bias;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens;
 	size_t kv_memory;
@@ -57,6 +57,8 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "ignore-eos", &cfg.ignore_eos, "keep generating past the end-of-sequence token"),
 	LLM_INT(0, "min-tokens", "N", &cfg.min_tokens, "generate at least N tokens before EOS or a stop can end", 0, INT32_MAX),
 	LLM_LIST(0, "logit-bias", "ID=BIAS", &cfg.logit_bias, "add BIAS (-100 to 100; -100 all but bans) to token ID's logit (repeatable)"),
+	LLM_STR(0, "json-schema", "FILE", &cfg.json_schema, "every output is JSON valid for the JSON Schema in FILE (a JSONL line's own field replaces it)"),
+	LLM_STR(0, "grammar", "FILE", &cfg.grammar, "every output is a sentence of the grammar in FILE (EBNF, man page)"),
 	LLM_INT(0, "logprobs", "N", &cfg.n_logprobs, "--json: the N most likely tokens and log-probs at each position", 0, 20),
 	LLM_FLAG(0, "chat", &cfg.chat, "wrap the prompt as a user message in the model's chat template"),
 	LLM_STR(0, "system", "TEXT", &cfg.system, "--chat: the system message"),
@@ -148,8 +150,7 @@ static void lead_close(struct llm_engine *e)
 static void follow(void)
 {
 	struct llm_engine_opts o = engine_opts(0, 0);
-	struct llm_buf t = { 0 };
-	int first;
+	struct llm_buf t = { 0 }; int first;
 	if (llm_engine_follow(cfg.model, &o, llm_log_level >= 2 ? &t : NULL, &first))
 		first >= 0 ? open_failed(first) : die_msg();
 	llm_buf_free(&t);
@@ -162,8 +163,7 @@ static struct llm_sched *sched_open(struct llm_engine *e, int n_run, int prefix,
 	if (tk)
 		llm_sched_opts_tokenizer(&so, &llm_engine_model(e)->cfg, tk);
 	struct llm_sched *s = NULL;
-	if (llm_sched_open(&s, e, &so))
-		die_msg();
+	if (llm_sched_open(&s, e, &so)) die_msg();
 	return s;
 }
 
@@ -213,6 +213,7 @@ static void flags_env(struct llm_api_env *env, struct llm_tokenizer *tk)
 	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)   /* main refuses more */
 		p.stop[p.n_stop++] = cfg.stop.v[i];
 	*env = (struct llm_api_env){ .defaults = p, .tk = tk, .chat_template = template_src, .max_n = 1 };
+	if (llm_api_env_guide(env, cfg.json_schema, cfg.grammar)) die_msg();   /* --json-schema, --grammar */
 }
 
 /* -p / -f streams the text (or --show-tokens the ids) as it comes. */
@@ -271,7 +272,7 @@ static enum llm_status run_generate(struct llm_tokenizer *tk)
 	if (llm_jobs_run(sch, jobs, n, !single, &out))
 		die_msg();
 	n_done = out.n_done, n_total = n;
-	finish(sch, e), llm_jobs_free(jobs, n);
+	finish(sch, e), llm_jobs_free(jobs, n), llm_api_env_guide_free(&env);
 	return LLM_OK;
 }
 
@@ -349,7 +350,7 @@ int main(int argc, char **argv)
 	int gen = mode == &generate, kv = llm_dtype_parse_flag(cfg.kv_dtype);
 	const struct { int bad; const char *msg; } rules[] = {   /* usage errors, in this order */
 		{ !gen && (cfg.prompt || cfg.prompt_file), "-p and -f go with generation" },
-		{ cfg.prompt && cfg.prompt_file, "-p and -f cannot be combined" },
+		{ cfg.prompt && cfg.prompt_file, "-p and -f cannot be combined" }, { cfg.json_schema && cfg.grammar, "--json-schema and --grammar cannot be combined" },
 		{ cfg.chat && !gen, "--chat goes with generation" },
 		{ cfg.system && !cfg.chat, "--system goes with --chat" },
 		{ cfg.n_logprobs && !cfg.json, "--logprobs goes with --json" },
@@ -357,7 +358,8 @@ int main(int argc, char **argv)
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
 		{ cfg.kv_memory && cfg.max_kv_tokens, LLM_KV_SIZE_TWICE },
-		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo) && !gen, "--logit-bias, --min-tokens and --echo go with generation" },
+		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo || cfg.json_schema || cfg.grammar) && !gen,
+		  "--logit-bias, --min-tokens, --echo, --json-schema and --grammar go with generation" },
 		{ cfg.hellaswag && mode->run != run_score, "--hellaswag goes with --eval or --score" },
 		{ cfg.skip_bad && mode->run != run_score && !cfg.jsonl, "--skip-bad goes with --eval, --score or --jsonl" },
 		{ cfg.jsonl && !cfg.perplexity, "--jsonl goes with --perplexity" },

@@ -43,6 +43,9 @@ else
 	skip "fuzz_request corpus" "no stories260K in \$LLM_TEST_MODELS"
 fi
 
+replay fuzz_grammar "kept corpus: grammars, JSON Schemas, regular expressions and choices through the compilers" \
+	tests/data/fuzz-grammar
+
 # the replay itself: an unreadable input is an error, not a silent pass
 check_fails "a missing input is reported" 1 "$FB/fuzz_safetensors" "$TMPD/no-such-file"
 tap_done

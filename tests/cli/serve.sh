@@ -138,11 +138,37 @@ assert ''.join(l['tokens']) == c['text'] and l['tokens'][1] == ' there', l
 assert all(c['text'][o:].startswith(t) for o, t in zip(l['text_offset'], l['tokens'])), l"
 for bad in '"logit_bias": {"x": 1}|logit_bias' '"logit_bias": {"400": 101}|logit_bias' '"logit_bias": {"512": 1}|logit_bias' \
 	'"min_tokens": 9|min_tokens' '"stop_token_ids": [512]|stop_token_ids' '"best_of": 0|best_of' '"suffix": "x"|suffix' \
-	'"response_format": {"type": "json_object"}|response_format'; do
+	'"response_format": {"type": "json_schema", "json_schema": {"schema": {"format": "email"}}}|response_format' \
+	'"guided_regex": "a(?=b)"|guided_regex'; do
 	f=${bad%|*}; name=${bad#*|}
 	c=$(code "$URL/v1/completions" -d "{\"prompt\": \"a\", \"max_tokens\": 8, $f}")
 	check "$f: 400 naming $name" sh -c "[ $c = 400 ] && grep -q '\"param\":\"$name\"' '$T/body'"
 done
+
+# structured output through HTTP: every answer that ends "stop" is valid
+SCHEMA='{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 1, "maximum": 99}, "pet": {"enum": ["cat", "dog", null]}}, "required": ["name", "age"], "additionalProperties": false}'
+post "$URL/v1/completions" -d "{\"prompt\": \"Once upon a time\", \"max_tokens\": 60, \"temperature\": 0.8, \"seed\": 5, \"n\": 4, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"p\", \"schema\": $SCHEMA}}}" >"$T/rf.json"
+check "completion response_format json_schema: 4 choices, each valid for the schema (python3-jsonschema)" /usr/bin/python3 -c "
+import json, jsonschema; r = json.load(open('$T/rf.json')); s = json.loads('''$SCHEMA''')
+assert len(r['choices']) == 4, r
+for c in r['choices']:
+    assert c['finish_reason'] == 'stop', c
+    jsonschema.validate(json.loads(c['text']), s)"
+post "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 80, "temperature": 0, "response_format": {"type": "json_object"}}' >"$T/rfc.json"
+check "chat response_format json_object: a JSON object, or finish length" /usr/bin/python3 -c "
+import json; c = json.load(open('$T/rfc.json'))['choices'][0]; t = c['message']['content']
+assert t.startswith('{'), c
+assert c['finish_reason'] == 'length' or isinstance(json.loads(t), dict), c"
+post -N "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 20, "temperature": 1, "seed": 3, "stream": true, "guided_choice": ["a happy day", "the end", "Lily"]}' >"$T/gc.sse"
+check "streamed guided_choice: the deltas make one of the choices" /usr/bin/python3 -c "
+import json
+ev = [json.loads(l[6:]) for l in open('$T/gc.sse') if l.startswith('data: {')]
+t = ''.join(e['choices'][0]['text'] for e in ev if e['choices'])
+assert t in ('a happy day', 'the end', 'Lily') and ev[-1]['choices'][0]['finish_reason'] == 'stop', (t, ev[-1])"
+post "$URL/generate" -d '{"inputs": "Once upon a time", "parameters": {"max_new_tokens": 20, "grammar": {"type": "regex", "value": "[A-Z][a-z]{2,6} (ran|sat)\\."}}}' >"$T/tg.json"
+check "/generate grammar regex: the text fullmatches it" /usr/bin/python3 -c "
+import json, re; t = json.load(open('$T/tg.json'))['generated_text']
+assert re.fullmatch(r'[A-Z][a-z]{2,6} (ran|sat)\\.', t), t"
 
 # chat, with the template of tests/data
 post "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12, "temperature": 0}' >"$T/chat.json"

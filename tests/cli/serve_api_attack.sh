@@ -74,10 +74,10 @@ c=$(chat '[{"role": "user", "content": [{"type": "text", "text": "What is this?"
 check "chat image_url part: 400 naming messages and image_url (was dropped)" \
 	sh -c "[ $c = 400 ] && grep -q '\"param\":\"messages\"' '$T/body' && grep -q \"type 'image_url' is not supported\" '$T/body'"
 c=$(chat '[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]' ''); check "chat text parts: taken" [ "$c" = 200 ]
-c=$(code "$URL/v1/completions" -d '{"prompt": "a", "max_tokens": 2, "guided_json": {"type": "object"}}')
-check "completion guided_json: 400 naming it" is400 "$c" guided_json
-c=$(code "$URL/generate" -d '{"inputs": "a", "parameters": {"max_new_tokens": 2, "grammar": {"type": "regex", "value": "a+"}}}')
-check "/generate grammar: 400 (validation)" sh -c "[ $c = 400 ] && grep -q validation '$T/body'"
+c=$(code "$URL/v1/completions" -d '{"prompt": "a", "max_tokens": 2, "guided_json": {"type": "string", "format": "email"}}')
+check "completion guided_json with an unsupported keyword: 400 naming it" is400 "$c" guided_json
+c=$(code "$URL/generate" -d '{"inputs": "a", "parameters": {"max_new_tokens": 2, "grammar": {"type": "regex", "value": "(a"}}}')
+check "/generate grammar, a bad regex: 400 (validation)" sh -c "[ $c = 400 ] && grep -q validation '$T/body'"
 stop
 check "the server exits 0" [ "$RC" = 0 ]
 

@@ -42,6 +42,7 @@ __attribute__((used)) static const void *const cuda_imports[] = {
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static const struct llm_backend_ops *cuda_ops;   /* NULL: not loaded, cuda_why says why */
 static int (*cuda_count)(void);                  /* llm_cuda_device_count */
+static int (*cuda_mem)(int, size_t *);           /* llm_cuda_mem_free */
 static char cuda_why[2 * PATH_MAX + 256];
 
 /* dlopen PATH and take its two symbols; 0 on success, else cuda_why set */
@@ -54,6 +55,7 @@ static int cuda_try(const char *path)
 	}
 	cuda_ops = dlsym(h, "llm_cuda_ops");
 	*(void **)&cuda_count = dlsym(h, "llm_cuda_device_count");
+	*(void **)&cuda_mem = dlsym(h, "llm_cuda_mem_free");
 	if (!cuda_ops || !cuda_count) {
 		snprintf(cuda_why, sizeof cuda_why, "%s: llm_cuda_ops or llm_cuda_device_count missing", path);
 		cuda_ops = NULL;
@@ -109,6 +111,30 @@ static int cuda_present(void)
 	return cuda_backend("auto") && cuda_count() > 0;
 }
 #endif
+
+int llm_backend_cuda_devices(void)
+{
+#ifdef LLM_CUDA
+	return cuda_present() ? cuda_count() : 0;
+#else
+	return 0;
+#endif
+}
+
+enum llm_status llm_backend_cuda_mem_free(int dev, size_t *bytes)
+{
+	*bytes = 0;
+#ifdef LLM_CUDA
+	if (!cuda_backend("cuda"))
+		return LLM_ERR_UNSUPPORTED;
+	if (!cuda_mem || cuda_mem(dev, bytes))
+		return llm_fail(LLM_ERR_IO, "cuda:%d: cudaMemGetInfo failed", dev);
+	return LLM_OK;
+#else
+	(void)dev;
+	return llm_fail(LLM_ERR_UNSUPPORTED, "built without CUDA support");
+#endif
+}
 
 static const char *isa_names[LLM_ISA_COUNT] = {
 	[LLM_ISA_SCALAR] = "scalar", [LLM_ISA_AVX2] = "avx2",

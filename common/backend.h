@@ -157,6 +157,11 @@ extern const struct llm_backend_ops llm_cuda_ops;
 enum llm_status llm_backend_open(const char *spec, const struct llm_backend_opts *o,
                                  struct llm_backend **be);
 void llm_backend_close(struct llm_backend *be);
+/* CUDA devices visible (0 without CUDA support, driver or device; loads
+ * libllm_cuda.so only when the driver is there), and device DEV's free
+ * memory (cudaMemGetInfo, through that library). */
+int llm_backend_cuda_devices(void);
+enum llm_status llm_backend_cuda_mem_free(int dev, size_t *bytes);
 /* LLM_ERR_UNSUPPORTED naming the op and dtype when the backend lacks it. */
 enum llm_status llm_backend_require(struct llm_backend *be, enum llm_op op,
                                     enum llm_dtype w, enum llm_dtype act);

@@ -3,17 +3,13 @@
 #define _GNU_SOURCE
 #include "memplan.h"
 #include "fileio.h"
+#include "backend.h"
 #include "args.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
-
-#ifdef LLM_CUDA
-int llm_cuda_device_count(void);                    /* kernels/cuda_ops.c: 0 without a device or driver */
-int llm_cuda_mem_free(int dev, size_t *free_bytes); /* kernels/cuda_ops.c: cudaMemGetInfo of DEV; 0: ok */
-#endif
 
 /* B bytes for people: MiB from 1 GiB up, else KiB, rounded up (a size a
  * message says is needed is enough). */
@@ -35,13 +31,13 @@ enum llm_status llm_mem_free(const char *backend, size_t *bytes, const char **so
 #ifdef LLM_CUDA
 	/* the hook for the GPU: its free memory, with the weights not yet
 	 * uploaded (not run on a device here yet: the CPU path is the tested one) */
-	if (cuda || (!strcmp(backend, "auto") && llm_cuda_device_count() > 0)) {
+	if (cuda || (!strcmp(backend, "auto") && llm_backend_cuda_devices() > 0)) {
 		int64_t dev = 0;
 		*source = "cudaMemGetInfo";
 		if (backend[4] == ':' && llm_parse_int(backend + 5, 0, INT32_MAX, &dev))
 			return llm_fail(LLM_ERR_USAGE, "backend '%s': bad device number", backend);
-		if (llm_cuda_mem_free((int)dev, bytes))
-			return llm_fail(LLM_ERR_IO, "backend %s: cudaMemGetInfo failed", backend);
+		if (llm_backend_cuda_mem_free((int)dev, bytes))
+			return llm_fail_prefix(LLM_ERR_IO, "backend %s", backend);
 		return LLM_OK;
 	}
 #else

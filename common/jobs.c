@@ -3,6 +3,7 @@
 #include "tokenizer.h"
 #include "fileio.h"
 #include "grammar.h"
+#include "toolcall.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -22,6 +23,9 @@ void llm_job_free(struct llm_job *j)
 	for (int i = 0; i < LLM_MAX_STOP; i++)
 		free(j->stop_own[i]);
 	free(j->bias_own);
+	for (int i = 0; i < j->n_tools; i++)
+		free(j->tool_names[i]);
+	free(j->tool_names);
 	llm_grammar_unref(j->p.grammar);
 	memset(j, 0, sizeof *j);
 }
@@ -41,6 +45,9 @@ static void take(struct llm_job *j, struct llm_api_req *r)
 	j->p = r->p;
 	memcpy(j->stop_own, r->stops, sizeof j->stop_own);
 	j->bias_own = r->bias;
+	j->tool_fmt = r->tool_format;
+	j->tool_names = r->tool_names;
+	j->n_tools = r->n_tools;
 	free(r->inputs);
 }
 
@@ -255,6 +262,21 @@ char *llm_job_json(const struct llm_job *j, size_t index)
 	json_object_set_new(o, "prompt_ids", pids);
 	json_object_set_new(o, "ids", ids);
 	json_object_set_new(o, "finish_reason", json_string(llm_finish_name(j->finish)));
+	struct llm_tool_answer ta;
+	if (j->tool_fmt && !llm_tool_parse((enum llm_tool_format)j->tool_fmt, j->text.p ? j->text.p : "", j->text.len,
+	                                   (const char *const *)j->tool_names, j->n_tools, &ta)) {
+		if (ta.n) {   /* the answer is tool calls: OpenAI's shape, and the text around them */
+			json_t *calls = json_array();
+			for (int k = 0; k < ta.n; k++)
+				json_array_append_new(calls, json_pack("{s:s, s:{s:s, s:s}}", "type", "function", "function", "name",
+				                                       ta.calls[k].name, "arguments", ta.calls[k].arguments));
+			json_object_set_new(o, "tool_calls", calls);
+			json_object_set_new(o, "content", json_stringn(ta.content, ta.content_len));
+			if (j->finish != LLM_FINISH_LENGTH)
+				json_object_set_new(o, "finish_reason", json_string("tool_calls"));
+		}
+		llm_tool_answer_free(&ta);
+	}
 	if (j->p.n_logprobs) {
 		json_t *lp = json_array(), *tops = json_array();
 		for (size_t i = 0; i < j->n; i++) {

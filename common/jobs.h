@@ -34,6 +34,10 @@ struct llm_job {
 	void *user;
 	int echo;                   /* text starts with the prompt's, not yet handed to on_event */
 	int id;                     /* the scheduler's request id (llm_jobs_run) */
+	int tool_fmt;               /* a line with tools: enum llm_tool_format of the template,
+	                             * the text parsed into tool_calls in llm_job_json; 0: none */
+	char **tool_names;          /* (n_tools) owned */
+	int n_tools;
 };
 
 /* The jobs of BUF (LEN bytes, modified): one per non-empty line, a JSON

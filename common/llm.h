@@ -25,6 +25,7 @@
 #include "buf.h"
 #include "request.h"
 #include "guide.h"
+#include "toolcall.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

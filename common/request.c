@@ -12,6 +12,7 @@
 #include "fileio.h"
 #include "buf.h"
 #include "guide.h"
+#include "toolcall.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -149,8 +150,6 @@ static const struct unimpl {
 	/* chat in llm-serve: its answers carry no tool calls, so tools are
 	 * refused there (llm-generate's JSONL lines render them into the
 	 * prompt, as documented in llm-generate(1)) */
-	{ "tools", D_EMPTY, K_CHAT, "tool calling is not implemented" },
-	{ "tool_choice", D_NONE_AUTO, K_CHAT, "tool calling is not implemented" },
 	{ "functions", D_EMPTY, K_CHAT, "function calling is not implemented" },
 	{ "function_call", D_NONE_AUTO, K_CHAT, "function calling is not implemented" },
 	{ "add_generation_prompt", D_TRUE, K_CHAT, NULL },
@@ -538,6 +537,133 @@ static int tokenize(struct parse *c, const char *k, const char *text, size_t len
 	return 0;
 }
 
+/* The tool-call grammar of tool_choice "required" or a named function:
+ * the answer is one call, in the template's format F, to one of the N
+ * functions FNS (objects {"name", "parameters"}), its arguments valid for
+ * that function's parameter schema: a JSON Schema anyOf over the
+ * functions, written in the format's wrapping. */
+static int tool_grammar(struct parse *c, enum llm_tool_format f, json_t *const *fns, size_t n)
+{
+	const char *k = "tool_choice";
+	if (c->r->p.grammar)
+		return bad(c, k, "a call is forced by a grammar: not with response_format or guided_*");
+	json_t *any = json_array();
+	for (size_t i = 0; i < n; i++) {
+		json_t *params = json_object_get(fns[i], "parameters");
+		json_t *pv = params ? json_incref(params) : json_pack("{s:s}", "type", "object");
+		json_t *one = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type", "object", "properties", "name",
+		                        "const", json_object_get(fns[i], "name"), f == LLM_TOOL_LLAMA3 ? "parameters" : "arguments",
+		                        pv, "required", "name", f == LLM_TOOL_LLAMA3 ? "parameters" : "arguments",
+		                        "additionalProperties", 0);
+		if (one)
+			json_array_append_new(any, one);
+	}
+	json_t *schema = json_pack("{s:o}", "anyOf", any);
+	struct llm_buf b = { 0 }, w = { 0 };
+	enum llm_status s = schema ? llm_guide_json_schema(schema, &b) : llm_fail(LLM_ERR_NOMEM, "out of memory");
+	json_decref(schema);
+	/* wrap the root's right side: root ::= PREFIX ( ... ) SUFFIX */
+	const char *root = s ? NULL : strstr(b.p, "root ::= ");
+	if (!s && !root)
+		s = llm_fail(LLM_ERR_INTERNAL, "tool_choice: no root rule");
+	if (!s) {
+		const char *rhs = root + 9, *eol = strchr(rhs, '\n');
+		size_t rl = eol ? (size_t)(eol - rhs) : strlen(rhs);
+		const char *pre = f == LLM_TOOL_HERMES ? "\"<tool_call>\\n\" (" : "(";
+		const char *post = f == LLM_TOOL_HERMES ? ") \"\\n</tool_call>\"" : ")";
+		s = llm_buf_append(&w, b.p, (size_t)(root - b.p));
+		if (!s)
+			s = llm_buf_append_str(&w, "root ::= ");
+		if (!s)
+			s = llm_buf_append_str(&w, pre);
+		if (!s)
+			s = llm_buf_append(&w, rhs, rl);
+		if (!s)
+			s = llm_buf_append_str(&w, post);
+		if (!s)
+			s = llm_buf_append_str(&w, eol ? eol : "\n");
+	}
+	llm_buf_free(&b);
+	if (s) {
+		llm_buf_free(&w);
+		return bad_st(c, usage(s), k, "%s", llm_errmsg());
+	}
+	return set_grammar(c, k, &w, LLM_OK);
+}
+
+/* tools and tool_choice (chat): the functions' names kept for the answer's
+ * parse, and for "required" or a named function a grammar that makes the
+ * answer a call. "none": the tools are rendered (the template may show
+ * them) but the answer is not parsed. */
+static int tool_choice(struct parse *c, json_t *o, json_t *tools)
+{
+	struct llm_api_req *r = c->r;
+	json_t *tc = field(o, "tool_choice");
+	size_t n = json_is_array(tools) ? json_array_size(tools) : 0;
+	const char *mode = json_is_string(tc) ? json_string_value(tc) : tc ? "named" : n ? "auto" : "none";
+	if (tc && !json_is_string(tc) && !json_is_object(tc))
+		return bad(c, "tool_choice", "expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+	if (strcmp(mode, "none") && strcmp(mode, "auto") && strcmp(mode, "required") && strcmp(mode, "named"))
+		return bad(c, "tool_choice", "'%s' is not none, auto or required", mode);
+	if (!n) {
+		if (strcmp(mode, "none") && strcmp(mode, "auto"))
+			return bad(c, "tool_choice", "%s needs tools", mode);
+		return 0;
+	}
+	json_t **fns = malloc(n * sizeof *fns);
+	if (!fns || !(r->tool_names = calloc(n, sizeof *r->tool_names))) {
+		free(fns);
+		return bad_st(c, LLM_ERR_NOMEM, "tools", "out of memory");
+	}
+	for (size_t i = 0; i < n; i++) {
+		json_t *t = json_array_get(tools, i), *fn = json_object_get(t, "function");
+		json_t *ty = json_object_get(t, "type"), *nm = json_object_get(fn, "name"), *pa = json_object_get(fn, "parameters");
+		if (!json_is_object(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_string(nm) ||
+		    (pa && !json_is_object(pa))) {
+			free(fns);
+			return bad(c, "tools", "tools[%zu]: expected {\"type\": \"function\", \"function\": {\"name\": string, "
+			           "\"parameters\": a JSON Schema object}}", i);
+		}
+		fns[i] = fn;
+		if (!(r->tool_names[r->n_tools++] = llm_strdup(json_string_value(nm)))) {
+			free(fns);
+			return bad_st(c, LLM_ERR_NOMEM, "tools", "out of memory");
+		}
+	}
+	const char *tsrc = c->env->chat_template ? c->env->chat_template : llm_tokenizer_chat_template(c->env->tk);
+	enum llm_tool_format f = llm_tool_format_of(tsrc);
+	int rv = 0;
+	if (!strcmp(mode, "none")) {
+		rv = 0;
+	} else if (f == LLM_TOOL_NONE && c->kind == LLM_API_JSONL && !strcmp(mode, "auto")) {
+		rv = 0;                  /* JSONL: rendered for the prompt, as before; no format to parse */
+	} else if (f == LLM_TOOL_NONE) {
+		rv = bad(c, "tools", "this model's chat template has no tool-call format (hermes <tool_call> blocks or "
+		         "Llama 3 JSON); tool_choice \"none\" renders the tools without parsing the answer");
+	} else {
+		r->tool_format = (int)f;
+		if (!strcmp(mode, "named")) {
+			json_t *fn = json_object_get(tc, "function"), *nm = json_object_get(fn, "name");
+			size_t i = 0;
+			while (json_is_string(nm) && i < n && strcmp(r->tool_names[i], json_string_value(nm)))
+				i++;
+			if (!json_is_string(nm) || strcmp(json_string_value(json_object_get(tc, "type")), "function"))
+				rv = bad(c, "tool_choice", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+			else if (i == n)
+				rv = bad(c, "tool_choice", "function '%s' is not among the tools", json_string_value(nm));
+			else if (!c->env->gvocab)
+				rv = bad(c, "tool_choice", "a named function needs the model's tokenizer files");
+			else
+				rv = tool_grammar(c, f, &fns[i], 1);
+		} else if (!strcmp(mode, "required")) {
+			rv = !c->env->gvocab ? bad(c, "tool_choice", "required needs the model's tokenizer files")
+			                     : tool_grammar(c, f, fns, n);
+		}
+	}
+	free(fns);
+	return rv;
+}
+
 /* messages through the chat template (with chat_template_kwargs, and tools
  * in llm-generate's lines), then tokenized without special tokens: the
  * template places BOS itself. */
@@ -574,10 +700,12 @@ static int chat(struct parse *c, json_t *o)
 		return bad(c, k, "the model has no tokenizer files");
 	if (!c->env->chat_template && !llm_tokenizer_chat_template(c->env->tk))
 		return bad(c, k, "this model has no chat template (give one with --chat-template FILE)");
+	if (tool_choice(c, o, tools) < 0)
+		return -1;
 	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", 1);
 	if (req && kw)
 		json_object_set(req, "chat_template_kwargs", kw);
-	if (req && tools && c->kind != LLM_API_CHAT)   /* chat: absent or [] (refused otherwise) */
+	if (req && tools && json_array_size(tools))
 		json_object_set(req, "tools", tools);
 	char *rs = req ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(req);
@@ -768,6 +896,9 @@ void llm_api_req_free(struct llm_api_req *r)
 		free(r->stops[i]);
 	free(r->bias);
 	free(r->inputs);
+	for (int i = 0; i < r->n_tools; i++)
+		free(r->tool_names[i]);
+	free(r->tool_names);
 	llm_grammar_unref(r->p.grammar);
 	memset(r, 0, sizeof *r);
 }

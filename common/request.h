@@ -73,6 +73,11 @@ struct llm_api_req {
 	                             * its tokens in the log-probs (the first null) */
 	int prompt_logprobs;        /* vLLM: each prompt token's log-prob, rank and this many best
 	                             * (-1: none) */
+	int tool_format;            /* chat with tools: enum llm_tool_format of the template, the
+	                             * answer parsed into tool calls; 0: not parsed (no tools,
+	                             * tool_choice "none") */
+	char **tool_names;          /* (n_tools) the functions a call may name, owned */
+	int n_tools;
 	int prefill_details;        /* TGI decoder_input_details: details.prefill */
 	char param[48];             /* on failure: the field at fault ("": none) */
 };

@@ -50,6 +50,9 @@ void llm_srv_job_unref_locked(struct job *j)
 	pthread_cond_destroy(&j->cv);
 	free(j->inputs);
 	free(j->plp);
+	for (int i = 0; i < j->n_tools; i++)
+		free(j->tool_names[i]);
+	free(j->tool_names);
 	free(j->prompt);
 	llm_buf_free(&j->out);
 	free(j);

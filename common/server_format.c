@@ -9,6 +9,7 @@
 #include "fileio.h"
 #include "tokenizer.h"
 #include "buf.h"
+#include "toolcall.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -279,6 +280,54 @@ static json_t *usage_json(const struct job *j)
 	                 "total_tokens", j->n_prompt + g);
 }
 
+/* The bytes of events [0, to) of C (malloc'd, NUL-terminated; NULL: out of memory). */
+static char *raw_text(const struct choice *c, int to, size_t *len)
+{
+	size_t n = 0;
+	for (int i = 0; i < to; i++)
+		n += c->ev[i].len;
+	char *b = malloc(n + 1);
+	if (!b)
+		return NULL;
+	n = 0;
+	for (int i = 0; i < to; i++) {
+		memcpy(b + n, c->ev[i].text ? c->ev[i].text : "", c->ev[i].len);
+		n += c->ev[i].len;
+	}
+	b[n] = 0;
+	*len = n;
+	return b;
+}
+
+/* The calls of A as OpenAI tool_calls (with an index each when STREAM). */
+static json_t *tool_calls_json(const struct job *j, int choice, const struct llm_tool_answer *a, int stream)
+{
+	json_t *arr = json_array();
+	for (int k = 0; k < a->n; k++) {
+		char id[80];
+		snprintf(id, sizeof id, "call_%s_%d_%d", j->id, choice, k);
+		json_t *o = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
+		                      a->calls[k].name, "arguments", a->calls[k].arguments);
+		if (stream)
+			json_object_set_new(o, "index", json_integer(k));
+		json_array_append_new(arr, o);
+	}
+	return arr;
+}
+
+/* Chat with tools: C's answer parsed; 0 when it holds no call. */
+static int parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a)
+{
+	size_t len;
+	char *t = j->tool_fmt ? raw_text(c, c->n_ev, &len) : NULL;
+	int got = t && !llm_tool_parse((enum llm_tool_format)j->tool_fmt, t, len, (const char *const *)j->tool_names,
+	                               j->n_tools, a) && a->n > 0;
+	if (!got)
+		llm_tool_answer_free(a);
+	free(t);
+	return got;
+}
+
 /* The cumulative log-prob of choice C's tokens (best_of's ranking). */
 static double cum_logprob(const struct choice *c)
 {
@@ -304,7 +353,15 @@ json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 		struct choice *ch = &j->ch[order[c]];
 		size_t off = 0;
 		json_t *o;
-		if (j->kind == K_CHAT)
+		struct llm_tool_answer ta = { 0 };
+		if (j->kind == K_CHAT && parse_tools(j, ch, &ta)) {   /* the answer is tool calls */
+			o = json_pack("{s:i, s:{s:s, s:o, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
+			              "content", ta.content_len ? jstr(ta.content, ta.content_len) : json_null(),
+			              "tool_calls", tool_calls_json(j, c, &ta, 0), "logprobs",
+			              logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0), "finish_reason",
+			              ch->finish == LLM_FINISH_LENGTH ? "length" : "tool_calls", "token_ids", ids_of(ch, 0, ch->n_ev));
+			llm_tool_answer_free(&ta);
+		} else if (j->kind == K_CHAT)
 			o = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
 			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0),
 			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
@@ -414,6 +471,38 @@ static void out_event(struct job *j, json_t *o, int tgi)
 	free(b);
 }
 
+/* Chat with tools, streamed: event I of choice C as a chunk whose content
+ * is the text that can no longer become part of a call; at the end the
+ * calls (or the text held back, when there were none). NULL: out of memory. */
+static json_t *tool_stream_chunk(struct llm_server *s, struct job *j, int c, int i)
+{
+	struct choice *ch = &j->ch[c];
+	struct ev *v = &ch->ev[i];
+	size_t len, off = 0;
+	char *t = raw_text(ch, i + 1, &len);
+	if (!t)
+		return NULL;
+	json_t *delta = json_object();
+	const char *finish = v->finish ? openai_finish(v->finish) : NULL;
+	struct llm_tool_answer ta = { 0 };
+	if (v->finish && parse_tools(j, ch, &ta)) {
+		json_object_set_new(delta, "tool_calls", tool_calls_json(j, c, &ta, 1));
+		finish = v->finish == LLM_FINISH_LENGTH ? "length" : "tool_calls";
+		llm_tool_answer_free(&ta);
+		ch->tool_sent = len;
+	} else {
+		size_t safe = v->finish ? len : llm_tool_safe_prefix((enum llm_tool_format)j->tool_fmt, t, len);
+		if (safe < ch->tool_sent)
+			safe = ch->tool_sent;
+		json_object_set_new(delta, "content", jstr(t + ch->tool_sent, safe - ch->tool_sent));
+		ch->tool_sent = safe;
+	}
+	free(t);
+	return json_pack("{s:i, s:o, s:o, s:o, s:o}", "index", c, "delta", delta, "logprobs",
+	                 logprobs_json(s, j, ch, i, i + 1, &off, 0), "finish_reason", finish ? json_string(finish) : json_null(),
+	                 "token_ids", ids_of(ch, i, i + 1));
+}
+
 /* Format what the events since the last call add (called with mu held). */
 void llm_srv_stream_format(struct llm_server *s, struct job *j)
 {
@@ -468,7 +557,11 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 			}
 			size_t off = 0;
 			json_t *ch_o;
-			if (j->kind == K_CHAT)
+			if (j->kind == K_CHAT && j->tool_fmt) {
+				ch_o = tool_stream_chunk(s, j, c, i);
+				if (!ch_o)
+					continue;
+			} else if (j->kind == K_CHAT)
 				ch_o = json_pack("{s:i, s:{s:o}, s:o, s:o, s:o}", "index", c, "delta", "content", text_of(ch, i, i + 1),
 				                 "logprobs", logprobs_json(s, j, ch, i, i + 1, &off, 0),
 				                 "finish_reason", v->finish ? json_string(openai_finish(v->finish)) : json_null(),

@@ -61,6 +61,7 @@ struct choice {
 	int n_ev;
 	size_t cap_ev;
 	double t_last, t_first;
+	size_t tool_sent;            /* stream with tools: bytes of the text sent as content */
 	int n_tok;                   /* tokens generated */
 	/* the engine thread's own: events of this step not yet published */
 	struct ev *pend;
@@ -82,6 +83,9 @@ struct job {
 	                              * written by the engine thread before choice 0's first event */
 	int plp_top;                 /* best tokens per prompt position */
 	int plp_ready;               /* choice 0 has an event (its prompt is scored) */
+	int tool_fmt;                /* chat with tools: enum llm_tool_format; 0: answers not parsed */
+	char **tool_names;           /* (n_tools) owned */
+	int n_tools;
 	int32_t *prompt;
 	int n_prompt;
 	struct llm_sample_params p;

@@ -332,8 +332,7 @@ static void prompts(void)
 		snprintf(body, sizeof body, "{%s, \"chat_template_kwargs\": 1}", msgs);
 		refused((enum llm_api_kind)k, body, "chat_template_kwargs", "chat_template_kwargs: expected an object");
 		snprintf(body, sizeof body, "{%s, \"tools\": {}}", msgs);
-		refused((enum llm_api_kind)k, body, "tools", k == LLM_API_CHAT ?
-		        "tools: not supported: tool calling is not implemented" : "tools: expected an array");
+		refused((enum llm_api_kind)k, body, "tools", "tools: expected an array");
 	}
 	free(ids);
 	/* chat_template_kwargs reach the template, in both kinds */
@@ -544,11 +543,12 @@ static void unimplemented_fields(void)
 		{ OAI, "\"guided_decoding_backend\": \"xgrammar\"", "guided_decoding_backend",
 		  "guided_decoding_backend: not supported: one grammar engine", "" },
 		{ CHAT, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "tools",
-		  "tools: not supported: tool calling is not implemented", "\"tools\": []" },
-		{ CHAT, "\"tool_choice\": \"required\"", "tool_choice", "tool_choice: not supported: tool calling is not implemented",
+		  "tools: this model's chat template has no tool-call format (hermes <tool_call> blocks or Llama 3 JSON); "
+		  "tool_choice \"none\" renders the tools without parsing the answer", "\"tools\": []" },
+		{ CHAT, "\"tool_choice\": \"required\"", "tool_choice", "tool_choice: required needs tools",
 		  "\"tool_choice\": \"none\"" },
 		{ CHAT, "\"tool_choice\": {\"type\": \"function\"}", "tool_choice",
-		  "tool_choice: not supported: tool calling is not implemented", "\"tool_choice\": \"auto\"" },
+		  "tool_choice: named needs tools", "\"tool_choice\": \"auto\"" },
 		{ CHAT, "\"functions\": [{\"name\": \"f\"}]", "functions", "functions: not supported: function calling is not implemented",
 		  "\"functions\": []" },
 		{ CHAT, "\"function_call\": {\"name\": \"f\"}", "function_call",
@@ -753,6 +753,82 @@ static void structured(void)
 	llm_gvocab_free(gv);
 }
 
+/* Tools: the names kept and the template's format for the answer's
+ * parse (auto), a grammar that makes the answer one valid call (required,
+ * a named function), the refusals. */
+static void tool_calls(void)
+{
+	struct llm_api_env e = env_of(0, 1);
+	struct llm_gvocab *gv = NULL;
+	if (!check(!llm_gvocab_tokenizer(&gv, tk, llm_tokenizer_n_vocab(tk)), "the tokenizer's vocabulary for grammars"))
+		return;
+	e.gvocab = gv;
+	e.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if tools %}<tools>"
+	                  "{{ tools | tojson }}</tools> call as <tool_call>{...}</tool_call>{% endif %}<assistant>";
+	const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+	                    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}, "
+	                    "{\"type\": \"function\", \"function\": {\"name\": \"noop\"}}]";
+	char body[2048];
+	struct llm_api_req r, r0;
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s}", tools);
+	enum llm_status s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(!s && r.tool_format == LLM_TOOL_HERMES && r.n_tools == 2 && !strcmp(r.tool_names[0], "get_weather") &&
+	      !strcmp(r.tool_names[1], "noop") && !r.p.grammar, "auto: hermes from the template, the 2 names, no grammar: %s",
+	      s ? llm_errmsg() : "ok");
+	enum llm_status s0 = parse_env(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &e, &r0);
+	check(!s && !s0 && r.n_prompt > r0.n_prompt + 20, "the tools are rendered into the prompt (%d tokens, %d without)",
+	      s ? 0 : r.n_prompt, s0 ? 0 : r0.n_prompt);
+	if (!s)
+		llm_api_req_free(&r);
+	if (!s0)
+		llm_api_req_free(&r0);
+	static const char *call_w = "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>";
+	static const char *call_n = "<tool_call>\n{\"name\":\"noop\",\"arguments\":{}}\n</tool_call>";
+	static const char *no_city = "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{}}\n</tool_call>";
+	static const char *bare = "{\"name\":\"noop\",\"arguments\":{}}";
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s, \"tool_choice\": \"required\"}", tools);
+	s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(!s && r.p.grammar && llm_grammar_match(r.p.grammar, call_w, strlen(call_w)) &&
+	      llm_grammar_match(r.p.grammar, call_n, strlen(call_n)) && !llm_grammar_match(r.p.grammar, no_city, strlen(no_city)) &&
+	      !llm_grammar_match(r.p.grammar, bare, strlen(bare)),
+	      "required: the grammar takes a whole call to either function with valid arguments, nothing else: %s",
+	      s ? llm_errmsg() : "ok");
+	if (!s)
+		llm_api_req_free(&r);
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s, \"tool_choice\": "
+	         "{\"type\": \"function\", \"function\": {\"name\": \"noop\"}}}", tools);
+	s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(!s && r.p.grammar && llm_grammar_match(r.p.grammar, call_n, strlen(call_n)) &&
+	      !llm_grammar_match(r.p.grammar, call_w, strlen(call_w)), "a named function: calls to it only: %s",
+	      s ? llm_errmsg() : "ok");
+	if (!s)
+		llm_api_req_free(&r);
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s, \"tool_choice\": \"none\"}", tools);
+	s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(!s && r.tool_format == 0 && !r.p.grammar, "none: rendered, not parsed");
+	if (!s)
+		llm_api_req_free(&r);
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s, \"tool_choice\": "
+	         "{\"type\": \"function\", \"function\": {\"name\": \"rm\"}}}", tools);
+	s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(s && !strcmp(r.param, "tool_choice") && strstr(llm_errmsg(), "function 'rm' is not among the tools"),
+	      "a named function not among the tools: %s", s ? llm_errmsg() : "taken");
+	if (!s)
+		llm_api_req_free(&r);
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s, \"tool_choice\": \"required\", "
+	         "\"guided_regex\": \"a+\"}", tools);
+	s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(s && !strcmp(r.param, "tool_choice"), "required with guided_regex is refused: %s", s ? llm_errmsg() : "taken");
+	if (!s)
+		llm_api_req_free(&r);
+	snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\"}]}");
+	s = parse_env(LLM_API_CHAT, body, &e, &r);
+	check(s && !strcmp(r.param, "tools"), "a tool without a function name is refused: %s", s ? llm_errmsg() : "taken");
+	if (!s)
+		llm_api_req_free(&r);
+	llm_gvocab_free(gv);
+}
+
 int main(void)
 {
 	const char *models = test_models_dir();
@@ -771,6 +847,7 @@ int main(void)
 	unimplemented_fields();
 	fill_in_middle();
 	structured();
+	tool_calls();
 	llm_tokenizer_close(tk);
 	return check_done();
 }

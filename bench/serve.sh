@@ -7,7 +7,8 @@
 #      (budget 8192: a whole prompt in one step, context weighting included);
 #   3. time to first token on a shared 1024-token system prompt, with and
 #      without prefix caching;
-#   4. arrival-rate curves (--plot), written to bench/results/.
+#   4. an arrival-rate sweep to saturation (--rate sweep), the highest
+#      real-time rate (p99 TTFT < 2 s, p99 ITL < 250 ms) marked on the plot.
 #   bench/serve.sh [OUTDIR] [WORKDIR]     (LLM_BIN: the tools, default bin/)
 # Loopback only; every load is bounded by request counts. Results:
 # OUTDIR/serve-*.txt (llm-bench output) and OUTDIR/serve-rates.svg.
@@ -91,7 +92,7 @@ done
 
 # 4. arrival-rate curves
 serve rates --max-running 16 --max-batch-tokens 128
-"$B/llm-bench" serve "$URL" --rate 0.125,0.25,0.5,1 --requests 6 --input-len 128 --output-len 32 \
+"$B/llm-bench" serve "$URL" --rate sweep:0.25 --requests 24 --input-len 128 --output-len 32 \
 	--slo-ttft 2000 --slo-itl 250 --plot "$out/serve-rates.svg" --title "llm-serve, SmolLM2-135M FP8 random, $(nproc) CPU cores" \
 	>"$out/serve-rates.txt"
 stop
@@ -105,6 +106,6 @@ note "1. output tok/s, 1 client / 16 clients / ratio, per round: $(echo "$rounds
 note "   compute scaling before the rounds: $scale_before; after: $scale_after"
 note "2. decoders' ITL (ms) while 2048-token prompts arrive: chunked (budget 32) p50 $(col "$out/serve-chunked-decoders.txt" 1 13) p99 $(col "$out/serve-chunked-decoders.txt" 1 15); unchunked (budget 8192) p50 $(col "$out/serve-unchunked-decoders.txt" 1 13) p99 $(col "$out/serve-unchunked-decoders.txt" 1 15)"
 note "3. TTFT p50 (ms), 1024 shared + 32 own tokens: prefix cache $(col "$out/serve-prefix-cache-8.txt" 1 10), none $(col "$out/serve-prefix-cache-0.txt" 1 10)"
-note "4. arrival-rate curves: serve-rates.txt, serve-rates.svg"
+note "4. arrival-rate sweep (serve-rates.txt, serve-rates.svg): $(grep -h '^# real-time\|^# saturation' "$out/serve-rates.txt" | sed 's/^# //' | tr '\n' ';')"
 } >>"$out/serve-summary.txt"
 cat "$out/serve-summary.txt"

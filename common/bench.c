@@ -636,8 +636,23 @@ void llm_bench_serve_row(FILE *out, enum llm_bench_format f, const struct llm_be
 	fputc('\n', out);
 }
 
+int llm_bench_serve_realtime(const struct llm_bench_serve_result *r, int n, double slo_ttft_ms, double slo_itl_ms)
+{
+	int best = -1;
+	for (int i = 0; i < n; i++)
+		if (r[i].rate > 0 && isfinite(r[i].rate) && llm_bench_serve_keeps_up(&r[i]) && !r[i].wrong &&
+		    r[i].ttft[2] <= slo_ttft_ms && r[i].itl[2] <= slo_itl_ms && (best < 0 || r[i].rate > r[best].rate))
+			best = i;
+	return best;
+}
+
+int llm_bench_serve_keeps_up(const struct llm_bench_serve_result *r)
+{
+	return !r->rejected && r->completed == r->sent && (isinf(r->rate) || r->req_s >= 0.8 * r->rate);
+}
+
 enum llm_status llm_bench_serve_plot(const char *path, const struct llm_bench_serve_result *r, int n,
-                                     const char *title)
+                                     const char *title, double realtime)
 {
 	char dat[1200], gp[1200];
 	snprintf(dat, sizeof dat, "%s.dat", path);
@@ -655,15 +670,19 @@ enum llm_status llm_bench_serve_plot(const char *path, const struct llm_bench_se
 	f = fopen(gp, "w");
 	if (!f)
 		return llm_fail(LLM_ERR_IO, "%s: cannot write", gp);
-	fprintf(f, "set terminal %s size 1100,480\nset output '%s'\n"
-	           "set multiplot layout 1,2 title \"%s\"\nset grid\nset key top left\n"
+	fprintf(f, "set terminal %s size 1100,480\nset output '%s'\n", png ? "png" : "svg", path);
+	if (realtime > 0)   /* the knee: the highest rate that met the SLO */
+		fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead dt 2 lc rgb 'red'\n"
+		           "set label 'real-time up to %g req/s' at %g, graph 0.95 right offset -0.5,0 tc rgb 'red'\n",
+		        realtime, realtime, realtime, realtime);
+	fprintf(f, "set multiplot layout 1,2 title \"%s\"\nset grid\nset key top left\n"
 	           "set xlabel 'arrival rate (req/s)'\nset ylabel 'latency (ms)'\nset logscale y\n"
 	           "plot '%s' u 1:4 w lp t 'TTFT p50', '' u 1:5 w lp t 'TTFT p99', '' u 1:6 w lp t 'ITL p50', "
 	           "'' u 1:7 w lp t 'ITL p99', '' u 1:8 w lp t 'e2e p50', '' u 1:9 w lp t 'e2e p99'\n"
 	           "unset logscale y\nset ylabel 'throughput'\n"
 	           "plot '%s' u 1:3 w lp t 'output tok/s', '' u 1:($2*100) w lp t 'completed req/s x100'\n"
 	           "unset multiplot\n",
-	        png ? "png" : "svg", path, title, dat, dat);
+	        title, dat, dat);
 	fclose(f);
 	char cmd[2600];
 	snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);

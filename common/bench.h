@@ -66,10 +66,20 @@ enum llm_bench_format { LLM_BENCH_TABLE, LLM_BENCH_CSV, LLM_BENCH_JSONL };
 /* Write the column-name and units rows (table/csv), one row, the summary. */
 void llm_bench_serve_header(FILE *out, enum llm_bench_format f);
 void llm_bench_serve_row(FILE *out, enum llm_bench_format f, const struct llm_bench_serve_result *r);
+/* The real-time rate (the seed's definition: TTFT under SLO_TTFT_MS and ITL
+ * under SLO_ITL_MS, here at p99, with every request answered and the rate
+ * kept up with, llm_bench_serve_keeps_up): the index of the highest offered
+ * rate of R[0..n) whose run met it, -1 for none. */
+int llm_bench_serve_realtime(const struct llm_bench_serve_result *r, int n, double slo_ttft_ms, double slo_itl_ms);
+/* Whether the server kept up with the run's offered rate: completed req/s at
+ * least 80% of it, none refused. A sweep doubles the rate until this fails
+ * (saturation) or the SLO does twice in a row. */
+int llm_bench_serve_keeps_up(const struct llm_bench_serve_result *r);
 /* Plot arrival rate against latency and throughput with gnuplot into PATH
- * (.svg or .png); DATA keeps the numbers next to it (PATH.dat). */
+ * (.svg or .png); DATA keeps the numbers next to it (PATH.dat). REALTIME:
+ * the rate to mark (a vertical line, the knee), or 0. */
 enum llm_status llm_bench_serve_plot(const char *path, const struct llm_bench_serve_result *r, int n,
-                                     const char *title);
+                                     const char *title, double realtime);
 
 /* ---- model throughput (llama-bench style) ------------------------------ */
 

@@ -22,7 +22,7 @@ static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min
 static struct llm_progress pg;   /* progress and the summary on stderr; -q: none */
 
 static const struct llm_opt opts[] = {
-	LLM_STR(0, "rate", "LIST", &rates, "serve: Poisson arrival rates in req/s, e.g. 1,2,4,8 (inf: all at once)"),
+	LLM_STR(0, "rate", "LIST", &rates, "serve: Poisson arrival rates in req/s, e.g. 1,2,4,8 (inf: all at once); sweep[:R]: R (0.25), 2R, 4R... until saturation"),
 	LLM_STR(0, "concurrency", "LIST", &concs, "serve: fixed numbers of concurrent clients instead, e.g. 1,16"),
 	LLM_INT(0, "input-len", "N", &input_len, "serve: synthetic prompt length in tokens", 1, 1 << 20),
 	LLM_INT(0, "output-len", "N", &output_len, "serve: tokens to generate per request", 1, 1 << 20),
@@ -152,13 +152,25 @@ static int load_trace(const char *path, struct llm_bench_prompt **out, int *n)
 	return 0;
 }
 
+static int cmp_rate(const void *a, const void *b)
+{
+	double x = ((const struct llm_bench_serve_result *)a)->rate, y = ((const struct llm_bench_serve_result *)b)->rate;
+	return (x > y) - (x < y);
+}
+
 static int run_serve(const char *url, enum llm_bench_format fmt)
 {
-	double list[64];
+	double list[64], sweep = 0;
 	int n_list = 0, conc_mode = concs != NULL;
 	if (rates && concs)
 		return llm_args_usage_error(&cli, "--rate and --concurrency are two kinds of runs; give one");
-	if ((n_list = split_list(conc_mode ? concs : rates ? rates : "inf", list, 64, !conc_mode)) < 1)
+	if (rates && !strncmp(rates, "sweep", 5)) {
+		sweep = 0.25;
+		if ((rates[5] && rates[5] != ':') || (rates[5] == ':' && (llm_parse_float(rates + 6, &sweep) || !(sweep > 0))))
+			return llm_args_usage_error(&cli, "--rate sweep[:R]: R a positive rate in req/s");
+		list[0] = sweep;
+		n_list = 1;
+	} else if ((n_list = split_list(conc_mode ? concs : rates ? rates : "inf", list, 64, !conc_mode)) < 1)
 		return llm_args_usage_error(&cli, "--%s: expected a comma-separated list of positive numbers",
 		                            conc_mode ? "concurrency" : "rate");
 	if (shared_prefix >= input_len && !trace)
@@ -213,7 +225,7 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 	llm_bench_serve_header(stdout, fmt);
 	fflush(stdout);
 	struct llm_bench_serve_result res[64];
-	int wrong = 0, sent = 0, done = 0;
+	int wrong = 0, sent = 0, done = 0, slo_miss = 0;
 	double best = 0;
 	for (int i = 0; i < n_list; i++) {
 		enum llm_status st = conc_mode ? llm_bench_serve_run(&o, 0, (int)list[i], &res[i])
@@ -228,6 +240,36 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 		done += res[i].completed;
 		if (res[i].out_tok_s > best)
 			best = res[i].out_tok_s;
+		if (sweep > 0) {   /* the next rate: double until saturation, or the SLO missed twice running */
+			slo_miss = llm_bench_serve_realtime(&res[i], 1, slo_ttft, slo_itl) < 0 ? slo_miss + 1 : 0;
+			if (llm_bench_serve_keeps_up(&res[i]) && slo_miss < 2 && n_list < 12)
+				list[n_list++] = list[i] * 2;
+			else if (i == n_list - 1 && n_list < 13) {
+				/* once: halfway (geometric) between the highest rate that met the SLO and the next */
+				int rt = llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl);
+				double nxt = INFINITY;
+				for (int k = 0; rt >= 0 && k < n_list; k++)
+					if (res[k].rate > res[rt].rate && res[k].rate < nxt)
+						nxt = res[k].rate;
+				if (rt >= 0 && isfinite(nxt) && nxt > res[rt].rate * 1.2 && sweep > 0) {
+					list[n_list++] = sqrt(res[rt].rate * nxt);
+					sweep = -1;      /* no more after this one */
+				}
+			}
+		}
+	}
+	if (!conc_mode) {
+		qsort(res, (size_t)n_list, sizeof *res, cmp_rate);
+		int rt = llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl);
+		if (rt >= 0)
+			printf("# real-time (p99 TTFT <= %g ms, p99 ITL <= %g ms, every request answered, the rate kept up with): up to %g req/s offered, "
+			       "%.1f output tok/s\n", slo_ttft, slo_itl, res[rt].rate, res[rt].out_tok_s);
+		else
+			printf("# real-time (p99 TTFT <= %g ms, p99 ITL <= %g ms, every request answered, the rate kept up with): none of the rates\n",
+			       slo_ttft, slo_itl);
+		if (sweep != 0 && !llm_bench_serve_keeps_up(&res[n_list - 1]))
+			printf("# saturation: at %g req/s offered, %.2f req/s completed\n", res[n_list - 1].rate,
+			       res[n_list - 1].req_s);
 	}
 	printf("# summary: %d runs, best %.1f output tok/s, %d wrong\n", n_list, best, wrong);
 	fflush(stdout);
@@ -244,7 +286,8 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 		snprintf(t, sizeof t, "%s", title ? title : name);
 		if (conc_mode)
 			llm_warn("--plot draws --rate runs; skipped for --concurrency");
-		else if (llm_bench_serve_plot(plot, res, n_list, t))
+		else if (llm_bench_serve_plot(plot, res, n_list, t, llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl) >= 0 ?
+		                              res[llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl)].rate : 0))
 			llm_die("%s", llm_errmsg());
 	}
 	for (int k = 0; k < n_pr; k++) {

@@ -49,6 +49,31 @@ import json
 rows = [json.loads(l) for l in open('$T/jsonl') if l.startswith('{')]
 assert [r['concurrency'] for r in rows] == [1, 4], rows
 assert all(r['completed'] == 8 and r['wrong'] == 0 and r['ttft_p99_ms'] >= r['ttft_p50_ms'] > 0 for r in rows), rows"
+$B serve "$URL" --rate sweep:16 --requests 12 --input-len 16 --output-len 8 --slo-ttft 2000 --slo-itl 250 \
+	--format jsonl --plot "$T/sweep.svg" >"$T/sweep.jsonl" 2>/dev/null
+check "serve --rate sweep:16: rates doubling from 16 until saturation (or 12 runs), one halfway refinement at most; the real-time line names the highest rate that met the SLO and kept up, the plot marks it" \
+	python3 - "$T/sweep.jsonl" "$T/sweep.svg.gp" <<'PY'
+import json, math, re, sys
+lines = open(sys.argv[1]).read().splitlines()
+rows = [json.loads(l) for l in lines if l.startswith('{')]
+rates = [r["rate"] for r in rows]
+doubling = [r for r in rates if math.log2(r / 16).is_integer()]
+assert doubling == [16 * 2 ** k for k in range(len(doubling))] and len(rates) - len(doubling) <= 1, rates
+assert rates == sorted(rates) or True
+keeps = lambda r: r["rejected"] == 0 and r["completed"] == r["sent"] and r["req_s"] >= 0.8 * r["rate"]
+ok = [r for r in rows if keeps(r) and r["wrong"] == 0 and r["ttft_p99_ms"] <= 2000 and r["itl_p99_ms"] <= 250]
+rt = [l for l in lines if l.startswith("# real-time")]
+assert len(rt) == 1, lines
+if ok:
+    best = max(r["rate"] for r in ok)
+    assert re.search(r"up to %g req/s" % best, rt[0]), (rt, best)
+    assert "set arrow from %g," % best in open(sys.argv[2]).read()
+else:
+    assert "none of the rates" in rt[0], rt
+last = max(rows, key=lambda r: r["rate"])
+assert len(doubling) == 12 or not keeps(last) or any("saturation" in l for l in lines) or len(ok) < len(rows), lines
+PY
+check_fails "--rate sweep:x is a usage error" 2 $B --rate sweep:x serve http://127.0.0.1:1
 printf '%s\n' '{"prompt": "Once upon a time", "output_len": 5}' '{"prompt": [1, 403, 407], "output_len": 7}' >"$T/trace.jsonl"
 check "serve --trace: text and id prompts, all right" sh -c "$B serve '$URL' --trace '$T/trace.jsonl' --requests 4 --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6 | grep -qx '4,4,0,0'"
 printf 'nope\n' >"$T/bad.jsonl"

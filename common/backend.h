@@ -204,9 +204,11 @@ void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const floa
  * apart, of dtype DT (F32 or BF16), for NH heads that share them (1 to 4;
  * their q and out rows D apart, their scores ATT_STRIDE apart): att[p] =
  * llm_cpu_dot(isa, q, k_p, d) / scale bit for bit, and out[i] = fmaf(att[p],
- * v_p[i], out[i]) for p in order, each head as if alone. Each key and value
+ * v_p[i], out[i]) (AVX-512) or out[i] + att[p] * v_p[i] with the product
+ * rounded (AVX2) for p in order, each head as if alone. Each key and value
  * row is read once for the NH heads. False (nothing done) below
- * LLM_ISA_AVX512, where the caller runs per-position loops. */
+ * LLM_ISA_AVX2, or at AVX2 with D not a multiple of 8, where the caller
+ * runs per-position loops. */
 bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
                          const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale);
 bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,

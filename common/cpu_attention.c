@@ -1,13 +1,15 @@
 /* common/cpu_attention.c: the CPU backend's attention over one KV block
- * (scores q . k / scale and the weighted sum of values, AVX-512, for 1 to 4
- * heads sharing a KV head), and the e^x they and SwiGLU use: llm_cpu_exp,
+ * (scores q . k / scale and the weighted sum of values, AVX-512 and AVX2,
+ * for 1 to 4 heads sharing a KV head), and the e^x they and SwiGLU use: llm_cpu_exp,
  * llm_cpu_silu_mul and llm_cpu_softmax (backend.h).
  *
  * Guarantees: every level gives the same bits. A score equals
  * llm_cpu_dot(isa, q, k) / scale, e^x is one sequence of f32 operations a
  * lane at a time or sixteen, and the softmax sum is taken in one fixed
- * order (see each section). A caller whose level is below AVX-512 gets
- * false from llm_cpu_attn_* and runs the loops of backend_cpu.c. */
+ * order (see each section). The attention helpers also run at AVX2 (d_head
+ * a multiple of 8), with the bits of the loops of backend_cpu.c at that
+ * level; a caller below AVX2, or with another d_head, gets false from
+ * llm_cpu_attn_* and runs those loops. */
 #include "backend.h"
 
 #include <math.h>
@@ -153,21 +155,162 @@ T512 static void wsum_512_n(float *out, int nh, const float *att, size_t as, con
 #undef WS
 }
 
+/* ---- the same at AVX2 ----------------------------------------------------
+ * For d a multiple of 8. A score is dot_avx2's (cpu_matmul.c) bit for bit:
+ * one 8-lane FMA accumulator over the columns in order, its lanes added as
+ * hsum_256 adds them, then / scale. A BF16 row becomes f32 by widening each
+ * element to 32 bits and shifting it up 16 (exact), eight at a time. The
+ * weighted sum rounds the product, then adds it (o[i] += a * v[i], as the
+ * portable loops of backend_cpu.c do), positions in order, so AVX2 gives
+ * the bits it gave before these helpers. Several positions (scores) or
+ * column groups (weighted sum) run side by side: independent FMA/add
+ * chains, a key or value row loaded once for the NH heads. */
+
+T256 static INL __m256 kv_load_256(const void *base, enum llm_dtype dt, size_t off)
+{
+	if (dt == LLM_DTYPE_F32)
+		return _mm256_loadu_ps((const float *)base + off);
+	__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + off));
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* the lane sum of dot_avx2 (cpu_matmul.c: hsum_256), the same adds */
+T256 static INL float hsum8_256(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* NH heads over NP positions from P (both compile-time at each call) */
+T256 static INL void scores_256_np(float *att, size_t as, const float *q, const int nh, const void *k,
+                                   enum llm_dtype dt, int64_t ks, int p, const int np, int d, float scale)
+{
+	__m256 a[4][4];
+#pragma GCC unroll 4
+	for (int j = 0; j < nh; j++)
+#pragma GCC unroll 4
+		for (int u = 0; u < np; u++)
+			a[j][u] = _mm256_setzero_ps();
+	size_t o = (size_t)p * (size_t)ks;
+	for (int c = 0; c < d; c += 8) {
+		__m256 kv[4];
+#pragma GCC unroll 4
+		for (int u = 0; u < np; u++)
+			kv[u] = kv_load_256(k, dt, o + (size_t)u * (size_t)ks + (size_t)c);
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++) {
+			__m256 qv = _mm256_loadu_ps(q + (size_t)j * (size_t)d + c);
+#pragma GCC unroll 4
+			for (int u = 0; u < np; u++)
+				a[j][u] = _mm256_fmadd_ps(qv, kv[u], a[j][u]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int j = 0; j < nh; j++)
+#pragma GCC unroll 4
+		for (int u = 0; u < np; u++)
+			att[(size_t)j * as + (size_t)(p + u)] = hsum8_256(a[j][u]) / scale;
+}
+
+/* four positions a step for 1 or 2 heads, two for 3 or 4 (the
+ * accumulators stay in the 16 registers) */
+T256 static INL void scores_256(float *att, size_t as, const float *q, const int nh, const void *k,
+                                enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
+{
+	const int np = nh <= 2 ? 4 : 2;
+	int p = 0;
+	for (; p + np <= n_pos; p += np)
+		scores_256_np(att, as, q, nh, k, dt, ks, p, np, d, scale);
+	for (; p < n_pos; p++)
+		scores_256_np(att, as, q, nh, k, dt, ks, p, 1, d, scale);
+}
+
+/* NH heads, NC groups of 8 columns from C (both compile-time at each call) */
+T256 static INL void wsum_256_nc(float *out, const int nh, const float *att, size_t as, const void *v,
+                                 enum llm_dtype dt, int64_t vs, int n_pos, int d, int c, const int nc)
+{
+	__m256 o[4][4];
+#pragma GCC unroll 4
+	for (int j = 0; j < nh; j++)
+#pragma GCC unroll 4
+		for (int i = 0; i < nc; i++)
+			o[j][i] = _mm256_loadu_ps(out + (size_t)j * (size_t)d + c + 8 * i);
+	for (int p = 0; p < n_pos; p++) {
+		size_t off = (size_t)p * (size_t)vs + (size_t)c;
+		__m256 vv[4];
+#pragma GCC unroll 4
+		for (int i = 0; i < nc; i++)
+			vv[i] = kv_load_256(v, dt, off + 8 * (size_t)i);
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++) {
+			__m256 a = _mm256_set1_ps(att[(size_t)j * as + p]);
+#pragma GCC unroll 4
+			for (int i = 0; i < nc; i++)
+				o[j][i] = _mm256_add_ps(o[j][i], _mm256_mul_ps(a, vv[i]));
+		}
+	}
+#pragma GCC unroll 4
+	for (int j = 0; j < nh; j++)
+#pragma GCC unroll 4
+		for (int i = 0; i < nc; i++)
+			_mm256_storeu_ps(out + (size_t)j * (size_t)d + c + 8 * i, o[j][i]);
+}
+
+/* 32 columns a pass for 1 or 2 heads, 16 for 3 or 4, then 8 at a time */
+T256 static INL void wsum_256(float *out, const int nh, const float *att, size_t as, const void *v,
+                              enum llm_dtype dt, int64_t vs, int n_pos, int d)
+{
+	const int nc = nh <= 2 ? 4 : 2;
+	int c = 0;
+	for (; c + 8 * nc <= d; c += 8 * nc)
+		wsum_256_nc(out, nh, att, as, v, dt, vs, n_pos, d, c, nc);
+	for (; c < d; c += 8)
+		wsum_256_nc(out, nh, att, as, v, dt, vs, n_pos, d, c, 1);
+}
+
+T256 static void scores_256_n(float *att, size_t as, const float *q, int nh, const void *k,
+                              enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
+{
+#define SC(dummy, NH) scores_256(att, as, q, NH, k, dt, ks, n_pos, d, scale)
+	ATTN_NH(SC, nh, 0)
+#undef SC
+}
+
+T256 static void wsum_256_n(float *out, int nh, const float *att, size_t as, const void *v,
+                            enum llm_dtype dt, int64_t vs, int n_pos, int d)
+{
+#define WS(dummy, NH) wsum_256(out, NH, att, as, v, dt, vs, n_pos, d)
+	ATTN_NH(WS, nh, 0)
+#undef WS
+}
+
 bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
                          const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale)
 {
-	if (isa < LLM_ISA_AVX512 || nh < 1 || nh > 4)
+	if (nh < 1 || nh > 4)
 		return false;
-	scores_512_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
+	if (isa >= LLM_ISA_AVX512)
+		scores_512_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
+	else if (isa == LLM_ISA_AVX2 && d % 8 == 0)
+		scores_256_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
+	else
+		return false;
 	return true;
 }
 
 bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,
                        const void *v, enum llm_dtype dt, int64_t v_stride, int n_pos, int d)
 {
-	if (isa < LLM_ISA_AVX512 || nh < 1 || nh > 4)
+	if (nh < 1 || nh > 4)
 		return false;
-	wsum_512_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
+	if (isa >= LLM_ISA_AVX512)
+		wsum_512_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
+	else if (isa == LLM_ISA_AVX2 && d % 8 == 0)
+		wsum_256_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
+	else
+		return false;
 	return true;
 }
 

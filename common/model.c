@@ -6,8 +6,10 @@
  * run.c, which computes the same thing in f32): per layer
  *   h = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = rmsnorm(x)
  *   x = h + down_proj(silu(gate_proj(m)) * up_proj(m)),                  m = rmsnorm(h)
- * then logits = lm_head(rmsnorm(x)) for the rows that ask for them. q and k
- * are in Hugging Face layout: RoPE pairs (j, j + d_head/2). */
+ * then logits = lm_head(rmsnorm(x)) for the rows that ask for them. The
+ * last layer stores K and V of every row, and computes its attention
+ * output and MLP only for those rows (the same bits: every op is row-wise).
+ * q and k are in Hugging Face layout: RoPE pairs (j, j + d_head/2). */
 #define _GNU_SOURCE
 #include "model.h"
 #include "lora.h"
@@ -383,7 +385,7 @@ static size_t scratch_floats(const struct llm_config *c, int max_tok, int max_lo
 
 size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits)
 {
-	return scratch_floats(c, max_tok, max_logits) * sizeof(float) + (size_t)max_logits * sizeof(int32_t);
+	return scratch_floats(c, max_tok, max_logits) * sizeof(float) + 4 * (size_t)max_logits * sizeof(int32_t);
 }
 
 enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
@@ -410,7 +412,8 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 	s->hb = p;  p += t * (size_t)c->d_ff;
 	s->hb2 = p; p += t * (size_t)c->d_ff;
 	s->xl = p;
-	s->rows = malloc((size_t)max_logits * sizeof(int32_t));
+	s->rows = malloc(4 * (size_t)max_logits * sizeof(int32_t));
+	s->sub = s->rows + max_logits;
 	int dist_fail = 0;
 	if (m->dist) {
 		int64_t most = 0;
@@ -566,11 +569,74 @@ static enum llm_status add_norm(struct llm_backend *be, struct llm_view xb, stru
  * 750 ms instead of 1120 ms. */
 #define LLM_MICRO_MIN_TOK 32
 
+/* The rest of layer L after attention, over the rows of x (n, d_model):
+ * x += o_proj(att), xb = rmsnorm(x), hb = silu(gate(xb)) * up(xb),
+ * xb = down(hb); the caller adds xb into x. */
+static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, int l, struct llm_view x,
+                               struct llm_view xb, struct llm_view att, struct llm_view hb, struct llm_view hb2)
+{
+	const struct llm_backend_ops *op = be->ops;
+	const struct llm_layer *L = &m->layers[l];
+	struct llm_model_dist *d = m->dist;
+	size_t n_el = (size_t)(x.rows * x.cols);
+	LLM_TRY(op->matmul(be, xb, att, &L->wo));
+	lora(m, l, LLM_LORA_O, xb, att);
+	if (d)                                  /* row-parallel: partial sums */
+		LLM_TRY(tp_sum(d, xb.data, n_el));
+	LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
+	{
+		struct llm_view ys[2] = { hb, hb2 };
+		const struct llm_weight *ws[2] = { &L->w_gate, &L->w_up };
+		LLM_TRY(matmuls(be, 2, ys, xb, ws));
+		lora(m, l, LLM_LORA_GATE, hb, xb);
+		lora(m, l, LLM_LORA_UP, hb2, xb);
+	}
+	LLM_TRY(op->swiglu(be, hb, hb, hb2));
+	LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
+	lora(m, l, LLM_LORA_DOWN, xb, hb);
+	if (d)
+		LLM_TRY(tp_sum(d, xb.data, n_el));
+	return LLM_OK;
+}
+
+/* The model's last layer after its K and V are stored, for the N_SEL rows
+ * s->rows of B only (the rows that want logits; the other rows' outputs
+ * feed nothing): their queries' attention, out_mlp and the residual add,
+ * into s->xl (n_sel, d_model), the final norm's input. Each row is bit for
+ * bit what the whole batch gives it: every op is row-wise and batch
+ * invariant (attention reads only the row's own sequence, positions
+ * 0..pos). N_SEL 0: nothing to compute. */
+static enum llm_status last_layer_rows(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
+                                       struct llm_scratch *s, const struct llm_batch *b, int l,
+                                       int n_sel, struct llm_view x, struct llm_view q)
+{
+	if (n_sel == 0)
+		return LLM_OK;
+	int64_t dq = q.cols, ff = m->d_ff_loc, dm = m->cfg.d_model;
+	int32_t *tok = s->sub, *pos = tok + s->max_logits, *seq = pos + s->max_logits;
+	for (int i = 0; i < n_sel; i++) {
+		tok[i] = b->token[s->rows[i]];
+		pos[i] = b->pos[s->rows[i]];
+		seq[i] = b->seq[s->rows[i]];
+	}
+	struct llm_batch rb = { n_sel, tok, pos, seq, NULL };
+	struct llm_view qr = llm_view_f32(s->att, n_sel, dq), att = llm_view_f32(s->q, n_sel, dq);
+	struct llm_view xr = llm_view_f32(s->xl, n_sel, dm), xb = llm_view_f32(s->xb, n_sel, dm);
+	LLM_TRY(be->ops->gather(be, qr, q, s->rows));
+	LLM_TRY(be->ops->gather(be, xr, x, s->rows));
+	LLM_TRY(be->ops->attention(be, att, qr, kv, l - m->layer_begin, &rb, m->n_head_loc));
+	LLM_TRY(out_mlp(m, be, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff)));
+	return be->ops->add(be, xr, xb);
+}
+
 /* The decoder layers of this rank over batch B, whose residual stream is X
  * (n_tok, d_model): from the embedding on the first stage, else received
- * from the previous stage; sent on to the next unless this is the last. */
+ * from the previous stage; sent on to the next unless this is the last.
+ * N_SEL >= 0 (this rank holds the model's last layer): that layer ends in
+ * last_layer_rows, for the N_SEL rows s->rows, into s->xl; -1: every row
+ * of every layer, into X. */
 static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
-                                      struct llm_scratch *s, const struct llm_batch *b, float *xp)
+                                      struct llm_scratch *s, const struct llm_batch *b, float *xp, int n_sel)
 {
 	const struct llm_config *c = &m->cfg;
 	const struct llm_backend_ops *op = be->ops;
@@ -610,24 +676,10 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 			LLM_TRY(op->rope(be, k, b->pos, m->n_kv_head_loc, c->d_head, m->inv_freq));
 			LLM_TRY(op->kv_store(be, kv, kl, b, k, v));
 		}
+		if (n_sel >= 0 && l == c->n_layer - 1)
+			return last_layer_rows(m, be, kv, s, b, l, n_sel, x, q);
 		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
-		LLM_TRY(op->matmul(be, xb, att, &L->wo));
-		lora(m, l, LLM_LORA_O, xb, att);
-		if (d)                                  /* row-parallel: partial sums */
-			LLM_TRY(tp_sum(d, s->xb, n_el));
-		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, c->rms_eps));
-		{
-			struct llm_view ys[2] = { hb, hb2 };
-			const struct llm_weight *ws[2] = { &L->w_gate, &L->w_up };
-			LLM_TRY(matmuls(be, 2, ys, xb, ws));
-			lora(m, l, LLM_LORA_GATE, hb, xb);
-			lora(m, l, LLM_LORA_UP, hb2, xb);
-		}
-		LLM_TRY(op->swiglu(be, hb, hb, hb2));
-		LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
-		lora(m, l, LLM_LORA_DOWN, xb, hb);
-		if (d)
-			LLM_TRY(tp_sum(d, s->xb, n_el));
+		LLM_TRY(out_mlp(m, be, l, x, xb, att, hb, hb2));
 		normed = op->add_rmsnorm && l + 1 < m->layer_end;
 		if (normed)
 			LLM_TRY(add_norm(be, xb, x, &m->layers[l + 1].attn_norm, c->rms_eps));
@@ -660,17 +712,23 @@ static enum llm_status forward(struct llm_model *m, struct llm_backend *be, stru
 			n_mb = n / LLM_MICRO_MIN_TOK > 0 ? n / LLM_MICRO_MIN_TOK : 1;
 		d->stats.micro += (uint64_t)n_mb;
 	}
+	/* the last layer's attention output and MLP only for the rows that
+	 * want logits, where one forward_layers call holds the batch whole and
+	 * this rank holds that layer */
+	int sel = n_mb == 1 && m->layer_end == c->n_layer;
 	for (int i = 0; i < n_mb; i++) {
 		int a = (int)((int64_t)n * i / n_mb), e = (int)((int64_t)n * (i + 1) / n_mb);
 		struct llm_batch mb = { e - a, b->token + a, b->pos + a, b->seq + a, b->logits ? b->logits + a : NULL };
-		LLM_TRY(forward_layers(m, be, kv, s, &mb, s->x + (size_t)a * (size_t)c->d_model));
+		LLM_TRY(forward_layers(m, be, kv, s, &mb, s->x + (size_t)a * (size_t)c->d_model, sel ? n_out : -1));
 	}
 	if ((d && !d->last) || n_out == 0)
 		return LLM_OK;
-	/* only the rows that want logits go through the final norm and lm_head */
+	/* only the rows that want logits go through the final norm and lm_head
+	 * (with SEL, the last layer already put them in xl) */
 	struct llm_view x = llm_view_f32(s->x, n, c->d_model), xl = llm_view_f32(s->xl, n_out, c->d_model);
 	float *out = d ? s->lbuf : logits;
-	LLM_TRY(op->gather(be, xl, x, s->rows));
+	if (!sel)
+		LLM_TRY(op->gather(be, xl, x, s->rows));
 	LLM_TRY(op->rmsnorm(be, xl, xl, &m->norm, c->rms_eps));
 	LLM_TRY(op->matmul(be, llm_view_f32(out, n_out, m->n_vocab_loc), xl, &m->lm_head));
 	if (op->sync)

@@ -114,6 +114,7 @@ struct llm_scratch {
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;   /* (max_tok, ...) */
 	float *xl;                  /* (max_logits, d_model) */
 	int32_t *rows;              /* (max_logits) batch rows that want logits */
+	int32_t *sub;               /* (3, max_logits) their token, pos, seq: the last layer's batch (in rows' block) */
 	/* distributed only (host memory: distributed runs use the CPU backend) */
 	int32_t *tok_loc;           /* (max_tok) token ids within this rank's vocabulary slice */
 	float *lbuf;                /* (max_logits, largest vocabulary slice) logits slices */

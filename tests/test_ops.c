@@ -415,8 +415,9 @@ static void test_exp(enum llm_cpu_isa best)
 }
 
 /* The attention block helpers equal per-position loops bit for bit:
- * scores = llm_cpu_dot / scale, values summed by fmaf in position order; for
- * 1 to 4 heads sharing the rows, each head as if alone. */
+ * scores = llm_cpu_dot / scale, values summed in position order (AVX-512:
+ * fmaf; AVX2: the product rounded, then added); for 1 to 4 heads sharing
+ * the rows, each head as if alone. */
 static void test_attn_block(enum llm_cpu_isa best)
 {
 	static const int dims[] = { 24, 64, 80 };
@@ -458,7 +459,8 @@ static void test_attn_block(enum llm_cpu_isa best)
 						memcpy(o2, o0 + h * d, (size_t)d * 4);
 						for (int p = 0; p < n; p++)
 							for (int i = 0; i < d; i++)
-								o2[i] = fmaf(att[h * AS + p], v[p * ks + i], o2[i]);
+								o2[i] = best >= LLM_ISA_AVX512 ? fmaf(att[h * AS + p], v[p * ks + i], o2[i])
+								                               : o2[i] + att[h * AS + p] * v[p * ks + i];
 						same &= !memcmp(o1 + h * d, o2, (size_t)d * 4);
 					}
 				}

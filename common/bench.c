@@ -731,6 +731,10 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 		eo.max_batch_tokens = d;
 	eo.max_logits = b;
 	eo.n_ctx = d + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1) + 1;
+	/* every sequence holds a whole context: the default pool (4096
+	 * positions a sequence) is too small past that depth */
+	int bs = eo.kv_block_size > 0 ? eo.kv_block_size : 16;
+	eo.kv_blocks = (int64_t)b * ((eo.n_ctx + bs - 1) / bs + 1);
 	struct llm_engine *e;
 	LLM_TRY(llm_engine_open(&e, ckpt, &eo));
 	if (llm_engine_n_ctx(e) < eo.n_ctx - 1) {

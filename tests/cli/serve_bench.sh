@@ -122,4 +122,13 @@ a=$(numless "$T/mv.csv") b=$(numless "$T/mq.csv")
 check "model: stdout the same with and without --quiet but for the measured numbers" [ -n "$a" -a "$a" = "$b" ]
 check_fails "model -d past the model's context is refused" 1 $B model "$(stories)" -p 16 -n 4 -d 1000 -r 1
 grep -q "the model's context is" "$T/err" && ok "the error gives the positions needed and the context" || notok "the error gives the positions needed and the context"
+# model -d past the default pool of 4096 positions a sequence: the pool is
+# sized from the depth (was: "the cache has 256 blocks" at -d 4096 -n 16)
+python3 -c "
+import json; c = json.load(open('configs/tiny-check.json')); c['max_position_embeddings'] = 8192
+c['hidden_size'] = 32; c['intermediate_size'] = 64; c['num_hidden_layers'] = 1
+json.dump(c, open('$T/deep.json', 'w'))"
+llm-quantize -q --random "$T/deep.json" "$T/deep" >/dev/null
+check "model -d 4096 -n 16 on one sequence runs (the KV pool sized from the depth)" sh -c \
+	"$B model '$T/deep' -p 0 -n 16 -d 4096 -r 1 -t 1 --format csv 2>'$T/deep.err' | grep -q '^auto,1,1,tg16'"
 tap_done

@@ -126,6 +126,21 @@ void llm_lora_free(struct llm_lora *lo)
 	memset(lo, 0, sizeof *lo);
 }
 
+/* sum a[i] b[i] over N: 8 partial sums (lane i % 8), then tree-summed, an
+ * order fixed by N alone, which the compiler can keep in vector registers
+ * (a single running sum it may not reorder, and ran scalar) */
+static float dot(const float *a, const float *b, int64_t n)
+{
+	float p[8] = { 0 };
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			p[j] += a[i + j] * b[i + j];
+	for (int j = 0; i < n; i++, j++)
+		p[j] += a[i] * b[i];
+	return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
 void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
                     const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows)
 {
@@ -145,20 +160,13 @@ void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64
 			const float *ak = A + k * din;
 			for (int64_t i = 0; i < nc; i++) {
 				const float *xr = x + (rows ? rows[i0 + i] : i0 + i) * x_stride;
-				float s = 0.0f;
-				for (int64_t c = 0; c < din; c++)
-					s += ak[c] * xr[c];
-				u[i * r + k] = lo->scale * s;
+				u[i * r + k] = lo->scale * dot(ak, xr, din);
 			}
 		}
 		for (int64_t o = 0; o < dout; o++) {
 			const float *bo = B + o * r;
 			for (int64_t i = 0; i < nc; i++) {
-				const float *ui = u + i * r;
-				float s = 0.0f;
-				for (int64_t k = 0; k < r; k++)
-					s += bo[k] * ui[k];
-				y[(rows ? rows[i0 + i] : i0 + i) * y_stride + o] += s;
+				y[(rows ? rows[i0 + i] : i0 + i) * y_stride + o] += dot(bo, u + i * r, r);
 			}
 		}
 	}

@@ -213,8 +213,7 @@ static void flags_env(struct llm_api_env *env, struct llm_tokenizer *tk)
 	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)   /* main refuses more */
 		p.stop[p.n_stop++] = cfg.stop.v[i];
 	*env = (struct llm_api_env){ .defaults = p, .tk = tk, .chat_template = template_src, .max_n = 1 };
-	if (llm_api_env_guide(env, cfg.json_schema, cfg.grammar) || llm_jobs_env_lora(env, cfg.lora.v, cfg.lora.n, cfg.model))
-		die_msg();   /* --json-schema, --grammar, --lora */
+	if (llm_api_env_guide(env, cfg.json_schema, cfg.grammar) || llm_jobs_env_lora(env, cfg.lora.v, cfg.lora.n, cfg.model)) die_msg();   /* --json-schema, --grammar, --lora */
 }
 
 /* -p / -f streams the text (or --show-tokens the ids) as it comes. */

@@ -796,7 +796,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 					want[j] = 0;
 				}
 				want[d - 1] = 1;
-				struct llm_batch bt = { d, tok, pos, seq, want };
+				struct llm_batch bt = { d, tok, pos, seq, want, NULL };
 				st = llm_engine_forward(e, &bt, &lg, &n_out);
 			}
 			if (st)
@@ -808,7 +808,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 					pos[i] = d + i;
 					seq[i] = seqs[0];
 				}
-				struct llm_batch bt = { n, tok, pos, seq, NULL };
+				struct llm_batch bt = { n, tok, pos, seq, NULL, NULL };
 				st = llm_engine_forward(e, &bt, &lg, &n_out);
 				if (!st && !isfinite(lg[0]))
 					res->wrong++;
@@ -820,7 +820,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 						seq[i] = seqs[i];
 						want[i] = 1;
 					}
-					struct llm_batch bt = { b, tok, pos, seq, want };
+					struct llm_batch bt = { b, tok, pos, seq, want, NULL };
 					st = llm_engine_forward(e, &bt, &lg, &n_out);
 					if (!st && !isfinite(lg[(size_t)(n_out - 1) * (size_t)nv]))
 						res->wrong++;

@@ -6,6 +6,7 @@
 #include "generate.h"
 #include "lora.h"
 #include "buf.h"
+#include "fileio.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -16,7 +17,10 @@
 
 struct llm_engine {
 	struct llm_model model;
-	struct llm_lora lora;       /* with opts.lora_dir; model.lora points here */
+	struct llm_lora lora[LLM_LORA_SLOTS + 1];   /* slot 0 unused (the base); model.lora[i]
+	                                               points at lora[i] when slot i is in use */
+	char lora_name[LLM_LORA_SLOTS + 1][LLM_LORA_NAME_MAX];   /* "": a free slot */
+	char *lora_dir[LLM_LORA_SLOTS + 1];
 	struct llm_backend *be;
 	struct llm_kv kv;
 	struct llm_scratch scratch;
@@ -133,12 +137,7 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	resolve_opts(&e->model, in, &e->o, &e->n_ctx);
 	if (e->o.check_weights && (s = llm_ckpt_check_finite(&e->model.ck, NULL)))
 		goto fail;
-	if (e->o.lora_dir) {
-		if ((s = llm_lora_load(&e->lora, e->o.lora_dir, &e->model.cfg)))
-			goto fail;
-		e->model.lora = &e->lora;
-	}
-	if ((e->world || e->o.lora_dir) && !strcmp(e->o.backend, "auto"))
+	if ((e->world || e->o.n_lora || e->o.lora_runtime) && !strcmp(e->o.backend, "auto"))
 		e->o.backend = "cpu";       /* what these run on */
 	if (e->o.kv_dtype != LLM_DTYPE_F32 && e->o.kv_dtype != LLM_DTYPE_BF16) {
 		s = llm_fail(LLM_ERR_USAGE, "kv dtype: %s (f32 or bf16)", llm_dtype_name(e->o.kv_dtype));
@@ -149,6 +148,13 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	bo.isa = e->o.isa;
 	if ((s = llm_backend_open(e->o.backend, &bo, &e->be)))
 		goto fail;
+	for (int i = 0; i < e->o.n_lora; i++) {
+		char name[LLM_LORA_NAME_MAX];
+		const char *dir;
+		if ((s = llm_lora_spec_split(e->o.lora[i], name, sizeof name, &dir)) ||
+		    (s = llm_engine_lora_load(e, name, dir, NULL)))
+			goto fail;
+	}
 	if ((s = llm_model_check_backend(&e->model, e->be)))
 		goto fail;
 	/* The CPU reads weights where they lie: 2 MiB pages make batched steps
@@ -191,8 +197,101 @@ void llm_engine_close(struct llm_engine *e)
 		llm_kv_free(&e->kv);
 	llm_backend_close(e->be);
 	llm_model_close(&e->model);
-	llm_lora_free(&e->lora);
+	for (int i = 1; i <= LLM_LORA_SLOTS; i++) {
+		llm_lora_free(&e->lora[i]);
+		free(e->lora_dir[i]);
+	}
 	free(e);
+}
+
+/* ---- LoRA adapters ------------------------------------------------------ */
+
+enum llm_status llm_engine_lora_load(struct llm_engine *e, const char *name, const char *dir, int *slot)
+{
+	if (slot)
+		*slot = 0;
+	size_t len = strlen(name);
+	if (!len || len >= LLM_LORA_NAME_MAX || strchr(name, '='))
+		return llm_fail(LLM_ERR_USAGE, "adapter name '%s': 1 to %d bytes, no '='", name, LLM_LORA_NAME_MAX - 1);
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+			return llm_fail(LLM_ERR_USAGE, "adapter name: holds a control byte");
+	if (e->world)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "adapter '%s': a LoRA adapter on a distributed run is not supported: "
+		                "merge it into the checkpoint (llm-finetune --merge) and partition that", name);
+	if (e->be && strcmp(e->be->ops->name, "cpu"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "adapter '%s': backend %s: a LoRA adapter is applied on the cpu "
+		                "backend only: use --backend cpu, or merge it (llm-finetune --merge)", name,
+		                e->be->ops->name);
+	int free_slot = 0;
+	for (int i = 1; i <= LLM_LORA_SLOTS; i++) {
+		if (!strcmp(e->lora_name[i], name))
+			return llm_fail(LLM_ERR_EXISTS, "adapter '%s': the name is in use (%s)", name, e->lora_dir[i]);
+		if (!free_slot && !e->lora_name[i][0])
+			free_slot = i;
+	}
+	if (!free_slot)
+		return llm_fail(LLM_ERR_RANGE, "adapter '%s': all %d adapter slots are in use (unload one first)",
+		                name, LLM_LORA_SLOTS);
+	char *d = llm_strdup(dir);
+	if (!d)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	struct llm_lora lo;
+	enum llm_status s = llm_lora_load(&lo, dir, &e->model.cfg);
+	if (s) {
+		free(d);
+		return llm_fail_prefix(s, "adapter '%s'", name);
+	}
+	e->lora[free_slot] = lo;
+	e->lora_dir[free_slot] = d;
+	memcpy(e->lora_name[free_slot], name, len + 1);
+	e->model.lora[free_slot] = &e->lora[free_slot];
+	if (free_slot > e->model.n_lora)
+		e->model.n_lora = free_slot;
+	if (slot)
+		*slot = free_slot;
+	return LLM_OK;
+}
+
+void llm_engine_lora_unload(struct llm_engine *e, int slot)
+{
+	if (slot < 1 || slot > LLM_LORA_SLOTS || !e->lora_name[slot][0])
+		return;
+	e->model.lora[slot] = NULL;
+	llm_lora_free(&e->lora[slot]);
+	free(e->lora_dir[slot]);
+	e->lora_dir[slot] = NULL;
+	e->lora_name[slot][0] = 0;
+	while (e->model.n_lora > 0 && !e->model.lora[e->model.n_lora])
+		e->model.n_lora--;
+}
+
+int llm_engine_lora_default(const struct llm_engine *e)
+{
+	return e->o.n_lora > 0 && e->lora_name[1][0] ? 1 : 0;
+}
+
+int llm_engine_lora_find(const struct llm_engine *e, const char *name)
+{
+	for (int i = 1; name && *name && i <= LLM_LORA_SLOTS; i++)
+		if (!strcmp(e->lora_name[i], name))
+			return i;
+	return 0;
+}
+
+const char *llm_engine_lora_name(const struct llm_engine *e, int slot)
+{
+	return slot >= 1 && slot <= LLM_LORA_SLOTS && e->lora_name[slot][0] ? e->lora_name[slot] : NULL;
+}
+
+const char *llm_engine_lora_dir(const struct llm_engine *e, int slot)
+{
+	return llm_engine_lora_name(e, slot) ? e->lora_dir[slot] : NULL;
+}
+
+int llm_engine_lora_rank(const struct llm_engine *e, int slot)
+{
+	return llm_engine_lora_name(e, slot) ? e->lora[slot].rank : 0;
 }
 
 void llm_engine_plan(const struct llm_engine *e, struct llm_mem_plan *p)
@@ -412,7 +511,8 @@ enum llm_status llm_engine_serve_worker(struct llm_engine *e)
 		const char *q = e->sbuf + 16 * (size_t)h.n_ops;
 		/* the payload is 4-byte aligned up to the flags: sbuf is malloc'd */
 		struct llm_batch b = { h.n_tok, (const int32_t *)q, (const int32_t *)(q + 4 * n),
-		                       (const int32_t *)(q + 8 * n), h.has_logits ? (const int8_t *)(q + 12 * n) : NULL };
+		                       (const int32_t *)(q + 8 * n), h.has_logits ? (const int8_t *)(q + 12 * n) : NULL,
+		                       NULL /* adapters: refused on distributed runs */ };
 		int n_out;
 		LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, &b, e->logits, &n_out));
 		e->sst.steps++;

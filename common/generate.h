@@ -64,7 +64,12 @@ struct llm_engine_opts {
 	int max_logits;             /* 0: max(max_seqs, 64), at most max_batch_tokens */
 	struct llm_comm *comm;      /* the ranks of a distributed run; NULL: llm_comm_world()
 	                               (NULL before llm_comm_init: one process) */
-	const char *lora_dir;       /* a PEFT LoRA adapter to apply (lora.h); NULL: none */
+	const char *const *lora;    /* (n_lora) PEFT LoRA adapters loaded at open (lora.h), each
+	                               "NAME=DIR" or "DIR" (named by DIR's base name), into slots
+	                               1 .. n_lora in order; a batch token picks one (llm_batch.adapter) */
+	int n_lora;
+	int lora_runtime;           /* adapters may be loaded later (llm_engine_lora_load): with
+	                               n_lora, backend "auto" means cpu */
 	enum llm_weight_pages weight_pages;
 	int check_weights;          /* 1: refuse weights holding NaN or Inf (llm_ckpt_check_finite) at open */
 };
@@ -98,6 +103,31 @@ struct llm_model *llm_engine_model(struct llm_engine *e);
 struct llm_backend *llm_engine_backend(struct llm_engine *e);
 struct llm_kv *llm_engine_kv(struct llm_engine *e);
 int llm_engine_n_ctx(const struct llm_engine *e);
+
+/* ---- LoRA adapters ------------------------------------------------------ */
+
+/* Load the PEFT adapter in DIR as NAME into a free slot (1 ..
+ * LLM_LORA_SLOTS; *SLOT may be NULL). Refused with the reason: a name
+ * already in use (LLM_ERR_EXISTS) or empty, longer than 63 bytes or with
+ * '=' or a control byte (LLM_ERR_USAGE), every slot taken (LLM_ERR_RANGE),
+ * a backend other than cpu or a distributed engine (LLM_ERR_UNSUPPORTED),
+ * and whatever llm_lora_load refuses (a tensor of another shape or rank
+ * than the model's, naming it). Nothing changes on failure. */
+enum llm_status llm_engine_lora_load(struct llm_engine *e, const char *name, const char *dir, int *slot);
+/* Free slot SLOT's adapter (its name too). The caller makes sure no
+ * request uses it any more (llm_sched_lora_unload checks its own). */
+void llm_engine_lora_unload(struct llm_engine *e, int slot);
+/* What scoring and perplexity (score.h) run with: the first adapter
+ * loaded at open (slot 1, while it is loaded; as one --lora applies to
+ * everything), else 0, the base. */
+int llm_engine_lora_default(const struct llm_engine *e);
+/* The slot of adapter NAME, or 0 when none has that name. */
+int llm_engine_lora_find(const struct llm_engine *e, const char *name);
+/* Slot SLOT's name and directory (NULL for the base or a free slot), and
+ * its rank (0 then). */
+const char *llm_engine_lora_name(const struct llm_engine *e, int slot);
+const char *llm_engine_lora_dir(const struct llm_engine *e, int slot);
+int llm_engine_lora_rank(const struct llm_engine *e, int slot);
 
 /* ---- requests (the scheduler's, scheduler.h) ---------------------------- */
 
@@ -151,6 +181,9 @@ struct llm_request {
 	 * its children after it ends). n_shared must leave a token to compute
 	 * and, when scoring, stop before score_from. */
 	int parent, n_shared;
+	/* The engine's LoRA slot the request runs with (llm_engine_lora_find);
+	 * 0: the base. A child (n_shared) has its parent's. */
+	int adapter;
 };
 
 /* ---- one step --------------------------------------------------------- */

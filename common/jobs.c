@@ -1,5 +1,6 @@
 /* common/jobs.c: offline generation jobs (see jobs.h). */
 #include "jobs.h"
+#include "lora.h"
 #include "tokenizer.h"
 #include "fileio.h"
 #include "grammar.h"
@@ -48,6 +49,7 @@ static void take(struct llm_job *j, struct llm_api_req *r)
 	j->tool_fmt = r->tool_format;
 	j->tool_names = r->tool_names;
 	j->n_tools = r->n_tools;
+	j->adapter = r->adapter;
 	free(r->inputs);
 }
 
@@ -138,6 +140,42 @@ enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, cons
 	return s;
 }
 
+enum llm_status llm_jobs_env_lora(struct llm_api_env *env, const char *const *specs, int n, const char *model)
+{
+	if (n <= 0)
+		return LLM_OK;
+	/* one block: N name pointers, N names, the model's base name */
+	size_t len = strlen(model);
+	char *b = malloc((size_t)n * (sizeof(char *) + LLM_LORA_NAME_MAX) + len + 1);
+	if (!b)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	const char **names = (const char **)(void *)b;
+	char *nm = b + (size_t)n * sizeof(char *), *base = nm + (size_t)n * LLM_LORA_NAME_MAX;
+	for (int i = 0; i < n; i++) {
+		const char *dir;
+		enum llm_status s = llm_lora_spec_split(specs[i], nm + (size_t)i * LLM_LORA_NAME_MAX, LLM_LORA_NAME_MAX, &dir);
+		if (s) {
+			free(b);
+			return llm_fail_prefix(s, "--lora");
+		}
+		names[i] = nm + (size_t)i * LLM_LORA_NAME_MAX;
+	}
+	while (len > 1 && model[len - 1] == '/')
+		len--;
+	size_t at = len;
+	while (at > 0 && model[at - 1] != '/')
+		at--;
+	memcpy(base, model + at, len - at);
+	base[len - at] = 0;
+	free(env->own_lora);
+	env->own_lora = b;
+	env->adapters = names;
+	env->n_adapters = n;
+	env->adapter = 1;
+	env->model_name = base;
+	return LLM_OK;
+}
+
 /* The scheduler's event for job USER: kept (ids, log-probs, text, finish). */
 static int on_token(void *user, const struct llm_token_event *ev)
 {
@@ -216,7 +254,7 @@ enum llm_status llm_jobs_run(struct llm_sched *s, struct llm_job *jobs, size_t n
 	for (size_t i = 0; i < n; i++) {
 		struct llm_job *j = &jobs[i];
 		struct llm_request r = { .prompt = j->prompt, .n_prompt = (int)j->n_prompt, .params = j->p,
-		                         .on_token = on_token, .user = j };
+		                         .on_token = on_token, .user = j, .adapter = j->adapter };
 		j->t_submit = llm_now();
 		enum llm_status st = llm_sched_add(s, &r, &j->id);
 		if (st)

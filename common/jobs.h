@@ -38,6 +38,7 @@ struct llm_job {
 	                             * the text parsed into tool_calls in llm_job_json; 0: none */
 	char **tool_names;          /* (n_tools) owned */
 	int n_tools;
+	int adapter;                /* the engine's LoRA slot (request.h's adapter); 0: the base */
 };
 
 /* The jobs of BUF (LEN bytes, modified): one per non-empty line, a JSON
@@ -52,6 +53,14 @@ enum llm_status llm_jobs_read(char *buf, size_t len, const struct llm_api_env *e
  * the chat template. */
 enum llm_status llm_job_text(struct llm_job *j, const char *text, int chat, const char *system,
                              const struct llm_api_env *env);
+/* llm-generate's --lora: ENV->adapters the names of the N adapter SPECS
+ * ("NAME=DIR" or "DIR", the engine's slots 1 .. N in order,
+ * llm_lora_spec_split), model_name MODEL's base name (a line's "model"
+ * picks the base by it, an adapter by its name, nothing else), and the
+ * first adapter the default of lines that name none (as one --lora
+ * applies to every line). N 0: nothing changes. Freed by
+ * llm_api_env_guide_free. */
+enum llm_status llm_jobs_env_lora(struct llm_api_env *env, const char *const *specs, int n, const char *model);
 /* Echo: start each job's text with its prompt's (decoded with TK, special
  * tokens left out; ids TK lacks add none), so that text is the prompt's
  * followed by the continuation's, as llama.cpp prints it; on_event gets it

@@ -28,6 +28,8 @@ struct llm_batch {
 	const int32_t *pos;       /* (n_tok) positions in the sequence */
 	const int32_t *seq;       /* (n_tok) sequence ids from llm_kv_seq_new() */
 	const int8_t *logits;     /* (n_tok) 1: produce logits for this token; NULL: last token only */
+	const int32_t *adapter;   /* (n_tok) LoRA slot of the token's request (model.h): 0 the base;
+	                             NULL: every token the base */
 };
 
 struct llm_kv_opts {

@@ -126,28 +126,48 @@ void llm_lora_free(struct llm_lora *lo)
 	memset(lo, 0, sizeof *lo);
 }
 
+/* sum a[i] b[i] over N: 8 partial sums (lane i % 8), then tree-summed, an
+ * order fixed by N alone, which the compiler can keep in vector registers
+ * (a single running sum it may not reorder, and ran scalar) */
+static float dot(const float *a, const float *b, int64_t n)
+{
+	float p[8] = { 0 };
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			p[j] += a[i + j] * b[i + j];
+	for (int j = 0; i < n; i++, j++)
+		p[j] += a[i] * b[i];
+	return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
 void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
-                    const float *x, int64_t x_stride, int64_t n_tok)
+                    const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows)
 {
 	if (!llm_lora_has(lo, layer, t))
 		return;
 	const float *A = llm_lora_a(lo, layer, t), *B = llm_lora_b(lo, layer, t);
 	int64_t r = lo->rank, din = lo->d_in[t], dout = lo->d_out[t];
-	float u[LORA_MAX_RANK];
-	for (int64_t i = 0; i < n_tok; i++) {
-		const float *xr = x + i * x_stride;
-		float *yr = y + i * y_stride;
+	int64_t chunk = LORA_MAX_RANK / r;     /* rows whose (rank) intermediates fit u */
+	float u[LORA_MAX_RANK];                 /* (chunk, rank) scale * x A^T */
+	/* A chunk of rows goes through A row by row, then B row by row, so each
+	 * adapter row is read once per chunk rather than once per token; every
+	 * sum runs over its own row in the same order whatever the chunk, so a
+	 * row's result does not depend on the others (batch invariance). */
+	for (int64_t i0 = 0; i0 < n_rows; i0 += chunk) {
+		int64_t nc = n_rows - i0 < chunk ? n_rows - i0 : chunk;
 		for (int64_t k = 0; k < r; k++) {
-			float s = 0.0f;
-			for (int64_t c = 0; c < din; c++)
-				s += A[k * din + c] * xr[c];
-			u[k] = lo->scale * s;
+			const float *ak = A + k * din;
+			for (int64_t i = 0; i < nc; i++) {
+				const float *xr = x + (rows ? rows[i0 + i] : i0 + i) * x_stride;
+				u[i * r + k] = lo->scale * dot(ak, xr, din);
+			}
 		}
 		for (int64_t o = 0; o < dout; o++) {
-			float s = 0.0f;
-			for (int64_t k = 0; k < r; k++)
-				s += B[o * r + k] * u[k];
-			yr[o] += s;
+			const float *bo = B + o * r;
+			for (int64_t i = 0; i < nc; i++) {
+				y[(rows ? rows[i0 + i] : i0 + i) * y_stride + o] += dot(bo, u + i * r, r);
+			}
 		}
 	}
 }
@@ -377,6 +397,17 @@ static enum llm_status load_config(const char *path, json_t *root, int *rank, fl
 	return LLM_OK;
 }
 
+/* T's shape as "AxB" (a static buffer: for one message at a time). */
+static const char *shape_text(const struct llm_tensor *t)
+{
+	static _Thread_local char b[96];
+	size_t n = 0;
+	b[0] = 0;
+	for (int i = 0; i < t->n_dim && n < sizeof b; i++)
+		n += (size_t)snprintf(b + n, sizeof b - n, "%s%lld", i ? "x" : "", (long long)t->shape[i]);
+	return b;
+}
+
 enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct llm_config *c)
 {
 	memset(lo, 0, sizeof *lo);
@@ -434,8 +465,8 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 		}
 		int64_t rows = b ? lo->d_out[t] : rank, cols = b ? rank : lo->d_in[t];
 		if (tt->n_dim != 2 || tt->shape[0] != rows || tt->shape[1] != cols) {
-			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape does not fit the model (want %lldx%lld)",
-			             stp, tt->name, (long long)rows, (long long)cols);
+			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape %s does not fit the model and rank r %d "
+			             "(want %lldx%lld)", stp, tt->name, shape_text(tt), rank, (long long)rows, (long long)cols);
 			goto out;
 		}
 		if (tt->dtype != LLM_DTYPE_F32 && tt->dtype != LLM_DTYPE_F16 && tt->dtype != LLM_DTYPE_BF16) {
@@ -641,4 +672,36 @@ out:
 	free(conv);
 	llm_ckpt_close(&ck);
 	return s;
+}
+
+/* ---- names ------------------------------------------------------------- */
+
+enum llm_status llm_lora_spec_split(const char *spec, char *name, size_t n, const char **dir)
+{
+	const char *eq = strchr(spec, '=');
+	const char *nb, *ne;
+	if (eq) {
+		nb = spec;
+		ne = eq;
+		*dir = eq + 1;
+	} else {
+		*dir = spec;
+		ne = spec + strlen(spec);
+		while (ne > spec + 1 && ne[-1] == '/')
+			ne--;
+		nb = ne;
+		while (nb > spec && nb[-1] != '/')
+			nb--;
+	}
+	size_t len = (size_t)(ne - nb);
+	if (!len || !**dir)
+		return llm_fail(LLM_ERR_USAGE, "'%s': an adapter needs a name and a directory (NAME=DIR or DIR)", spec);
+	if (len >= n)
+		return llm_fail(LLM_ERR_USAGE, "'%s': the adapter name is longer than %zu bytes", spec, n - 1);
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)nb[i] < 0x20 || nb[i] == 0x7f)
+			return llm_fail(LLM_ERR_USAGE, "'%s': the adapter name holds a control byte", spec);
+	memcpy(name, nb, len);
+	name[len] = 0;
+	return LLM_OK;
 }

@@ -76,13 +76,24 @@ static inline float *llm_lora_b(const struct llm_lora *lo, int layer, int t)
 	return llm_lora_a(lo, layer, t) + (size_t)lo->rank * (size_t)lo->d_in[t];
 }
 
-/* The inference hook: Y (n_tok rows of d_out, row stride Y_STRIDE) +=
- * scale * (X A^T) B^T for X (n_tok rows of d_in, stride X_STRIDE), the
- * adapter of (LAYER, T); nothing when that layer is not adapted. F32,
- * single-threaded, each output row from its own input row (batch invariant).
- * The engine calls it right after the frozen matmul of that projection. */
+/* The inference hook, segmented: for each of the N_ROWS rows i listed in
+ * ROWS (NULL: rows 0 .. n_rows - 1), Y row i (stride Y_STRIDE, d_out) +=
+ * scale * (X A^T) B^T of X row i (stride X_STRIDE, d_in), the adapter of
+ * (LAYER, T); nothing when that layer is not adapted. A batch whose rows
+ * use several adapters calls it once per adapter with that adapter's rows
+ * (the base's rows skip it). F32, single-threaded, each output row from its
+ * own input row in a fixed order (batch invariant: a row gives the same
+ * bits whichever rows come with it). The engine calls it right after the
+ * frozen matmul of that projection. */
 void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
-                    const float *x, int64_t x_stride, int64_t n_tok);
+                    const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows);
+
+#define LLM_LORA_NAME_MAX 64       /* an adapter name's bytes, its NUL included */
+/* Split an adapter SPEC "NAME=DIR" or "DIR" (the name: DIR's base name,
+ * trailing slashes left out) into NAME (N bytes, at most LLM_LORA_NAME_MAX) and *DIR (into SPEC).
+ * LLM_ERR_USAGE naming the spec when the name is empty,
+ * longer than N - 1 bytes or holds a control byte. */
+enum llm_status llm_lora_spec_split(const char *spec, char *name, size_t n, const char **dir);
 
 /* Write the adapter as PEFT does into directory DIR (created if needed):
  * adapter_config.json and adapter_model.safetensors, each atomically.

@@ -356,10 +356,13 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 	if (m->dist && strcmp(be->ops->name, "cpu"))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: distributed runs compute on the CPU backend "
 		                "(GPU ranks over NCCL are not implemented yet)", be->ops->name);
-	if (m->lora && m->dist)
+	int lora = 0;
+	for (int i = 1; i <= m->n_lora; i++)
+		lora |= m->lora[i] != NULL;
+	if (lora && m->dist)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "a LoRA adapter on a distributed run is not supported: "
 		                "merge it into the checkpoint (llm-finetune --merge) and partition that");
-	if (m->lora && strcmp(be->ops->name, "cpu"))
+	if (lora && strcmp(be->ops->name, "cpu"))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: a LoRA adapter is applied on the cpu backend "
 		                "only: use --backend cpu, or merge it (llm-finetune --merge)", be->ops->name);
 	for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) {
@@ -385,7 +388,7 @@ static size_t scratch_floats(const struct llm_config *c, int max_tok, int max_lo
 
 size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits)
 {
-	return scratch_floats(c, max_tok, max_logits) * sizeof(float) + 4 * (size_t)max_logits * sizeof(int32_t);
+	return scratch_floats(c, max_tok, max_logits) * sizeof(float) + (5 * (size_t)max_logits + (size_t)max_tok) * sizeof(int32_t);
 }
 
 enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
@@ -412,8 +415,9 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 	s->hb = p;  p += t * (size_t)c->d_ff;
 	s->hb2 = p; p += t * (size_t)c->d_ff;
 	s->xl = p;
-	s->rows = malloc(4 * (size_t)max_logits * sizeof(int32_t));
+	s->rows = malloc(5 * (size_t)max_logits * sizeof(int32_t));
 	s->sub = s->rows + max_logits;
+	s->lrows = malloc((size_t)max_tok * sizeof(int32_t));
 	int dist_fail = 0;
 	if (m->dist) {
 		int64_t most = 0;
@@ -424,7 +428,7 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 		s->lbuf = malloc((size_t)max_logits * (size_t)most * sizeof(float));
 		dist_fail = !s->tok_loc || !s->lbuf;
 	}
-	if (!s->rows || dist_fail) {
+	if (!s->rows || !s->lrows || dist_fail) {
 		llm_scratch_free(s);
 		return llm_fail(LLM_ERR_NOMEM, "scratch: out of memory");
 	}
@@ -436,6 +440,7 @@ void llm_scratch_free(struct llm_scratch *s)
 	if (s->be && s->x)
 		s->be->ops->release(s->be, s->x);
 	free(s->rows);
+	free(s->lrows);
 	free(s->tok_loc);
 	free(s->lbuf);
 	memset(s, 0, sizeof *s);
@@ -541,13 +546,47 @@ static enum llm_status matmuls(struct llm_backend *be, int n, const struct llm_v
 	return LLM_OK;
 }
 
-/* y += the adapter's low-rank term of projection T of layer L, from the
- * projection's input x (host memory: llm_model_check_backend refuses an
- * adapter on another backend) */
-static void lora(const struct llm_model *m, int l, int t, struct llm_view y, struct llm_view x)
+/* y += the low-rank term of projection T of layer L, from the projection's
+ * input x, for each adapter of the step over its own rows (the segmented
+ * LoRA matmul; host memory: llm_model_check_backend refuses an adapter on
+ * another backend) */
+static void lora(const struct llm_model *m, const struct llm_scratch *s, int l, int t, struct llm_view y,
+                 struct llm_view x)
 {
-	if (m->lora)
-		llm_lora_apply(m->lora, l, t, y.data, y.stride, x.data, x.stride, x.rows);
+	for (int g = 0; g < s->n_lgroup; g++)
+		llm_lora_apply(m->lora[s->lgroup[g]], l, t, y.data, y.stride, x.data, x.stride,
+		               s->lrows + s->lstart[g], s->lstart[g + 1] - s->lstart[g]);
+}
+
+/* Group the rows of B by LoRA slot into S (slot order, rows ascending; the
+ * base's rows in no group). LLM_ERR_RANGE naming a token whose slot holds
+ * no adapter. */
+static enum llm_status lora_groups(const struct llm_model *m, struct llm_scratch *s, const struct llm_batch *b)
+{
+	int cnt[LLM_LORA_SLOTS + 1] = { 0 };
+	s->n_lgroup = 0;
+	if (!b->adapter)
+		return LLM_OK;
+	for (int i = 0; i < b->n_tok; i++) {
+		int a = b->adapter[i];
+		if (a < 0 || a > m->n_lora || (a && !m->lora[a]))
+			return llm_fail(LLM_ERR_RANGE, "batch token %d: LoRA slot %d holds no adapter", i, a);
+		cnt[a]++;
+	}
+	int at[LLM_LORA_SLOTS + 1], n = 0;
+	for (int a = 1; a <= m->n_lora; a++) {
+		if (!cnt[a])
+			continue;
+		s->lgroup[s->n_lgroup] = a;
+		s->lstart[s->n_lgroup++] = n;
+		at[a] = n;
+		n += cnt[a];
+	}
+	s->lstart[s->n_lgroup] = n;
+	for (int i = 0; i < b->n_tok; i++)
+		if (b->adapter[i])
+			s->lrows[at[b->adapter[i]]++] = i;
+	return LLM_OK;
 }
 
 /* x += xb, then xb = rmsnorm(x) with W: one dispatch where the backend
@@ -572,7 +611,8 @@ static enum llm_status add_norm(struct llm_backend *be, struct llm_view xb, stru
 /* The rest of layer L after attention, over the rows of x (n, d_model):
  * x += o_proj(att), xb = rmsnorm(x), hb = silu(gate(xb)) * up(xb),
  * xb = down(hb); the caller adds xb into x. */
-static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, int l, struct llm_view x,
+static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, const struct llm_scratch *s, int l,
+                               struct llm_view x,
                                struct llm_view xb, struct llm_view att, struct llm_view hb, struct llm_view hb2)
 {
 	const struct llm_backend_ops *op = be->ops;
@@ -580,7 +620,7 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, int 
 	struct llm_model_dist *d = m->dist;
 	size_t n_el = (size_t)(x.rows * x.cols);
 	LLM_TRY(op->matmul(be, xb, att, &L->wo));
-	lora(m, l, LLM_LORA_O, xb, att);
+	lora(m, s, l, LLM_LORA_O, xb, att);
 	if (d)                                  /* row-parallel: partial sums */
 		LLM_TRY(tp_sum(d, xb.data, n_el));
 	LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
@@ -588,12 +628,12 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, int 
 		struct llm_view ys[2] = { hb, hb2 };
 		const struct llm_weight *ws[2] = { &L->w_gate, &L->w_up };
 		LLM_TRY(matmuls(be, 2, ys, xb, ws));
-		lora(m, l, LLM_LORA_GATE, hb, xb);
-		lora(m, l, LLM_LORA_UP, hb2, xb);
+		lora(m, s, l, LLM_LORA_GATE, hb, xb);
+		lora(m, s, l, LLM_LORA_UP, hb2, xb);
 	}
 	LLM_TRY(op->swiglu(be, hb, hb, hb2));
 	LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
-	lora(m, l, LLM_LORA_DOWN, xb, hb);
+	lora(m, s, l, LLM_LORA_DOWN, xb, hb);
 	if (d)
 		LLM_TRY(tp_sum(d, xb.data, n_el));
 	return LLM_OK;
@@ -613,19 +653,21 @@ static enum llm_status last_layer_rows(struct llm_model *m, struct llm_backend *
 	if (n_sel == 0)
 		return LLM_OK;
 	int64_t dq = q.cols, ff = m->d_ff_loc, dm = m->cfg.d_model;
-	int32_t *tok = s->sub, *pos = tok + s->max_logits, *seq = pos + s->max_logits;
+	int32_t *tok = s->sub, *pos = tok + s->max_logits, *seq = pos + s->max_logits, *ad = seq + s->max_logits;
 	for (int i = 0; i < n_sel; i++) {
 		tok[i] = b->token[s->rows[i]];
 		pos[i] = b->pos[s->rows[i]];
 		seq[i] = b->seq[s->rows[i]];
+		ad[i] = b->adapter ? b->adapter[s->rows[i]] : 0;
 	}
-	struct llm_batch rb = { n_sel, tok, pos, seq, NULL };
+	struct llm_batch rb = { n_sel, tok, pos, seq, NULL, b->adapter ? ad : NULL };
+	LLM_TRY(lora_groups(m, s, &rb));   /* the adapters' row groups, over these rows now */
 	struct llm_view qr = llm_view_f32(s->att, n_sel, dq), att = llm_view_f32(s->q, n_sel, dq);
 	struct llm_view xr = llm_view_f32(s->xl, n_sel, dm), xb = llm_view_f32(s->xb, n_sel, dm);
 	LLM_TRY(be->ops->gather(be, qr, q, s->rows));
 	LLM_TRY(be->ops->gather(be, xr, x, s->rows));
 	LLM_TRY(be->ops->attention(be, att, qr, kv, l - m->layer_begin, &rb, m->n_head_loc));
-	LLM_TRY(out_mlp(m, be, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff)));
+	LLM_TRY(out_mlp(m, be, s, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff)));
 	return be->ops->add(be, xr, xb);
 }
 
@@ -666,7 +708,7 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 			const struct llm_weight *ws[3] = { &L->wq, &L->wk, &L->wv };
 			LLM_TRY(matmuls(be, 3, ys, xb, ws));
 			for (int t = LLM_LORA_Q; t <= LLM_LORA_V; t++)
-				lora(m, l, t, ys[t - LLM_LORA_Q], xb);
+				lora(m, s, l, t, ys[t - LLM_LORA_Q], xb);
 		}
 		if (op->rope_store) {
 			LLM_TRY(op->rope_store(be, q, k, v, kv, kl, b, m->n_head_loc, m->n_kv_head_loc, c->d_head,
@@ -679,7 +721,7 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		if (n_sel >= 0 && l == c->n_layer - 1)
 			return last_layer_rows(m, be, kv, s, b, l, n_sel, x, q);
 		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
-		LLM_TRY(out_mlp(m, be, l, x, xb, att, hb, hb2));
+		LLM_TRY(out_mlp(m, be, s, l, x, xb, att, hb, hb2));
 		normed = op->add_rmsnorm && l + 1 < m->layer_end;
 		if (normed)
 			LLM_TRY(add_norm(be, xb, x, &m->layers[l + 1].attn_norm, c->rms_eps));
@@ -718,7 +760,8 @@ static enum llm_status forward(struct llm_model *m, struct llm_backend *be, stru
 	int sel = n_mb == 1 && m->layer_end == c->n_layer;
 	for (int i = 0; i < n_mb; i++) {
 		int a = (int)((int64_t)n * i / n_mb), e = (int)((int64_t)n * (i + 1) / n_mb);
-		struct llm_batch mb = { e - a, b->token + a, b->pos + a, b->seq + a, b->logits ? b->logits + a : NULL };
+		struct llm_batch mb = { e - a, b->token + a, b->pos + a, b->seq + a, b->logits ? b->logits + a : NULL,
+		                        b->adapter ? b->adapter + a : NULL };
 		LLM_TRY(forward_layers(m, be, kv, s, &mb, s->x + (size_t)a * (size_t)c->d_model, sel ? n_out : -1));
 	}
 	if ((d && !d->last) || n_out == 0)
@@ -762,6 +805,7 @@ enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, s
 	}
 	if (no && !logits)
 		return llm_fail(LLM_ERR_USAGE, "forward: logits requested without an output buffer");
+	LLM_TRY(lora_groups(m, s, b));
 	if (kv->n_layer != m->layer_end - m->layer_begin || kv->kv_dim != m->n_kv_head_loc * c->d_head)
 		return llm_fail(LLM_ERR_USAGE, "forward: kv cache geometry does not match the model");
 	LLM_TRY(llm_kv_prepare(kv, b));

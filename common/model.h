@@ -20,6 +20,8 @@
 #include "kvcache.h"
 #include "comm.h"
 
+#define LLM_LORA_SLOTS 32         /* LoRA adapters a model serves at once */
+
 struct llm_layer {
 	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
 };
@@ -71,10 +73,13 @@ struct llm_model {
 	int n_head_loc, n_kv_head_loc, d_ff_loc;
 	int64_t vocab_begin, n_vocab_loc;
 	struct llm_model_dist *dist;   /* NULL: a single process */
-	/* A LoRA adapter applied on top of the frozen projections (lora.h),
-	 * owned by the caller; NULL: none. Needs activations in host memory
-	 * (the CPU backend) and the whole model in this process. */
-	const struct llm_lora *lora;
+	/* LoRA adapters applied on top of the frozen projections (lora.h),
+	 * owned by the caller, chosen per batch token (llm_batch.adapter):
+	 * slot 0 is the base (always NULL), slots 1 .. n_lora hold an adapter
+	 * or NULL (a free slot, which no token may name). Needs activations in
+	 * host memory (the CPU backend) and the whole model in this process. */
+	const struct llm_lora *lora[LLM_LORA_SLOTS + 1];
+	int n_lora;
 	void *wmap;                 /* llm_model_copy_weights: the copy's mapping */
 	size_t wmap_len;
 };
@@ -114,7 +119,11 @@ struct llm_scratch {
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2;   /* (max_tok, ...) */
 	float *xl;                  /* (max_logits, d_model) */
 	int32_t *rows;              /* (max_logits) batch rows that want logits */
-	int32_t *sub;               /* (3, max_logits) their token, pos, seq: the last layer's batch (in rows' block) */
+	int32_t *sub;               /* (4, max_logits) their token, pos, seq, LoRA slot: the last layer's batch (in rows' block) */
+	int32_t *lrows;             /* (max_tok) batch rows grouped by LoRA slot (the base's left out) */
+	int lgroup[LLM_LORA_SLOTS + 1], lstart[LLM_LORA_SLOTS + 2];   /* the step's slots with rows,
+	                               group g's rows at lrows[lstart[g] .. lstart[g + 1]) */
+	int n_lgroup;
 	/* distributed only (host memory: distributed runs use the CPU backend) */
 	int32_t *tok_loc;           /* (max_tok) token ids within this rank's vocabulary slice */
 	float *lbuf;                /* (max_logits, largest vocabulary slice) logits slices */
@@ -132,7 +141,10 @@ size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits
  * other ranks' buffers are left as they were, *N_OUT is set everywhere). Checks first, computes nothing on error: an unknown token
  * id or a position past the context is LLM_ERR_RANGE, a bad sequence or
  * position order LLM_ERR_USAGE, more logit rows than the scratch holds
- * LLM_ERR_USAGE, a full cache LLM_ERR_NOMEM. */
+ * LLM_ERR_USAGE, a full cache LLM_ERR_NOMEM, a token naming an empty LoRA
+ * slot LLM_ERR_RANGE. Each adapter's low-rank term is computed for its own
+ * tokens only (llm_lora_apply over the slot's rows), so a step mixing
+ * adapters costs the frozen matmuls once. */
 enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, struct llm_kv *kv,
                                   struct llm_scratch *s, const struct llm_batch *b,
                                   float *logits, int *n_out);

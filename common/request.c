@@ -391,16 +391,47 @@ static int tgi_grammar(struct parse *c, json_t *o)
 	return set_grammar(c, k, &b, s);
 }
 
+/* Field K naming the model or one of ENV's LoRA adapters: R->adapter. */
+static int model(struct parse *c, json_t *o, const char *k)
+{
+	const struct llm_api_env *env = c->env;
+	json_t *m = field(o, k);
+	c->r->adapter = env->adapter;
+	if (!m)
+		return 0;
+	if (!json_is_string(m))
+		return bad(c, k, "expected a string");
+	const char *name = json_string_value(m);
+	for (int i = 0; i < env->n_adapters; i++)
+		if (env->adapters[i] && !strcmp(env->adapters[i], name)) {
+			c->r->adapter = i + 1;
+			return 0;
+		}
+	int tgi = !strcmp(k, "adapter_id");   /* names an adapter, whatever model_name is */
+	if (env->model_name ? !strcmp(name, env->model_name) : !tgi) {
+		c->r->adapter = 0;
+		return 0;
+	}
+	char list[512] = "";
+	size_t n = 0;
+	for (int i = 0; i < env->n_adapters && n < sizeof list; i++)
+		if (env->adapters[i])
+			n += (size_t)snprintf(list + n, sizeof list - n, "%s'%s'", n ? ", " : "", env->adapters[i]);
+	if (n >= sizeof list)
+		memcpy(list + sizeof list - 4, "...", 4);
+	if (tgi)
+		return bad_st(c, LLM_ERR_UNSUPPORTED, k, "the adapter '%s' does not exist (%s%s)", name,
+		              n ? "this server has " : "this server has no LoRA adapters", list);
+	return bad_st(c, LLM_ERR_UNSUPPORTED, k, "the model '%s' does not exist (this server has '%s'%s%s)", name,
+	              env->model_name, n ? " and the LoRA adapters " : "", list);
+}
+
 /* The OpenAI fields beyond sampling (completion, chat, JSONL). */
 static int openai(struct parse *c, json_t *o)
 {
 	struct llm_api_req *r = c->r;
-	json_t *m = field(o, "model");
-	if (m && !json_is_string(m))
-		return bad(c, "model", "expected a string");
-	if (m && c->env->model_name && strcmp(json_string_value(m), c->env->model_name))
-		return bad_st(c, LLM_ERR_UNSUPPORTED, "model", "the model '%s' does not exist (this server has '%s')",
-		              json_string_value(m), c->env->model_name);
+	if (model(c, o, "model") < 0)
+		return -1;
 	if (get_int32(c, o, "n", 1, c->env->max_n > 0 ? c->env->max_n : 1, &r->n) < 0)
 		return -1;
 	if (c->kind != LLM_API_JSONL) {
@@ -809,8 +840,7 @@ static int parse(struct parse *c, json_t *body)
 		    refuse_unless(c, o, "best_of", json_is_integer(bo) && json_integer_value(bo) == 1, "only 1") ||
 		    refuse_unless(c, o, "typical_p", json_is_number(tp) && json_number_value(tp) == 1, NULL) ||
 		    refuse_unless(c, o, "watermark", json_is_false(field(o, "watermark")), NULL) ||
-		    tgi_grammar(c, o) ||
-		    refuse_unless(c, o, "adapter_id", 0, "one adapter per server (llm-serve --lora)"))
+		    tgi_grammar(c, o) || model(c, o, "adapter_id") < 0)
 			return -1;
 		long long trunc = 0;
 		if (get_int(c, o, "truncate", 1, INT32_MAX, &trunc) < 0)
@@ -864,6 +894,7 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 	llm_grammar_ref(r->p.grammar);
 	r->n = 1;
 	r->prompt_logprobs = -1;
+	r->adapter = env->adapter;
 	struct parse c = { r, env, kind, LLM_OK, "max_tokens", 0, NULL, NULL };
 	if (parse(&c, body) < 0) {
 		char param[sizeof r->param];
@@ -946,4 +977,8 @@ void llm_api_env_guide_free(struct llm_api_env *env)
 	llm_gvocab_free(env->gvocab);
 	env->defaults.grammar = NULL;
 	env->gvocab = NULL;
+	free(env->own_lora);
+	env->own_lora = NULL;
+	env->adapters = NULL;
+	env->n_adapters = 0;
 }

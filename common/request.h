@@ -45,7 +45,14 @@ struct llm_api_env {
 	                                      * biases borrowed); TGI: max_tokens 20 */
 	struct llm_tokenizer *tk;   /* NULL: only token-id prompts */
 	const char *chat_template;  /* template source; NULL: the tokenizer's */
-	const char *model_name;     /* "model" must name it; NULL: any string */
+	const char *model_name;     /* "model" must name it (or an adapter); NULL: any string */
+	/* LoRA adapters by slot - 1 (NULL: a free slot): "model" (OpenAI,
+	 * JSONL) or "adapter_id" (TGI) naming one sets R->adapter to its slot;
+	 * model_name (or, when it is NULL, any other string) the base. */
+	const char *const *adapters;
+	int n_adapters;
+	int adapter;                /* R->adapter when the body names none (0: the base) */
+	void *own_lora;             /* llm_jobs_env_lora's names (llm_api_env_guide_free frees them) */
 	int n_vocab;                /* token ids below it; 0: not checked here */
 	int n_ctx;                  /* prompt + max_tokens within it, max_tokens 0
 	                             * becoming the rest; 0: not checked here */
@@ -79,6 +86,7 @@ struct llm_api_req {
 	char **tool_names;          /* (n_tools) the functions a call may name, owned */
 	int n_tools;
 	int prefill_details;        /* TGI decoder_input_details: details.prefill */
+	int adapter;                /* the LoRA slot named (env->adapters); 0: the base */
 	char param[48];             /* on failure: the field at fault ("": none) */
 };
 
@@ -86,7 +94,8 @@ struct llm_api_req {
  * prompt given otherwise: llm_api_req_prompt_text) of KIND into R (zeroed
  * here). On failure R holds nothing to free and the message names the
  * field: LLM_ERR_USAGE for a bad value, LLM_ERR_UNSUPPORTED when "model"
- * names another model (HTTP 404), LLM_ERR_NOMEM. Free R with
+ * or "adapter_id" names neither the model nor one of its adapters (HTTP
+ * 404; the message lists what there is), LLM_ERR_NOMEM. Free R with
  * llm_api_req_free. */
 enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind, struct json_t *body,
                                   const struct llm_api_env *env);

@@ -49,6 +49,7 @@ struct sreq {
 	int (*on_prompt_lp)(void *, int, int32_t, double, int, const struct llm_logprob *, int);
 	int parent, n_shared;       /* n_shared > 0: fork the parent's first n_shared positions */
 	int hold;                   /* children still to fork this request's sequence */
+	int adapter;                /* the engine's LoRA slot; 0: the base */
 	struct llm_reqout out;      /* sampling, stops, text, events */
 };
 
@@ -56,6 +57,7 @@ struct pentry {                 /* a prefix-cache entry */
 	int seq;                    /* -1: empty */
 	int32_t *ids;               /* (n) the prefix, whole blocks */
 	int n;
+	int adapter;                /* the LoRA slot that computed it: its KV is that adapter's */
 	uint64_t last_use;
 };
 
@@ -69,7 +71,7 @@ struct llm_sched {
 	size_t cap_reqs;
 	struct pentry *pc;          /* (prefix_entries) */
 	uint64_t clock;
-	int32_t *b_tok, *b_pos, *b_seq;   /* (max_batch_tokens) */
+	int32_t *b_tok, *b_pos, *b_seq, *b_adapter;   /* (max_batch_tokens) */
 	int8_t *b_logits;
 	struct sreq **b_req;        /* (max_rows) the request of each logit row */
 	int32_t *b_rowpos;          /* (max_rows) the position of each logit row */
@@ -129,13 +131,14 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 	s->b_tok = malloc(nb * sizeof(int32_t));
 	s->b_pos = malloc(nb * sizeof(int32_t));
 	s->b_seq = malloc(nb * sizeof(int32_t));
+	s->b_adapter = malloc(nb * sizeof(int32_t));
 	s->b_logits = malloc(nb);
 	s->b_req = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_req);
 	s->b_rowpos = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_rowpos);
 	s->pf = malloc((size_t)s->o.max_running * sizeof *s->pf);
 	s->pc = calloc((size_t)o->prefix_entries + 1, sizeof *s->pc);
 	s->cnt = calloc((size_t)s->kv->n_block, sizeof *s->cnt);
-	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->b_rowpos || !s->pf || !s->pc
+	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_adapter || !s->b_logits || !s->b_req || !s->b_rowpos || !s->pf || !s->pc
 	    || !s->cnt) {
 		llm_sched_close(s);
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
@@ -194,6 +197,7 @@ void llm_sched_close(struct llm_sched *s)
 	free(s->b_tok);
 	free(s->b_pos);
 	free(s->b_seq);
+	free(s->b_adapter);
 	free(s->b_logits);
 	free(s->b_req);
 	free(s->b_rowpos);
@@ -303,9 +307,13 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 		if (par && lcp(par->ids, par->n_prompt, rq->prompt, rq->n_shared) < rq->n_shared)
 			return llm_fail(LLM_ERR_USAGE, "parent: request %d's prompt does not start with the %d shared tokens",
 			                rq->parent, rq->n_shared);
+		if (par && par->adapter != rq->adapter)
+			return llm_fail(LLM_ERR_USAGE, "parent: request %d runs another LoRA adapter", rq->parent);
 		if (par && par->state == SREQ_DONE && par->seq < 0)
 			par = NULL;          /* ended and gone: compute the prefix */
 	}
+	if (rq->adapter < 0 || (rq->adapter && !llm_engine_lora_name(s->e, rq->adapter)))
+		return llm_fail(LLM_ERR_RANGE, "adapter: LoRA slot %d holds no adapter", rq->adapter);
 	for (int i = 0; i < rq->n_prompt; i++)
 		if (rq->prompt[i] < 0 || rq->prompt[i] >= s->n_vocab)
 			return llm_fail(LLM_ERR_RANGE, "prompt: token %d: id %d is not in the vocabulary [0, %d)",
@@ -334,6 +342,7 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	r->on_score = rq->on_score;
 	r->on_prompt_lp = rq->on_prompt_lp;
 	r->score_top = rq->score_top;
+	r->adapter = rq->adapter;
 	if (par) {
 		r->parent = par->id;
 		r->n_shared = rq->n_shared;
@@ -421,7 +430,7 @@ static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 	struct pentry *src = NULL;
 	for (int i = 0; i < s->o.prefix_entries; i++) {
 		struct pentry *p = &s->pc[i];
-		if (p->seq < 0)
+		if (p->seq < 0 || p->adapter != r->adapter)   /* another adapter's KV differs */
 			continue;
 		int m = lcp(p->ids, p->n, r->ids, limit) / bs * bs;
 		if (m > best) {
@@ -463,7 +472,7 @@ static void pc_register(struct llm_sched *s, struct sreq *r)
 	struct pentry *slot = NULL;
 	for (int i = 0; i < s->o.prefix_entries; i++) {
 		struct pentry *p = &s->pc[i];
-		if (p->seq >= 0 && lcp(p->ids, p->n, r->ids, n) >= n) {
+		if (p->seq >= 0 && p->adapter == r->adapter && lcp(p->ids, p->n, r->ids, n) >= n) {
 			p->last_use = ++s->clock;    /* already cached */
 			return;
 		}
@@ -489,6 +498,7 @@ static void pc_register(struct llm_sched *s, struct sreq *r)
 	}
 	memcpy(slot->ids, r->ids, (size_t)n * sizeof(int32_t));
 	slot->n = n;
+	slot->adapter = r->adapter;
 	slot->last_use = ++s->clock;
 }
 
@@ -600,6 +610,7 @@ static void put(struct llm_sched *s, struct sreq *r, int take, int *n, int *rows
 		s->b_tok[*n] = r->ids[p];
 		s->b_pos[*n] = p;
 		s->b_seq[*n] = r->seq;
+		s->b_adapter[*n] = r->adapter;
 		s->b_logits[*n] = (int8_t)need_row(r, p);
 		if (s->b_logits[*n]) {
 			s->b_rowpos[*rows] = p;
@@ -749,7 +760,7 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 	int rows, n = plan_step(s, &rows);
 	s->st.last_step_tokens = n;
 	if (n > 0) {
-		struct llm_batch b = { n, s->b_tok, s->b_pos, s->b_seq, s->b_logits };
+		struct llm_batch b = { n, s->b_tok, s->b_pos, s->b_seq, s->b_logits, s->b_adapter };
 		const float *logits;
 		int n_out;
 		LLM_TRY(llm_engine_forward(s->e, &b, &logits, &n_out));
@@ -863,6 +874,41 @@ void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st)
 	}
 	st->kv_blocks_cached = cached;
 	st->kv_blocks_used = alloc - only_cache;
+}
+
+struct llm_engine *llm_sched_engine(const struct llm_sched *s)
+{
+	return s->e;
+}
+
+int llm_sched_lora_users(const struct llm_sched *s, int slot)
+{
+	int n = 0;
+	for (int i = 0; i < s->n_reqs; i++)
+		n += s->reqs[i]->adapter == slot && s->reqs[i]->state != SREQ_DONE;
+	return n;
+}
+
+enum llm_status llm_sched_lora_unload(struct llm_sched *s, int slot)
+{
+	const char *name = llm_engine_lora_name(s->e, slot);
+	if (!name)
+		return llm_fail(LLM_ERR_RANGE, "LoRA slot %d holds no adapter", slot);
+	int n = llm_sched_lora_users(s, slot);
+	if (n)
+		return llm_fail(LLM_ERR_EXISTS, "adapter '%s' is in use by %d request%s: unload it when they have "
+		                "finished", name, n, n == 1 ? "" : "s");
+	/* its prefix-cache entries go (the slot may hold another adapter
+	 * later); a finished request holding its sequence for children of its
+	 * own adapter has none left to serve once they are done */
+	for (int i = 0; i < s->o.prefix_entries; i++)
+		if (s->pc[i].seq >= 0 && s->pc[i].adapter == slot)
+			pentry_drop(s, &s->pc[i]);
+	for (int i = 0; i < s->n_reqs; i++)
+		if (s->reqs[i]->adapter == slot)
+			req_release_seq(s, s->reqs[i]);
+	llm_engine_lora_unload(s->e, slot);
+	return LLM_OK;
 }
 
 void llm_sched_summary(const struct llm_sched *s, char *out, size_t n)

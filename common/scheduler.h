@@ -26,9 +26,14 @@
  *
  * Prefix caching: when a prompt has been prefilled, its whole blocks are
  * kept (a forked sequence sharing them, see llm_kv_seq_fork()); a later
- * request whose prompt starts with the same tokens forks those blocks and
- * prefills only the rest. Batch invariance of the kernels makes the result
- * identical to recomputing.
+ * request whose prompt starts with the same tokens, run with the same LoRA
+ * adapter (or both with none: another adapter's keys and values differ),
+ * forks those blocks and prefills only the rest. Batch invariance of the
+ * kernels makes the result identical to recomputing.
+ *
+ * LoRA adapters: each request names the engine's slot it runs with
+ * (llm_request.adapter); a step mixes requests of any adapters and the
+ * base, each token carrying its slot (llm_batch.adapter).
  *
  * Events and finishing rules are those of generate.h (llm_token_event,
  * llm_finish): stop ids, stop strings on the detokenized text, EOS,
@@ -103,5 +108,15 @@ void llm_sched_opts_tokenizer(struct llm_sched_opts *o, const struct llm_config 
 void llm_sched_summary(const struct llm_sched *s, char *out, size_t n);
 /* Drop every prefix-cache entry (their blocks return to the pool). */
 void llm_sched_prefix_clear(struct llm_sched *s);
+/* The engine S drives. */
+struct llm_engine *llm_sched_engine(const struct llm_sched *s);
+/* Requests not finished that run with LoRA slot SLOT. */
+int llm_sched_lora_users(const struct llm_sched *s, int slot);
+/* Unload slot SLOT's adapter (llm_engine_lora_unload) after dropping its
+ * prefix-cache entries. Refused while a request not finished uses it
+ * (LLM_ERR_EXISTS, "adapter 'NAME' is in use by N requests"): an unload
+ * never waits and never cuts a request short. LLM_ERR_RANGE for an empty
+ * slot. */
+enum llm_status llm_sched_lora_unload(struct llm_sched *s, int slot);
 
 #endif

@@ -35,7 +35,8 @@ enum llm_status llm_sched_score_context(struct llm_sched *s, const int32_t *ctx,
 	if (n_ctx < 2)
 		return LLM_OK;
 	/* the parent computes the context but its last token, once */
-	struct llm_request rq = { .prompt = ctx, .n_prompt = n_ctx, .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1 };
+	struct llm_request rq = { .prompt = ctx, .n_prompt = n_ctx, .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1,
+	                          .adapter = llm_engine_lora_default(llm_sched_engine(s)) };
 	rq.params.temperature = 0;
 	return llm_sched_add(s, &rq, parent);
 }
@@ -62,7 +63,8 @@ enum llm_status llm_sched_score_conts(struct llm_sched *s, int parent, const int
 		memcpy(p + n_ctx, cont[k], (size_t)n_cont[k] * sizeof *p);
 		struct llm_request rq = { .prompt = p, .n_prompt = n_ctx + n_cont[k], .params = LLM_SAMPLE_DEFAULT,
 		                          .prefill_only = 1, .score_from = n_ctx, .on_score = on_cont, .user = &res[k],
-		                          .parent = parent, .n_shared = parent >= 0 ? n_ctx - 1 : 0 };
+		                          .parent = parent, .n_shared = parent >= 0 ? n_ctx - 1 : 0,
+		                          .adapter = llm_engine_lora_default(llm_sched_engine(s)) };
 		rq.params.temperature = 0;
 		st = llm_sched_add(s, &rq, NULL);
 		if (st)
@@ -157,7 +159,7 @@ enum llm_status llm_perplexity(struct llm_engine *e, const int32_t *ids, int64_t
 		 * chunk alone and its first token not scored */
 		struct llm_request rq = { .prompt = lead ? in : ids + c0, .n_prompt = m + lead,
 		                          .params = LLM_SAMPLE_DEFAULT, .prefill_only = 1, .score_from = 1,
-		                          .on_score = on_ppl, .user = &ch[c] };
+		                          .on_score = on_ppl, .user = &ch[c], .adapter = llm_engine_lora_default(e) };
 		rq.params.temperature = 0;
 		if (logprobs) {
 			ch[c].logprobs = logprobs;

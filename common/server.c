@@ -262,9 +262,18 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	                           .model_name = s->model_name, .max_n = MAX_N, .gvocab = s->gvocab };
 	env.defaults.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
 	env.defaults.max_tokens = k == K_COMPLETION ? s->o.default_max_tokens : 0;
+	char lnames[LLM_LORA_SLOTS][LLM_LORA_NAME_MAX];   /* the adapters' names as parsed against */
+	const char *lptr[LLM_LORA_SLOTS];
 	pthread_mutex_lock(&s->mu);
 	env.n_ctx = s->n_ctx;
 	env.n_vocab = s->n_vocab;
+	if (s->n_lora) {
+		memcpy(lnames, s->lora_name, sizeof lnames);
+		for (int i = 0; i < LLM_LORA_SLOTS; i++)
+			lptr[i] = lnames[i][0] ? lnames[i] : NULL;
+		env.adapters = lptr;
+		env.n_adapters = LLM_LORA_SLOTS;
+	}
 	pthread_mutex_unlock(&s->mu);
 	struct llm_api_req rq;
 	enum llm_status st = llm_api_req_parse(&rq, k == K_COMPLETION ? LLM_API_COMPLETION : k == K_CHAT ? LLM_API_CHAT :
@@ -333,6 +342,12 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 503, NULL, "the server is %s", s->state == LLM_SERVER_DRAINING ? "draining" : "not ready");
 	}
+	if (rq.adapter && strcmp(s->lora_name[rq.adapter - 1], lnames[rq.adapter - 1])) {   /* unloaded meanwhile */
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, k, 404, k == K_TGI ? "adapter_id" : "model", "the LoRA adapter '%s' has been "
+		                  "unloaded", lnames[rq.adapter - 1]);
+	}
 	if (j->n > s->o.sched.max_running + s->o.max_queue) {   /* never, however long it waits */
 		int n = j->n;
 		llm_srv_job_unref_locked(j);
@@ -348,6 +363,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		                  q > 0 ? q : 0, s->o.max_queue);
 	}
 	s->in_flight += j->n;
+	j->adapter = rq.adapter;
+	s->lora_jobs[j->adapter]++;  /* until the job is freed (llm_srv_job_unref_locked) */
 	snprintf(j->id, sizeof j->id, "%s-%llu", k == K_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)++s->next_id);
 	j->refs = 2;                 /* the connection and the engine */
 	if (s->subq_tail)
@@ -500,6 +517,36 @@ static enum MHD_Result do_tokens(struct llm_server *s, struct MHD_Connection *co
 	return send_json(conn, 200, out, NULL, NULL);
 }
 
+/* /v1/load_lora_adapter (LOAD) or /v1/unload_lora_adapter: server_api.c */
+static enum MHD_Result do_lora(struct llm_server *s, struct MHD_Connection *conn, int load, const char *body, size_t len)
+{
+	if (!s->o.allow_runtime_lora)
+		return send_error(s, conn, K_COMPLETION, 403, NULL, "%s LoRA adapters at run time is off: start llm-serve "
+		                  "with --allow-runtime-lora", load ? "loading" : "unloading");
+	json_error_t je;
+	json_t *o = json_loadb(body, len, 0, &je);
+	if (!o)
+		return send_error(s, conn, K_COMPLETION, 400, NULL, "malformed JSON: line %d: %s", je.line, je.text);
+	unsigned status;
+	char msg[600];
+	const char *param = NULL;
+	llm_srv_lora_op(s, o, load, &status, msg, sizeof msg, &param);
+	if (status != 200) {   /* param points into O: the answer first */
+		enum MHD_Result r = send_error(s, conn, K_COMPLETION, status, param, "%s", msg);
+		json_decref(o);
+		return r;
+	}
+	json_decref(o);
+	size_t n = strlen(msg);
+	char *b = malloc(n + 2);
+	if (!b)
+		return MHD_NO;
+	memcpy(b, msg, n);
+	b[n++] = '\n';
+	b[n] = 0;
+	return send_text(conn, 200, "text/plain; charset=utf-8", b, n, NULL, NULL);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -556,6 +603,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		{ "/v1/models", "GET", 4 }, { "/metrics", "GET", 5 },
 		{ "/tokenize", "POST", 6 }, { "/detokenize", "POST", 7 }, { "/info", "GET", 8 },
 		{ "/v1/embeddings", "POST", 9 },
+		{ "/v1/load_lora_adapter", "POST", 10 }, { "/v1/unload_lora_adapter", "POST", 11 },
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
 		if (strcmp(url, routes[i].url))
@@ -571,12 +619,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		case 3: return do_generate(s, conn, K_TGI, 1, body, cc->body.len);
 		case 4: {
 			pthread_mutex_lock(&s->mu);
-			int n_ctx = s->n_ctx;
+			json_t *m = llm_srv_models(s);
 			pthread_mutex_unlock(&s->mu);
-			return send_json(conn, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data",
-			                                      "id", s->model_name, "object", "model", "created", (json_int_t)0,
-			                                      "owned_by", "llm-tools", "max_model_len", n_ctx), NULL, NULL);
+			return send_json(conn, 200, m, NULL, NULL);
 		}
+		case 10: case 11: return do_lora(s, conn, routes[i].what == 10, body, cc->body.len);
 		case 5: return do_metrics(s, conn);
 		case 6: case 7: return do_tokens(s, conn, routes[i].what == 6, body, cc->body.len);
 		case 8: return send_json(conn, 200, llm_srv_info(s), NULL, NULL);
@@ -725,6 +772,8 @@ void llm_server_stop(struct llm_server *s)
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->ecv);
 	free(s->model_name);
+	for (int i = 0; i < LLM_LORA_SLOTS; i++)
+		free(s->lora_dir[i]);
 	free(s->touched);
 	free(s->template_src);
 	free(s);

@@ -40,6 +40,8 @@ struct llm_server_opts {
 	                              * while its request waits for the engine */
 	unsigned max_connections;    /* open connections at most; 0: 1000 */
 	unsigned max_conn_per_client;/* open connections from one IP address; 0: no limit */
+	int allow_runtime_lora;      /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+	                              * work (else 403); eng.lora holds those of the start */
 	struct llm_engine_opts eng;  /* max_seqs >= sched.max_running + sched.prefix_entries */
 	struct llm_sched_opts sched; /* detok, on_admit and eos are filled in by the server */
 };

@@ -1,8 +1,10 @@
 /* common/server_api.c: llm-serve's endpoints that answer without the
  * engine (server_impl.h): /tokenize and /detokenize in the shapes vLLM's
- * server gives them, TGI's /info, the refusal of /v1/embeddings, and the
+ * server gives them, TGI's /info, the refusal of /v1/embeddings, the
  * metrics under the names vLLM documents (with a model_name label) that
- * dashboards built for it query.
+ * dashboards built for it query, /v1/models, and vLLM's LoRA endpoints
+ * /v1/load_lora_adapter and /v1/unload_lora_adapter (whose work the engine
+ * thread does, server_engine.c).
  *
  * Guarantees:
  * - /tokenize gives the ids a completion or chat request of the same text
@@ -18,6 +20,7 @@
 #include "args.h"
 #include "tokenizer.h"
 #include "jinja.h"
+#include "fileio.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -261,4 +264,88 @@ void llm_srv_metrics_vllm(struct llm_server *s, FILE *f)
 	histo_text(f, "vllm:request_decode_time_seconds", "First to last generated token of a sequence.", &s->decode, l);
 	histo_text(f, "vllm:request_prompt_tokens", "Prompt tokens of a finished request.", &s->req_prompt, l);
 	histo_text(f, "vllm:request_generation_tokens", "Generated tokens of a finished sequence.", &s->req_gen, l);
+}
+
+json_t *llm_srv_models(struct llm_server *s)
+{
+	json_t *data = json_array();
+	json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name, "object", "model",
+	                                      "created", (json_int_t)0, "owned_by", "llm-tools", "root", s->o.model,
+	                                      "parent", "max_model_len", s->n_ctx));
+	for (int i = 0; i < LLM_LORA_SLOTS; i++)
+		if (s->lora_name[i][0])
+			json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s?, s:s, s:i}", "id", s->lora_name[i],
+			                                      "object", "model", "created", (json_int_t)0, "owned_by", "llm-tools",
+			                                      "root", s->lora_dir[i], "parent", s->model_name,
+			                                      "max_model_len", s->n_ctx));
+	return json_pack("{s:s, s:o}", "object", "list", "data", data);
+}
+
+/* Field K of O: a non-empty string, or a usage error naming it. */
+static const char *lora_field(json_t *o, const char *k, char *msg, size_t n, const char **param)
+{
+	json_t *v = json_object_get(o, k);
+	if (json_is_string(v) && json_string_length(v) > 0 && strlen(json_string_value(v)) == json_string_length(v))
+		return json_string_value(v);
+	*param = k;
+	snprintf(msg, n, "%s: %s", k, v ? "expected a non-empty string" : "missing");
+	return NULL;
+}
+
+void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status, char *msg, size_t n,
+                     const char **param)
+{
+	static const char *const k_load[] = { "lora_name", "lora_path", NULL }, *const k_unload[] = { "lora_name", NULL };
+	*status = 400;
+	*param = NULL;
+	const char *name, *path = NULL;
+	if (!json_is_object(o)) {
+		snprintf(msg, n, "the body must be a JSON object");
+		return;
+	}
+	if (only(o, load ? k_load : k_unload, param)) {
+		snprintf(msg, n, "%s", llm_errmsg());
+		return;
+	}
+	if (!(name = lora_field(o, "lora_name", msg, n, param)) || (load && !(path = lora_field(o, "lora_path", msg, n, param))))
+		return;
+	if (strlen(name) >= LLM_LORA_NAME_MAX || strchr(name, '=')) {
+		*param = "lora_name";
+		snprintf(msg, n, "lora_name: 1 to %d bytes, no '='", LLM_LORA_NAME_MAX - 1);
+		return;
+	}
+	struct lora_op *op = calloc(1, sizeof *op);
+	if (!op || (path && !(op->path = llm_strdup(path)))) {
+		free(op);
+		*status = 500;
+		snprintf(msg, n, "out of memory");
+		return;
+	}
+	op->load = load;
+	memcpy(op->name, name, strlen(name) + 1);
+	pthread_cond_init(&op->cv, NULL);
+	pthread_mutex_lock(&s->mu);
+	if (s->state != LLM_SERVER_READY) {
+		*status = 503;
+		snprintf(msg, n, "the server is %s", s->state == LLM_SERVER_LOADING ? "loading" : "not ready");
+	} else if (load && !strcmp(name, s->model_name)) {
+		*param = "lora_name";
+		snprintf(msg, n, "lora_name: '%s' is the model's own name", name);
+	} else {
+		struct lora_op **pp = &s->loraq;
+		while (*pp)
+			pp = &(*pp)->next;
+		*pp = op;
+		pthread_cond_signal(&s->ecv);
+		while (!op->done)
+			pthread_cond_wait(&op->cv, &s->mu);
+		*status = op->status;
+		if (op->status != 200)
+			*param = "lora_name";
+		snprintf(msg, n, "%s", op->msg);
+	}
+	pthread_mutex_unlock(&s->mu);
+	pthread_cond_destroy(&op->cv);
+	free(op->path);
+	free(op);
 }

@@ -8,6 +8,7 @@
 #include "server_impl.h"
 #include "tokenizer.h"
 #include "grammar.h"
+#include "fileio.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@ void llm_srv_job_unref_locked(struct job *j)
 {
 	if (--j->refs > 0)
 		return;
+	j->srv->lora_jobs[j->adapter]--;
 	for (int c = 0; c < j->n; c++) {
 		for (int i = 0; i < j->ch[c].n_ev; i++) {
 			free(j->ch[c].ev[i].top);
@@ -227,6 +229,63 @@ static enum llm_status engine_load(struct llm_server *s)
 	return LLM_OK;
 }
 
+/* The engine's adapters, for the connection threads (under the lock). */
+static void lora_names_locked(struct llm_server *s)
+{
+	s->n_lora = 0;
+	for (int i = 1; i <= LLM_LORA_SLOTS; i++) {
+		const char *n = llm_engine_lora_name(s->e, i), *d = llm_engine_lora_dir(s->e, i);
+		snprintf(s->lora_name[i - 1], sizeof s->lora_name[i - 1], "%s", n ? n : "");
+		free(s->lora_dir[i - 1]);
+		s->lora_dir[i - 1] = d ? llm_strdup(d) : NULL;
+		s->n_lora += n != NULL;
+	}
+}
+
+/* Run the queued loads and unloads (under the lock, released while the
+ * engine loads a file): an unload is refused while a job names the
+ * adapter (409), so it never waits and never cuts a request short. */
+static void lora_ops_locked(struct llm_server *s)
+{
+	while (s->loraq) {
+		struct lora_op *op = s->loraq;
+		s->loraq = op->next;
+		int slot = llm_engine_lora_find(s->e, op->name);
+		enum llm_status st = LLM_OK;
+		op->status = 200;
+		if (op->load) {
+			pthread_mutex_unlock(&s->mu);
+			st = llm_engine_lora_load(s->e, op->name, op->path, &slot);
+			pthread_mutex_lock(&s->mu);
+			if (st)
+				op->status = st == LLM_ERR_NOMEM ? 500 : 400;
+			else
+				snprintf(op->msg, sizeof op->msg, "Success: LoRA adapter '%s' added successfully.", op->name);
+		} else if (!slot) {
+			op->status = 404;
+			snprintf(op->msg, sizeof op->msg, "lora_name: the adapter '%s' is not loaded", op->name);
+		} else if (s->lora_jobs[slot] > 0) {
+			op->status = 409;
+			snprintf(op->msg, sizeof op->msg, "lora_name: the adapter '%s' is in use by %d request%s: unload it "
+			         "when they have finished", op->name, s->lora_jobs[slot], s->lora_jobs[slot] == 1 ? "" : "s");
+		} else {
+			s->lora_name[slot - 1][0] = 0;   /* no new job takes it from here */
+			pthread_mutex_unlock(&s->mu);
+			st = llm_sched_lora_unload(s->sch, slot);
+			pthread_mutex_lock(&s->mu);
+			if (st)
+				op->status = st == LLM_ERR_EXISTS ? 409 : 500;
+			else
+				snprintf(op->msg, sizeof op->msg, "Success: LoRA adapter '%s' removed successfully.", op->name);
+		}
+		if (st)
+			snprintf(op->msg, sizeof op->msg, "%s", llm_errmsg());
+		lora_names_locked(s);
+		op->done = 1;
+		pthread_cond_broadcast(&op->cv);
+	}
+}
+
 void *llm_srv_engine_main(void *arg)
 {
 	struct llm_server *s = arg;
@@ -238,6 +297,7 @@ void *llm_srv_engine_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		return NULL;
 	}
+	lora_names_locked(s);
 	s->n_ctx = llm_engine_n_ctx(s->e);
 	s->n_vocab = llm_engine_model(s->e)->cfg.n_vocab;
 	if (s->state == LLM_SERVER_LOADING)
@@ -245,7 +305,7 @@ void *llm_srv_engine_main(void *arg)
 	llm_sched_stats(s->sch, &s->st);
 	int pending = 0;
 	for (;;) {
-		while (!s->stop && !s->subq && pending == 0) {
+		while (!s->stop && !s->subq && !s->loraq && pending == 0) {
 			int cancel = 0;
 			for (struct job *j = s->active; j; j = j->next)
 				cancel |= j->cancelled && !j->cancel_sent;
@@ -255,6 +315,7 @@ void *llm_srv_engine_main(void *arg)
 		}
 		if (s->stop)
 			break;
+		lora_ops_locked(s);
 		struct job *q = s->subq;
 		s->subq = s->subq_tail = NULL;
 		/* new jobs join the active list (the engine's reference moves there) */
@@ -266,7 +327,8 @@ void *llm_srv_engine_main(void *arg)
 				struct llm_sample_params p = j->p;
 				if (c > 0)
 					p.seed += (uint64_t)c;
-				struct llm_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt, .params = p, .on_token = on_token, .user = &j->ch[c] };
+				struct llm_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt, .params = p, .on_token = on_token,
+				                          .user = &j->ch[c], .adapter = j->adapter };
 				if (c == 0 && j->plp && j->n_prompt >= 2)
 					rq.score_from = 1, rq.on_prompt_lp = on_plp, rq.score_top = j->plp_top;
 				pthread_mutex_unlock(&s->mu);
@@ -317,6 +379,13 @@ void *llm_srv_engine_main(void *arg)
 		llm_srv_job_unref_locked(j);
 	}
 	s->subq = s->subq_tail = NULL;
+	for (struct lora_op *op = s->loraq; op; op = op->next) {
+		op->done = 1;
+		op->status = 503;
+		snprintf(op->msg, sizeof op->msg, "the server is shutting down");
+		pthread_cond_broadcast(&op->cv);
+	}
+	s->loraq = NULL;
 	for (struct job *j = s->active, *nx; j; j = nx) {
 		nx = j->next;
 		for (int c = 0; c < j->n; c++)

@@ -338,6 +338,13 @@ static double cum_logprob(const struct choice *c)
 	return t;
 }
 
+/* The name a response carries: the adapter the request named, else the
+ * model's (the job holds its adapter's slot, so the name is there). */
+static const char *job_model(const struct llm_server *s, const struct job *j)
+{
+	return j->adapter ? s->lora_name[j->adapter - 1] : s->model_name;
+}
+
 json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 {
 	json_t *choices = json_array();
@@ -377,7 +384,7 @@ json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 	}
 	json_t *r = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
 	                      "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
-	                      "created", (json_int_t)j->created, "model", s->model_name, "choices", choices,
+	                      "created", (json_int_t)j->created, "model", job_model(s, j), "choices", choices,
 	                      "usage", usage_json(j));
 	json_t *pl = j->kind == K_CHAT ? prompt_logprobs_json(s, j) : NULL;
 	if (pl)
@@ -511,7 +518,7 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 		for (int c = 0; c < j->n; c++)
 			out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:n, s:n}]}", "id", j->id,
 			                       "object", "chat.completion.chunk", "created", (json_int_t)j->created,
-			                       "model", s->model_name, "choices", "index", c, "delta", "role", "assistant",
+			                       "model", job_model(s, j), "choices", "index", c, "delta", "role", "assistant",
 			                       "content", "", "logprobs", "finish_reason"), 0);
 	}
 	j->started = 1;
@@ -534,7 +541,7 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 				json_object_set_new(ch_o, "prompt_logprobs", pl);
 			out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
 			                       j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-			                       "created", (json_int_t)j->created, "model", s->model_name, "choices", ch_o), 0);
+			                       "created", (json_int_t)j->created, "model", job_model(s, j), "choices", ch_o), 0);
 		}
 		for (; ch->sent < ch->n_ev; ch->sent++) {
 			int i = ch->sent;
@@ -573,7 +580,7 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 				                 "token_ids", ids_of(ch, i, i + 1));
 			json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id,
 			                      "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-			                      "created", (json_int_t)j->created, "model", s->model_name, "choices", ch_o);
+			                      "created", (json_int_t)j->created, "model", job_model(s, j), "choices", ch_o);
 			out_event(j, o, 0);
 		}
 	}
@@ -588,7 +595,7 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 			if (j->include_usage)
 				out_event(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->id,
 				                       "object", j->kind == K_CHAT ? "chat.completion.chunk" : "text_completion",
-				                       "created", (json_int_t)j->created, "model", s->model_name, "choices",
+				                       "created", (json_int_t)j->created, "model", job_model(s, j), "choices",
 				                       "usage", usage_json(j)), 0);
 			out_add(j, "data: [DONE]\n\n", 14);
 		}

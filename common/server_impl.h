@@ -24,6 +24,7 @@
 #include "buf.h"
 #include "server.h"
 #include "request.h"
+#include "lora.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -100,9 +101,23 @@ struct job {
 	long long created;
 	int fd;                      /* the client's socket */
 	int started, ended;          /* stream: role chunk sent, [DONE] queued */
+	int adapter;                 /* LoRA slot (counted in srv->lora_jobs); 0: the base */
 	struct llm_buf out;          /* stream: bytes not yet handed to MHD, from out_pos */
 	size_t out_pos;
 	struct job *next;            /* submission queue / active list */
+};
+
+/* A LoRA adapter load or unload, done by the engine thread between steps
+ * (it owns the engine and the scheduler); the connection thread waits. */
+struct lora_op {
+	int load;                    /* 1: load NAME from PATH; 0: unload NAME */
+	char name[LLM_LORA_NAME_MAX];
+	char *path;                  /* (owned) */
+	int done;
+	unsigned status;             /* HTTP status of the answer */
+	char msg[600];
+	pthread_cond_t cv;
+	struct lora_op *next;
 };
 
 #define N_BUCKET 14
@@ -124,6 +139,14 @@ struct llm_server {
 	char err[512];
 	int stop, in_flight, n_ctx, n_vocab;
 	struct job *subq, *subq_tail, *active;
+	/* LoRA adapters by slot - 1, as the engine thread loaded them: name
+	 * ("": free), directory; jobs naming each (a job holds its slot until
+	 * it is freed, so an unload cannot pull an adapter from under it) */
+	char lora_name[LLM_LORA_SLOTS][LLM_LORA_NAME_MAX];
+	char *lora_dir[LLM_LORA_SLOTS];
+	int lora_jobs[LLM_LORA_SLOTS + 1];
+	int n_lora;                  /* adapters loaded */
+	struct lora_op *loraq;       /* loads and unloads for the engine thread */
 	struct llm_engine *e;
 	struct llm_sched *sch;
 	struct llm_tokenizer *tk;
@@ -165,5 +188,13 @@ enum llm_status llm_srv_tokenize(struct llm_server *s, json_t *o, json_t **out, 
 enum llm_status llm_srv_detokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
 json_t *llm_srv_info(struct llm_server *s);
 void llm_srv_metrics_vllm(struct llm_server *s, FILE *f);
+/* POST /v1/load_lora_adapter (LOAD) or /v1/unload_lora_adapter: body O
+ * checked, the operation queued for the engine thread and waited for;
+ * *STATUS and *MSG (N bytes) the answer, *PARAM the field at fault. */
+void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status, char *msg, size_t n,
+                     const char **param);
+/* /v1/models's data: the model, then each adapter with "parent" the model
+ * (under srv->mu). */
+json_t *llm_srv_models(struct llm_server *s);
 
 #endif

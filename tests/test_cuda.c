@@ -625,7 +625,7 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 	int32_t tok[64] = { 0 };
 	for (int s = 0; s < 6 && ok; s++) {
 		int n = steps[s].n;
-		struct llm_batch b = { n, tok, steps[s].pos, steps[s].seq, NULL };
+		struct llm_batch b = { n, tok, steps[s].pos, steps[s].seq, NULL, NULL };
 		ok &= llm_kv_prepare(&kc, &b) == LLM_OK && llm_kv_prepare(&kg, &b) == LLM_OK
 		      && llm_kv_prepare(&kr, &b) == LLM_OK;
 		float *q = rand_x(n, dq, 0), *k = rand_x(n, dkv, 0), *v = rand_x(n, dkv, 0);

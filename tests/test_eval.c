@@ -117,7 +117,7 @@ static double forward_logprob(struct llm_engine *e, const int32_t *ids, int n, i
 	int8_t want[256];
 	for (int i = 0; i < n; i++)
 		pos[i] = i, sq[i] = seq, want[i] = 1;
-	struct llm_batch b = { n, ids, pos, sq, want };
+	struct llm_batch b = { n, ids, pos, sq, want, NULL };
 	const float *lg;
 	int n_out, nv = llm_engine_model(e)->cfg.n_vocab;
 	double lp = NAN;

@@ -391,7 +391,7 @@ static void test_bad_input(void)
 	int seq;
 	llm_kv_seq_new(kv, &seq);
 	int32_t tok[2] = { 1, 9999 }, pos[2] = { 0, 1 }, sq[2] = { seq, seq };
-	struct llm_batch b = { 2, tok, pos, sq, NULL };
+	struct llm_batch b = { 2, tok, pos, sq, NULL, NULL };
 	const float *lg;
 	int n_out;
 	s = llm_engine_forward(e, &b, &lg, &n_out);

@@ -503,7 +503,7 @@ static void test_backend_ops(enum llm_cpu_isa best)
 			pos[i] = i < 13 ? i : i - 13;
 			tok[i] = 0;
 		}
-		struct llm_batch b = { n, tok, pos, seq, NULL };
+		struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
 		float *q = malloc((size_t)(n * dq) * 4), *k = malloc((size_t)(n * dkv) * 4);
 		float *v = malloc((size_t)(n * dkv) * 4), *o1 = malloc((size_t)(n * dq) * 4);
 		float *o2 = malloc((size_t)(n * dq) * 4);
@@ -677,7 +677,7 @@ static void test_fused_ops(enum llm_cpu_isa best)
 					seq[i] = sq[i < 20 ? 0 : i < 36 ? 1 : 2];
 					pos[i] = i < 20 ? i : i < 36 ? i - 20 : 0;
 				}
-				struct llm_batch b = { n, tok, pos, seq, NULL };
+				struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
 				float inv[12];
 				for (int j = 0; j < half; j++)
 					inv[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)d);
@@ -795,7 +795,7 @@ static void test_chain(enum llm_cpu_isa best)
 				seq[i] = i < 20 ? s0 : s1;
 				pos[i] = i < 20 ? i : i - 20;
 			}
-			struct llm_batch b = { n, tok, pos, seq, NULL };
+			struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
 			llm_kv_prepare(&kv, &b);
 			be->ops->kv_store(be, &kv, 0, &b, llm_view_f32(k, n, DKV), llm_view_f32(v, n, DKV));
 			for (int i = 0; i < 7; i++)
@@ -1230,7 +1230,7 @@ static void ref_attention(struct llm_backend *be)
 						seq[n] = sq[s];
 						pos[n] = len[s]++;
 					}
-				struct llm_batch b = { n, tok, pos, seq, NULL };
+				struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
 				if (llm_kv_prepare(&kc, &b) != LLM_OK || llm_kv_prepare(&kr, &b) != LLM_OK) {
 					check(0, "ref: kv prepare step %d: %s", st, llm_errmsg());
 					attn_ok = 0;

@@ -457,6 +457,30 @@ static void openai_fields(void)
 	      "another model: LLM_ERR_UNSUPPORTED (404) naming it");
 	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"stories\"}", &e, &r);
 	check(!s, "the server's model is taken");
+	/* LoRA adapters by slot - 1 (slot 2 free): "model" or TGI "adapter_id" picks one */
+	refused_st(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"adapter_id\": \"x\"}}", LLM_ERR_UNSUPPORTED,
+	           "adapter_id", "adapter_id: the adapter 'x' does not exist (this server has no LoRA adapters)");
+	static const char *const ad[] = { "a1", NULL, "b" };
+	e.adapters = ad;
+	e.n_adapters = 3;
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"b\"}", &e, &r);
+	check(!s && r.adapter == 3, "model 'b' picks slot 3");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"adapter_id\": \"a1\"}}", &e, &r);
+	check(!s && r.adapter == 1, "tgi adapter_id 'a1' picks slot 1");
+	llm_api_req_free(&r);
+	e.adapter = 1;
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\"}", &e, &r);
+	check(!s && r.adapter == 1, "jsonl: no model, the env's default adapter");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_JSONL, "{\"prompt\": \"a\", \"model\": \"stories\"}", &e, &r);
+	check(!s && r.adapter == 0, "jsonl: the model's name picks the base over the default adapter");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"c\"}", &e, &r);
+	check(s == LLM_ERR_UNSUPPORTED && !strcmp(r.param, "model") &&
+	      !strcmp(llm_errmsg(), "model: the model 'c' does not exist (this server has 'stories' and the LoRA adapters "
+	              "'a1', 'b')"), "an unknown adapter: LLM_ERR_UNSUPPORTED (404) listing the adapters");
+	e.adapters = NULL, e.n_adapters = 0, e.adapter = 0;
 	llm_api_req_free(&r);
 	/* log-probs */
 	s = parse(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"logprobs\": 3}", &r);
@@ -502,7 +526,6 @@ static void openai_fields(void)
 		{ "\"do_sample\": 1", "do_sample: expected true or false" },
 		{ "\"grammar\": {\"type\": \"json\", \"value\": {}}", "grammar: structured output needs the model's tokenizer files" },
 		{ "\"grammar\": {\"type\": \"xml\", \"value\": {}}", "grammar: expected {\"type\": \"json\" or \"regex\", \"value\": ...}" },
-		{ "\"adapter_id\": \"x\"", "adapter_id: not supported: one adapter per server (llm-serve --lora)" },
 	};
 	for (size_t i = 0; i < sizeof tgi_bad / sizeof *tgi_bad; i++) {
 		snprintf(body, sizeof body, "{\"inputs\": \"a\", \"parameters\": {%s}}", tgi_bad[i][0]);

@@ -519,7 +519,7 @@ static void adapter_checks(void)
 	float x[16], y[16] = { 0 }, ref[16] = { 0 };
 	for (int i = 0; i < 16; i++)
 		x[i] = (float)nrand();
-	llm_lora_apply(&lo, 1, LLM_LORA_V, y, 8, x, 16, 1);
+	llm_lora_apply(&lo, 1, LLM_LORA_V, y, 8, x, 16, NULL, 1);
 	const float *A = llm_lora_a(&lo, 1, LLM_LORA_V), *B = llm_lora_b(&lo, 1, LLM_LORA_V);
 	for (int o = 0; o < 8; o++)
 		for (int k = 0; k < 3; k++) {

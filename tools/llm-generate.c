@@ -18,8 +18,8 @@
 struct generate_cfg {
 	const char *model, *chat_template;   /* -m DIR; a template FILE overriding the model's */
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *lora, *weight_pages, *json_schema, *grammar;
-	struct llm_strlist stop, logit_bias;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *json_schema, *grammar;
+	struct llm_strlist stop, logit_bias, lora;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens;
 	size_t kv_memory;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
@@ -79,7 +79,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
-	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend)"),
+	LLM_LIST(0, "lora", "[NAME=]DIR", &cfg.lora, "load the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend) as NAME (default: DIR's base name; repeatable); lines run with the first unless their \"model\" names another or the model"),
 	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before generating; refuse to load if one holds any"),
 };
 
@@ -112,7 +112,7 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
 	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : 0;
-	o.backend = cfg.backend, o.lora_dir = cfg.lora, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
+	o.backend = cfg.backend, o.lora = cfg.lora.v, o.n_lora = cfg.lora.n, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
 	return o;
 }
@@ -213,7 +213,7 @@ static void flags_env(struct llm_api_env *env, struct llm_tokenizer *tk)
 	for (int i = 0; i < cfg.stop.n && i < LLM_MAX_STOP; i++)   /* main refuses more */
 		p.stop[p.n_stop++] = cfg.stop.v[i];
 	*env = (struct llm_api_env){ .defaults = p, .tk = tk, .chat_template = template_src, .max_n = 1 };
-	if (llm_api_env_guide(env, cfg.json_schema, cfg.grammar)) die_msg();   /* --json-schema, --grammar */
+	if (llm_api_env_guide(env, cfg.json_schema, cfg.grammar) || llm_jobs_env_lora(env, cfg.lora.v, cfg.lora.n, cfg.model)) die_msg();   /* --json-schema, --grammar, --lora */
 }
 
 /* -p / -f streams the text (or --show-tokens the ids) as it comes. */

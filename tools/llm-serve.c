@@ -24,12 +24,13 @@
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *lora, *weight_pages;
+	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages;
+	struct llm_strlist lora;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
 	size_t kv_memory, max_body, assume_memory;
 	double drain_timeout;
-	int plan, check_weights, allow_unauth;
+	int plan, check_weights, allow_unauth, runtime_lora;
 };
 
 static struct serve_cfg cfg = {
@@ -74,7 +75,9 @@ static const struct llm_opt opts[] = {
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
-	LLM_STR(0, "lora", "DIR", &cfg.lora, "apply the PEFT LoRA adapter in DIR to every request (cpu backend)"),
+	LLM_LIST(0, "lora", "[NAME=]DIR", &cfg.lora, "serve the PEFT LoRA adapter in DIR as NAME (default: DIR's base name; "
+	         "repeatable; cpu backend): a request runs with it when its \"model\" (TGI: \"adapter_id\") names it, else with the base"),
+	LLM_FLAG(0, "allow-runtime-lora", &cfg.runtime_lora, "take POST /v1/load_lora_adapter and /v1/unload_lora_adapter (cpu backend)"),
 	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
 	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
 	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before serving; refuse to load if one holds any"),
@@ -153,9 +156,10 @@ static int refuse_dist(void)
 {
 	const char *why = NULL;
 	int status = 2;
-	if (cfg.lora)
-		why = "--lora: a LoRA adapter on a distributed run is not supported: merge it (llm-finetune --merge) "
-		      "and partition that";
+	if (cfg.lora.n || cfg.runtime_lora)
+		why = cfg.lora.n ? "--lora: a LoRA adapter on a distributed run is not supported: merge it (llm-finetune --merge) "
+		      "and partition that" : "--allow-runtime-lora: a LoRA adapter on a distributed run is not supported: "
+		      "merge it (llm-finetune --merge) and partition that";
 	else if (!strncmp(cfg.backend, "cuda", 4))
 		why = "--backend cuda: distributed runs compute on the CPU backend (GPU ranks over NCCL are not "
 		      "implemented yet)";
@@ -232,7 +236,10 @@ int main(int argc, char **argv)
 	};
 	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
 	eo.backend = cfg.backend;
-	eo.lora_dir = cfg.lora;
+	eo.lora = cfg.lora.v;
+	eo.n_lora = cfg.lora.n;
+	eo.lora_runtime = cfg.runtime_lora;
+	so.allow_runtime_lora = cfg.runtime_lora;
 	eo.n_threads = (int)cfg.threads;
 	eo.kv_dtype = (enum llm_dtype)kvd;
 	eo.weight_pages = (enum llm_weight_pages)wp;

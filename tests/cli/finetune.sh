@@ -140,10 +140,10 @@ rm -f "$T/port"
 llm-serve -m "$S" --lora "$T/a" --port 0 --port-file "$T/port" -t 1 2>"$T/serve.log" & SP=$!
 URL=$(serve_url "$T/port")
 curl -s -m 60 -H 'Content-Type: application/json' "$URL/v1/completions" \
-	-d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' >"$T/sv.json"
+	-d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "model": "a"}' >"$T/sv.json"
 kill -TERM $SP 2>/dev/null
 wait $SP
-check "llm-serve --lora: a greedy completion equals llm-generate --lora" python3 -c "
+check "llm-serve --lora: a greedy completion naming the adapter (model a) equals llm-generate --lora" python3 -c "
 import json
 want = [json.loads(x) for x in open('$T/lora.json')][1]['text']
 got = json.load(open('$T/sv.json'))['choices'][0]['text']

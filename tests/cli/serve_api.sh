@@ -245,6 +245,11 @@ d, acc = float(m["vllm:spec_decode_num_draft_tokens_total"]), float(m["vllm:spec
 assert 0 < acc < d and d == float(m["llm_spec_draft_tokens_total"]) and acc == float(m["llm_spec_accepted_tokens_total"]), m
 print("# %d of %d drafted tokens accepted" % (acc, d))
 PY
+llm-bench -q serve "$U" --requests 4 --concurrency 2 --input-len 16 --output-len 24 --format jsonl >"$T/bench.jsonl"
+check "llm-bench serve reports the run's accepted share of drafts from /metrics" $PY -c "
+import json
+r = [json.loads(l) for l in open('$T/bench.jsonl') if l.startswith('{')]
+assert len(r) == 1 and r[0]['wrong'] == 0 and 0 <= r[0]['spec_accept_pct'] <= 100, r"
 check_fails "--speculate with an unknown mode is a usage error" 2 llm-serve -m "$M" --speculate lookahead
 kill -TERM $SP; wait $SP
 check "the speculating server exits 0" [ $? = 0 ]

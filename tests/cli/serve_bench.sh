@@ -48,6 +48,7 @@ check "serve --concurrency (URL with /v1): JSONL rows with every request right" 
 import json
 rows = [json.loads(l) for l in open('$T/jsonl') if l.startswith('{')]
 assert [r['concurrency'] for r in rows] == [1, 4], rows
+assert all(r['spec_accept_pct'] is None for r in rows), rows     # no speculation: no drafts
 assert all(r['completed'] == 8 and r['wrong'] == 0 and r['ttft_p99_ms'] >= r['ttft_p50_ms'] > 0 for r in rows), rows"
 printf '%s\n' '{"prompt": "Once upon a time", "output_len": 5}' '{"prompt": [1, 403, 407], "output_len": 7}' >"$T/trace.jsonl"
 check "serve --trace: text and id prompts, all right" sh -c "$B serve '$URL' --trace '$T/trace.jsonl' --requests 4 --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6 | grep -qx '4,4,0,0'"

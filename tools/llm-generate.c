@@ -111,7 +111,7 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
-	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : spec.mode ? max_seqs * (1 + spec.n_draft) : 0;
+	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : spec.mode ? (int)cfg.parallel * (1 + spec.n_draft) : 0;   /* the flags': the same on every rank */
 	o.backend = cfg.backend, o.lora_dir = cfg.lora, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
 	return o;

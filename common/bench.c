@@ -424,6 +424,30 @@ static void *open_req(void *arg)
 	return NULL;
 }
 
+/* The server's speculative-decoding counters (vLLM's names, every label
+ * set summed): drafted and accepted tokens; both -1 when /metrics cannot be
+ * read or has neither. */
+static void spec_counts(const struct llm_bench_serve_opts *o, const struct url *u, double c[2])
+{
+	static const char *name[2] = { "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total" };
+	c[0] = c[1] = -1;
+	struct http h;
+	if (http_open(&h, o->api_key))
+		return;
+	struct llm_buf body = { 0 };
+	if (http_request(&h, u, "/metrics", NULL, 10, on_whole, &body) == 200 && body.p && !llm_buf_append(&body, "", 1)) {
+		for (char *save = NULL, *l = strtok_r(body.p, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+			for (int k = 0; k < 2; k++) {
+				size_t n = strlen(name[k]);
+				const char *v = strrchr(l, ' ');
+				if (!strncmp(l, name[k], n) && (l[n] == ' ' || l[n] == '{') && v)
+					c[k] = (c[k] < 0 ? 0 : c[k]) + strtod(v + 1, NULL);
+			}
+	}
+	llm_buf_free(&body);
+	http_close(&h);
+}
+
 enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double rate, int concurrency,
                                     struct llm_bench_serve_result *r)
 {
@@ -437,6 +461,8 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 	LLM_TRY(http_global());
 	char *model = NULL;
 	LLM_TRY(llm_bench_serve_model(o, &model));
+	double spec0[2], spec1[2];
+	spec_counts(o, &u, spec0);
 	int n = o->n_requests;
 	struct req *q = calloc((size_t)n, sizeof *q);
 	pthread_t *th = calloc((size_t)n, sizeof *th);
@@ -571,6 +597,9 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 		pct(itl, (int)n_itl, r->itl);
 	}
 	r->itl_median_ms = r->itl[0];
+	spec_counts(o, &u, spec1);
+	r->spec_accept = spec0[0] >= 0 && spec1[0] > spec0[0] && spec1[1] >= 0
+	                 ? 100.0 * (spec1[1] - (spec0[1] > 0 ? spec0[1] : 0)) / (spec1[0] - spec0[0]) : NAN;
 	for (int i = 0; i < n; i++)
 		free(q[i].gaps);
 	free(ttft);
@@ -588,9 +617,9 @@ enum llm_status llm_bench_serve_run(const struct llm_bench_serve_opts *o, double
 
 static const char *cols[] = { "rate", "conc", "sent", "done", "429", "#wrong", "req/s", "out tok/s", "goodput",
 	"ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90", "itl_p99", "tpot_p50", "tpot_p90", "tpot_p99",
-	"e2e_p50", "e2e_p90", "e2e_p99" };
+	"e2e_p50", "e2e_p90", "e2e_p99", "accept" };
 static const char *units[] = { "(req/s)", "", "", "", "", "", "(req/s)", "(tok/s)", "(req/s)",
-	"(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)" };
+	"(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)", "(%)" };
 #define N_COLS (int)(sizeof cols / sizeof *cols)
 
 void llm_bench_serve_header(FILE *out, enum llm_bench_format f)
@@ -609,11 +638,12 @@ void llm_bench_serve_row(FILE *out, enum llm_bench_format f, const struct llm_be
 {
 	double v[] = { r->rate, r->concurrency, r->sent, r->completed, r->rejected, r->wrong, r->req_s, r->out_tok_s,
 		r->goodput, r->ttft[0], r->ttft[1], r->ttft[2], r->itl[0], r->itl[1], r->itl[2], r->tpot[0], r->tpot[1],
-		r->tpot[2], r->e2e[0], r->e2e[1], r->e2e[2] };
+		r->tpot[2], r->e2e[0], r->e2e[1], r->e2e[2], r->spec_accept };
 	if (f == LLM_BENCH_JSONL) {
 		static const char *keys[] = { "rate", "concurrency", "sent", "completed", "rejected", "wrong", "req_s",
 			"out_tok_s", "goodput", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms",
-			"itl_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms" };
+			"itl_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
+			"spec_accept_pct" };
 		fputc('{', out);
 		for (int i = 0; i < N_COLS; i++) {
 			if (isfinite(v[i]))

@@ -8,7 +8,11 @@
  *   ITL   gaps between consecutive streamed tokens (all requests pooled);
  *   TPOT  (e2e - TTFT) / (tokens - 1), per request;
  *   e2e   send to the end of the response;
- *   goodput  requests per second with TTFT <= slo_ttft and TPOT <= slo_itl.
+ *   goodput  requests per second with TTFT <= slo_ttft and TPOT <= slo_itl;
+ *   accept   speculative decoding's accepted share of the drafted tokens
+ *            during the run, from the server's /metrics before and after
+ *            (vLLM's vllm:spec_decode_num_{draft,accepted}_tokens_total);
+ *            NaN when nothing was drafted or the server has no such counters.
  * Tokens are counted from the server's token ids ("token_ids" of each
  * streamed choice), not from the text. A request is wrong when the status
  * is not 200 or 429, the stream does not end with [DONE], or it carries a
@@ -53,6 +57,7 @@ struct llm_bench_serve_result {
 	int64_t out_tokens;
 	double ttft[3], itl[3], tpot[3], e2e[3];   /* p50, p90, p99 in ms */
 	double itl_median_ms;
+	double spec_accept;        /* % of drafted tokens accepted (see accept above); NaN: none */
 };
 
 /* The model name the server reports (malloc'ed into *name). */

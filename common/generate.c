@@ -310,7 +310,7 @@ int llm_engine_n_ctx(const struct llm_engine *e) { return e->n_ctx; }
  * a payload of n_ops x 4 int32 KV operations, then n_tok int32 tokens,
  * positions and sequences, then n_tok int8 logit flags when has_logits. */
 enum { SERVE_STOP = 0x53544f50, SERVE_STEP = 0x53544550 };
-enum { KVOP_NEW = 1, KVOP_FORK, KVOP_FREE, KVOP_RESERVE };
+enum { KVOP_NEW = 1, KVOP_FORK, KVOP_FREE, KVOP_RESERVE, KVOP_TRUNCATE };
 struct serve_hdr {
 	int32_t cmd, n_ops, n_tok, has_logits;
 	int64_t n_free;             /* rank 0's free KV blocks after the operations */
@@ -377,6 +377,15 @@ enum llm_status llm_engine_kv_reserve(struct llm_engine *e, int seq, int32_t n)
 	if (e->serving)
 		jr_add(e, KVOP_RESERVE, seq, n, 0);
 	return LLM_OK;
+}
+
+void llm_engine_kv_truncate(struct llm_engine *e, int seq, int32_t n)
+{
+	if (e->serving)
+		jr_room(e);
+	llm_kv_seq_truncate(&e->kv, seq, n);
+	if (e->serving)
+		jr_add(e, KVOP_TRUNCATE, seq, n, 0);
 }
 
 static size_t payload_bytes(const struct serve_hdr *h)
@@ -474,6 +483,9 @@ static enum llm_status replay(struct llm_engine *e, const int32_t *op, int n)
 			break;
 		case KVOP_RESERVE:
 			s = llm_kv_reserve(&e->kv, op[1], op[2]);
+			break;
+		case KVOP_TRUNCATE:
+			llm_kv_seq_truncate(&e->kv, op[1], op[2]);
 			break;
 		default:
 			s = llm_fail(LLM_ERR_INTERNAL, "rank %d: unknown KV operation %d from rank 0", r, op[0]);

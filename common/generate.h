@@ -209,6 +209,9 @@ enum llm_status llm_engine_kv_new(struct llm_engine *e, int *seq);
 enum llm_status llm_engine_kv_fork(struct llm_engine *e, int src, int32_t n, int *dst);
 void llm_engine_kv_free(struct llm_engine *e, int seq);
 enum llm_status llm_engine_kv_reserve(struct llm_engine *e, int seq, int32_t n);
+/* Forget positions >= N of SEQ (llm_kv_seq_truncate): speculative decoding's
+ * rejected drafts. */
+void llm_engine_kv_truncate(struct llm_engine *e, int seq, int32_t n);
 
 /* Traffic of the step protocol, as seen by this rank: steps followed (or led), KV
  * operations and batch tokens in them, bytes broadcast by rank 0 (step

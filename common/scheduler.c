@@ -20,6 +20,12 @@
  * parent cancelled or preempted away for good) computes the prefix
  * itself.
  *
+ * Speculation (spec.h): a decoding request's drafts sit in ids[n_ids ..
+ * n_ids + n_draft) for one step, fed after ids[n_ids - 1] with a logit row
+ * each; take_token() accepts a row's token and moves on while it equals
+ * the draft, and after the step the positions past the last accepted
+ * token are truncated, so between steps n_cached == n_ids - 1 again.
+ *
  * Every change to the cache goes through llm_engine_kv_* (generate.h), so a
  * distributed engine can mirror it to the other ranks with the next step;
  * the scheduler itself runs on rank 0 only and is the same either way. */
@@ -50,6 +56,8 @@ struct sreq {
 	int parent, n_shared;       /* n_shared > 0: fork the parent's first n_shared positions */
 	int hold;                   /* children still to fork this request's sequence */
 	int adapter;                /* the engine's LoRA slot; 0: the base */
+	int n_draft;                /* this step's drafted ids, in ids[n_ids ..]: still to verify */
+	int spec_stop;              /* a draft was refused this step: its later rows are void */
 	struct llm_reqout out;      /* sampling, stops, text, events */
 };
 
@@ -251,7 +259,7 @@ static int is_decode(const struct sreq *r)
  * or a prompt token still to score. */
 static int need_row(const struct sreq *r, int p)
 {
-	if (!r->prefill_only && p == r->n_ids - 1)
+	if (!r->prefill_only && p >= r->n_ids - 1 && p < r->n_ids + r->n_draft)
 		return 1;
 	return r->score_from > 0 && p + 1 >= r->scored && p + 1 < r->n_prompt;
 }
@@ -502,12 +510,20 @@ static void pc_register(struct llm_sched *s, struct sreq *r)
 	slot->last_use = ++s->clock;
 }
 
+/* Sample R's next token from LOGITS; with a draft in ids[n_ids], the draft
+ * is accepted when the token equals it (its row is then the next one's),
+ * else the drafts left are void. */
 static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const float *logits)
 {
-	int32_t tok;
+	int32_t tok, draft = r->n_draft > 0 ? r->ids[r->n_ids] : -1;
 	enum llm_finish fin;
 	LLM_TRY(llm_reqout_take(&r->out, logits, &tok, &fin));
 	s->st.gen_tokens += tok >= 0;
+	if (r->n_draft > 0) {
+		s->st.spec_accepted_tokens += tok == draft;
+		r->n_draft = tok == draft && !fin ? r->n_draft - 1 : 0;
+		r->spec_stop = r->n_draft == 0;
+	}
 	if (fin)
 		finish(s, r);
 	else
@@ -558,6 +574,7 @@ static void reap(struct llm_sched *s)
 static void preempt(struct llm_sched *s, struct sreq *r)
 {
 	req_release_seq(s, r);
+	r->n_draft = 0;
 	r->state = SREQ_WAITING;
 	s->st.preemptions++;
 }
@@ -675,6 +692,29 @@ static int rows_fit(const struct sreq *r, int take, int avail)
 	return t;
 }
 
+/* Draft up to ROOM tokens after R's next one into ids[n_ids ..] (spec.h),
+ * as many as max_tokens leaves room for and as the pool's free blocks
+ * hold (drafts never evict or preempt), and reserve their positions
+ * (the next token's are reserved). Returns how many. */
+static int draft(struct llm_sched *s, struct sreq *r, int room)
+{
+	const struct llm_spec_opts *sp = &s->o.spec;
+	int k = sp->n_draft, left = r->out.max_new - r->out.n_gen - 1;
+	r->n_draft = 0;
+	k = k < room ? k : room;
+	k = k < left ? k : left;
+	if (sp->mode == LLM_SPEC_OFF || r->prefill_only || k < 1)
+		return 0;
+	k = llm_spec_ngram(r->ids, r->n_ids, sp->ngram, k, r->ids + r->n_ids);
+	while (k > 0 && llm_kv_blocks_needed(s->kv, r->seq, 1 + k) > s->kv->n_free)
+		k--;
+	if (k > 0 && llm_engine_kv_reserve(s->e, r->seq, 1 + k))
+		k = 0;
+	r->n_draft = k;
+	s->st.spec_draft_tokens += k;
+	return k;
+}
+
 static int plan_step(struct llm_sched *s, int *n_rows)
 {
 	int budget = s->o.max_batch_tokens, n = 0, rows = 0, running = 0;
@@ -698,7 +738,12 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 			s->o.on_admit(r->out.user);
 		r->admitted = 1;
 	}
-	/* decode tokens first, one per running request */
+	/* decode tokens first, one per running request, each with its drafts
+	 * (speculation) in what the decodes leave of the budget and rows */
+	int spare = 0;
+	for (int i = 0; i < s->n_reqs && s->o.spec.mode; i++)
+		spare += s->reqs[i]->state == SREQ_RUNNING && is_decode(s->reqs[i]);
+	spare = (budget < s->max_rows ? budget : s->max_rows) - spare;
 	for (int i = 0; i < s->n_reqs && n < budget && rows < s->max_rows; i++) {
 		struct sreq *r = s->reqs[i];
 		if (r->state != SREQ_RUNNING || !is_decode(r))
@@ -707,7 +752,9 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 			preempt(s, r);       /* it is the youngest left */
 			continue;
 		}
-		put(s, r, 1, &n, &rows);
+		int k = s->o.spec.mode && spare > 0 ? draft(s, r, spare) : 0;
+		spare -= k;
+		put(s, r, 1 + k, &n, &rows);
 	}
 	/* then prompt chunks (prefill, or recompute after a preemption), the
 	 * fewest ids left first (ties: arrival order): a short prompt that
@@ -783,10 +830,19 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 			const float *l = logits + (size_t)i * nv;
 			if (r->state == SREQ_DONE)
 				continue;
-			if (!r->prefill_only && s->b_rowpos[i] == r->n_ids - 1)
-				LLM_TRY(take_token(s, r, l));
-			else
+			if (r->prefill_only || s->b_rowpos[i] < r->n_prompt - 1)
 				score_row(s, r, s->b_rowpos[i], l);
+			else if (s->b_rowpos[i] == r->n_ids - 1 && !r->spec_stop)
+				LLM_TRY(take_token(s, r, l));
+		}
+		/* speculation: forget the positions after the last accepted token */
+		for (int i = 0; i < s->n_reqs; i++) {
+			struct sreq *r = s->reqs[i];
+			if (r->state == SREQ_RUNNING && !r->prefill_only && r->n_cached > r->n_ids - 1) {
+				llm_engine_kv_truncate(s->e, r->seq, r->n_ids - 1);
+				r->n_cached = r->n_ids - 1;
+			}
+			r->n_draft = r->spec_stop = 0;
 		}
 		/* prefill-only requests end when their prompt is in */
 		for (int i = 0; i < s->n_reqs; i++) {
@@ -913,7 +969,11 @@ enum llm_status llm_sched_lora_unload(struct llm_sched *s, int slot)
 
 void llm_sched_summary(const struct llm_sched *s, char *out, size_t n)
 {
-	snprintf(out, n, "%lld steps; %lld prompt tokens computed, %lld taken from the prefix cache; %lld generated; "
-	         "%lld preemptions", (long long)s->st.steps, (long long)s->st.prompt_tokens,
-	         (long long)s->st.prefix_hit_tokens, (long long)s->st.gen_tokens, (long long)s->st.preemptions);
+	int k = snprintf(out, n, "%lld steps; %lld prompt tokens computed, %lld taken from the prefix cache; %lld generated; "
+	                 "%lld preemptions", (long long)s->st.steps, (long long)s->st.prompt_tokens,
+	                 (long long)s->st.prefix_hit_tokens, (long long)s->st.gen_tokens, (long long)s->st.preemptions);
+	if (s->o.spec.mode && k > 0 && (size_t)k < n)
+		snprintf(out + k, n - (size_t)k, "; speculation: %lld of %lld drafted tokens accepted (%.1f%%)",
+		         (long long)s->st.spec_accepted_tokens, (long long)s->st.spec_draft_tokens,
+		         s->st.spec_draft_tokens ? 100.0 * (double)s->st.spec_accepted_tokens / (double)s->st.spec_draft_tokens : 0.0);
 }

@@ -45,6 +45,15 @@
  * context, and prompt + max_tokens must fit it; max_tokens 0 means up to
  * the context (n_ctx - prompt tokens).
  *
+ * Speculative decoding (spec.h, opts.spec): a decoding request feeds its
+ * last token and up to n_draft drafted ones in one chunk of the step (they
+ * count against max_batch_tokens and the logit rows, after the plain
+ * decode tokens' share and before prompt chunks; drafts take only free KV
+ * blocks, never preempt), its rows are sampled in order while the token
+ * equals the draft, and the positions after the first differing token are
+ * truncated (blocks emptied go back to the pool). Outputs are those of
+ * plain decoding (spec.h says why).
+ *
  * Distributed engines (generate.h): the scheduler runs on rank 0 only; its
  * cache operations go through llm_engine_kv_*, which a leading engine
  * (llm_engine_serve_begin) mirrors to the other ranks with each step. */
@@ -54,6 +63,7 @@
 #include "generate.h"
 #include "detok.h"
 #include "tokenizer.h"
+#include "spec.h"
 
 struct llm_sched_opts {
 	int max_running;            /* requests holding a sequence at once */
@@ -65,6 +75,7 @@ struct llm_sched_opts {
 	/* Called (may be NULL) when a request first gets a sequence, with its
 	 * user pointer: the end of its queue time. */
 	void (*on_admit)(void *user);
+	struct llm_spec_opts spec;  /* speculative decoding; zero: off */
 };
 
 struct llm_sched_stats {
@@ -77,6 +88,8 @@ struct llm_sched_stats {
 	int64_t prefix_hit_tokens;  /* prompt tokens taken from the prefix cache */
 	int64_t gen_tokens;
 	int last_step_tokens;
+	int64_t spec_draft_tokens;     /* drafted tokens fed for verification */
+	int64_t spec_accepted_tokens;  /* of those, the ones the target's token equalled */
 };
 
 struct llm_sched;

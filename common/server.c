@@ -467,6 +467,11 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 	        (long long)st.prefix_hit_tokens);
 	fprintf(f, "# HELP llm_preemptions_total Requests preempted for KV blocks (recomputed later).\n"
 	           "# TYPE llm_preemptions_total counter\nllm_preemptions_total %lld\n", (long long)st.preemptions);
+	fprintf(f, "# HELP llm_spec_draft_tokens_total Drafted tokens verified (speculative decoding).\n"
+	           "# TYPE llm_spec_draft_tokens_total counter\nllm_spec_draft_tokens_total %lld\n", (long long)st.spec_draft_tokens);
+	fprintf(f, "# HELP llm_spec_accepted_tokens_total Drafted tokens equal to the model's token (accepted).\n"
+	           "# TYPE llm_spec_accepted_tokens_total counter\nllm_spec_accepted_tokens_total %lld\n",
+	        (long long)st.spec_accepted_tokens);
 	fprintf(f, "# HELP llm_steps_total Forward steps.\n# TYPE llm_steps_total counter\nllm_steps_total %lld\n",
 	        (long long)st.steps);
 	fprintf(f, "# HELP llm_requests_total Requests by outcome.\n# TYPE llm_requests_total counter\n"

@@ -248,6 +248,10 @@ void llm_srv_metrics_vllm(struct llm_server *s, FILE *f)
 	one(f, "vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", l,
 	    (double)st->prefix_hit_tokens);
 	one(f, "vllm:num_preemptions_total", "counter", "Requests preempted for KV blocks.", l, (double)st->preemptions);
+	one(f, "vllm:spec_decode_num_draft_tokens_total", "counter", "Drafted tokens verified by the model.", l,
+	    (double)st->spec_draft_tokens);
+	one(f, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.", l,
+	    (double)st->spec_accepted_tokens);
 	one(f, "vllm:prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", l, (double)s->prompt_tokens);
 	one(f, "vllm:generation_tokens_total", "counter", "Generated tokens.", l, (double)s->gen_tokens);
 	static const char *reason[] = { "stop", "length", "abort", "error" };

@@ -6,7 +6,9 @@
  * and recomputed), a small SplitFuse budget (prompts cut into chunks) and
  * the prefix cache, every greedy output must be identical, every block must
  * come back, and no step may exceed the budget. Then cancellation, context
- * overflow and prefix-cache hits. */
+ * overflow and prefix-cache hits; then speculative decoding (prompt
+ * lookup) under the same pool and budget: greedy and seeded sampled
+ * outputs equal plain decoding's, drafts are accepted, blocks come back. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "scheduler.h"
@@ -189,11 +191,80 @@ static void test_scoring(const char *dir)
 	llm_engine_close(e);
 }
 
+/* The prompt-lookup drafter on crafted ids: the longest suffix first, the
+ * most recent occurrence, at most k, nothing without an occurrence. */
+static void test_ngram(void)
+{
+	const int32_t a[] = { 1, 2, 3, 9, 9, 2, 3, 7, 8, 5, 1, 2, 3 };
+	int32_t out[8] = { 0 };
+	int m = llm_spec_ngram(a, 13, 3, 4, out);   /* "1 2 3" at 0 -> 9 9 2 3 */
+	check(m == 4 && out[0] == 9 && out[1] == 9 && out[2] == 2 && out[3] == 3, "ngram: 3-gram match copies 4 (%d)", m);
+	m = llm_spec_ngram(a, 13, 2, 2, out);       /* "2 3" last at 5 -> 7 8 */
+	check(m == 2 && out[0] == 7 && out[1] == 8, "ngram: 2-gram, most recent occurrence (%d: %d %d)", m, out[0], out[1]);
+	const int32_t b[] = { 4, 5, 6, 6 };
+	m = llm_spec_ngram(b, 4, 3, 4, out);        /* only "6" matches, at 2 -> 6 */
+	check(m == 1 && out[0] == 6, "ngram: falls back to 1-gram, cut at the end (%d)", m);
+	const int32_t c[] = { 1, 2, 3, 4 };
+	check(llm_spec_ngram(c, 4, 3, 4, out) == 0 && llm_spec_ngram(c, 1, 3, 4, out) == 0, "ngram: no occurrence, no draft");
+	struct llm_spec_opts so;
+	check(llm_spec_opts_set(&so, "medusa", 4, 3) == LLM_ERR_USAGE && strstr(llm_errmsg(), "--speculate"),
+	      "an unknown --speculate mode is refused (%s)", llm_errmsg());
+}
+
+/* Speculation: the 12 requests (greedy: REF; sampled at temperature 0.9,
+ * seeded: against the same run without speculation) through a scheduler
+ * with prompt lookup, 6 running, a budget of 32, the small pool. */
+static void test_spec(struct llm_engine *e, const struct out *ref)
+{
+	static struct out plain[N_REQ], got[N_REQ];
+	for (int pass = 0; pass < 3; pass++) {   /* 0: sampled plain, 1: sampled speculative, 2: greedy speculative */
+		struct llm_sched_opts so = { .max_running = 6, .max_batch_tokens = 32, .prefix_entries = 2 };
+		if (pass && llm_spec_opts_set(&so.spec, "ngram", 4, 3))
+			check_diag("spec opts: %s", llm_errmsg());
+		struct llm_sched *s;
+		if (!check(llm_sched_open(&s, e, &so) == LLM_OK, "open a scheduler (speculation pass %d)", pass))
+			return;
+		struct out *o = pass ? got : plain;
+		memset(o, 0, sizeof(struct out) * N_REQ);
+		for (int k = 0; k < N_REQ; k++) {
+			struct llm_request rq = { .prompt = prompts[k], .n_prompt = n_prompt[k], .params = greedy(MAX_NEW),
+			                          .on_token = on_token, .user = &o[k] };
+			if (pass < 2) {
+				rq.params.temperature = 0.9f;
+				rq.params.seed = 1000 + (uint64_t)k;
+			}
+			llm_sched_add(s, &rq, NULL);
+		}
+		int over = 0, left = drain(s, 5000, 32, &over);
+		struct llm_sched_stats st;
+		llm_sched_stats(s, &st);
+		llm_sched_close(s);
+		if (!pass)
+			continue;
+		const struct out *want = pass == 1 ? plain : ref;
+		int diff = 0;
+		for (int k = 0; k < N_REQ; k++)
+			if (o[k].n != want[k].n || memcmp(o[k].ids, want[k].ids, (size_t)want[k].n * sizeof(int32_t))) {
+				diff++;
+				check_diag("request %d: %d ids, expected %d", k, o[k].n, want[k].n);
+			}
+		const char *what = pass == 1 ? "seeded sampled (T 0.9)" : "greedy";
+		check(left == 0 && diff == 0, "speculation (prompt lookup, k 4, n 3): %s outputs equal plain decoding's "
+		      "(%d differ, %d left)", what, diff, left);
+		check(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens,
+		      "%s: %lld of %lld drafted tokens accepted", what, (long long)st.spec_accepted_tokens,
+		      (long long)st.spec_draft_tokens);
+		check(over == 0 && st.kv_blocks_used == 0, "%s: no step over the budget, every block free again "
+		      "(%lld used; %lld preemptions)", what, (long long)st.kv_blocks_used, (long long)st.preemptions);
+	}
+}
+
 int main(void)
 {
 	const char *models = test_models_dir();
 	char dir[1100];
 	snprintf(dir, sizeof dir, "%s/stories260K", models ? models : "");
+	test_ngram();
 	if (!models || !load_prompts()) {
 		check_skip("no stories260K model or reference prompts", "scheduler tests");
 		return check_done();
@@ -369,6 +440,7 @@ int main(void)
 		check(lo.n == 8 && alone.n == 8 && !memcmp(lo.ids, alone.ids, sizeof(int32_t) * 8),
 		      "the long prompt's output is the same with the short one going first");
 	}
+	test_spec(e, ref);
 	llm_engine_close(e);
 	test_scoring(dir);
 	return check_done();

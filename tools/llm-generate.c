@@ -18,16 +18,16 @@
 struct generate_cfg {
 	const char *model, *chat_template;   /* -m DIR; a template FILE overriding the model's */
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *json_schema, *grammar;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *json_schema, *grammar, *speculate;
 	struct llm_strlist stop, logit_bias, lora;
-	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens;
+	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens, spec_tokens, spec_ngram;
 	size_t kv_memory;
 	double temp, top_p, min_p, repeat_penalty, freq_penalty, presence_penalty;
 	int json, score, eval, jsonl, hellaswag, skip_bad, chat, show_tokens, ignore_eos, echo, check_weights;
 };
 
 static struct generate_cfg cfg = {
-	.n_predict = 128, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
+	.n_predict = 128, .spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
 	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto", .eval_tokens = 2048,
 };
 
@@ -75,7 +75,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences computed together (prompts, --score continuations, --perplexity windows)", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
 	LLM_KV_MEMORY_OPT(&cfg.kv_memory, "--parallel x the longest prompt with its -n (4096 at least), in 90% of free memory"), LLM_MAX_KV_TOKENS_OPT(&cfg.max_kv_tokens),
-	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024),
+	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024), LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
@@ -92,7 +92,7 @@ static const struct llm_cli cli = {
 	.opts = opts, .n_opts = sizeof opts / sizeof *opts, .min_pos = 0, .max_pos = 0,
 };
 
-static struct llm_comm *world;    /* llm_comm_init: one rank unless under mpirun */
+static struct llm_comm *world; static struct llm_spec_opts spec;   /* llm_comm_init: one rank unless under mpirun; --speculate (main) */
 static size_t n_done, n_total; static const char *done_what = "prompts done";   /* an interrupted run's report */
 
 static int dist(void) { return world && world->size > 1; }
@@ -111,7 +111,7 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
-	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : 0;
+	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : spec.mode ? (int)cfg.parallel * (1 + spec.n_draft) : 0;   /* the flags': the same on every rank */
 	o.backend = cfg.backend, o.lora = cfg.lora.v, o.n_lora = cfg.lora.n, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
 	return o;
@@ -159,7 +159,7 @@ static void follow(void)
 /* A scheduler of the flags over E, with TK's detokenizer and EOS ids. */
 static struct llm_sched *sched_open(struct llm_engine *e, int n_run, int prefix, struct llm_tokenizer *tk)
 {
-	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens, .prefix_entries = prefix };
+	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens, .prefix_entries = prefix, .spec = spec };
 	if (tk)
 		llm_sched_opts_tokenizer(&so, &llm_engine_model(e)->cfg, tk);
 	struct llm_sched *s = NULL;
@@ -351,15 +351,14 @@ int main(int argc, char **argv)
 	const struct { int bad; const char *msg; } rules[] = {   /* usage errors, in this order */
 		{ !gen && (cfg.prompt || cfg.prompt_file), "-p and -f go with generation" },
 		{ cfg.prompt && cfg.prompt_file, "-p and -f cannot be combined" }, { cfg.json_schema && cfg.grammar, "--json-schema and --grammar cannot be combined" },
-		{ cfg.chat && !gen, "--chat goes with generation" },
-		{ cfg.system && !cfg.chat, "--system goes with --chat" },
+		{ cfg.chat && !gen, "--chat goes with generation" }, { cfg.system && !cfg.chat, "--system goes with --chat" },
 		{ cfg.n_logprobs && !cfg.json, "--logprobs goes with --json" },
 		{ !cfg.model || llm_model_check_args(cfg.model, cfg.n_ctx), cfg.model ? llm_errmsg() : "missing -m DIR" },
 		{ cfg.prompt && !*cfg.prompt, "-p '': an empty prompt (from BOS alone: {\"prompt_ids\": [BOS]} on stdin)" },
 		{ cfg.stop.n > LLM_MAX_STOP, "--stop: more strings than the 8 a request takes" },
 		{ cfg.kv_memory && cfg.max_kv_tokens, LLM_KV_SIZE_TWICE },
-		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo || cfg.json_schema || cfg.grammar) && !gen,
-		  "--logit-bias, --min-tokens, --echo, --json-schema and --grammar go with generation" },
+		{ (cfg.logit_bias.n || cfg.min_tokens || cfg.echo || cfg.json_schema || cfg.grammar || cfg.speculate) && !gen,
+		  "--logit-bias, --min-tokens, --echo, --json-schema, --grammar and --speculate go with generation" },
 		{ cfg.hellaswag && mode->run != run_score, "--hellaswag goes with --eval or --score" },
 		{ cfg.skip_bad && mode->run != run_score && !cfg.jsonl, "--skip-bad goes with --eval, --score or --jsonl" },
 		{ cfg.jsonl && !cfg.perplexity, "--jsonl goes with --perplexity" },
@@ -375,6 +374,7 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
 	if (llm_weight_pages_parse(cfg.weight_pages) < 0)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
+	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram)) return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	for (int i = 0; i < cfg.logit_bias.n; i++)
 		if (llm_logit_bias_parse(cfg.logit_bias.v[i], &cli_bias[n_cli_bias++]))
 			return llm_args_usage_error(&cli, "--logit-bias %s", llm_errmsg());

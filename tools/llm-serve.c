@@ -24,9 +24,9 @@
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages;
+	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *speculate;
 	struct llm_strlist lora;
-	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache;
+	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache, spec_tokens, spec_ngram;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
 	size_t kv_memory, max_body, assume_memory;
 	double drain_timeout;
@@ -38,6 +38,7 @@ static struct serve_cfg cfg = {
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
 	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256,
+	.spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM,
 };
 
 static struct llm_comm *world;   /* llm_comm_init: one rank unless under mpirun */
@@ -64,6 +65,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_INT('c', "ctx-size", "N", &cfg.ctx_size, "context length (0: the model's)", 0, INT32_MAX),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse (0: no prefix caching)", 0, 1024),
+	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram),
 	LLM_INT(0, "max-queue", "N", &cfg.max_queue, "requests waiting beyond the running ones; more get 429", 0, 1 << 20),
 	LLM_SIZE(0, "max-body", "SIZE", &cfg.max_body, "largest request body; larger get 413"),
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
@@ -215,6 +217,9 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
+	struct llm_spec_opts spec;
+	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 
 	char *key_buf;
 	const char *key = api_key(&key_buf);
@@ -232,7 +237,7 @@ int main(int argc, char **argv)
 		.default_max_tokens = (int)cfg.default_max_tokens, .timeout = (unsigned)cfg.timeout,
 		.max_connections = (unsigned)cfg.max_connections, .max_conn_per_client = (unsigned)cfg.max_conn_per_client,
 		.sched = { .max_running = (int)cfg.max_running, .max_batch_tokens = (int)cfg.max_batch_tokens,
-		           .prefix_entries = (int)cfg.prefix_cache },
+		           .prefix_entries = (int)cfg.prefix_cache, .spec = spec },
 	};
 	struct llm_engine_opts eo = LLM_ENGINE_OPTS_DEFAULT;
 	eo.backend = cfg.backend;
@@ -247,7 +252,7 @@ int main(int argc, char **argv)
 	eo.kv_block_size = (int)cfg.kv_block_size;
 	eo.max_seqs = (int)(cfg.max_running + cfg.prefix_cache);
 	eo.max_batch_tokens = (int)cfg.max_batch_tokens;
-	eo.max_logits = (int)cfg.max_running;
+	eo.max_logits = (int)cfg.max_running * (1 + (spec.mode ? spec.n_draft : 0));   /* a row per drafted token too */
 
 	/* signals go to sigwait below, not to the server's threads (nor to
 	 * MPI's: blocked before llm_comm_init starts them); ranks other than 0

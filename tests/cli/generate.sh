@@ -62,6 +62,26 @@ check "batch invariance: one at a time gives the same ids as all together" pytho
 import json,sys
 a=[json.loads(l)['ids'] for l in open('$T/out-ids.jsonl')]; b=[json.loads(l)['ids'] for l in open('$T/out-one.jsonl')]
 sys.exit(a!=b)"
+# speculative decoding (prompt lookup): the same ids and log-probs as
+# without, digit for digit, in a batch of 8 and one at a time; -v counts
+# the drafts; seeded sampling gives the same tokens too (spec.h)
+for par in 8 1; do
+	$G -m "$M" --json --logprobs 1 --parallel $par --speculate ngram --spec-tokens 4 --spec-ngram 3 -v \
+		<"$T/ids.jsonl" >"$T/out-spec$par.jsonl" 2>"$T/spec$par.err"
+	check "--speculate ngram, --parallel $par: the reference ids and log-probs, digit for digit" python3 -c "
+import json,sys
+k=lambda f: [(o['ids'], o['logprobs'], o['top_logprobs']) for o in map(json.loads, open(f))]
+sys.exit(k('$T/out-ids.jsonl') != k('$T/out-spec$par.jsonl'))"
+	check "--speculate ngram -v, --parallel $par: drafted tokens accepted ($(grep -o '[0-9]* of [0-9]* drafted tokens accepted[^;]*' "$T/spec$par.err" | head -1))" \
+		grep -q ' [1-9][0-9]* of [0-9]* drafted tokens accepted' "$T/spec$par.err"
+done
+a=$($G -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --seed 7 --json)
+b=$($G -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --seed 7 --json --speculate ngram --spec-tokens 6)
+check "seeded sampling with --speculate ngram gives the same tokens and text as without" python3 -c "
+import json, sys; a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert len(a['ids']) == 60 and (a['ids'], a['text']) == (b['ids'], b['text']), (a, b)" "$a" "$b"
+check_fails "a bad --speculate is a usage error naming the flag" 2 $G -m "$M" -p hi --speculate eagle
+grep -q -- "--speculate: 'eagle'" "$T/err" && ok "the error names --speculate" || notok "the error names --speculate"
 $G -m "$M" --json --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
 check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
 for wp in map huge; do

@@ -6,8 +6,9 @@
 # several seeds and sampler settings, each batch in one run; every output
 # that ends "stop" or "eos" is checked by an independent validator
 # (Debian's python3-jsonschema, Python's re.fullmatch, membership), and one
-# cut by max_tokens ends "length". Then batch invariance with grammars,
-# --json-schema and --grammar for all prompts, and the errors.
+# cut by max_tokens ends "length". Then batch invariance with grammars, the
+# same ids with speculative decoding, --json-schema and --grammar for all
+# prompts, and the errors.
 . tests/lib/tap.sh
 T=$TMPD
 G=llm-generate
@@ -61,6 +62,18 @@ import json
 a = [json.loads(l)['ids'] for l in open('$T/alone.jsonl')]
 b = [json.loads(l)['ids'] for l in open('$T/random-sampled.jsonl')][:40]
 assert len(a) == 40 and a == b"
+
+# speculative decoding with grammars: drafts the mask refuses are rejected,
+# and every request's ids are those without speculation, greedy and sampled
+for v in "greedy --temp 0" "sampled --temp 0.9 --seed 11 --top-k 40 --top-p 0.95"; do
+	set -- $v; name=$1; shift
+	$G -m "$M" --json --parallel 32 --speculate ngram --spec-tokens 4 -v "$@" <"$T/lines.jsonl" >"$T/spec-$name.jsonl" 2>"$T/spec.err"
+	check "--speculate ngram with grammars, $name: the ids of every request as without ($(grep -o '[0-9]* of [0-9]* drafted[^;]*' "$T/spec.err"))" python3 -c "
+import json
+a = [(o['ids'], o['finish_reason']) for o in map(json.loads, open('$T/stories-$name.jsonl'))]
+b = [(o['ids'], o['finish_reason']) for o in map(json.loads, open('$T/spec-$name.jsonl'))]
+assert len(a) == $N and a == b"
+done
 
 # max_tokens before the grammar can accept: finish 'length', never 'stop'
 printf '%s\n' '{"prompt": "a", "max_tokens": 5, "guided_regex": "a{40}"}' \

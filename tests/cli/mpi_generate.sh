@@ -6,7 +6,8 @@
 # stdout; -v counts the stage-boundary bytes (fused: half the unfused,
 # sliced: 1/T of the unsliced); --perplexity and --score agree; a broken
 # rank file, a wrong -np and an unpartitioned checkpoint end the job with a
-# message naming the rank, never a hang.
+# message naming the rank, never a hang; speculative decoding's rollbacks
+# reach every rank.
 # Ranks are oversubscribed (CI has 2 cores), one thread each.
 . tests/lib/tap.sh
 T=$TMPD
@@ -75,6 +76,16 @@ check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.
 llm-generate -t 1 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"
 mpigen 4 -m "$T/s22" -p "Once upon a time" -n 24 --temp 0 >"$T/p4.txt" 2>"$T/err"
 check "-p under mpirun -np 4 streams the single-process text byte for byte" cmp -s "$T/p1.txt" "$T/p4.txt"
+# speculative decoding: rank 0's rollbacks of rejected drafts (a KV
+# truncation in the step journal) replayed by every rank, and steps of 16
+# sequences x (1 + 4) logit rows (every rank's logit rows sized from the
+# flags); the same ids
+for i in 1 2 3 4 5; do sed 's/"max_tokens":16/"max_tokens":48/' "$T/prompts"; done >"$T/prompts48"
+llm-generate -t 1 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts48" >"$T/ref48.json"
+mpigen 4 -m "$T/s22" --json --temp 0 --logprobs 3 --parallel 16 --prefix-cache 0 --speculate ngram -v <"$T/prompts48" >"$T/spec.json" 2>"$T/spec.err"
+check "--speculate ngram, --parallel 16 under mpirun -np 4 (tp2 x pp2): greedy ids equal the single process ($(same "$T/ref48.json" "$T/spec.json" 2>&1 | tail -1); $(grep -o '[0-9]* of [0-9]* drafted tokens accepted' "$T/spec.err"))" \
+	same "$T/ref48.json" "$T/spec.json"
+check "... and drafts were accepted" grep -q ' [1-9][0-9]* of [0-9]* drafted tokens accepted' "$T/spec.err"
 
 # the stage-boundary bytes of -v: fused (half of residual + hidden state
 # sent apart) and sliced (1/T of every TP rank sending all of x)

@@ -4,7 +4,7 @@
 # /v1/embeddings, and the metrics under vLLM's names: their values against
 # the requests sent and the project's own counters, and every metric the
 # Grafana dashboard (bench/grafana/llm-serve.json) queries present on a live
-# server.
+# server; then a server with --speculate ngram against the first one.
 . tests/lib/tap.sh
 T=$TMPD
 if ! have_stories; then skip "llm-serve's API endpoints on stories260K" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
@@ -215,6 +215,42 @@ check "best_of below n: 400 naming best_of" sh -c "[ $code = 400 ] && grep -q '\
 code=$(post bests /v1/completions '{"prompt": "Once", "best_of": 2, "stream": true}')
 check "best_of > n with stream: 400" sh -c "[ $code = 400 ] && grep -q 'not with stream' '$T/bests.out'"
 
+# speculative decoding: the same requests on a server with --speculate
+# ngram give the same tokens (greedy and seeded sampling, 4 at once), and
+# the drafts are counted under both names
+reqs='{"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0}
+{"prompt": "Tom had a red ball. Tom had a red ball. Tom", "max_tokens": 40, "temperature": 0}
+{"prompt": "Lily and Tom", "max_tokens": 50, "n": 2, "seed": 3, "temperature": 0.8}
+{"prompt": "The cat", "max_tokens": 30, "temperature": 0}'
+specs() {   # PREFIX: the 4 requests at once, each to $T/PREFIX<i>.out
+	echo "$reqs" | { i=0; while read -r r; do i=$((i + 1)); post "$1$i" /v1/completions "$r" >/dev/null & done; wait; }
+}
+specs plain
 kill -TERM $SP; wait $SP
 check "the server exits 0" [ $? = 0 ]
+llm-serve -m "$M" --port 0 --port-file "$T/port2" -t 1 --speculate ngram --spec-tokens 4 --spec-ngram 3 \
+	--served-model-name 'stories "260K"' 2>"$T/server2.log" & SP=$!
+U=$(serve_url "$T/port2")
+specs spec
+curl -s -m 30 "$U/metrics" >"$T/metrics2"
+check "--speculate ngram: the same tokens as without, greedy and seeded; drafts counted, as vLLM and llm_ names" $PY - "$T" <<'PY'
+import json, re, sys
+t = sys.argv[1]
+for i in range(1, 5):
+    a = [c["token_ids"] for c in json.load(open("%s/plain%d.out" % (t, i)))["choices"]]
+    b = [c["token_ids"] for c in json.load(open("%s/spec%d.out" % (t, i)))["choices"]]
+    assert a == b and a[0], (i, a, b)
+m = dict(re.findall(r'^([a-z_:]+)(?:\{[^}]*\})? (\S+)$', open(t + "/metrics2").read(), re.M))
+d, acc = float(m["vllm:spec_decode_num_draft_tokens_total"]), float(m["vllm:spec_decode_num_accepted_tokens_total"])
+assert 0 < acc < d and d == float(m["llm_spec_draft_tokens_total"]) and acc == float(m["llm_spec_accepted_tokens_total"]), m
+print("# %d of %d drafted tokens accepted" % (acc, d))
+PY
+llm-bench -q serve "$U" --requests 4 --concurrency 2 --input-len 16 --output-len 24 --format jsonl >"$T/bench.jsonl"
+check "llm-bench serve reports the run's accepted share of drafts from /metrics" $PY -c "
+import json
+r = [json.loads(l) for l in open('$T/bench.jsonl') if l.startswith('{')]
+assert len(r) == 1 and r[0]['wrong'] == 0 and 0 <= r[0]['spec_accept_pct'] <= 100, r"
+check_fails "--speculate with an unknown mode is a usage error" 2 llm-serve -m "$M" --speculate lookahead
+kill -TERM $SP; wait $SP
+check "the speculating server exits 0" [ $? = 0 ]
 tap_done

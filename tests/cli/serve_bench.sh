@@ -48,6 +48,7 @@ check "serve --concurrency (URL with /v1): JSONL rows with every request right" 
 import json
 rows = [json.loads(l) for l in open('$T/jsonl') if l.startswith('{')]
 assert [r['concurrency'] for r in rows] == [1, 4], rows
+assert all(r['spec_accept_pct'] is None for r in rows), rows     # no speculation: no drafts
 assert all(r['completed'] == 8 and r['wrong'] == 0 and r['ttft_p99_ms'] >= r['ttft_p50_ms'] > 0 for r in rows), rows"
 $B serve "$URL" --rate sweep:16 --requests 12 --input-len 16 --output-len 8 --slo-ttft 2000 --slo-itl 250 \
 	--format jsonl --plot "$T/sweep.svg" >"$T/sweep.jsonl" 2>/dev/null

@@ -1,0 +1,51 @@
+/* common/spec.h: speculative decoding's options and its prompt-lookup
+ * (n-gram) drafter. The scheduler (scheduler.c) feeds a decoding request's
+ * last token and up to n_draft drafted ones as one chunk, one logit row
+ * each, and samples the rows in order while the sampled token equals the
+ * draft; the first token that differs (or ends the request) is kept and
+ * the KV of the positions after it is rolled back.
+ *
+ * Why that is the standard rule: a prompt-lookup draft is a point mass q
+ * on token d. Rejection sampling accepts d with min(1, p(d) / q(d)) = p(d)
+ * and on rejection draws from norm(max(0, p - q)) = p without d; the token
+ * that comes out has probability p(x) for every x, exactly as one draw
+ * x ~ p accepted when x == d. The scheduler makes that one draw with the
+ * request's own sampler (the same random number plain decoding would use
+ * at that position), so a request's tokens are the same with and without
+ * speculation, greedy or sampled, seeded: the logits of each row equal
+ * plain decoding's bit for bit (batch-invariant ops, backend.h). */
+#ifndef LLM_SPEC_H
+#define LLM_SPEC_H
+
+#include "status.h"
+
+enum llm_spec_mode { LLM_SPEC_OFF = 0, LLM_SPEC_NGRAM };
+
+#define LLM_SPEC_MAX_DRAFT 16   /* drafted tokens per step at most */
+
+struct llm_spec_opts {
+	enum llm_spec_mode mode;
+	int n_draft;                /* tokens drafted per step at most, 1..LLM_SPEC_MAX_DRAFT */
+	int ngram;                  /* longest suffix matched (prompt lookup), 1..8 */
+};
+
+/* The options' table entries, the same in every tool that takes them. */
+#define LLM_SPEC_OPTS(mode, k, n) \
+	LLM_STR(0, "speculate", "MODE", mode, "speculative decoding: ngram (prompt lookup: drafts copied from an earlier " \
+	        "occurrence of the last tokens) or off"), \
+	LLM_INT(0, "spec-tokens", "K", k, "--speculate: tokens drafted per step at most", 1, LLM_SPEC_MAX_DRAFT), \
+	LLM_INT(0, "spec-ngram", "N", n, "--speculate ngram: match the last N tokens, then fewer down to 1", 1, 8)
+#define LLM_SPEC_DEFAULT_TOKENS 4
+#define LLM_SPEC_DEFAULT_NGRAM 3
+
+/* O from a tool's flags: MODE "ngram" or "off" (NULL: off). LLM_ERR_USAGE
+ * naming the flag for anything else. */
+enum llm_status llm_spec_opts_set(struct llm_spec_opts *o, const char *mode, int64_t k, int64_t ngram);
+
+/* Prompt lookup: for g = NGRAM down to 1, the most recent earlier
+ * occurrence of the last g ids of IDS (N) that some id follows; up to K of
+ * the ids that follow it go to OUT (which must not overlap IDS[0..N)).
+ * Returns how many (0: no occurrence). O(N * NGRAM) comparisons. */
+int llm_spec_ngram(const int32_t *ids, int n, int ngram, int k, int32_t *out);
+
+#endif

@@ -543,16 +543,20 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
  * the conversion is chosen once and the accumulators stay in registers. */
 #define TILE_256_DT(dt)                                                                     \
 	do {                                                                                \
-		if (nt == 8)                                                                \
-			tile_256(y, ys, x, xs, 8, 1, w, r, dt);                             \
-		else if (nt == 4 && nr == 2)                                                \
-			tile_256(y, ys, x, xs, 4, 2, w, r, dt);                             \
-		else if (nt == 4)                                                           \
-			tile_256(y, ys, x, xs, 4, 1, w, r, dt);                             \
-		else if (nr == 4)                                                           \
-			tile_256(y, ys, x, xs, 1, 4, w, r, dt);                             \
-		else                                                                        \
-			tile_256(y, ys, x, xs, 1, 1, w, r, dt);                             \
+		switch (nt * 8 + nr) {                                                      \
+		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, dt); break;              \
+		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, dt); break;              \
+		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, dt); break;              \
+		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, dt); break;              \
+		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, dt); break;              \
+		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, dt); break;              \
+		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, dt); break;              \
+		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, dt); break;              \
+		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, dt); break;              \
+		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, dt); break;              \
+		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, dt); break;              \
+		default: tile_256(y, ys, x, xs, 1, 1, w, r, dt); break;                     \
+		}                                                                           \
 	} while (0)
 
 T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs,
@@ -566,15 +570,19 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
 	}
 }
 
-/* AVX2 has 16 registers: token tiles of 8 (one row: 8 accumulators, one
- * weight conversion per 8 FMAs), then 4 (two rows), then 1 (four rows). */
+/* AVX2 has 16 registers: token tiles of up to 8 (5 to 8 tokens one row,
+ * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most, one weight
+ * conversion per 8 FMAs at 8 tokens), so a step of up to 8 tokens reads
+ * the weights once. */
 T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
                              const struct llm_weight *w, int64_t r0, int64_t r1)
 {
 	for (int64_t rb = r0; rb < r1; rb += RB) {
 		int64_t re = rb + RB < r1 ? rb + RB : r1;
 		for (int64_t t = 0; t < n_tok; ) {
-			int nt = n_tok - t >= 8 ? 8 : n_tok - t >= 4 ? 4 : 1, nr = nt == 8 ? 1 : nt == 4 ? 2 : 4;
+			/* up to 8 tokens in one pass over the weights (a decode of a
+			 * few sequences, a speculative verify): 8 accumulators at most */
+			int nt = n_tok - t >= 8 ? 8 : (int)(n_tok - t), nr = nt >= 5 ? 1 : nt >= 3 ? 2 : 4;
 			int64_t r = rb;
 			for (; r + nr <= re; r += nr)
 				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r);

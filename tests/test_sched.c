@@ -207,7 +207,7 @@ static void test_ngram(void)
 	const int32_t c[] = { 1, 2, 3, 4 };
 	check(llm_spec_ngram(c, 4, 3, 4, out) == 0 && llm_spec_ngram(c, 1, 3, 4, out) == 0, "ngram: no occurrence, no draft");
 	struct llm_spec_opts so;
-	check(llm_spec_opts_set(&so, "medusa", 4, 3) == LLM_ERR_USAGE && strstr(llm_errmsg(), "--speculate"),
+	check(llm_spec_opts_set(&so, "medusa", 4, 3, NULL) == LLM_ERR_USAGE && strstr(llm_errmsg(), "--speculate"),
 	      "an unknown --speculate mode is refused (%s)", llm_errmsg());
 }
 
@@ -219,7 +219,7 @@ static void test_spec(struct llm_engine *e, const struct out *ref)
 	static struct out plain[N_REQ], got[N_REQ];
 	for (int pass = 0; pass < 3; pass++) {   /* 0: sampled plain, 1: sampled speculative, 2: greedy speculative */
 		struct llm_sched_opts so = { .max_running = 6, .max_batch_tokens = 32, .prefix_entries = 2 };
-		if (pass && llm_spec_opts_set(&so.spec, "ngram", 4, 3))
+		if (pass && llm_spec_opts_set(&so.spec, "ngram", 4, 3, NULL))
 			check_diag("spec opts: %s", llm_errmsg());
 		struct llm_sched *s;
 		if (!check(llm_sched_open(&s, e, &so) == LLM_OK, "open a scheduler (speculation pass %d)", pass))

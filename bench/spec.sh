@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# bench/spec.sh: speculative decoding by prompt lookup (--speculate ngram),
-# measured on one machine in one run:
+# bench/spec.sh: speculative decoding by prompt lookup (--speculate ngram)
+# and by a draft model (--speculate draft: stories260K's FP8 copy, made by
+# llm-quantize -b 1x32), measured on one machine in one run:
 #   1. stories260K on a copy-style workload (each of the 30 reference
 #      stories, then its first sentence again: the continuation can copy
 #      the prompt): generated tokens/s and the accepted share of drafts,
-#      with and without speculation, --parallel 1 and 8, greedy; the ids
+#      without speculation, with ngram and with the draft, --parallel 1
+#      and 8, greedy; the ids
 #      are checked to be the same (the #wrong column);
 #   2. the verify step against plain decode on a random SmolLM2-135M-shape
 #      FP8 checkpoint: llm-bench model's time per step of 1 + k tokens of
@@ -22,6 +24,8 @@ T=${THREADS:-1}
 R=${REPS:-3}
 mkdir -p "$out" "$w"
 M=${LLM_TEST_MODELS:-../shared/models}/stories260K
+D=$w/stories260K-fp8
+[ -d "$D" ] || "$B/llm-quantize" -q -b 1x32 "$M" "$D"
 REF=${LLM_TEST_REF:-../shared/reference}/stories260K/greedy.jsonl
 commit=$(git rev-parse --short HEAD)
 machine() { echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg)"; }
@@ -50,7 +54,7 @@ run() {
 	echo "$best" >"$w/$name.s"
 }
 {
-	echo "# bench/spec.sh: llm-generate --speculate ngram on stories260K, copy-style prompts"
+	echo "# bench/spec.sh: llm-generate --speculate ngram and --speculate draft (stories260K's FP8 copy, -b 1x32) on stories260K, copy-style prompts"
 	echo "# commit: $commit"
 	echo "# device (this machine): $(machine)"
 	echo "# config: 30 prompts (a reference story's first 500 bytes, a blank line, its first sentence again), 128 new tokens each (ignore_eos), greedy, -t $T, best of $R runs; --spec-tokens 4 --spec-ngram 3"
@@ -59,8 +63,9 @@ run() {
 	printf '%9s %9s %9s %9s %9s %9s %9s\n' "" "" "" "" "(%)" "(tok/s)" ""
 	for par in 1 8; do
 		run "pre$par@1" --parallel $par
-		for sp in off ngram; do
-			run "$sp$par@" --parallel $par --speculate $sp --spec-tokens 4 --spec-ngram 3
+		for sp in off ngram draft; do
+			dr=(); [ $sp = draft ] && dr=(--draft "$D")
+			run "$sp$par@" --parallel $par --speculate $sp --spec-tokens 4 --spec-ngram 3 ${dr[@]+"${dr[@]}"}
 			python3 - "$w" "$par" "$sp" <<'PY'
 import json, re, sys
 w, par, sp = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -78,6 +83,7 @@ PY
 		done
 	done
 	echo "# summary: see the rows; the ids with speculation are those without (#wrong 0)"
+	echo "# note: the FP8 draft has the model's shape and costs a forward of its own per drafted position, so its rows show acceptance, not a speed-up: a draft pays when it is several times cheaper than the model"
 } | tee "$out/spec-stories260K.txt"
 
 # 2. the verify step on a random SmolLM2-135M-shape FP8 checkpoint

@@ -196,7 +196,14 @@ static int grammar_mask(struct llm_reqout *o)
 
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin)
 {
+	return llm_reqout_verify(o, logits, NULL, -1, tok, fin);
+}
+
+enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, const float *q, int32_t x, int32_t *tok,
+                                  enum llm_finish *fin)
+{
 	struct llm_sample_out so;
+	int acc;
 	int gm = o->g ? grammar_mask(o) : 0;
 	if (gm > 0) {               /* complete: ends without a token */
 		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
@@ -207,7 +214,7 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 		*fin = LLM_FINISH_STOP;
 		return LLM_OK;
 	}
-	if (gm < 0 || llm_sampler_sample(&o->smp, logits, &so)) {   /* this request fails, the others go on */
+	if (gm < 0 || (q ? llm_sampler_verify(&o->smp, logits, q, x, &so, &acc) : llm_sampler_sample(&o->smp, logits, &so))) {   /* this request fails, the others go on */
 		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
 		                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
 		emit(o, &ev);

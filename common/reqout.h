@@ -63,6 +63,12 @@ void llm_reqout_free(struct llm_reqout *o);
  * not finite, the request's last event (token -1) carries the reason and
  * *TOK is -1). LLM_ERR_NOMEM if the text cannot grow. A token the detokenizer refuses adds no text. */
 enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32_t *tok, enum llm_finish *fin);
+/* The same for a token a draft model proposed: X drawn from its
+ * distribution Q (n_vocab), kept or replaced by the rejection rule
+ * (llm_sampler_verify), so *TOK is distributed as plain sampling's. Q NULL:
+ * llm_reqout_take. */
+enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, const float *q, int32_t x, int32_t *tok,
+                                  enum llm_finish *fin);
 
 /* The last event of a request that ends without a token (token -1, no
  * text): FIN is why (a prefill-only request ends with LLM_FINISH_LENGTH). */

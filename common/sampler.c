@@ -115,6 +115,7 @@ void llm_sampler_free(struct llm_sampler *s)
 	free(s->idx);
 	free(s->tmp);
 	free(s->prob);
+	free(s->dist);
 	memset(s, 0, sizeof *s);
 }
 
@@ -303,7 +304,9 @@ static void sort_idx(int32_t *idx, int32_t *tmp, int n, const float *key)
 	memcpy(idx, tmp, (size_t)n * sizeof *idx);
 }
 
-enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out)
+/* W: LOGITS, or the sampler's adjusted copy (mask, biases, min_tokens'
+ * hold, penalties), in the order sampler.h gives. */
+static enum llm_status adjust(struct llm_sampler *s, const float *logits, const float **pw_out)
 {
 	const struct llm_sample_params *p = &s->p;
 	int n = s->n_vocab;
@@ -336,48 +339,80 @@ enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, s
 					pw[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;
 			}
 	}
-	int32_t tok = 0;
 	if (s->mask && w[llm_argmax(w, n)] == -INFINITY)
 		return llm_fail(LLM_ERR_RANGE, "no token is allowed here (the grammar's mask, min_tokens)");
-	if (p->temperature == 0) {
+	*pw_out = w;
+	return LLM_OK;
+}
+
+/* Temperature > 0: the candidates s->idx[0..m) (best first) and their
+ * unnormalised probabilities s->prob[0..m) after temperature, top-k,
+ * top-p and min-p; returns m, *SUM their total. */
+static int candidates(struct llm_sampler *s, const float *w, double *psum)
+{
+	const struct llm_sample_params *p = &s->p;
+	int n = s->n_vocab;
+	/* candidates, sorted best first; tokens with p < e^-40 * p_max at this
+	 * temperature cannot matter and are left out of the sort */
+	int32_t *idx = s->idx;
+	float mx = w[llm_argmax(w, n)];
+	float cut = mx - 40.0f * p->temperature;
+	int m = 0;
+	for (int i = 0; i < n; i++)
+		if (w[i] >= cut)
+			idx[m++] = i;
+	sort_idx(idx, s->tmp, m, w);
+	if (p->top_k > 0 && p->top_k < m)
+		m = p->top_k;
+	double *pr = s->prob, sum = 0;
+	for (int i = 0; i < m; i++) {
+		pr[i] = exp(((double)w[idx[i]] - mx) / p->temperature);
+		sum += pr[i];
+	}
+	if (p->top_p < 1.0f) {          /* smallest prefix with mass >= top_p */
+		double c = 0;
+		int k = 0;
+		while (k < m) {
+			c += pr[k++] / sum;
+			if (c >= p->top_p)
+				break;
+		}
+		m = k;
+	}
+	if (p->min_p > 0) {             /* p >= min_p * p_max */
+		int k = 1;
+		while (k < m && pr[k] >= p->min_p * pr[0])
+			k++;
+		m = k;
+	}
+	sum = 0;
+	for (int i = 0; i < m; i++)
+		sum += pr[i];
+	*psum = sum;
+	return m;
+}
+
+/* OUT's log-probs (raw distribution) for token TOK. */
+static void fill_out(struct llm_sampler *s, const float *logits, int32_t tok, struct llm_sample_out *out)
+{
+	out->token = tok;
+	out->logprob = s->p.skip_logprob ? NAN : (float)llm_logprob(logits, s->n_vocab, tok);
+	out->n_top = s->p.n_logprobs ? llm_top_logprobs(logits, s->n_vocab, s->p.n_logprobs, out->top) : 0;
+}
+
+enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out)
+{
+	const float *w;
+	LLM_TRY(adjust(s, logits, &w));
+	int n = s->n_vocab;
+	int32_t tok = 0;
+	if (s->p.temperature == 0) {
 		tok = llm_argmax(w, n);
 	} else {
-		/* candidates, sorted best first; tokens with p < e^-40 * p_max at this
-		 * temperature cannot matter and are left out of the sort */
-		int32_t *idx = s->idx;
-		float mx = w[llm_argmax(w, n)];
-		float cut = mx - 40.0f * p->temperature;
-		int m = 0;
-		for (int i = 0; i < n; i++)
-			if (w[i] >= cut)
-				idx[m++] = i;
-		sort_idx(idx, s->tmp, m, w);
-		if (p->top_k > 0 && p->top_k < m)
-			m = p->top_k;
-		double *pr = s->prob, sum = 0;
-		for (int i = 0; i < m; i++) {
-			pr[i] = exp(((double)w[idx[i]] - mx) / p->temperature);
-			sum += pr[i];
-		}
-		if (p->top_p < 1.0f) {          /* smallest prefix with mass >= top_p */
-			double c = 0;
-			int k = 0;
-			while (k < m) {
-				c += pr[k++] / sum;
-				if (c >= p->top_p)
-					break;
-			}
-			m = k;
-		}
-		if (p->min_p > 0) {             /* p >= min_p * p_max */
-			int k = 1;
-			while (k < m && pr[k] >= p->min_p * pr[0])
-				k++;
-			m = k;
-		}
-		sum = 0;
-		for (int i = 0; i < m; i++)
-			sum += pr[i];
+		double sum;
+		int m = candidates(s, w, &sum);
+		const int32_t *idx = s->idx;
+		const double *pr = s->prob;
 		double r = llm_rng_uniform(s->rng) * sum, c = 0;
 		tok = idx[m - 1];
 		for (int i = 0; i < m; i++) {
@@ -388,8 +423,78 @@ enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, s
 			}
 		}
 	}
-	out->token = tok;
-	out->logprob = p->skip_logprob ? NAN : (float)llm_logprob(logits, n, tok);
-	out->n_top = p->n_logprobs ? llm_top_logprobs(logits, n, p->n_logprobs, out->top) : 0;
+	fill_out(s, logits, tok, out);
+	return LLM_OK;
+}
+
+enum llm_status llm_sampler_dist(struct llm_sampler *s, const float *logits, float *prob)
+{
+	const float *w;
+	LLM_TRY(adjust(s, logits, &w));
+	int n = s->n_vocab;
+	memset(prob, 0, (size_t)n * sizeof *prob);
+	if (s->p.temperature == 0) {
+		prob[llm_argmax(w, n)] = 1.0f;
+		return LLM_OK;
+	}
+	double sum;
+	int m = candidates(s, w, &sum);
+	for (int i = 0; i < m; i++)
+		prob[s->idx[i]] = (float)(s->prob[i] / sum);
+	return LLM_OK;
+}
+
+int32_t llm_spec_reject(const float *p, const float *q, int n, int32_t x, uint64_t rng[4], int *accepted)
+{
+	/* accept with min(1, p(x) / q(x)); x was drawn from q, so q(x) > 0
+	 * (q(x) == 0 would be a caller's bug: then accepted when p(x) > 0) */
+	double px = p[x], qx = q[x], u = llm_rng_uniform(rng);
+	if (px > 0 && (qx <= px || u * qx < px)) {
+		*accepted = 1;
+		return x;
+	}
+	*accepted = 0;
+	/* residual norm(max(0, p - q)), summed in double; where rounding leaves
+	 * it empty (p == q up to float), p itself */
+	double total = 0, rp = 0, v = llm_rng_uniform(rng);
+	for (int i = 0; i < n; i++) {
+		double d = (double)p[i] - (double)q[i];
+		total += d > 0 ? d : 0;
+		rp += p[i];
+	}
+	double r = v * total, c = 0;
+	int32_t last = -1;
+	if (total > 0) {
+		for (int i = 0; i < n; i++) {
+			double d = (double)p[i] - (double)q[i];
+			if (d <= 0)
+				continue;
+			c += d;
+			last = i;
+			if (r < c)
+				return i;
+		}
+		return last;
+	}
+	r = v * rp;
+	c = 0;
+	for (int i = 0; i < n; i++) {
+		if (p[i] <= 0)
+			continue;
+		c += p[i];
+		last = i;
+		if (r < c)
+			return i;
+	}
+	return last < 0 ? x : last;
+}
+
+enum llm_status llm_sampler_verify(struct llm_sampler *s, const float *logits, const float *q, int32_t x,
+                                   struct llm_sample_out *out, int *accepted)
+{
+	if (!s->dist && !(s->dist = malloc((size_t)s->n_vocab * sizeof *s->dist)))
+		return llm_fail(LLM_ERR_NOMEM, "sampler: out of memory");
+	LLM_TRY(llm_sampler_dist(s, logits, s->dist));
+	fill_out(s, logits, llm_spec_reject(s->dist, q, s->n_vocab, x, s->rng, accepted), out);
 	return LLM_OK;
 }

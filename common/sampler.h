@@ -99,6 +99,7 @@ struct llm_sampler {
 	const uint8_t *mask;        /* (n_mask) set by the caller before a draw, NULL: none; a token
 	                             * whose byte is 0 (or at or past n_mask) gets no probability */
 	int n_mask;
+	float *dist;                /* (n_vocab) llm_sampler_verify's target distribution, made on first use */
 };
 
 /* Allocates the per-request state (O(n_vocab)); P's strings and biases are
@@ -119,6 +120,29 @@ void llm_sampler_accept(struct llm_sampler *s, int32_t id);
  * LLM_ERR_RANGE too when the mask (and min_tokens' hold) leave no token.
  * A mask needs p.grammar set at init (its working copy of the logits). */
 enum llm_status llm_sampler_sample(struct llm_sampler *s, const float *logits, struct llm_sample_out *out);
+
+/* The final distribution LOGITS would be sampled from, into PROB (n_vocab
+ * f32, summing to 1 up to rounding): after the mask, biases, hold and
+ * penalties, temperature, top-k, top-p and min-p, exactly the candidates
+ * and odds llm_sampler_sample draws from; at temperature 0 a point mass on
+ * the argmax. Draws no random number. Statuses as llm_sampler_sample. */
+enum llm_status llm_sampler_dist(struct llm_sampler *s, const float *logits, float *prob);
+
+/* Speculative sampling's rejection rule (draft-model speculation, spec.h):
+ * X was drawn from the draft's distribution Q; P is the target's (both N
+ * f32, as llm_sampler_dist makes them). Accepts X with probability
+ * min(1, p(x) / q(x)) (*ACCEPTED = 1, returns X); else (*ACCEPTED = 0)
+ * returns a draw from norm(max(0, p - q)), or from P when rounding leaves
+ * that empty. The token returned is distributed as P whatever Q is. Draws
+ * one number from RNG to decide, a second on rejection. */
+int32_t llm_spec_reject(const float *p, const float *q, int n, int32_t x, uint64_t rng[4], int *accepted);
+
+/* The request's side of it: P from LOGITS by llm_sampler_dist, the rule
+ * with the sampler's own random stream, OUT filled as llm_sampler_sample
+ * fills it (log-probs of the raw distribution). LLM_ERR_NOMEM for its
+ * buffer (one n_vocab f32 array, kept), else llm_sampler_sample's statuses. */
+enum llm_status llm_sampler_verify(struct llm_sampler *s, const float *logits, const float *q, int32_t x,
+                                   struct llm_sample_out *out, int *accepted);
 
 /* The first index of the largest of W[0..n) (as `w[i] > w[best]` from 0). */
 int32_t llm_argmax(const float *w, int n);

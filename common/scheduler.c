@@ -58,6 +58,11 @@ struct sreq {
 	int adapter;                /* the engine's LoRA slot; 0: the base */
 	int n_draft;                /* this step's drafted ids, in ids[n_ids ..]: still to verify */
 	int spec_stop;              /* a draft was refused this step: its later rows are void */
+	int dseq, n_dcached;        /* draft model: its KV sequence (-1: none), ids[0..n_dcached) in it */
+	int n_dq;                   /* draft model: ids[n_ids .. n_ids + n_dq) drafted this step */
+	int n_dwant;                /* draft_pass: tokens it drafts for this request */
+	float *q;                   /* (spec.n_draft, n_vocab) the draft's distribution of each */
+	struct llm_sampler ds;      /* the draft's sampler (draft model only; ds.n_vocab 0: none) */
 	struct llm_reqout out;      /* sampling, stops, text, events */
 };
 
@@ -84,6 +89,10 @@ struct llm_sched {
 	struct sreq **b_req;        /* (max_rows) the request of each logit row */
 	int32_t *b_rowpos;          /* (max_rows) the position of each logit row */
 	struct sreq **pf;           /* (max_running) a step's prefilling requests */
+	int32_t *d_tok, *d_pos, *d_seq, *d_adapter;   /* (d_budget) the draft engine's batch */
+	int8_t *d_logits;
+	struct sreq **d_req;        /* (d_rows) the request of each draft logit row */
+	int d_budget, d_rows;
 	int32_t *cnt;               /* (n_block) scratch of stats */
 	double ctx_cost;            /* a prompt token at context c costs 1 + c / ctx_cost tokens */
 	struct llm_sched_stats st;
@@ -121,6 +130,8 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 	if (o->max_running + o->prefix_entries > plan.max_seqs)
 		return llm_fail(LLM_ERR_USAGE, "scheduler: %d running + %d prefix entries exceed the engine's %d sequences",
 		                o->max_running, o->prefix_entries, plan.max_seqs);
+	if (o->spec.mode == LLM_SPEC_DRAFT && (!o->draft || llm_engine_model(o->draft)->cfg.n_vocab != c->n_vocab))
+		return llm_fail(LLM_ERR_USAGE, "scheduler: --speculate draft needs a draft engine of the same vocabulary");
 	struct llm_sched *s = calloc(1, sizeof *s);
 	if (!s)
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
@@ -151,14 +162,41 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 		llm_sched_close(s);
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
 	}
+	if (o->spec.mode == LLM_SPEC_DRAFT) {
+		struct llm_mem_plan dp;
+		llm_engine_plan(o->draft, &dp);
+		s->d_budget = dp.max_batch_tokens;
+		s->d_rows = (int)(dp.logits_bytes / ((size_t)c->n_vocab * sizeof(float)));
+		size_t db = (size_t)s->d_budget;
+		s->d_tok = malloc(db * sizeof(int32_t));
+		s->d_pos = malloc(db * sizeof(int32_t));
+		s->d_seq = malloc(db * sizeof(int32_t));
+		s->d_adapter = calloc(db, sizeof(int32_t));
+		s->d_logits = malloc(db);
+		s->d_req = malloc(((size_t)s->d_rows + 1) * sizeof *s->d_req);
+		if (!s->d_tok || !s->d_pos || !s->d_seq || !s->d_adapter || !s->d_logits || !s->d_req || s->d_rows < 1) {
+			llm_sched_close(s);
+			return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory for the draft's batch");
+		}
+	}
 	for (int i = 0; i < o->prefix_entries; i++)
 		s->pc[i].seq = -1;
 	*out = s;
 	return LLM_OK;
 }
 
+/* R's draft-model sequence goes (it is rebuilt from its ids when needed). */
+static void draft_release(struct llm_sched *s, struct sreq *r)
+{
+	if (r->dseq >= 0)
+		llm_engine_kv_free(s->o.draft, r->dseq);
+	r->dseq = -1;
+	r->n_dcached = 0;
+}
+
 static void req_release_seq(struct llm_sched *s, struct sreq *r)
 {
+	draft_release(s, r);
 	if (r->seq >= 0)
 		llm_engine_kv_free(s->e, r->seq);
 	r->seq = -1;
@@ -171,6 +209,9 @@ static void req_free(struct llm_sched *s, struct sreq *r)
 		return;
 	req_release_seq(s, r);
 	llm_reqout_free(&r->out);
+	if (r->ds.n_vocab)
+		llm_sampler_free(&r->ds);
+	free(r->q);
 	free(r->ids);
 	free(r);
 }
@@ -210,6 +251,12 @@ void llm_sched_close(struct llm_sched *s)
 	free(s->b_req);
 	free(s->b_rowpos);
 	free(s->pf);
+	free(s->d_tok);
+	free(s->d_pos);
+	free(s->d_seq);
+	free(s->d_adapter);
+	free(s->d_logits);
+	free(s->d_req);
 	free(s);
 }
 
@@ -337,7 +384,7 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	if (!r)
 		return llm_fail(LLM_ERR_NOMEM, "request: out of memory");
 	enum llm_status st;
-	r->seq = -1;
+	r->seq = r->dseq = -1;
 	r->ids = malloc(((size_t)rq->n_prompt + (size_t)max_new) * sizeof(int32_t));
 	if (!r->ids) {
 		st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
@@ -357,6 +404,26 @@ enum llm_status llm_sched_add(struct llm_sched *s, const struct llm_request *rq,
 	}
 	if ((st = llm_reqout_init(&r->out, s->next_id, rq, s->n_vocab, max_new, &s->o.detok, s->o.eos_ids, s->o.n_eos)))
 		goto fail;
+	if (s->o.spec.mode == LLM_SPEC_DRAFT && !r->prefill_only) {
+		/* the draft samples with the request's settings but penalties,
+		 * min_tokens and grammar (q may be any distribution the draft
+		 * drew from: the rule keeps p), from its own stream */
+		struct llm_sample_params dp = rq->params;
+		dp.repetition_penalty = 1.0f;
+		dp.frequency_penalty = dp.presence_penalty = 0;
+		dp.min_tokens = 0;
+		dp.grammar = NULL;
+		dp.n_logprobs = 0;
+		dp.skip_logprob = 1;
+		dp.seed = rq->params.seed ^ 0x9e3779b97f4a7c15ull;
+		r->q = malloc((size_t)s->o.spec.n_draft * (size_t)s->n_vocab * sizeof *r->q);
+		if (!r->q) {
+			st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
+			goto fail;
+		}
+		if ((st = llm_sampler_init(&r->ds, &dp, s->n_vocab)))
+			goto fail;
+	}
 	if (LLM_ARRAY_RESERVE(s->reqs, s->cap_reqs, (size_t)s->n_reqs + 1)) {
 		st = llm_fail(LLM_ERR_NOMEM, "request: out of memory");
 		goto fail;
@@ -383,6 +450,7 @@ void llm_sched_cancel(struct llm_sched *s, int id)
 
 static void finish(struct llm_sched *s, struct sreq *r)
 {
+	draft_release(s, r);
 	if (!r->hold)
 		req_release_seq(s, r);
 	drop_parent(s, r);
@@ -517,7 +585,10 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 {
 	int32_t tok, draft = r->n_draft > 0 ? r->ids[r->n_ids] : -1;
 	enum llm_finish fin;
-	LLM_TRY(llm_reqout_take(&r->out, logits, &tok, &fin));
+	/* a draft model's token: the rejection rule against its q (the
+	 * drafts verified so far this step index it) */
+	const float *q = r->n_draft > 0 && r->n_dq > 0 ? r->q + (size_t)(r->n_dq - r->n_draft) * (size_t)s->n_vocab : NULL;
+	LLM_TRY(llm_reqout_verify(&r->out, logits, q, draft, &tok, &fin));
 	s->st.gen_tokens += tok >= 0;
 	if (r->n_draft > 0) {
 		s->st.spec_accepted_tokens += tok == draft;
@@ -705,14 +776,113 @@ static int draft(struct llm_sched *s, struct sreq *r, int room)
 	k = k < left ? k : left;
 	if (sp->mode == LLM_SPEC_OFF || r->prefill_only || k < 1)
 		return 0;
-	k = llm_spec_ngram(r->ids, r->n_ids, sp->ngram, k, r->ids + r->n_ids);
+	if (sp->mode == LLM_SPEC_DRAFT)
+		k = k < r->n_dq ? k : r->n_dq;   /* draft_pass put them in ids[n_ids ..] */
+	else
+		k = llm_spec_ngram(r->ids, r->n_ids, sp->ngram, k, r->ids + r->n_ids);
 	while (k > 0 && llm_kv_blocks_needed(s->kv, r->seq, 1 + k) > s->kv->n_free)
 		k--;
 	if (k > 0 && llm_engine_kv_reserve(s->e, r->seq, 1 + k))
 		k = 0;
 	r->n_draft = k;
+	r->n_dq = sp->mode == LLM_SPEC_DRAFT ? k : 0;   /* take_token indexes r->q by it */
 	s->st.spec_draft_tokens += k;
 	return k;
+}
+
+/* One forward of the draft engine over the batch gathered in s->d_*
+ * (*N tokens, *ROWS logit rows); row i drafts the next token of
+ * s->d_req[i]: q from its draft sampler's distribution, x drawn from it. */
+static enum llm_status draft_flush(struct llm_sched *s, int *n, int *rows)
+{
+	if (*n == 0)
+		return LLM_OK;
+	struct llm_batch b = { *n, s->d_tok, s->d_pos, s->d_seq, s->d_logits, s->d_adapter };
+	const float *logits;
+	int n_out;
+	LLM_TRY(llm_engine_forward(s->o.draft, &b, &logits, &n_out));
+	if (n_out != *rows)
+		return llm_fail(LLM_ERR_INTERNAL, "scheduler: the draft gave %d logit rows, planned %d", n_out, *rows);
+	size_t nv = (size_t)s->n_vocab;
+	for (int i = 0; i < *rows; i++) {
+		struct sreq *r = s->d_req[i];
+		const float *l = logits + (size_t)i * nv;
+		float *q = r->q + (size_t)r->n_dq * nv;
+		struct llm_sample_out so;
+		if (llm_sampler_dist(&r->ds, l, q) || llm_sampler_sample(&r->ds, l, &so))
+			continue;            /* a draft's broken logits: no more drafts for it this step */
+		r->ids[r->n_ids + r->n_dq++] = so.token;
+	}
+	*n = *rows = 0;
+	return LLM_OK;
+}
+
+/* Queue position P of R (token T) in the draft's batch, with a logit row
+ * when ROW; flushes first when the batch is full. */
+static enum llm_status draft_put(struct llm_sched *s, struct sreq *r, int p, int32_t t, int row, int *n, int *rows)
+{
+	if (*n == s->d_budget || (row && *rows == s->d_rows))
+		LLM_TRY(draft_flush(s, n, rows));
+	s->d_tok[*n] = t;
+	s->d_pos[*n] = p;
+	s->d_seq[*n] = r->dseq;
+	s->d_logits[*n] = (int8_t)row;
+	if (row)
+		s->d_req[(*rows)++] = r;
+	(*n)++;
+	r->n_dcached = p + 1;
+	return LLM_OK;
+}
+
+/* Draft-model speculation, before a step is planned: cut every request's
+ * draft sequence back to its accepted ids (what the last step kept), then
+ * for each decoding request catch its draft sequence up with ids[0 ..
+ * n_ids) (the whole prompt the first time) and draft up to n_draft tokens
+ * into ids[n_ids ..], one batched draft forward per drafted position. A
+ * request the draft cannot serve (no sequence or KV left, its context
+ * full) just drafts nothing. */
+static enum llm_status draft_pass(struct llm_sched *s)
+{
+	struct llm_engine *d = s->o.draft;
+	int dctx = llm_engine_n_ctx(d), n = 0, rows = 0, kmax = 0;
+	for (int i = 0; i < s->n_reqs; i++) {
+		struct sreq *r = s->reqs[i];
+		r->n_dq = 0;
+		if (r->dseq >= 0 && r->n_dcached > r->n_ids - 1) {
+			llm_engine_kv_truncate(d, r->dseq, r->n_ids - 1);
+			r->n_dcached = r->n_ids - 1;
+		}
+		if (r->state != SREQ_RUNNING || r->prefill_only || !is_decode(r) || !r->q)
+			continue;
+		/* drafts fed: the k - 1 before the last, at positions up to n_ids + k - 2 */
+		int k = s->o.spec.n_draft, left = r->out.max_new - r->out.n_gen - 1, room = dctx - r->n_ids + 1;
+		k = k < left ? k : left;
+		k = k < room ? k : room;
+		if (k < 1)
+			continue;
+		if (r->dseq < 0 && llm_engine_kv_new(d, &r->dseq)) {
+			r->dseq = -1;
+			continue;
+		}
+		if (llm_engine_kv_reserve(d, r->dseq, r->n_ids - r->n_dcached + k - 1))
+			continue;
+		r->n_dwant = k;
+		kmax = k > kmax ? k : kmax;
+		for (int p = r->n_dcached; p < r->n_ids; p++)
+			LLM_TRY(draft_put(s, r, p, r->ids[p], p == r->n_ids - 1, &n, &rows));
+	}
+	LLM_TRY(draft_flush(s, &n, &rows));
+	for (int j = 1; j < kmax; j++) {
+		for (int i = 0; i < s->n_reqs; i++) {
+			struct sreq *r = s->reqs[i];
+			if (r->n_dwant > j && r->n_dq == j)
+				LLM_TRY(draft_put(s, r, r->n_ids + j - 1, r->ids[r->n_ids + j - 1], 1, &n, &rows));
+		}
+		LLM_TRY(draft_flush(s, &n, &rows));
+	}
+	for (int i = 0; i < s->n_reqs; i++)
+		s->reqs[i]->n_dwant = 0;
+	return LLM_OK;
 }
 
 static int plan_step(struct llm_sched *s, int *n_rows)
@@ -804,6 +974,8 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 		}
 	}
 	reap(s);
+	if (s->o.spec.mode == LLM_SPEC_DRAFT)
+		LLM_TRY(draft_pass(s));
 	int rows, n = plan_step(s, &rows);
 	s->st.last_step_tokens = n;
 	if (n > 0) {
@@ -842,7 +1014,7 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 				llm_engine_kv_truncate(s->e, r->seq, r->n_ids - 1);
 				r->n_cached = r->n_ids - 1;
 			}
-			r->n_draft = r->spec_stop = 0;
+			r->n_draft = r->spec_stop = r->n_dq = 0;
 		}
 		/* prefill-only requests end when their prompt is in */
 		for (int i = 0; i < s->n_reqs; i++) {
@@ -976,4 +1148,28 @@ void llm_sched_summary(const struct llm_sched *s, char *out, size_t n)
 		snprintf(out + k, n - (size_t)k, "; speculation: %lld of %lld drafted tokens accepted (%.1f%%)",
 		         (long long)s->st.spec_accepted_tokens, (long long)s->st.spec_draft_tokens,
 		         s->st.spec_draft_tokens ? 100.0 * (double)s->st.spec_accepted_tokens / (double)s->st.spec_draft_tokens : 0.0);
+}
+
+enum llm_status llm_sched_draft_open(struct llm_engine **d, struct llm_engine *e, const char *path,
+                                     const struct llm_engine_opts *o)
+{
+	*d = NULL;
+	/* the target's backend, threads, KV dtype and sequences; no adapters
+	 * (they belong to the target), a logit row per sequence, its own
+	 * context and a KV pool sized by it */
+	struct llm_engine_opts od = *o;
+	od.lora = NULL;
+	od.n_lora = od.lora_runtime = 0;
+	od.max_logits = o->max_seqs;
+	od.n_ctx = 0;
+	od.kv_blocks = 0;
+	struct llm_engine *x;
+	LLM_TRY(llm_engine_open(&x, path, &od));
+	int nd = llm_engine_model(x)->cfg.n_vocab, nt = llm_engine_model(e)->cfg.n_vocab;
+	if (nd != nt) {
+		llm_engine_close(x);
+		return llm_fail(LLM_ERR_FORMAT, "--draft %s: n_vocab %d differs from the model's %d", path, nd, nt);
+	}
+	*d = x;
+	return LLM_OK;
 }

@@ -52,7 +52,12 @@
  * blocks, never preempt), its rows are sampled in order while the token
  * equals the draft, and the positions after the first differing token are
  * truncated (blocks emptied go back to the pool). Outputs are those of
- * plain decoding (spec.h says why).
+ * plain decoding (spec.h says why). With a draft model (LLM_SPEC_DRAFT,
+ * opts.draft) each step begins with the draft engine's own forwards over
+ * the decoding requests: its KV sequence per request catches up with the
+ * request's ids (the prompt on the first step), then K tokens one at a
+ * time; after the target's step its sequence is cut back to the accepted
+ * ids. Rows are verified by the rejection rule (spec.h).
  *
  * Distributed engines (generate.h): the scheduler runs on rank 0 only; its
  * cache operations go through llm_engine_kv_*, which a leading engine
@@ -76,6 +81,9 @@ struct llm_sched_opts {
 	 * user pointer: the end of its queue time. */
 	void (*on_admit)(void *user);
 	struct llm_spec_opts spec;  /* speculative decoding; zero: off */
+	struct llm_engine *draft;   /* spec.mode LLM_SPEC_DRAFT: the draft model's engine
+	                             * (llm_sched_draft_open), borrowed; it needs max_running
+	                             * sequences and a logit row per request */
 };
 
 struct llm_sched_stats {
@@ -119,6 +127,15 @@ void llm_sched_opts_tokenizer(struct llm_sched_opts *o, const struct llm_config 
                               const struct llm_tokenizer *tk);
 /* The counters of llm_sched_stats as one line of text for -v. */
 void llm_sched_summary(const struct llm_sched *s, char *out, size_t n);
+/* Open the draft model of spec.draft (PATH) for target engine E with O
+ * (the target's backend, threads and KV dtype; max_seqs: the scheduler's
+ * max_running, max_batch_tokens its step) less adapters, with a logit row
+ * per sequence and the draft's own context: LLM_ERR_FORMAT when its vocabulary differs
+ * ("--draft PATH: n_vocab A differs from the model's B"), else
+ * llm_engine_open's statuses. Close it with llm_engine_close after the
+ * scheduler. */
+enum llm_status llm_sched_draft_open(struct llm_engine **d, struct llm_engine *e, const char *path,
+                                     const struct llm_engine_opts *o);
 /* Drop every prefix-cache entry (their blocks return to the pool). */
 void llm_sched_prefix_clear(struct llm_sched *s);
 /* The engine S drives. */

@@ -772,6 +772,7 @@ void llm_server_stop(struct llm_server *s)
 		MHD_stop_daemon(s->d);
 	llm_sched_close(s->sch);
 	llm_engine_close(s->e);
+	llm_engine_close(s->draft);
 	llm_tokenizer_close(s->tk);
 	llm_gvocab_free(s->gvocab);
 	pthread_mutex_destroy(&s->mu);

@@ -222,6 +222,12 @@ static enum llm_status engine_load(struct llm_server *s)
 	struct llm_sched_opts so = s->o.sched;
 	llm_sched_opts_tokenizer(&so, &llm_engine_model(s->e)->cfg, s->tk);
 	so.on_admit = on_admit;
+	if (so.spec.mode == LLM_SPEC_DRAFT) {   /* the draft: one process, the target's backend and threads */
+		struct llm_engine_opts d = s->o.eng;
+		d.max_seqs = d.kv_seqs = so.max_running;
+		LLM_TRY(llm_sched_draft_open(&s->draft, s->e, so.spec.draft, &d));
+		so.draft = s->draft;
+	}
 	LLM_TRY(llm_sched_open(&s->sch, s->e, &so));
 	/* distributed: returns when every rank has its engine (so /health says
 	 * ready only then); from here each step is mirrored to the other ranks */

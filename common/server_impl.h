@@ -148,6 +148,7 @@ struct llm_server {
 	int n_lora;                  /* adapters loaded */
 	struct lora_op *loraq;       /* loads and unloads for the engine thread */
 	struct llm_engine *e;
+	struct llm_engine *draft;    /* --speculate draft: the draft model's engine; NULL: none */
 	struct llm_sched *sch;
 	struct llm_tokenizer *tk;
 	struct llm_gvocab *gvocab;  /* tk's token bytes, for the requests' grammars */

@@ -5,18 +5,25 @@
 #include <string.h>
 #include "banned.h"
 
-enum llm_status llm_spec_opts_set(struct llm_spec_opts *o, const char *mode, int64_t k, int64_t ngram)
+enum llm_status llm_spec_opts_set(struct llm_spec_opts *o, const char *mode, int64_t k, int64_t ngram,
+                                  const char *draft)
 {
 	memset(o, 0, sizeof *o);
+	int dm = mode && !strcmp(mode, "draft");
+	if (draft && !dm)
+		return llm_fail(LLM_ERR_USAGE, "--draft goes with --speculate draft");
+	if (dm && !draft)
+		return llm_fail(LLM_ERR_USAGE, "--speculate draft needs --draft DIR");
 	if (!mode || !strcmp(mode, "off"))
 		return LLM_OK;
-	if (strcmp(mode, "ngram"))
-		return llm_fail(LLM_ERR_USAGE, "--speculate: '%s' is not ngram or off", mode);
+	if (strcmp(mode, "ngram") && !dm)
+		return llm_fail(LLM_ERR_USAGE, "--speculate: '%s' is not ngram, draft or off", mode);
 	if (k < 1 || k > LLM_SPEC_MAX_DRAFT)
 		return llm_fail(LLM_ERR_USAGE, "--spec-tokens: %lld is outside [1, %d]", (long long)k, LLM_SPEC_MAX_DRAFT);
 	if (ngram < 1 || ngram > 8)
 		return llm_fail(LLM_ERR_USAGE, "--spec-ngram: %lld is outside [1, 8]", (long long)ngram);
-	o->mode = LLM_SPEC_NGRAM;
+	o->mode = dm ? LLM_SPEC_DRAFT : LLM_SPEC_NGRAM;
+	o->draft = draft;
 	o->n_draft = (int)k;
 	o->ngram = (int)ngram;
 	return LLM_OK;

@@ -207,20 +207,27 @@ static void test_ngram(void)
 	const int32_t c[] = { 1, 2, 3, 4 };
 	check(llm_spec_ngram(c, 4, 3, 4, out) == 0 && llm_spec_ngram(c, 1, 3, 4, out) == 0, "ngram: no occurrence, no draft");
 	struct llm_spec_opts so;
-	check(llm_spec_opts_set(&so, "medusa", 4, 3) == LLM_ERR_USAGE && strstr(llm_errmsg(), "--speculate"),
+	check(llm_spec_opts_set(&so, "medusa", 4, 3, NULL) == LLM_ERR_USAGE && strstr(llm_errmsg(), "--speculate"),
 	      "an unknown --speculate mode is refused (%s)", llm_errmsg());
 }
 
 /* Speculation: the 12 requests (greedy: REF; sampled at temperature 0.9,
  * seeded: against the same run without speculation) through a scheduler
- * with prompt lookup, 6 running, a budget of 32, the small pool. */
-static void test_spec(struct llm_engine *e, const struct out *ref)
+ * with prompt lookup, 6 running, a budget of 32, the small pool (so
+ * requests are preempted); then greedy with a draft model (DRAFT: the
+ * same checkpoint, whose drafts the target's argmax must equal) against
+ * REF, and sampled with it (the ids differ from the seeded run: only that
+ * it ends cleanly, test_spec.c checks the distribution). */
+static void test_spec(struct llm_engine *e, const struct out *ref, struct llm_engine *draft)
 {
 	static struct out plain[N_REQ], got[N_REQ];
-	for (int pass = 0; pass < 3; pass++) {   /* 0: sampled plain, 1: sampled speculative, 2: greedy speculative */
+	for (int pass = 0; pass < 5; pass++) {   /* 0: sampled plain, 1: sampled, 2: greedy (ngram); 3: greedy, 4: sampled (draft) */
 		struct llm_sched_opts so = { .max_running = 6, .max_batch_tokens = 32, .prefix_entries = 2 };
-		if (pass && llm_spec_opts_set(&so.spec, "ngram", 4, 3))
+		if (pass && llm_spec_opts_set(&so.spec, pass < 3 ? "ngram" : "draft", 4, 3, pass < 3 ? NULL : "stories260K"))
 			check_diag("spec opts: %s", llm_errmsg());
+		so.draft = pass < 3 ? NULL : draft;
+		if (pass >= 3 && !draft)
+			break;
 		struct llm_sched *s;
 		if (!check(llm_sched_open(&s, e, &so) == LLM_OK, "open a scheduler (speculation pass %d)", pass))
 			return;
@@ -229,7 +236,7 @@ static void test_spec(struct llm_engine *e, const struct out *ref)
 		for (int k = 0; k < N_REQ; k++) {
 			struct llm_request rq = { .prompt = prompts[k], .n_prompt = n_prompt[k], .params = greedy(MAX_NEW),
 			                          .on_token = on_token, .user = &o[k] };
-			if (pass < 2) {
+			if (pass < 2 || pass == 4) {
 				rq.params.temperature = 0.9f;
 				rq.params.seed = 1000 + (uint64_t)k;
 			}
@@ -241,6 +248,17 @@ static void test_spec(struct llm_engine *e, const struct out *ref)
 		llm_sched_close(s);
 		if (!pass)
 			continue;
+		if (pass == 4) {
+			struct llm_kv *dkv = llm_engine_kv(draft);
+			int short_ = 0;
+			for (int k = 0; k < N_REQ; k++)
+				short_ += o[k].n < 1;
+			check(left == 0 && !short_ && over == 0 && st.kv_blocks_used == 0 && dkv->n_free == dkv->n_block,
+			      "draft model, sampled (T 0.9): every request ends, no step over the budget, every block of "
+			      "both caches free again (%lld of %lld drafted accepted, %lld preemptions)",
+			      (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens, (long long)st.preemptions);
+			continue;
+		}
 		const struct out *want = pass == 1 ? plain : ref;
 		int diff = 0;
 		for (int k = 0; k < N_REQ; k++)
@@ -248,10 +266,11 @@ static void test_spec(struct llm_engine *e, const struct out *ref)
 				diff++;
 				check_diag("request %d: %d ids, expected %d", k, o[k].n, want[k].n);
 			}
-		const char *what = pass == 1 ? "seeded sampled (T 0.9)" : "greedy";
-		check(left == 0 && diff == 0, "speculation (prompt lookup, k 4, n 3): %s outputs equal plain decoding's "
-		      "(%d differ, %d left)", what, diff, left);
-		check(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens,
+		const char *what = pass == 1 ? "seeded sampled (T 0.9)" : pass == 2 ? "greedy" : "greedy, draft model";
+		check(left == 0 && diff == 0, "speculation (%s, k 4): %s outputs equal plain decoding's "
+		      "(%d differ, %d left)", pass < 3 ? "prompt lookup, n 3" : "the model itself as draft", what, diff, left);
+		check(st.spec_accepted_tokens > 0 && (pass == 3 ? st.spec_accepted_tokens == st.spec_draft_tokens
+		                                                : st.spec_accepted_tokens < st.spec_draft_tokens),
 		      "%s: %lld of %lld drafted tokens accepted", what, (long long)st.spec_accepted_tokens,
 		      (long long)st.spec_draft_tokens);
 		check(over == 0 && st.kv_blocks_used == 0, "%s: no step over the budget, every block free again "
@@ -440,7 +459,13 @@ int main(void)
 		check(lo.n == 8 && alone.n == 8 && !memcmp(lo.ids, alone.ids, sizeof(int32_t) * 8),
 		      "the long prompt's output is the same with the short one going first");
 	}
-	test_spec(e, ref);
+	struct llm_engine_opts dopt = o;   /* the draft: the scheduler's 6 sequences, its own pool */
+	dopt.max_seqs = dopt.kv_seqs = 6;
+	struct llm_engine *draft = NULL;
+	if (!check(llm_sched_draft_open(&draft, e, dir, &dopt) == LLM_OK, "open stories260K as a draft model"))
+		check_diag("%s", llm_errmsg());
+	test_spec(e, ref, draft);
+	llm_engine_close(draft);
 	llm_engine_close(e);
 	test_scoring(dir);
 	return check_done();

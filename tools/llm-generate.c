@@ -18,7 +18,7 @@
 struct generate_cfg {
 	const char *model, *chat_template;   /* -m DIR; a template FILE overriding the model's */
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *json_schema, *grammar, *speculate;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *json_schema, *grammar, *speculate, *draft;
 	struct llm_strlist stop, logit_bias, lora;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens, spec_tokens, spec_ngram;
 	size_t kv_memory;
@@ -75,7 +75,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "parallel", "N", &cfg.parallel, "sequences computed together (prompts, --score continuations, --perplexity windows)", 1, 4096),
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
 	LLM_KV_MEMORY_OPT(&cfg.kv_memory, "--parallel x the longest prompt with its -n (4096 at least), in 90% of free memory"), LLM_MAX_KV_TOKENS_OPT(&cfg.max_kv_tokens),
-	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024), LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram),
+	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024), LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
@@ -92,7 +92,7 @@ static const struct llm_cli cli = {
 	.opts = opts, .n_opts = sizeof opts / sizeof *opts, .min_pos = 0, .max_pos = 0,
 };
 
-static struct llm_comm *world; static struct llm_spec_opts spec;   /* llm_comm_init: one rank unless under mpirun; --speculate (main) */
+static struct llm_comm *world; static struct llm_spec_opts spec; static struct llm_engine *draft_e;   /* llm_comm_init: one rank unless under mpirun; --speculate (main) */
 static size_t n_done, n_total; static const char *done_what = "prompts done";   /* an interrupted run's report */
 
 static int dist(void) { return world && world->size > 1; }
@@ -159,7 +159,9 @@ static void follow(void)
 /* A scheduler of the flags over E, with TK's detokenizer and EOS ids. */
 static struct llm_sched *sched_open(struct llm_engine *e, int n_run, int prefix, struct llm_tokenizer *tk)
 {
-	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens, .prefix_entries = prefix, .spec = spec };
+	struct llm_engine_opts d = engine_opts(n_run, n_run);   /* --speculate draft: the draft's engine (finish closes it), one process only */
+	if (spec.mode == LLM_SPEC_DRAFT && (dist() ? llm_fail(LLM_ERR_USAGE, "--speculate draft runs in one process") : llm_sched_draft_open(&draft_e, e, spec.draft, &d))) die_msg();
+	struct llm_sched_opts so = { .max_running = n_run, .max_batch_tokens = (int)cfg.batch_tokens, .prefix_entries = prefix, .spec = spec, .draft = draft_e };
 	if (tk)
 		llm_sched_opts_tokenizer(&so, &llm_engine_model(e)->cfg, tk);
 	struct llm_sched *s = NULL;
@@ -233,7 +235,7 @@ static void finish(struct llm_sched *sch, struct llm_engine *e)
 	char line[300];
 	llm_sched_summary(sch, line, sizeof line);
 	LLM_DEBUG("%s: %s\n", llm_progname(), line);
-	llm_sched_close(sch), lead_close(e);
+	llm_sched_close(sch), lead_close(e), llm_engine_close(draft_e);
 }
 
 /* A finished job's result: its text line (-p streamed it: the newline) or --json its object; -v its summary. */
@@ -374,7 +376,7 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
 	if (llm_weight_pages_parse(cfg.weight_pages) < 0)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
-	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram)) return llm_args_usage_error(&cli, "%s", llm_errmsg());
+	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft)) return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	for (int i = 0; i < cfg.logit_bias.n; i++)
 		if (llm_logit_bias_parse(cfg.logit_bias.v[i], &cli_bias[n_cli_bias++]))
 			return llm_args_usage_error(&cli, "--logit-bias %s", llm_errmsg());

@@ -24,7 +24,7 @@
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *speculate;
+	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *speculate, *draft;
 	struct llm_strlist lora;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache, spec_tokens, spec_ngram;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
@@ -65,7 +65,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
 	LLM_INT('c', "ctx-size", "N", &cfg.ctx_size, "context length (0: the model's)", 0, INT32_MAX),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse (0: no prefix caching)", 0, 1024),
-	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram),
+	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),
 	LLM_INT(0, "max-queue", "N", &cfg.max_queue, "requests waiting beyond the running ones; more get 429", 0, 1 << 20),
 	LLM_SIZE(0, "max-body", "SIZE", &cfg.max_body, "largest request body; larger get 413"),
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
@@ -167,6 +167,8 @@ static int refuse_dist(void)
 		      "implemented yet)";
 	else if (cfg.plan)
 		why = "--plan: run it in one process, without mpirun";
+	else if (cfg.draft)
+		why = "--speculate draft: run it in one process, without mpirun";
 	else if (!llm_model_is_partitioned(cfg.model)) {
 		why = "needs a checkpoint partitioned by llm-repartition --tp T --pp P (T x P = the ranks of mpirun -np)";
 		status = 1;
@@ -218,7 +220,7 @@ int main(int argc, char **argv)
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
 	struct llm_spec_opts spec;
-	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram))
+	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 
 	char *key_buf;

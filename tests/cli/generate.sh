@@ -82,6 +82,30 @@ import json, sys; a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 assert len(a['ids']) == 60 and (a['ids'], a['text']) == (b['ids'], b['text']), (a, b)" "$a" "$b"
 check_fails "a bad --speculate is a usage error naming the flag" 2 $G -m "$M" -p hi --speculate eagle
 grep -q -- "--speculate: 'eagle'" "$T/err" && ok "the error names --speculate" || notok "the error names --speculate"
+# draft-model speculation (spec.h): stories260K's FP8 copy (and the f32
+# model itself) drafts; greedy ids and log-probs equal plain decoding's,
+# digit for digit, in a batch of 8 and one at a time
+llm-quantize -q -b 1x32 "$M" "$T/fp8" 2>/dev/null
+for d in fp8 f32; do
+	dm=$T/fp8; [ $d = f32 ] && dm=$M
+	for par in 8 1; do
+		$G -m "$M" --json --logprobs 1 --parallel $par --speculate draft --draft "$dm" --spec-tokens 4 -v \
+			<"$T/ids.jsonl" >"$T/out-draft$d$par.jsonl" 2>"$T/draft$d$par.err"
+		check "--speculate draft ($d draft), --parallel $par: the reference ids and log-probs, digit for digit" python3 -c "
+import json,sys
+k=lambda f: [(o['ids'], o['logprobs'], o['top_logprobs']) for o in map(json.loads, open(f))]
+sys.exit(k('$T/out-ids.jsonl') != k('$T/out-draft$d$par.jsonl'))"
+		acc=$(grep -o '([0-9.]*%)' "$T/draft$d$par.err" | tr -d '()%')
+		check "--speculate draft ($d draft), --parallel $par -v: acceptance ${acc}% ($d: over 99% for the model itself, 50% for FP8)" \
+			python3 -c "import sys; sys.exit(not float('$acc' or 0) > (99 if '$d' == 'f32' else 50))"
+	done
+done
+b=$($G -m "$M" -p "Once upon a time" -n 60 --temp 0.9 --seed 7 --json --speculate draft --draft "$T/fp8")
+check "sampling with --speculate draft: 60 tokens and their text" python3 -c "
+import json, sys; b = json.loads(sys.argv[1]); assert len(b['ids']) == 60 and b['text'], b" "$b"
+check_fails "--speculate draft without --draft is a usage error" 2 $G -m "$M" -p hi --speculate draft
+grep -q -- "--speculate draft needs --draft DIR" "$T/err" && ok "the error says --draft DIR" || notok "the error says --draft DIR"
+check_fails "--draft without --speculate draft is a usage error" 2 $G -m "$M" -p hi --draft "$T/fp8"
 $G -m "$M" --json --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
 check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
 for wp in map huge; do
@@ -208,6 +232,8 @@ python3 -c "
 import json; c = json.load(open('configs/tiny-check.json')); c.update(vocab_size=1024)
 json.dump(c, open('$T/padded.json', 'w'))"
 llm-quantize -q --random "$T/padded.json" --seed 3 --tokenizer "$M" "$T/padded" 2>/dev/null
+check_fails "--draft with another vocabulary: an error naming both sizes" 1 $G -m "$M" -p hi --speculate draft --draft "$T/padded"
+grep -q "n_vocab 1024 differs from the model's 512" "$T/err" && ok "the error names the draft and both n_vocab" || notok "the error names the draft and both n_vocab"
 $G -m "$T/padded" --json -n 48 --temp 0 -p "Once upon a time" >"$T/padded.jsonl" 2>"$T/padded.err"
 check "padded vocabulary: ids past the tokenizer's add no text (exit 0, all 48 tokens)" python3 - "$T/padded.jsonl" "$G" "$T/padded" <<'PY'
 import json, subprocess, sys

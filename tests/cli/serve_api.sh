@@ -253,4 +253,27 @@ assert len(r) == 1 and r[0]['wrong'] == 0 and 0 <= r[0]['spec_accept_pct'] <= 10
 check_fails "--speculate with an unknown mode is a usage error" 2 llm-serve -m "$M" --speculate lookahead
 kill -TERM $SP; wait $SP
 check "the speculating server exits 0" [ $? = 0 ]
+# a draft model (stories260K's FP8 copy): greedy tokens as without, the
+# sampled request its 2 choices in full (the rule keeps the distribution,
+# not the seeded sequence), drafts counted
+llm-quantize -q -b 1x32 "$M" "$T/fp8" 2>/dev/null
+llm-serve -m "$M" --port 0 --port-file "$T/port3" -t 1 --speculate draft --draft "$T/fp8" --spec-tokens 4 \
+	2>"$T/server3.log" & SP=$!
+U=$(serve_url "$T/port3")
+specs draft
+curl -s -m 30 "$U/metrics" >"$T/metrics3"
+check "--speculate draft: greedy tokens as without, sampled choices in full; drafts counted" $PY - "$T" <<'PY'
+import json, re, sys
+t = sys.argv[1]
+for i in range(1, 5):
+    a = [c["token_ids"] for c in json.load(open("%s/plain%d.out" % (t, i)))["choices"]]
+    b = [c["token_ids"] for c in json.load(open("%s/draft%d.out" % (t, i)))["choices"]]
+    assert (a == b if i != 3 else [len(x) for x in a] == [len(x) for x in b]) and a[0], (i, a, b)
+m = dict(re.findall(r'^([a-z_:]+)(?:\{[^}]*\})? (\S+)$', open(t + "/metrics3").read(), re.M))
+d, acc = float(m["llm_spec_draft_tokens_total"]), float(m["llm_spec_accepted_tokens_total"])
+assert 0 < acc <= d and d == float(m["vllm:spec_decode_num_draft_tokens_total"]), m
+print("# %d of %d drafted tokens accepted" % (acc, d))
+PY
+kill -TERM $SP; wait $SP
+check "the draft-speculating server exits 0" [ $? = 0 ]
 tap_done

@@ -16,6 +16,7 @@
 #                          ours-fp8+emb theirs-q8_0
 #   KV [build default]     ours: --kv-dtype (f32, bf16)
 #   CONTENTION [1]         0: skip the round with a CPU burner
+#   TAG                    added to the output names (engine-MACHINE-TAG-DATE)
 #   LBENCH, LBENCH_LIB     a built lbench and the prebuilt llama.cpp folder;
 #                          unset: both are made in WORKDIR (npm install of
 #                          node-llama-cpp 3.22.1 with scripts disabled, the
@@ -51,8 +52,8 @@ PY=/usr/bin/python3            # Debian's, where python3-numpy lives
 B=bin
 MACHINE=${MACHINE:-cpu-$(hostname -s | tr -c 'a-zA-Z0-9\n' - | cut -c1-20)}
 DATE=$(date +%F)
-OUTJ=bench/results/engine-$MACHINE-$DATE.json
-OUTT=bench/results/engine-$MACHINE-$DATE.txt
+OUTJ=bench/results/engine-$MACHINE${TAG:+-$TAG}-$DATE.json
+OUTT=bench/results/engine-$MACHINE${TAG:+-$TAG}-$DATE.txt
 mkdir -p "$W" bench/results
 ROWS=$W/rows.jsonl
 : >"$ROWS"

@@ -17,6 +17,8 @@
 #   KV [build default]     ours: --kv-dtype (f32, bf16)
 #   CONTENTION [1]         0: skip the round with a CPU burner
 #   TAG                    added to the output names (engine-MACHINE-TAG-DATE)
+#   REPORT_ONLY [0]        1: measure nothing, write the JSON and table of the
+#                          rows WORKDIR/rows.jsonl holds (a cut-short run)
 #   LBENCH, LBENCH_LIB     a built lbench and the prebuilt llama.cpp folder;
 #                          unset: both are made in WORKDIR (npm install of
 #                          node-llama-cpp 3.22.1 with scripts disabled, the
@@ -56,8 +58,9 @@ OUTJ=bench/results/engine-$MACHINE${TAG:+-$TAG}-$DATE.json
 OUTT=bench/results/engine-$MACHINE${TAG:+-$TAG}-$DATE.txt
 mkdir -p "$W" bench/results
 ROWS=$W/rows.jsonl
-: >"$ROWS"
+[ "${REPORT_ONLY:-0}" = 1 ] || : >"$ROWS"
 
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
 # llama.cpp: the prebuilt library and lbench with the depth wrapper
 if [ -z "${LBENCH:-}" ]; then
 	N=$W/npm
@@ -90,6 +93,7 @@ for cfg in "${CONFIGS[@]}"; do
 done
 LLAMA_BACKEND=$(LB_DEBUG=1 "$LBENCH" "$LBENCH_LIB" "$W/$(basename "${CONFIGS[0]}" .json)/model-q8_0.gguf" 1 0 1 1 1 1 2>&1 |
 	sed -n 's/.*loaded CPU backend from .*\/\(libggml-cpu-[a-z0-9]*\)\.so.*/\1/p' | head -1)
+echo "$LLAMA_BACKEND" >"$W/llama_backend.txt"
 
 bandwidth() { # round
 	for t in $THREADS; do
@@ -165,6 +169,9 @@ for cfg in "${CONFIGS[@]}"; do
 		done
 	done
 done
+
+fi
+LLAMA_BACKEND=$(cat "$W/llama_backend.txt" 2>/dev/null || echo unknown)
 
 # the JSON and the table
 $PY - "$ROWS" "$OUTJ" "$OUTT" "$W" "$(git rev-parse --short HEAD)" "$MACHINE" "$DATE" "$LLAMA_BACKEND" "${KV:-default}" "$ROUNDS" <<'EOF'

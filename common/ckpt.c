@@ -17,6 +17,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -445,6 +448,114 @@ enum llm_status llm_ckpt_check_finite(const struct llm_ckpt *ck, size_t *n_value
 	}
 	if (n_values)
 		*n_values = total;
+	return LLM_OK;
+}
+
+/* ---- copying weights out ------------------------------------------------ */
+
+#define COPY_PIECE ((size_t)4 << 20)
+
+struct copy_run {
+	const struct llm_ckpt *ck;
+	const struct llm_ckpt_copy *jobs;
+	size_t n_jobs;
+	const int *fds;                 /* (n_file,) read-only descriptors, -1: not mapped */
+	size_t *piece_job, *piece_off;  /* (n_piece,) the job and byte offset of each piece */
+	size_t n_piece;
+	_Atomic size_t next;            /* the next piece to take */
+	_Atomic int err;                /* 0, or errno (EIO for a short read) */
+	_Atomic size_t err_file;        /* the file of the error */
+};
+
+/* The file of ck holding SRC .. SRC+N in its mapping, or n_file. */
+static size_t copy_file_of(const struct llm_ckpt *ck, const void *src, size_t n)
+{
+	const uint8_t *p = src;
+	for (size_t i = 0; i < ck->n_file; i++) {
+		const struct llm_st_file *f = &ck->files[i];
+		if (f->mapped == 1 && p >= f->base && n <= f->size && p - f->base <= (ptrdiff_t)(f->size - n))
+			return i;
+	}
+	return ck->n_file;
+}
+
+static void *copy_worker(void *arg)
+{
+	struct copy_run *r = arg;
+	for (;;) {
+		size_t k = atomic_fetch_add(&r->next, 1);
+		if (k >= r->n_piece || atomic_load(&r->err))
+			return NULL;
+		const struct llm_ckpt_copy *j = &r->jobs[r->piece_job[k]];
+		size_t off = r->piece_off[k], n = j->n - off < COPY_PIECE ? j->n - off : COPY_PIECE;
+		uint8_t *dst = (uint8_t *)j->dst + off;
+		const uint8_t *src = (const uint8_t *)j->src + off;
+		size_t fi = copy_file_of(r->ck, src, n);
+		if (fi == r->ck->n_file || r->fds[fi] < 0) {
+			memcpy(dst, src, n);
+			continue;
+		}
+		off_t at = (off_t)(src - r->ck->files[fi].base);
+		while (n) {
+			ssize_t got = pread(r->fds[fi], dst, n, at);
+			if (got < 0 && errno == EINTR)
+				continue;
+			if (got <= 0) {
+				int zero = 0;
+				if (atomic_compare_exchange_strong(&r->err, &zero, got < 0 ? errno : EIO))
+					atomic_store(&r->err_file, fi);
+				return NULL;
+			}
+			dst += got;
+			at += got;
+			n -= (size_t)got;
+		}
+	}
+}
+
+enum llm_status llm_ckpt_copy_out(const struct llm_ckpt *ck, const struct llm_ckpt_copy *jobs,
+                                  size_t n_jobs, int n_threads)
+{
+	if (n_threads <= 0) {
+		long c = sysconf(_SC_NPROCESSORS_ONLN);
+		n_threads = c < 1 ? 1 : c > 8 ? 8 : (int)c;
+	}
+	size_t n_piece = 0;
+	for (size_t i = 0; i < n_jobs; i++)
+		n_piece += (jobs[i].n + COPY_PIECE - 1) / COPY_PIECE;
+	int *fds = malloc((ck->n_file + 1) * sizeof *fds);
+	size_t *pj = malloc((n_piece + 1) * 2 * sizeof *pj);
+	if (!fds || !pj) {
+		free(fds);
+		free(pj);
+		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", ck->path);
+	}
+	struct copy_run r = { .ck = ck, .jobs = jobs, .n_jobs = n_jobs, .fds = fds,
+	                      .piece_job = pj, .piece_off = pj + n_piece + 1, .n_piece = n_piece };
+	for (size_t i = 0, k = 0; i < n_jobs; i++)
+		for (size_t off = 0; off < jobs[i].n; off += COPY_PIECE, k++) {
+			r.piece_job[k] = i;
+			r.piece_off[k] = off;
+		}
+	for (size_t i = 0; i < ck->n_file; i++)   /* -1: memcpy from the mapping instead */
+		fds[i] = ck->files[i].mapped == 1 ? open(ck->files[i].path, O_RDONLY | O_CLOEXEC) : -1;
+	pthread_t th[8];
+	int started = 0;
+	for (; started < n_threads - 1 && (size_t)started + 1 < n_piece; started++)
+		if (pthread_create(&th[started], NULL, copy_worker, &r))
+			break;          /* fewer threads: the caller's takes the rest */
+	copy_worker(&r);
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (size_t i = 0; i < ck->n_file; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(fds);
+	free(pj);
+	int e = atomic_load(&r.err);
+	if (e)
+		return llm_fail(LLM_ERR_IO, "%s: read: %s", ck->files[atomic_load(&r.err_file)].path,
+		                e == EIO ? "short read (file changed or truncated?)" : strerror(e));
 	return LLM_OK;
 }
 

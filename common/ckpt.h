@@ -68,6 +68,22 @@ const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name);
 /* Drop the pages of tensor T from this process's resident set once it is
  * no longer needed (a streaming pass); the page cache keeps them. */
 void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t);
+/* One copy of checkpoint bytes: N bytes from SRC (inside one of the
+ * checkpoint's files, or any memory) to DST. */
+struct llm_ckpt_copy {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+/* Copy every job with up to N_THREADS threads (0: the online CPUs, at most
+ * 8): bytes inside a mapped file are read with pread, from the page cache
+ * (or the disk) straight into DST as cat reads them, so the file mapping's
+ * pages are never faulted in; other bytes are memcpy'd. The threads take
+ * 4 MiB pieces in job order, so a file is read front to back. LLM_ERR_IO
+ * naming the file on a read error or a short read (DST then partly
+ * written). */
+enum llm_status llm_ckpt_copy_out(const struct llm_ckpt *ck, const struct llm_ckpt_copy *jobs,
+                                  size_t n_jobs, int n_threads);
 /* Whether any tensor is F8_E4M3 (the checkpoint is quantized). */
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck);
 /* Scan every float tensor of CK (F32, F16, BF16, E4M3 codes, scales) for

@@ -278,23 +278,45 @@ enum llm_status llm_model_copy_weights(struct llm_model *m)
 	}
 	uint8_t *base = (uint8_t *)(((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1)), *at = base;
 	madvise(base, total, MADV_HUGEPAGE);   /* advice: without THP the copy is plain pages */
+	/* the copies, read from the file by every CPU (llm_ckpt_copy_out) */
+	struct llm_ckpt_copy *jobs = malloc(2 * (size_t)n * sizeof *jobs);
+	if (!jobs) {
+		munmap(map, len);
+		free(ws);
+		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", m->ck.path);
+	}
+	size_t n_jobs = 0;
 	for (int i = 0; i < n - tied; i++) {
 		struct llm_weight *w = ws[i];
 		if (!w->data)
 			continue;
-		const struct llm_tensor *t = llm_ckpt_find(&m->ck, w->name);
 		size_t nb = llm_weight_data_bytes(w), ns = llm_weight_scale_bytes(w);
-		memcpy(at, w->data, nb);
-		w->data = at;
+		jobs[n_jobs++] = (struct llm_ckpt_copy){ at, w->data, nb };
 		at += ALIGN64(nb);
 		if (ns) {
-			memcpy(at, w->scale, ns);
-			w->scale = (const float *)at;
+			jobs[n_jobs++] = (struct llm_ckpt_copy){ at, w->scale, ns };
 			at += ALIGN64(ns);
 		}
+	}
+	enum llm_status s = llm_ckpt_copy_out(&m->ck, jobs, n_jobs, 0);
+	if (s) {
+		free(jobs);
+		munmap(map, len);
+		free(ws);
+		return s;
+	}
+	for (int i = 0, k = 0; i < n - tied; i++) {
+		struct llm_weight *w = ws[i];
+		if (!w->data)
+			continue;
+		const struct llm_tensor *t = llm_ckpt_find(&m->ck, w->name);
+		w->data = jobs[k++].dst;
+		if (llm_weight_scale_bytes(w))
+			w->scale = (const float *)jobs[k++].dst;
 		if (t)
 			llm_ckpt_release(&m->ck, t);   /* the file's pages: no longer ours to keep */
 	}
+	free(jobs);
 	if (tied) {
 		m->lm_head.data = m->embed.data;
 		m->lm_head.scale = m->embed.scale;

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void test_malformed(void)
 {
@@ -260,12 +261,62 @@ static void test_stories_roundtrip(void)
 	llm_ckpt_close(&src);
 }
 
+/* llm_ckpt_copy_out: a tensor of several 4 MiB pieces and a small one read
+ * from the file by 1 and 3 threads, a job from the heap memcpy'd, all
+ * byte-exact; a file cut short under its mapping is a read error naming it. */
+static void test_copy_out(void)
+{
+	const char *tmp = test_tmpdir();
+	char out[512];
+	size_t nb = (9u << 20) + 77;
+	uint8_t *big = malloc(nb), small[5] = { 9, 8, 7, 6, 5 }, heap[100];
+	uint8_t *dst = malloc(nb + 5 + sizeof heap);
+	if (!check(big && dst, "copy_out: memory"))
+		return;
+	for (size_t i = 0; i < nb; i++)
+		big[i] = (uint8_t)(i * 2654435761u >> 13);
+	for (size_t i = 0; i < sizeof heap; i++)
+		heap[i] = (uint8_t)(200 - i);
+	void *data[2] = { big, small };
+	struct llm_tensor d[2] = { desc("big", LLM_DTYPE_U8, (int64_t)nb, 0), desc("small", LLM_DTYPE_U8, 5, 0) };
+	snprintf(out, sizeof out, "%s/copy.safetensors", tmp);
+	struct llm_ckpt ck;
+	enum llm_status s = write_all(out, d, 2, data, NULL, 0, 0);
+	s = s ? s : llm_ckpt_open(&ck, out);
+	if (!check(!s, "copy_out: checkpoint written and opened (%s)", s ? llm_errmsg() : "ok")) {
+		free(big);
+		free(dst);
+		return;
+	}
+	struct llm_ckpt_copy jobs[3] = {
+		{ dst, llm_ckpt_find(&ck, "big")->data, nb },
+		{ dst + nb, llm_ckpt_find(&ck, "small")->data, 5 },
+		{ dst + nb + 5, heap, sizeof heap },
+	};
+	int threads[2] = { 1, 3 }, same = 1;
+	for (int k = 0; k < 2; k++) {
+		memset(dst, 0, nb + 5 + sizeof heap);
+		s = llm_ckpt_copy_out(&ck, jobs, 3, threads[k]);
+		same &= !s && !memcmp(dst, big, nb) && !memcmp(dst + nb, small, 5) && !memcmp(dst + nb + 5, heap, sizeof heap);
+	}
+	check(same, "copy_out: 9 MiB in pieces, a small tensor and heap bytes, 1 and 3 threads, byte-exact");
+	if (truncate(out, 4096) == 0) {
+		s = llm_ckpt_copy_out(&ck, jobs, 1, 2);
+		check(s == LLM_ERR_IO && strstr(llm_errmsg(), "copy.safetensors"),
+		      "copy_out: a file cut short is a read error naming it: %s", llm_errmsg());
+	}
+	llm_ckpt_close(&ck);
+	free(big);
+	free(dst);
+}
+
 int main(void)
 {
 	llm_log_level = 0;
 	test_malformed();
 	test_writer();
 	test_scale_layouts();
+	test_copy_out();
 	test_stories_roundtrip();
 	return check_done();
 }

@@ -403,6 +403,51 @@ s_gemm_sweep() {
 	EXTRA="{\"rows\": $(grep -c '^	{' "$OUTDIR/tune_table.h"), \"table\": \"tune_table.h\"}"
 }
 
+# the evaluation job (llm-generate --eval, issue 26): N synthetic HellaSwag-like
+# items on the random SmolLM2 shape given stories260K's tokenizer, (a) every
+# context + ending its own sequence, one at a time, against (c) contexts
+# shared, items batched by the DP; the speed-up is the measurement (the
+# target is 4x), the step fails only on errors or different scores
+s_eval() {
+	local be=cuda n=400 rc m=$LLM_TEST_MODELS/stories260K ev=$WORK/smol-tok
+	[ $QUICK = 1 ] && { skip "--quick: correctness only"; return; }
+	[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+	[ -f "$m/tokenizer.json" ] || { skip "no stories260K tokenizer under $LLM_TEST_MODELS"; return; }
+	need_py || return
+	make_smol || { failed "llm-quantize --random smollm2-135m failed"; return; }
+	mkdir -p "$ev" && ln -sf "$SMOL"/* "$ev/" && cp "$m/tokenizer.json" "$m/tokenizer_config.json" "$ev/"
+	if ! need_gpu; then be=cpu n=2; fi   # the CPU half, small
+	"$PY" - "$WORK" "$n" <<'PY'
+import json, random, sys
+w, n = sys.argv[1], int(sys.argv[2])
+words = "the a little girl boy cat dog sun tree park ball house mom dad friend happy big small ran saw played went".split()
+rng = random.Random(1)
+text = lambda k: " ".join(rng.choice(words) for _ in range(k))
+with open(w + "/eval.jsonl", "w") as a, open(w + "/eval-naive.jsonl", "w") as b:
+    for i in range(n):
+        ctx = text(rng.randint(15, 110)).capitalize()
+        ends = [" " + text(rng.randint(7, 45)) + "." for _ in range(4)]
+        a.write(json.dumps({"context": ctx, "endings": ends, "label": rng.randrange(4)}) + "\n")
+        for e in ends:
+            b.write(json.dumps({"context": "", "endings": [ctx + e]}) + "\n")
+PY
+	tmo "$GEN" -m "$ev" --backend $be -c 256 --eval --json --parallel 1 --eval-batch-tokens 1 <"$WORK/eval-naive.jsonl" \
+		>"$WORK/eval.a" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "(a) timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "(a) llm-generate --eval exit $rc: $(tail -n 1 "$LOG")"; return; }
+	tmo "$GEN" -m "$ev" --backend $be -c 256 --eval --json --parallel 64 <"$WORK/eval.jsonl" >"$WORK/eval.c" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "(c) timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "(c) llm-generate --eval exit $rc: $(tail -n 1 "$LOG")"; return; }
+	EXTRA=$("$PY" -c 'import json,sys
+a = [json.loads(l) for l in open(sys.argv[1])]; c = [json.loads(l) for l in open(sys.argv[2])]
+sa, sc = a[-1], c[-1]
+print(json.dumps({"backend": sys.argv[3], "items": sc["items"], "naive_total_s": sa["total_s"],
+                  "batched_total_s": sc["total_s"], "speedup": sa["total_s"] / sc["total_s"], "target": 4.0}))' \
+		"$WORK/eval.a" "$WORK/eval.c" $be) || { failed "unreadable --eval output"; return; }
+	local why=$REASON
+	[ $be = cuda ] || skip "$why; the CPU half ran ($n items, $EXTRA)"
+}
+
 echo "# bench/gpu.sh: device $DEV_NAME (sm $SM, driver $DEV_DRIVER), commit $COMMIT, budget $BUDGET s$([ $QUICK = 1 ] && echo ', --quick')$([ $DRY = 1 ] && echo ', --dry-run')"
 step build 300 s_build
 start_8b
@@ -419,6 +464,7 @@ step startup 60 s_startup
 step decode 120 s_decode
 step gemm_bench 120 s_gemm_bench
 step gemm_sweep 150 s_gemm_sweep
+step eval 120 s_eval
 
 total=$((SECONDS - T0))
 {

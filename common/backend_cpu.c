@@ -523,6 +523,13 @@ static void rope_task(void *ctx, int ith, int nth)
 		if (kv->dtype == LLM_DTYPE_F32) {
 			memcpy((float *)kv->k + off, row(j->k, t), row_b);
 			memcpy((float *)kv->v + off, row(j->v, t), row_b);
+		} else if (kv->dtype == LLM_DTYPE_E4M3) {   /* per head: codes and a scale */
+			size_t si = llm_kv_scale_index(kv, off);
+			for (int h = 0; h < kv->n_kv_head; h++) {
+				size_t ho = (size_t)h * (size_t)kv->d_head;
+				llm_kv_e4m3_row((uint8_t *)kv->k + off + ho, kv->ks + si + h, row(j->k, t) + ho, kv->d_head);
+				llm_kv_e4m3_row((uint8_t *)kv->v + off + ho, kv->vs + si + h, row(j->v, t) + ho, kv->d_head);
+			}
 		} else {
 			llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(j->k, t), (size_t)kv->kv_dim);
 			llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(j->v, t), (size_t)kv->kv_dim);
@@ -619,11 +626,34 @@ static const char *kv_slice(const struct llm_kv *kv, const void *arr, int layer,
 	                             * (size_t)kv->kv_dim + hoff) * kv->elt;
 }
 
+/* LAYER's block B: where the E4M3 scale of its first row, KV head KH, is. */
+static const float *kv_scales(const struct llm_kv *kv, const float *arr, int layer, int32_t b, int kh)
+{
+	return arr + ((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->block_size
+	             * (size_t)kv->n_kv_head + (size_t)kh;
+}
+
+/* Rows [p0, pe] of one block of a KV group as the helpers take them: in
+ * place (F32, BF16) or, for E4M3, decoded to f32 into BUF (block_size, d). */
+struct kv_rows { const void *p; enum llm_dtype dt; int64_t stride; };
+
+static struct kv_rows kv_rows_of(const struct llm_kv *kv, enum llm_cpu_isa isa, const void *arr,
+                                 const float *sarr, int layer, int32_t b, int kh, int n, float *buf)
+{
+	const char *p = kv_slice(kv, arr, layer, b, (size_t)kh * (size_t)kv->d_head);
+	if (kv->dtype != LLM_DTYPE_E4M3)
+		return (struct kv_rows){ p, kv->dtype, kv->kv_dim };
+	llm_cpu_e4m3_rows(isa, buf, (const uint8_t *)p, (size_t)kv->kv_dim, kv_scales(kv, sarr, layer, b, kh),
+	                  (size_t)kv->n_kv_head, n, kv->d_head);
+	return (struct kv_rows){ buf, LLM_DTYPE_F32, kv->d_head };
+}
+
 /* One item: a token and GS heads of one KV group, which read each cached
  * key and value row once. Per head the numerics are those of one head
  * alone: scores, softmax (llm_cpu_softmax), weighted sum. While the scores
  * of block i run, the keys of block i+1 and the values of block i are
- * prefetched, so the weighted sum finds its values in cache. */
+ * prefetched, so the weighted sum finds its values in cache. An E4M3 block
+ * is decoded to f32 (llm_cpu_e4m3_rows), then read as an F32 one. */
 static void attn_task(void *ctx, int ith, int nth)
 {
 	struct attn_job *j = ctx;
@@ -633,15 +663,17 @@ static void attn_task(void *ctx, int ith, int nth)
 	split((int64_t)j->b->n_tok * per_tok, ith, nth, 1, &b, &e);
 	size_t as = (size_t)kv->max_ctx;               /* one head's scores */
 	float *att = j->c->scratch + (size_t)ith * j->c->scratch_per;
-	float *kf = att + (size_t)ATTN_GS * as;        /* (d) a bf16 row as f32 */
+	float *kf = att + (size_t)ATTN_GS * as;        /* (block_size, d) an E4M3 block as f32 */
+	float *rf = kf + (size_t)kv->block_size * (size_t)d;   /* (d) a bf16 row as f32 */
 	float scale = sqrtf((float)d);
+	enum llm_cpu_isa isa = j->c->isa;
 	for (int64_t it = b; it < e; it++) {
-		int t = (int)(it / per_tok), h0 = (int)(it % per_tok) * gs;
+		int t = (int)(it / per_tok), h0 = (int)(it % per_tok) * gs, kh = h0 / group;
 		int seq = j->b->seq[t];
 		int32_t pos = j->b->pos[t];
 		const float *q = row(j->q, t) + (size_t)h0 * (size_t)d;
 		float *o = row(j->out, t) + (size_t)h0 * (size_t)d;
-		size_t hoff = (size_t)(h0 / group) * (size_t)d;
+		size_t hoff = (size_t)kh * (size_t)d;
 		const int32_t *blk = kv->seq[seq].blk;
 		int bs = kv->block_size;
 		size_t lstride = (size_t)kv->kv_dim * kv->elt, lbytes = (size_t)d * kv->elt;
@@ -653,41 +685,40 @@ static void attn_task(void *ctx, int ith, int nth)
 				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], hoff), lstride,
 				            pos - pe < bs ? pos - pe : bs, lbytes);
 			kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi], hoff), lstride, pe - p0 + 1, lbytes);
-			const char *kb = kv_slice(kv, kv->k, j->layer, blk[bi], hoff);
-			if (llm_cpu_attn_scores(j->c->isa, att + p0, as, q, gs, kb, kv->dtype, kv->kv_dim,
-			                        pe - p0 + 1, d, scale))
+			struct kv_rows kr = kv_rows_of(kv, isa, kv->k, kv->ks, j->layer, blk[bi], kh, pe - p0 + 1, kf);
+			if (llm_cpu_attn_scores(isa, att + p0, as, q, gs, kr.p, kr.dt, kr.stride, pe - p0 + 1, d, scale))
 				continue;
 			for (int32_t p = p0; p <= pe; p++) {
-				const void *r = kb + (size_t)(p - p0) * lstride;
-				const float *kr = r;
-				if (kv->dtype != LLM_DTYPE_F32) {
-					llm_to_f32(kf, r, LLM_DTYPE_BF16, (size_t)d);
-					kr = kf;
+				const void *r = (const char *)kr.p + (size_t)(p - p0) * (size_t)kr.stride * llm_dtype_size(kr.dt);
+				const float *kp = r;
+				if (kr.dt != LLM_DTYPE_F32) {
+					llm_to_f32(rf, r, LLM_DTYPE_BF16, (size_t)d);
+					kp = rf;
 				}
 				for (int h = 0; h < gs; h++)
-					att[(size_t)h * as + (size_t)p] = llm_cpu_dot(j->c->isa, q + (size_t)h * (size_t)d, kr, d) / scale;
+					att[(size_t)h * as + (size_t)p] = llm_cpu_dot(isa, q + (size_t)h * (size_t)d, kp, d) / scale;
 			}
 		}
 		for (int h = 0; h < gs; h++)
-			llm_cpu_softmax(j->c->isa, att + (size_t)h * as, (int64_t)pos + 1);
+			llm_cpu_softmax(isa, att + (size_t)h * as, (int64_t)pos + 1);
 		for (int i = 0; i < gs * d; i++)
 			o[i] = 0.0f;
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
-			const char *vb = kv_slice(kv, kv->v, j->layer, blk[bi], hoff);
-			if (llm_cpu_attn_wsum(j->c->isa, o, gs, att + p0, as, vb, kv->dtype, kv->kv_dim, pe - p0 + 1, d))
+			struct kv_rows vr = kv_rows_of(kv, isa, kv->v, kv->vs, j->layer, blk[bi], kh, pe - p0 + 1, kf);
+			if (llm_cpu_attn_wsum(isa, o, gs, att + p0, as, vr.p, vr.dt, vr.stride, pe - p0 + 1, d))
 				continue;
 			for (int32_t p = p0; p <= pe; p++) {
-				const void *r = vb + (size_t)(p - p0) * lstride;
-				const float *vr = r;
-				if (kv->dtype != LLM_DTYPE_F32) {
-					llm_to_f32(kf, r, LLM_DTYPE_BF16, (size_t)d);
-					vr = kf;
+				const void *r = (const char *)vr.p + (size_t)(p - p0) * (size_t)vr.stride * llm_dtype_size(vr.dt);
+				const float *vp = r;
+				if (vr.dt != LLM_DTYPE_F32) {
+					llm_to_f32(rf, r, LLM_DTYPE_BF16, (size_t)d);
+					vp = rf;
 				}
 				for (int h = 0; h < gs; h++) {
 					float a = att[(size_t)h * as + (size_t)p], *oh = o + (size_t)h * (size_t)d;
 					for (int i = 0; i < d; i++)
-						oh[i] += a * vr[i];
+						oh[i] += a * vp[i];
 				}
 			}
 		}
@@ -701,7 +732,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 {
 	struct cpu_be *c = cpu(be);
 	LLM_TRY(need_f32("attention", q));
-	size_t per = (size_t)ATTN_GS * (size_t)kv->max_ctx + (size_t)kv->d_head;
+	size_t per = (size_t)ATTN_GS * (size_t)kv->max_ctx + (size_t)(kv->block_size + 1) * (size_t)kv->d_head;
 	per = (per + 15) / 16 * 16;
 	if (c->scratch_per < per) {     /* first use with this cache: sized once */
 		float *s = malloc((size_t)(CHUNKS_PER_THREAD * llm_pool_threads(c->pool)) * per * sizeof(float));   /* per chunk */

@@ -1,6 +1,7 @@
 /* common/cpu_attention.c: the CPU backend's attention over one KV block
  * (scores q . k / scale and the weighted sum of values, AVX-512 and AVX2,
- * for 1 to 4 heads sharing a KV head), and the e^x they and SwiGLU use: llm_cpu_exp,
+ * for 1 to 4 heads sharing a KV head), E4M3 cache rows to f32, and the e^x
+ * they and SwiGLU use: llm_cpu_exp,
  * llm_cpu_silu_mul and llm_cpu_softmax (backend.h).
  *
  * Guarantees: every level gives the same bits. A score equals
@@ -312,6 +313,47 @@ bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *at
 	else
 		return false;
 	return true;
+}
+
+/* ---- E4M3 cache rows to f32 ----------------------------------------------
+ * dst = e4m3(code) * scale, one f32 rounding of the exact product: the
+ * table lookup times the scale, or at AVX2 (F16C) the code placed in a
+ * half (exponent bias 15 against 7, so its value times 2^-8, subnormals
+ * included) widened to f32 and times scale * 256: both factors move by a
+ * power of two (exact; scale * 256 cannot overflow, scale <= FLT_MAX / 448),
+ * so the exact product and its rounding are the same. Code 0x7f, which
+ * only a NaN input writes, reads as NaN on the table and 480 on F16C. */
+
+T256 static void e4m3_rows_256(float *dst, const uint8_t *src, size_t ss, const float *scale, size_t sc,
+                               int n_rows, int d)
+{
+	const __m128i lo = _mm_set1_epi16(0x7f), sg = _mm_set1_epi16(0x80);
+	for (int r = 0; r < n_rows; r++) {
+		const uint8_t *c = src + (size_t)r * ss;
+		float *o = dst + (size_t)r * (size_t)d;
+		__m256 s = _mm256_set1_ps(scale[(size_t)r * sc] * 256.0f);
+		int i = 0;
+		for (; i + 8 <= d; i += 8) {
+			__m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + i)));
+			__m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, sg), 8), _mm_slli_epi16(_mm_and_si128(w, lo), 7));
+			_mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_cvtph_ps(h), s));
+		}
+		for (; i < d; i++)
+			o[i] = llm_e4m3_table[c[i]] * scale[(size_t)r * sc];
+	}
+}
+
+void llm_cpu_e4m3_rows(enum llm_cpu_isa isa, float *dst, const uint8_t *src, size_t src_stride,
+                       const float *scale, size_t scale_stride, int n_rows, int d)
+{
+	if (isa >= LLM_ISA_AVX2) {
+		e4m3_rows_256(dst, src, src_stride, scale, scale_stride, n_rows, d);
+		return;
+	}
+	for (int r = 0; r < n_rows; r++)
+		for (int i = 0; i < d; i++)
+			dst[(size_t)r * (size_t)d + (size_t)i] = llm_e4m3_table[src[(size_t)r * src_stride + (size_t)i]]
+			                                         * scale[(size_t)r * scale_stride];
 }
 
 /* ---- e^x for the softmax and SiLU ---------------------------------------

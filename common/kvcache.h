@@ -15,7 +15,11 @@
  * once, alone, and its scale depends on nothing else, so the cache is
  * append-only (a block scale would have to be fixed by the block's first
  * token, clipping later larger ones, or requantize earlier rows when a
- * larger one comes); for d_head 64 it costs 4 bytes per 64 (6%). */
+ * larger one comes); for d_head 64 it costs 4 bytes per 64 (6%).
+ * Measured on stories260K (story NLL, f32 KV 555.03): per (token, head)
+ * 557.90 (+0.5%); a (block, head) scale fixed by the block's first row
+ * 1373.8, and with that scale times 2, 4 or 16 for headroom 783.6, 744.9,
+ * 771.9 (later rows clip or sink into E4M3's subnormals). */
 #ifndef LLM_KVCACHE_H
 #define LLM_KVCACHE_H
 

@@ -213,5 +213,10 @@ bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, co
                          const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale);
 bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,
                        const void *v, enum llm_dtype dt, int64_t v_stride, int n_pos, int d);
+/* N_ROWS rows of an E4M3 cache (codes SRC_STRIDE bytes apart, D each; one
+ * scale per row, SCALE_STRIDE floats apart) to f32 DST (n_rows, d):
+ * llm_e4m3_to_f32(code) * scale, the same bits at every ISA. */
+void llm_cpu_e4m3_rows(enum llm_cpu_isa isa, float *dst, const uint8_t *src, size_t src_stride,
+                       const float *scale, size_t scale_stride, int n_rows, int d);
 
 #endif

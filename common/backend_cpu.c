@@ -9,7 +9,7 @@
  * by the callers, in double.
  *
  * Threads: a persistent pool (pool.h); each op splits its independent output rows
- * (matmul: weight rows; attention: (token, heads of a KV group) items; the
+ * (matmul: weight rows; attention: (run of a sequence's query rows, heads of a KV group) items; the
  * rest: tokens or elements)
  * among the threads and never splits a reduction, so results do not depend
  * on the thread count or on the other tokens of the batch. Small ops run on
@@ -31,8 +31,11 @@
 struct cpu_be {
 	struct llm_pool *pool;   /* the threads every op runs on */
 	enum llm_cpu_isa isa;
-	float *scratch;        /* (CHUNKS_PER_THREAD n_threads, scratch_per) per chunk: attention scores + k/v row */
+	float *scratch;        /* (CHUNKS_PER_THREAD n_threads, scratch_per) per chunk: attention scores + k/v rows */
 	size_t scratch_per;
+	int attn_rows;         /* query rows an attention item takes together (the scratch holds their scores) */
+	int32_t *seg;          /* (seg_cap) attention: first batch token of each run of rows, then n_tok */
+	size_t seg_cap;
 	uint16_t *xbf;         /* (xbf_cap) matmul input rounded to bf16 */
 	size_t xbf_cap;
 	int chain;             /* chain(be, 1) is in force */
@@ -523,6 +526,13 @@ static void rope_task(void *ctx, int ith, int nth)
 		if (kv->dtype == LLM_DTYPE_F32) {
 			memcpy((float *)kv->k + off, row(j->k, t), row_b);
 			memcpy((float *)kv->v + off, row(j->v, t), row_b);
+		} else if (kv->dtype == LLM_DTYPE_E4M3) {   /* per head: codes and a scale */
+			size_t si = llm_kv_scale_index(kv, off);
+			for (int h = 0; h < kv->n_kv_head; h++) {
+				size_t ho = (size_t)h * (size_t)kv->d_head;
+				llm_kv_e4m3_row((uint8_t *)kv->k + off + ho, kv->ks + si + h, row(j->k, t) + ho, kv->d_head);
+				llm_kv_e4m3_row((uint8_t *)kv->v + off + ho, kv->vs + si + h, row(j->v, t) + ho, kv->d_head);
+			}
 		} else {
 			llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(j->k, t), (size_t)kv->kv_dim);
 			llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(j->v, t), (size_t)kv->kv_dim);
@@ -594,8 +604,9 @@ static enum llm_status cpu_rope_store(struct llm_backend *be, struct llm_view q,
 struct attn_job {
 	struct llm_view out, q;
 	struct llm_kv *kv;
-	int layer, n_head, gs;
+	int layer, n_head, gs, n_seg;
 	const struct llm_batch *b;
+	const int32_t *seg;    /* (n_seg + 1) the runs of rows: first tokens, then n_tok */
 	struct cpu_be *c;
 	uint16_t *xb;          /* chain_out's bf16 copy of out, or NULL */
 };
@@ -619,29 +630,58 @@ static const char *kv_slice(const struct llm_kv *kv, const void *arr, int layer,
 	                             * (size_t)kv->kv_dim + hoff) * kv->elt;
 }
 
-/* One item: a token and GS heads of one KV group, which read each cached
- * key and value row once. Per head the numerics are those of one head
- * alone: scores, softmax (llm_cpu_softmax), weighted sum. While the scores
- * of block i run, the keys of block i+1 and the values of block i are
- * prefetched, so the weighted sum finds its values in cache. */
+/* LAYER's block B: where the E4M3 scale of its first row, KV head KH, is. */
+static const float *kv_scales(const struct llm_kv *kv, const float *arr, int layer, int32_t b, int kh)
+{
+	return arr + ((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->block_size
+	             * (size_t)kv->n_kv_head + (size_t)kh;
+}
+
+/* Rows [p0, pe] of one block of a KV group as the helpers take them: in
+ * place (F32, BF16) or, for E4M3, decoded to f32 into BUF (block_size, d). */
+struct kv_rows { const void *p; enum llm_dtype dt; int64_t stride; };
+
+static struct kv_rows kv_rows_of(const struct llm_kv *kv, enum llm_cpu_isa isa, const void *arr,
+                                 const float *sarr, int layer, int32_t b, int kh, int n, float *buf)
+{
+	const char *p = kv_slice(kv, arr, layer, b, (size_t)kh * (size_t)kv->d_head);
+	if (kv->dtype != LLM_DTYPE_E4M3)
+		return (struct kv_rows){ p, kv->dtype, kv->kv_dim };
+	llm_cpu_e4m3_rows(isa, buf, (const uint8_t *)p, (size_t)kv->kv_dim, kv_scales(kv, sarr, layer, b, kh),
+	                  (size_t)kv->n_kv_head, n, kv->d_head);
+	return (struct kv_rows){ buf, LLM_DTYPE_F32, kv->d_head };
+}
+
+/* One item: a run of query rows (consecutive tokens of one sequence at
+ * consecutive positions, a prefill chunk or a part of it) and GS heads of
+ * one KV group. Each cached key and value block is read once for all of
+ * them (an E4M3 block decoded to f32 once, llm_cpu_e4m3_rows) and used for
+ * every row that sees it, while it is in L1. Per row and head the numerics
+ * are those of one head of one token alone, whatever the run: its scores
+ * (each position's bits are its own), softmax (llm_cpu_softmax) over its
+ * positions 0..pos, the weighted sum block by block in position order into
+ * its own output; so the bits do not depend on which rows share an item.
+ * While the scores of block i run, the keys of block i+1 and the values of
+ * block i are prefetched, so the weighted sum finds its values in cache. */
 static void attn_task(void *ctx, int ith, int nth)
 {
 	struct attn_job *j = ctx;
 	struct llm_kv *kv = j->kv;
-	int d = kv->d_head, group = j->n_head / kv->n_kv_head, gs = j->gs, per_tok = j->n_head / gs;
+	int d = kv->d_head, group = j->n_head / kv->n_kv_head, gs = j->gs, per_seg = j->n_head / gs;
 	int64_t b, e;
-	split((int64_t)j->b->n_tok * per_tok, ith, nth, 1, &b, &e);
+	split((int64_t)j->n_seg * per_seg, ith, nth, 1, &b, &e);
 	size_t as = (size_t)kv->max_ctx;               /* one head's scores */
-	float *att = j->c->scratch + (size_t)ith * j->c->scratch_per;
-	float *kf = att + (size_t)ATTN_GS * as;        /* (d) a bf16 row as f32 */
+	float *att = j->c->scratch + (size_t)ith * j->c->scratch_per;   /* (rows, gs, max_ctx) */
+	float *kf = att + (size_t)j->c->attn_rows * ATTN_GS * as;       /* (block_size, d) an E4M3 block as f32 */
+	float *rf = kf + (size_t)kv->block_size * (size_t)d;            /* (d) a bf16 row as f32 */
 	float scale = sqrtf((float)d);
+	enum llm_cpu_isa isa = j->c->isa;
 	for (int64_t it = b; it < e; it++) {
-		int t = (int)(it / per_tok), h0 = (int)(it % per_tok) * gs;
-		int seq = j->b->seq[t];
-		int32_t pos = j->b->pos[t];
-		const float *q = row(j->q, t) + (size_t)h0 * (size_t)d;
-		float *o = row(j->out, t) + (size_t)h0 * (size_t)d;
-		size_t hoff = (size_t)(h0 / group) * (size_t)d;
+		int sg = (int)(it / per_seg), h0 = (int)(it % per_seg) * gs, kh = h0 / group;
+		int t0 = j->seg[sg], nr = j->seg[sg + 1] - t0;
+		int seq = j->b->seq[t0];
+		int32_t pos0 = j->b->pos[t0], pos = pos0 + nr - 1;   /* row r is at pos0 + r */
+		size_t hoff = (size_t)kh * (size_t)d;
 		const int32_t *blk = kv->seq[seq].blk;
 		int bs = kv->block_size;
 		size_t lstride = (size_t)kv->kv_dim * kv->elt, lbytes = (size_t)d * kv->elt;
@@ -653,47 +693,67 @@ static void attn_task(void *ctx, int ith, int nth)
 				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], hoff), lstride,
 				            pos - pe < bs ? pos - pe : bs, lbytes);
 			kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi], hoff), lstride, pe - p0 + 1, lbytes);
-			const char *kb = kv_slice(kv, kv->k, j->layer, blk[bi], hoff);
-			if (llm_cpu_attn_scores(j->c->isa, att + p0, as, q, gs, kb, kv->dtype, kv->kv_dim,
-			                        pe - p0 + 1, d, scale))
-				continue;
-			for (int32_t p = p0; p <= pe; p++) {
-				const void *r = kb + (size_t)(p - p0) * lstride;
-				const float *kr = r;
-				if (kv->dtype != LLM_DTYPE_F32) {
-					llm_to_f32(kf, r, LLM_DTYPE_BF16, (size_t)d);
-					kr = kf;
+			struct kv_rows kr = kv_rows_of(kv, isa, kv->k, kv->ks, j->layer, blk[bi], kh, pe - p0 + 1, kf);
+			for (int r = p0 > pos0 ? p0 - pos0 : 0; r < nr; r++) {
+				const float *q = row(j->q, t0 + r) + (size_t)h0 * (size_t)d;
+				float *ar = att + (size_t)r * ATTN_GS * as;
+				int32_t pr = pos0 + r, pl = pe < pr ? pe : pr;
+				if (llm_cpu_attn_scores(isa, ar + p0, as, q, gs, kr.p, kr.dt, kr.stride, pl - p0 + 1, d, scale))
+					continue;
+				for (int32_t p = p0; p <= pl; p++) {
+					const void *rp = (const char *)kr.p + (size_t)(p - p0) * (size_t)kr.stride * llm_dtype_size(kr.dt);
+					const float *kp = rp;
+					if (kr.dt != LLM_DTYPE_F32) {
+						llm_to_f32(rf, rp, LLM_DTYPE_BF16, (size_t)d);
+						kp = rf;
+					}
+					for (int h = 0; h < gs; h++)
+						ar[(size_t)h * as + (size_t)p] = llm_cpu_dot(isa, q + (size_t)h * (size_t)d, kp, d) / scale;
 				}
-				for (int h = 0; h < gs; h++)
-					att[(size_t)h * as + (size_t)p] = llm_cpu_dot(j->c->isa, q + (size_t)h * (size_t)d, kr, d) / scale;
 			}
 		}
-		for (int h = 0; h < gs; h++)
-			llm_cpu_softmax(j->c->isa, att + (size_t)h * as, (int64_t)pos + 1);
-		for (int i = 0; i < gs * d; i++)
-			o[i] = 0.0f;
+		for (int r = 0; r < nr; r++) {
+			float *o = row(j->out, t0 + r) + (size_t)h0 * (size_t)d;
+			for (int h = 0; h < gs; h++)
+				llm_cpu_softmax(isa, att + ((size_t)r * ATTN_GS + (size_t)h) * as, (int64_t)pos0 + r + 1);
+			for (int i = 0; i < gs * d; i++)
+				o[i] = 0.0f;
+		}
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
-			const char *vb = kv_slice(kv, kv->v, j->layer, blk[bi], hoff);
-			if (llm_cpu_attn_wsum(j->c->isa, o, gs, att + p0, as, vb, kv->dtype, kv->kv_dim, pe - p0 + 1, d))
-				continue;
-			for (int32_t p = p0; p <= pe; p++) {
-				const void *r = vb + (size_t)(p - p0) * lstride;
-				const float *vr = r;
-				if (kv->dtype != LLM_DTYPE_F32) {
-					llm_to_f32(kf, r, LLM_DTYPE_BF16, (size_t)d);
-					vr = kf;
-				}
-				for (int h = 0; h < gs; h++) {
-					float a = att[(size_t)h * as + (size_t)p], *oh = o + (size_t)h * (size_t)d;
-					for (int i = 0; i < d; i++)
-						oh[i] += a * vr[i];
+			struct kv_rows vr = kv_rows_of(kv, isa, kv->v, kv->vs, j->layer, blk[bi], kh, pe - p0 + 1, kf);
+			for (int r = p0 > pos0 ? p0 - pos0 : 0; r < nr; r++) {
+				float *o = row(j->out, t0 + r) + (size_t)h0 * (size_t)d;
+				const float *ar = att + (size_t)r * ATTN_GS * as;
+				int32_t pr = pos0 + r, pl = pe < pr ? pe : pr;
+				if (llm_cpu_attn_wsum(isa, o, gs, ar + p0, as, vr.p, vr.dt, vr.stride, pl - p0 + 1, d))
+					continue;
+				for (int32_t p = p0; p <= pl; p++) {
+					const void *rp = (const char *)vr.p + (size_t)(p - p0) * (size_t)vr.stride * llm_dtype_size(vr.dt);
+					const float *vp = rp;
+					if (vr.dt != LLM_DTYPE_F32) {
+						llm_to_f32(rf, rp, LLM_DTYPE_BF16, (size_t)d);
+						vp = rf;
+					}
+					for (int h = 0; h < gs; h++) {
+						float a = ar[(size_t)h * as + (size_t)p], *oh = o + (size_t)h * (size_t)d;
+						for (int i = 0; i < d; i++)
+							oh[i] += a * vp[i];
+					}
 				}
 			}
 		}
-		chain_row(j->xb, j->out, t, (int64_t)h0 * d, (int64_t)(h0 + gs) * d);
+		for (int r = 0; r < nr; r++)
+			chain_row(j->xb, j->out, t0 + r, (int64_t)h0 * d, (int64_t)(h0 + gs) * d);
 	}
 }
+
+/* The scores of every chunk's rows: ATTN_SCORES floats (64 MiB) at most
+ * in all, so query rows per item up to ATTN_ROWS_MAX, fewer for a long
+ * context or many threads (2 threads, 4 heads a group: 16 rows at 32K
+ * positions, 4 at 128K), never fewer than 1. */
+#define ATTN_SCORES ((size_t)1 << 24)
+#define ATTN_ROWS_MAX 32
 
 static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out, struct llm_view q,
                                      struct llm_kv *kv, int layer, const struct llm_batch *b,
@@ -701,15 +761,26 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 {
 	struct cpu_be *c = cpu(be);
 	LLM_TRY(need_f32("attention", q));
-	size_t per = (size_t)ATTN_GS * (size_t)kv->max_ctx + (size_t)kv->d_head;
+	size_t row_sc = (size_t)ATTN_GS * (size_t)kv->max_ctx * (size_t)(CHUNKS_PER_THREAD * llm_pool_threads(c->pool));
+	int rows = (int)(ATTN_SCORES / row_sc < ATTN_ROWS_MAX ? ATTN_SCORES / row_sc : ATTN_ROWS_MAX);
+	rows = rows < 1 ? 1 : rows;
+	size_t per = (size_t)rows * ATTN_GS * (size_t)kv->max_ctx + (size_t)(kv->block_size + 1) * (size_t)kv->d_head;
 	per = (per + 15) / 16 * 16;
-	if (c->scratch_per < per) {     /* first use with this cache: sized once */
+	if (c->scratch_per < per || c->attn_rows != rows) {   /* first use with this cache: sized once */
 		float *s = malloc((size_t)(CHUNKS_PER_THREAD * llm_pool_threads(c->pool)) * per * sizeof(float));   /* per chunk */
 		if (!s)
 			return llm_fail(LLM_ERR_NOMEM, "attention: scratch of %zu floats", per);
 		free(c->scratch);
 		c->scratch = s;
 		c->scratch_per = per;
+		c->attn_rows = rows;
+	}
+	if (c->seg_cap < (size_t)b->n_tok + 1) {       /* grows to the largest batch, then stays */
+		int32_t *sg = realloc(c->seg, ((size_t)b->n_tok + 1) * sizeof *sg);
+		if (!sg)
+			return llm_fail(LLM_ERR_NOMEM, "attention: %d rows", b->n_tok);
+		c->seg = sg;
+		c->seg_cap = (size_t)b->n_tok + 1;
 	}
 	double work = 0;
 	for (int i = 0; i < b->n_tok; i++)
@@ -726,7 +797,16 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 		}
 	if ((int64_t)b->n_tok * (n_head / gs) < 4 * (int64_t)n_chunk)
 		gs = 1;
-	struct attn_job j = { out, q, kv, layer, n_head, gs, b, c, chain_out(c, out) };
+	/* runs of rows: consecutive tokens of one sequence, at most
+	 * c->attn_rows, and short enough to leave 2 items a chunk */
+	int64_t cap = (int64_t)b->n_tok * (n_head / gs) / (2 * (int64_t)n_chunk);
+	int max_rows = cap < 1 ? 1 : cap < c->attn_rows ? (int)cap : c->attn_rows, n_seg = 0;
+	for (int t = 0; t < b->n_tok; t++)
+		if (t == 0 || b->seq[t] != b->seq[t - 1] || b->pos[t] != b->pos[t - 1] + 1
+		    || t - c->seg[n_seg - 1] >= max_rows)
+			c->seg[n_seg++] = t;
+	c->seg[n_seg] = b->n_tok;
+	struct attn_job j = { out, q, kv, layer, n_head, gs, n_seg, b, c->seg, c, chain_out(c, out) };
 	llm_pool_run(c->pool, n_chunk, attn_task, &j);
 	chain_made(c, j.xb, out);
 	return LLM_OK;
@@ -834,6 +914,7 @@ static void cpu_fini(struct llm_backend *be)
 		if (c->big[i].p)
 			munmap(c->big[i].p, c->big[i].n);
 	free(c->scratch);
+	free(c->seg);
 	free(c->xbf);
 	free(c->rope_cs);
 	free(c->rope_freq);

@@ -1,11 +1,12 @@
 /* common/cpu_attention.c: the CPU backend's attention over one KV block
  * (scores q . k / scale and the weighted sum of values, AVX-512 and AVX2,
- * for 1 to 4 heads sharing a KV head), and the e^x they and SwiGLU use: llm_cpu_exp,
+ * for 1 to 4 heads sharing a KV head), E4M3 cache rows to f32, and the e^x
+ * they and SwiGLU use: llm_cpu_exp,
  * llm_cpu_silu_mul and llm_cpu_softmax (backend.h).
  *
  * Guarantees: every level gives the same bits. A score equals
  * llm_cpu_dot(isa, q, k) / scale, e^x is one sequence of f32 operations a
- * lane at a time or sixteen, and the softmax sum is taken in one fixed
+ * lane at a time, eight or sixteen, and the softmax sum is taken in one fixed
  * order (see each section). The attention helpers also run at AVX2 (d_head
  * a multiple of 8), with the bits of the loops of backend_cpu.c at that
  * level; a caller below AVX2, or with another d_head, gets false from
@@ -314,8 +315,49 @@ bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *at
 	return true;
 }
 
+/* ---- E4M3 cache rows to f32 ----------------------------------------------
+ * dst = e4m3(code) * scale, one f32 rounding of the exact product: the
+ * table lookup times the scale, or at AVX2 (F16C) the code placed in a
+ * half (exponent bias 15 against 7, so its value times 2^-8, subnormals
+ * included) widened to f32 and times scale * 256: both factors move by a
+ * power of two (exact; scale * 256 cannot overflow, scale <= FLT_MAX / 448),
+ * so the exact product and its rounding are the same. Code 0x7f, which
+ * only a NaN input writes, reads as NaN on the table and 480 on F16C. */
+
+T256 static void e4m3_rows_256(float *dst, const uint8_t *src, size_t ss, const float *scale, size_t sc,
+                               int n_rows, int d)
+{
+	const __m128i lo = _mm_set1_epi16(0x7f), sg = _mm_set1_epi16(0x80);
+	for (int r = 0; r < n_rows; r++) {
+		const uint8_t *c = src + (size_t)r * ss;
+		float *o = dst + (size_t)r * (size_t)d;
+		__m256 s = _mm256_set1_ps(scale[(size_t)r * sc] * 256.0f);
+		int i = 0;
+		for (; i + 8 <= d; i += 8) {
+			__m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + i)));
+			__m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, sg), 8), _mm_slli_epi16(_mm_and_si128(w, lo), 7));
+			_mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_cvtph_ps(h), s));
+		}
+		for (; i < d; i++)
+			o[i] = llm_e4m3_table[c[i]] * scale[(size_t)r * sc];
+	}
+}
+
+void llm_cpu_e4m3_rows(enum llm_cpu_isa isa, float *dst, const uint8_t *src, size_t src_stride,
+                       const float *scale, size_t scale_stride, int n_rows, int d)
+{
+	if (isa >= LLM_ISA_AVX2) {
+		e4m3_rows_256(dst, src, src_stride, scale, scale_stride, n_rows, d);
+		return;
+	}
+	for (int r = 0; r < n_rows; r++)
+		for (int i = 0; i < d; i++)
+			dst[(size_t)r * (size_t)d + (size_t)i] = llm_e4m3_table[src[(size_t)r * src_stride + (size_t)i]]
+			                                         * scale[(size_t)r * scale_stride];
+}
+
 /* ---- e^x for the softmax and SiLU ---------------------------------------
- * One sequence of f32 operations, run a lane at a time (fmaf) or sixteen
+ * One sequence of f32 operations, run a lane at a time (fmaf), eight (AVX2) or sixteen
  * (AVX-512) with the same bits: range reduction by ln 2 in two parts
  * (t = rint(x log2 e)), a degree-6 polynomial for e^r, then times 2^t,
  * exact because the input is clamped to [-87, 88] where every result is a
@@ -378,9 +420,10 @@ T512 static void silu_mul_512(float *o, const float *g, const float *u, int64_t 
 	}
 }
 
-/* The portable loops (silu_mul_1, softmax_1) are inlined twice: as they
- * are, and in a T256 function where each fmaf is one FMA instruction
- * instead of a call into libm: the same operations, so the same bits. */
+/* The portable loop silu_mul_1 is inlined twice: as it is, and in a T256
+ * function where each fmaf is one FMA instruction instead of a call into
+ * libm: the same operations, so the same bits (softmax_1 has an AVX2 twin,
+ * softmax_256, written out in vectors). */
 static INL void silu_mul_1(float *o, const float *g, const float *u, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++) {
@@ -465,7 +508,64 @@ static INL float softmax_1(float *a, int64_t n)
 	return sum;
 }
 
-T256 static float softmax_256(float *a, int64_t n) { return softmax_1(a, n); }
+/* exp_1 eight lanes at a time: the same operations (min and max take the
+ * bound when x is NaN, as exp_1's comparisons do; fnmadd(t, c, x) is
+ * fmaf(-t, c, x); the round is rintf's, to nearest even), so the same bits */
+T256 static INL __m256 exp_256(__m256 x)
+{
+	x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
+	__m256 t = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_L2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(t, _mm256_set1_ps(EXP_C2), _mm256_fnmadd_ps(t, _mm256_set1_ps(EXP_C1), x));
+	__m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P[0]), r, _mm256_set1_ps(EXP_P[1]));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P[2]));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P[3]));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P[4]));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P[5]));
+	p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(t), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* softmax_1 in vectors: the max as its comparisons take it (max_ps keeps
+ * the running max when an element is NaN, and a NaN a[0]; -0 and +0 give
+ * the same e^x), lanes 0-7 and 8-15 of its sum in two accumulators (the
+ * elements past n masked to +0, which adds nothing), the same tree. */
+T256 static float softmax_256(float *a, int64_t n)
+{
+	__m256 vm = _mm256_set1_ps(a[0]);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		vm = _mm256_max_ps(_mm256_loadu_ps(a + i), vm);
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+	float mx = _mm_cvtss_f32(m4);
+	for (; i < n; i++)
+		if (a[i] > mx)
+			mx = a[i];
+	if (a[0] != a[0])
+		mx = a[0];
+	const __m256 m = _mm256_set1_ps(mx);
+	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+	for (i = 0; i < n; i += 8) {
+		int64_t left = n - i;
+		__m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left >= 8 ? 8 : (int)left), lane);
+		__m256 e = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(a + i, k), m)), _mm256_castsi256_ps(k));
+		_mm256_maskstore_ps(a + i, k, e);
+		acc[(i >> 3) & 1] = _mm256_add_ps(acc[(i >> 3) & 1], e);
+	}
+	__m256 s8 = _mm256_add_ps(acc[0], acc[1]);
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	float sum = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));
+	const __m256 sv = _mm256_set1_ps(sum);
+	for (i = 0; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(a + i, _mm256_div_ps(_mm256_loadu_ps(a + i), sv));
+	for (; i < n; i++)
+		a[i] /= sum;
+	return sum;
+}
 
 float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n)
 {

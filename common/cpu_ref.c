@@ -61,6 +61,32 @@ static double e4m3_value(uint8_t c)
 	return s ? -v : v;
 }
 
+/* The E4M3 code nearest Y (ties to the even code, i.e. the even
+ * mantissa), |y| past 448 giving +-448: a search over the 127 finite
+ * magnitudes, not the bit arithmetic of dtype.h. */
+static uint8_t e4m3_nearest(float y)
+{
+	double a = fabs((double)y);
+	int best = 0;
+	for (int c = 1; c < 0x7f; c++) {
+		double dc = fabs(e4m3_value((uint8_t)c) - a), db = fabs(e4m3_value((uint8_t)best) - a);
+		if (dc < db || (dc == db && !(c & 1)))
+			best = c;
+	}
+	return (uint8_t)(best | (signbit(y) ? 0x80 : 0));
+}
+
+/* kvcache.h: a head's row as codes and a scale amax / 448 (f32 ops). */
+static void e4m3_row(uint8_t *c, float *scale, const float *x, int d)
+{
+	float amax = 0;
+	for (int i = 0; i < d; i++)
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+	*scale = amax / 448.0f;
+	for (int i = 0; i < d; i++)
+		c[i] = amax > 0 ? e4m3_nearest(x[i] / *scale) : 0;
+}
+
 float llm_ref_weight_at(const struct llm_weight *w, int64_t r, int64_t c)
 {
 	size_t i = (size_t)r * (size_t)w->cols + (size_t)c;
@@ -231,7 +257,8 @@ static size_t kv_index(const struct llm_kv *kv, int layer, int seq, int32_t pos)
 
 static enum llm_status kv_check(const char *op, const struct llm_kv *kv, int layer, const struct llm_batch *b)
 {
-	if (layer < 0 || layer >= kv->n_layer || (kv->dtype != LLM_DTYPE_F32 && kv->dtype != LLM_DTYPE_BF16))
+	if (layer < 0 || layer >= kv->n_layer
+	    || (kv->dtype != LLM_DTYPE_F32 && kv->dtype != LLM_DTYPE_BF16 && kv->dtype != LLM_DTYPE_E4M3))
 		return llm_fail(LLM_ERR_INTERNAL, "cpu_ref %s: layer %d of %d, cache %s", op, layer, kv->n_layer,
 		                llm_dtype_name(kv->dtype));
 	for (int t = 0; t < b->n_tok; t++) {
@@ -254,6 +281,16 @@ enum llm_status llm_ref_kv_store(struct llm_kv *kv, int layer, const struct llm_
 	LLM_TRY(kv_check("kv_store", kv, layer, b));
 	for (int t = 0; t < b->n_tok; t++) {
 		size_t at = kv_index(kv, layer, b->seq[t], b->pos[t]);
+		if (kv->dtype == LLM_DTYPE_E4M3) {   /* scales (..., n_kv_head): index at / d_head + head */
+			for (int h = 0; h < kv->n_kv_head; h++) {
+				size_t ho = (size_t)h * (size_t)kv->d_head;
+				e4m3_row((uint8_t *)kv->k + at + ho, kv->ks + at / (size_t)kv->d_head + (size_t)h,
+				         vrow(k, t) + ho, kv->d_head);
+				e4m3_row((uint8_t *)kv->v + at + ho, kv->vs + at / (size_t)kv->d_head + (size_t)h,
+				         vrow(v, t) + ho, kv->d_head);
+			}
+			continue;
+		}
 		for (int i = 0; i < kv->kv_dim; i++) {
 			float kf = vrow(k, t)[i], vf = vrow(v, t)[i];
 			if (kv->dtype == LLM_DTYPE_F32) {
@@ -283,6 +320,10 @@ static double kv_at(const struct llm_kv *kv, const void *arr, size_t at, int i)
 {
 	if (kv->dtype == LLM_DTYPE_F32)
 		return ((const float *)arr)[at + (size_t)i];
+	if (kv->dtype == LLM_DTYPE_E4M3) {   /* code * scale rounded to f32 once, as the cache defines it */
+		const float *sc = arr == kv->k ? kv->ks : kv->vs;
+		return (float)(e4m3_value(((const uint8_t *)arr)[at + (size_t)i]) * (double)sc[(at + (size_t)i) / (size_t)kv->d_head]);
+	}
 	return bf16_value(((const uint16_t *)arr)[at + (size_t)i]);
 }
 

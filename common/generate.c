@@ -139,8 +139,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		goto fail;
 	if ((e->world || e->o.n_lora || e->o.lora_runtime) && !strcmp(e->o.backend, "auto"))
 		e->o.backend = "cpu";       /* what these run on */
-	if (e->o.kv_dtype != LLM_DTYPE_F32 && e->o.kv_dtype != LLM_DTYPE_BF16) {
-		s = llm_fail(LLM_ERR_USAGE, "kv dtype: %s (f32 or bf16)", llm_dtype_name(e->o.kv_dtype));
+	if (e->o.kv_dtype != LLM_DTYPE_F32 && e->o.kv_dtype != LLM_DTYPE_BF16 && e->o.kv_dtype != LLM_DTYPE_E4M3) {
+		s = llm_fail(LLM_ERR_USAGE, "kv dtype: %s (f32, bf16 or fp8)", llm_dtype_name(e->o.kv_dtype));
 		goto fail;
 	}
 	struct llm_backend_opts bo = LLM_BACKEND_OPTS_DEFAULT;

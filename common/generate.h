@@ -53,7 +53,7 @@ struct llm_engine_opts {
 	const char *backend;        /* "auto", "cpu", "cuda[:N]" */
 	int n_threads;              /* 0: every CPU */
 	enum llm_cpu_isa isa;       /* LLM_ISA_AUTO: best, or $LLM_CPU_ISA */
-	enum llm_dtype kv_dtype;    /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
+	enum llm_dtype kv_dtype;    /* LLM_DTYPE_F32, LLM_DTYPE_BF16 or LLM_DTYPE_E4M3 (fp8) */
 	int kv_block_size;          /* positions per KV block */
 	int64_t kv_blocks;          /* 0: kv_seqs x min(n_ctx, 4096) positions (memplan.h sizes it from
 	                               the memory or the prompts) */

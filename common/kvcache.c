@@ -5,21 +5,35 @@
 #include "kvcache.h"
 #include "backend.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "banned.h"
 
 size_t llm_kv_bytes_per_token(const struct llm_kv_opts *o)
 {
-	return 2 * (size_t)o->n_layer * (size_t)o->n_kv_head * (size_t)o->d_head
-	       * llm_dtype_size(o->dtype);
+	size_t sc = o->dtype == LLM_DTYPE_E4M3 ? sizeof(float) : 0;   /* a scale per (token, head) */
+	return 2 * (size_t)o->n_layer * (size_t)o->n_kv_head * ((size_t)o->d_head * llm_dtype_size(o->dtype) + sc);
+}
+
+void llm_kv_e4m3_row(uint8_t *c, float *scale, const float *x, int d)
+{
+	float amax = 0.0f;
+	for (int i = 0; i < d; i++) {
+		float a = fabsf(x[i]);
+		amax = a > amax ? a : amax;
+	}
+	float s = amax / 448.0f;
+	*scale = s;
+	for (int i = 0; i < d; i++)
+		c[i] = s > 0.0f ? llm_f32_to_e4m3(x[i] / s) : 0;
 }
 
 enum llm_status llm_kv_init(struct llm_kv *kv, struct llm_backend *be, const struct llm_kv_opts *o)
 {
 	memset(kv, 0, sizeof *kv);
-	if (o->dtype != LLM_DTYPE_F32 && o->dtype != LLM_DTYPE_BF16)
-		return llm_fail(LLM_ERR_UNSUPPORTED, "kv cache: dtype %s (f32 or bf16)",
+	if (o->dtype != LLM_DTYPE_F32 && o->dtype != LLM_DTYPE_BF16 && o->dtype != LLM_DTYPE_E4M3)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "kv cache: dtype %s (f32, bf16 or fp8)",
 		                llm_dtype_name(o->dtype));
 	if (o->block_size < 1 || o->block_size > 4096 || o->n_block < 1 || o->n_block > INT32_MAX
 	    || o->max_seq < 1 || o->max_ctx < 1 || o->n_layer < 1 || o->n_kv_head < 1 || o->d_head < 1)
@@ -43,6 +57,13 @@ enum llm_status llm_kv_init(struct llm_kv *kv, struct llm_backend *be, const str
 	if ((s = be->ops->alloc(be, bytes, &kv->k)) || (s = be->ops->alloc(be, bytes, &kv->v))) {
 		llm_kv_free(kv);
 		return llm_fail_prefix(s, "kv cache: %zu bytes", 2 * bytes);
+	}
+	if (o->dtype == LLM_DTYPE_E4M3) {
+		size_t sb = bytes / (size_t)o->d_head * sizeof(float);
+		if ((s = be->ops->alloc(be, sb, (void **)&kv->ks)) || (s = be->ops->alloc(be, sb, (void **)&kv->vs))) {
+			llm_kv_free(kv);
+			return llm_fail_prefix(s, "kv cache: %zu bytes of scales", 2 * sb);
+		}
 	}
 	kv->ref = calloc((size_t)o->n_block, sizeof *kv->ref);
 	kv->free_list = malloc((size_t)o->n_block * sizeof *kv->free_list);
@@ -71,6 +92,10 @@ void llm_kv_free(struct llm_kv *kv)
 			kv->be->ops->release(kv->be, kv->k);
 		if (kv->v)
 			kv->be->ops->release(kv->be, kv->v);
+		if (kv->ks)
+			kv->be->ops->release(kv->be, kv->ks);
+		if (kv->vs)
+			kv->be->ops->release(kv->be, kv->vs);
 	}
 	if (kv->seq)
 		for (int i = 0; i < kv->max_seq; i++)
@@ -164,6 +189,12 @@ static enum llm_status block_copy(struct llm_kv *kv, int32_t dst, int32_t src)
 		size_t off_s = ((size_t)l * (size_t)kv->n_block + (size_t)src) * blk;
 		LLM_TRY(kv->be->ops->copy_in(kv->be, (char *)kv->k + off_d, (char *)kv->k + off_s, blk));
 		LLM_TRY(kv->be->ops->copy_in(kv->be, (char *)kv->v + off_d, (char *)kv->v + off_s, blk));
+		if (kv->ks) {             /* (block_size, n_kv_head) f32 per block; E4M3's elt is 1, so off / d_head indexes them */
+			size_t sb = (size_t)kv->block_size * (size_t)kv->n_kv_head, od = off_d / (size_t)kv->d_head;
+			size_t os = off_s / (size_t)kv->d_head;
+			LLM_TRY(kv->be->ops->copy_in(kv->be, kv->ks + od, kv->ks + os, sb * sizeof(float)));
+			LLM_TRY(kv->be->ops->copy_in(kv->be, kv->vs + od, kv->vs + os, sb * sizeof(float)));
+		}
 	}
 	return LLM_OK;
 }

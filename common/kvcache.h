@@ -7,8 +7,19 @@
  * (llm_score, prefix caching) and a write into a shared block first copies
  * it (copy on write). Nothing is allocated after llm_kv_init().
  *
- * Layout (dtype F32 or BF16): k, v each (n_layer, n_block, block_size,
- * n_kv_head * d_head), row-major. */
+ * Layout: k, v each (n_layer, n_block, block_size, n_kv_head * d_head),
+ * row-major, of dtype F32, BF16 or E4M3. An E4M3 cache also holds one f32
+ * scale per (token, head): ks, vs (n_layer, n_block, block_size, n_kv_head);
+ * element i of a head's row is e4m3(code_i) * scale (llm_kv_e4m3_row).
+ * Why per (token, head) rather than per (block, head): a row is written
+ * once, alone, and its scale depends on nothing else, so the cache is
+ * append-only (a block scale would have to be fixed by the block's first
+ * token, clipping later larger ones, or requantize earlier rows when a
+ * larger one comes); for d_head 64 it costs 4 bytes per 64 (6%).
+ * Measured on stories260K (story NLL, f32 KV 555.03): per (token, head)
+ * 557.90 (+0.5%); a (block, head) scale fixed by the block's first row
+ * 1373.8, and with that scale times 2, 4 or 16 for headroom 783.6, 744.9,
+ * 771.9 (later rows clip or sink into E4M3's subnormals). */
 #ifndef LLM_KVCACHE_H
 #define LLM_KVCACHE_H
 
@@ -34,7 +45,7 @@ struct llm_batch {
 
 struct llm_kv_opts {
 	int n_layer, n_kv_head, d_head;
-	enum llm_dtype dtype;     /* LLM_DTYPE_F32 or LLM_DTYPE_BF16 */
+	enum llm_dtype dtype;     /* LLM_DTYPE_F32, LLM_DTYPE_BF16 or LLM_DTYPE_E4M3 */
 	int block_size;           /* positions per block (16) */
 	int64_t n_block;          /* blocks in the pool */
 	int max_seq;              /* sequence slots */
@@ -55,6 +66,7 @@ struct llm_kv {
 	size_t elt;               /* bytes per element */
 	struct llm_backend *be;   /* owns k, v */
 	void *k, *v;              /* (n_layer, n_block, block_size, kv_dim) */
+	float *ks, *vs;           /* (n_layer, n_block, block_size, n_kv_head) E4M3 scales; else NULL */
 	int32_t *ref;             /* (n_block) reference counts; 0: free */
 	int32_t *free_list;       /* (n_block) stack of free blocks */
 	int64_t n_free;
@@ -102,5 +114,20 @@ static inline size_t llm_kv_offset(const struct llm_kv *kv, int layer, int seq, 
 	return (((size_t)layer * (size_t)kv->n_block + (size_t)blk) * (size_t)kv->block_size
 	        + (size_t)(pos % kv->block_size)) * (size_t)kv->kv_dim;
 }
+
+/* Index in kv->ks / kv->vs of head 0's scale for the row at element
+ * offset OFF (llm_kv_offset's). */
+static inline size_t llm_kv_scale_index(const struct llm_kv *kv, size_t off)
+{
+	return off / (size_t)kv->d_head;
+}
+
+/* One head's row X (d) as E4M3 codes C (d) and its scale: amax = max |x_i|,
+ * scale = amax / 448, code_i = e4m3(x_i / scale) (nearest, ties to even;
+ * the largest element lands on 448, E4M3's largest finite value). An
+ * all-zero row stores scale 0 and codes 0 (no division by zero). The CPU
+ * store, the plain reference and the CUDA store (kernels/attn_paged.cu)
+ * give the same bytes. */
+void llm_kv_e4m3_row(uint8_t *c, float *scale, const float *x, int d);
 
 #endif

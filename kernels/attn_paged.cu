@@ -6,11 +6,15 @@
  * layout of common/kvcache.h: k, v (n_layer, n_block, block_size, kv_dim),
  * position p of a sequence in block tab[p / block_size], slot
  * p % block_size. BF16 caches round to nearest even (llm_f32_to_bf16), so
- * the stored bits equal the CPU's. Attention: scores q.k / sqrtf(d_head) in
+ * the stored bits equal the CPU's. FP8 (E4M3) caches store a head's row as
+ * codes and one scale amax / 448 (llm_kv_e4m3_row: code = e4m3(x / scale),
+ * nearest even, saturating), the CPU's bytes; an element reads as
+ * e4m3(code) * scale, one f32 rounding, as on the CPU. Attention: scores q.k / sqrtf(d_head) in
  * f32, softmax computed online (running max and sum, rescaled per chunk of
  * 32 positions, as in FlashAttention) instead of the CPU's two passes: the
  * same function, rounding differs by a few ulp. */
 #include "cuda_device.h"
+#include <cuda_fp8.h>
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_D 256
@@ -22,9 +26,39 @@ static __device__ __forceinline__ int64_t kv_row(const struct llm_cuda_kvgeom &g
 	return (((int64_t)layer * g.n_block + blk) * g.block_size + p % g.block_size) * g.kv_dim;
 }
 
-static __device__ __forceinline__ float kv_at(const void *base, int bf16, int64_t i)
+/* Element I of K (SC: ks) or V (vs): scales are one per d_head elements. */
+static __device__ __forceinline__ float kv_at(const struct llm_cuda_kvgeom &g, const void *base,
+                                              const float *sc, int64_t i)
 {
-	return bf16 ? __bfloat162float(((const __nv_bfloat16 *)base)[i]) : ((const float *)base)[i];
+	if (g.fp8)
+		return e4m3x2_scaled(((const uint8_t *)base)[i]).x * (sc[i / g.d_head] * 256.0f);
+	return g.bf16 ? __bfloat162float(((const __nv_bfloat16 *)base)[i]) : ((const float *)base)[i];
+}
+
+/* FP8 caches: one warp per (token, KV head); the lanes find the row's
+ * largest magnitude, then each encodes its elements. */
+__global__ void kv_store_e4m3_kernel(struct llm_cuda_kvgeom g, int layer, struct llm_cuda_kvmeta m,
+                                     const float *k, int64_t ks, const float *v, int64_t vs)
+{
+	const int lane = threadIdx.x & 31;
+	const int64_t n = (int64_t)m.n_tok * g.n_kv_head, warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+	for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < n; item += warps) {
+	for (int w = 0; w < 2; w++) {   /* k, then v */
+		const int t = (int)(item / g.n_kv_head), h = (int)(item % g.n_kv_head), d = g.d_head;
+		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t]) + (int64_t)h * d;
+		const float *x = (w ? v + (int64_t)t * vs : k + (int64_t)t * ks) + (int64_t)h * d;
+		uint8_t *c = (uint8_t *)(w ? g.v : g.k) + off;
+		float amax = 0.0f;
+		for (int i = lane; i < d; i += 32)
+			amax = fmaxf(amax, fabsf(x[i]));
+		amax = warp_max(amax);
+		const float s = amax / 448.0f;
+		for (int i = lane; i < d; i += 32)
+			c[i] = s > 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(x[i] / s, __NV_SATFINITE, __NV_E4M3) : 0;
+		if (lane == 0)
+			(w ? g.vs : g.ks)[off / d] = s;
+	}
+	}
 }
 
 /* One thread per (token, element). */
@@ -82,7 +116,7 @@ attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
 			int64_t kr = kv_row(g, layer, tab, p) + hoff;
 			float dot = 0.0f;
 			for (int i = 0; i < d; i++)
-				dot = fmaf(qw[i], kv_at(g.k, g.bf16, kr + i), dot);
+				dot = fmaf(qw[i], kv_at(g, g.k, g.ks, kr + i), dot);
 			s = dot / scale;
 		}
 		float m_new = fmaxf(m_run, warp_max(s));   /* finite: position c0 <= pos */
@@ -100,7 +134,7 @@ attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
 			for (int r = 0; r < ATTN_MAX_D / 32; r++) {
 				int i = lane + 32 * r;
 				if (i < d)
-					acc[r] = fmaf(ej, kv_at(g.v, g.bf16, vr + i), acc[r]);
+					acc[r] = fmaf(ej, kv_at(g, g.v, g.vs, vr + i), acc[r]);
 			}
 		}
 		m_run = m_new;
@@ -122,6 +156,11 @@ extern "C" cudaError_t llm_cuda_kv_store(const struct llm_cuda_kvgeom *g, int la
 	int64_t n = (int64_t)m->n_tok * g->kv_dim;
 	if (n < 1)
 		return cudaSuccess;
+	if (g->fp8) {
+		int64_t th = (int64_t)m->n_tok * g->n_kv_head * 32;
+		kv_store_e4m3_kernel<<<llm_grid_1d(th, 256), 256, 0, stream>>>(*g, layer, *m, k, ks, v, vs);
+		return cudaGetLastError();
+	}
 	kv_store_kernel<<<llm_grid_1d(n, 256), 256, 0, stream>>>(*g, layer, *m, k, ks, v, vs);
 	return cudaGetLastError();
 }

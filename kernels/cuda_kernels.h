@@ -120,8 +120,9 @@ struct llm_cuda_kvmeta {
  * kv_dim) of f32 (bf16 = 0) or bf16 (bf16 = 1). */
 struct llm_cuda_kvgeom {
 	void *k, *v;
+	float *ks, *vs;           /* fp8: (n_layer, n_block, block_size, n_kv_head) scales; else NULL */
 	int64_t n_block;
-	int block_size, kv_dim, n_kv_head, d_head, bf16;
+	int block_size, kv_dim, n_kv_head, d_head, bf16, fp8;
 };
 
 /* Write rows of k, v (n_tok, kv_dim) of LAYER at each token's position. */

@@ -616,6 +616,9 @@ static enum llm_status kv_meta(struct cuda_be *c, struct llm_kv *kv, const struc
 	g->n_kv_head = kv->n_kv_head;
 	g->d_head = kv->d_head;
 	g->bf16 = kv->dtype == LLM_DTYPE_BF16;
+	g->fp8 = kv->dtype == LLM_DTYPE_E4M3;
+	g->ks = kv->ks;
+	g->vs = kv->vs;
 	return LLM_OK;
 }
 

@@ -25,7 +25,7 @@
  *   order against sequential).
  * - rope: atol 1e-5, rtol 1e-5 (CUDA cosf/sinf are within 2 ulp).
  * - swiglu: atol 1e-7, rtol 4e-6 (CUDA expf within 2 ulp, one division).
- * - add, gather, embed, kv_store (f32 and bf16 cache): exact.
+ * - add, gather, embed, kv_store (f32, bf16 and fp8 caches, fp8 scales included): exact.
  * - attention: atol 1e-5, rtol 1e-4 (online softmax against two-pass;
  *   scores through another dot order).
  * - argmax with repetition penalty: the same ids.
@@ -76,8 +76,8 @@ static const char *const gpu_checks[] = {
 	"rmsnorm and add_rmsnorm against the CPU",
 	"rope (llama3-scaled inv_freq) against the CPU",
 	"swiglu, add, gather, embed against the CPU",
-	"kv_store f32 and bf16 caches equal the CPU's bytes",
-	"attention decode + prefill chunks, GQA, d_head 8/64/128 against the CPU",
+	"kv_store f32, bf16 and fp8 caches equal the CPU's bytes (fp8: codes and scales)",
+	"attention decode + prefill chunks, GQA, d_head 8/64/128, f32/bf16/fp8 KV against the CPU",
 	"argmax with repetition penalty equals the CPU's choice",
 	"matmul, every configuration and dtype above, against the plain reference (same bounds)",
 	"rmsnorm, add_rmsnorm, rope, swiglu, add, gather, embed against the plain reference",
@@ -675,6 +675,16 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 		           llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
 		ref_attn_ok = 0;
 	}
+	if (kg.ks) {              /* fp8: the scales, one f32 per (token, head) */
+		size_t sb = bytes / (size_t)d_head * sizeof(float);
+		float *hs = malloc(sb), *hvs = malloc(sb);
+		llm_cuda_copy_out(gpu, hs, kg.ks, sb);
+		llm_cuda_copy_out(gpu, hvs, kg.vs, sb);
+		if (memcmp(hs, kc.ks, sb) || memcmp(hvs, kc.vs, sb))
+			*kv_same = 0;
+		free(hs);
+		free(hvs);
+	}
 	free(hk);
 	free(hv);
 	llm_kv_free(&kc);
@@ -687,9 +697,10 @@ static void test_attention(void)
 {
 	static const struct { int h, kvh, d; } cases[] = { { 8, 4, 8 }, { 9, 3, 64 }, { 8, 2, 128 }, { 4, 4, 96 } };
 	int ok = 1, kv_same = 1;
-	for (int dt = 0; dt < 2; dt++)
+	static const enum llm_dtype kdt[3] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
+	for (int dt = 0; dt < 3; dt++)
 		for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-			ok &= attn_case(dt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32, cases[i].h, cases[i].kvh, cases[i].d, &kv_same);
+			ok &= attn_case(kdt[dt], cases[i].h, cases[i].kvh, cases[i].d, &kv_same);
 	check(kv_same, "cuda: %s", gpu_checks[10]);
 	check(ok, "cuda: %s", gpu_checks[11]);
 }

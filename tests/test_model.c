@@ -205,7 +205,7 @@ static void report_run(const char *what, struct collect *c, int *n_ok_out, doubl
 	           what, n_ok, n_P, total_agree, total_ref, max_dlp);
 }
 
-static struct collect *alone;
+static struct collect *alone;     /* each prompt alone, f32 weights and KV */
 
 static void test_greedy(void)
 {
@@ -225,12 +225,14 @@ static void test_greedy(void)
 }
 
 /* All prompts in one engine at once (mixed prefill and decode steps, small
- * step budget so prefill chunks and decodes share batches), 2 threads. */
-static void test_batch_invariance(void)
+ * step budget so prefill chunks and decodes share batches), 2 threads,
+ * against ALONE: each prompt alone on a KV cache of the same dtype. */
+static void test_batch_invariance(enum llm_dtype kvt, const struct collect *alone)
 {
 	if (!alone)
 		return;
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+	o.kv_dtype = kvt;
 	o.n_threads = 2;
 	o.max_seqs = n_P;
 	o.max_batch_tokens = 48;
@@ -249,8 +251,8 @@ static void test_batch_invariance(void)
 			check_diag("%s: together differs from alone", P[i].id);
 		same += eq;
 	}
-	check(ok && same == n_P, "batch invariance: 30 prompts together (48-token steps, 2 threads) "
-	      "give the same ids and log-probs, bit for bit, as one at a time: %d/%d", same, n_P);
+	check(ok && same == n_P, "batch invariance, %s kv: 30 prompts together (48-token steps, 2 threads) "
+	      "give the same ids and log-probs, bit for bit, as one at a time: %d/%d", llm_dtype_name(kvt), same, n_P);
 	free(all);
 	llm_engine_close(e);
 }
@@ -793,20 +795,34 @@ int main(void)
 		return check_done();
 	}
 	test_greedy();
-	test_batch_invariance();
+	test_batch_invariance(LLM_DTYPE_F32, alone);
 	same_with_pages(model_dir, "stories260K");
 	test_score();
 	perplexity_of(model_dir, "f32", LLM_DTYPE_F32, &f32_story_nll, 1);
-	if (alone) {                      /* the BF16 KV cache: reported */
-		struct llm_engine *e = open_engine(model_dir, LLM_DTYPE_BF16, 0, 1);
+	/* the BF16 and FP8 KV caches: greedy agreement and perplexity reported;
+	 * FP8 KV perplexity within 1% of F32 KV (the issue's bar), and batch
+	 * invariance on it */
+	static const enum llm_dtype kvd[2] = { LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
+	for (int k = 0; k < 2 && alone; k++) {
+		struct llm_engine *e = open_engine(model_dir, kvd[k], 0, 1);
 		struct collect *c = calloc((size_t)n_P, sizeof *c);
 		int ok = e != NULL;
 		for (int i = 0; i < n_P && ok; i++)
 			ok = run_greedy(e, i, 1, &c[i]);
+		char what[64];
+		snprintf(what, sizeof what, "f32 weights, %s kv", llm_dtype_name(kvd[k]));
 		if (ok)
-			report_run("f32 weights, bf16 kv", c, NULL, NULL, 1);
-		free(c);
+			report_run(what, c, NULL, NULL, 1);
 		llm_engine_close(e);
+		if (kvd[k] == LLM_DTYPE_E4M3 && check(ok, "fp8 kv: every prompt alone"))
+			test_batch_invariance(kvd[k], c);
+		free(c);
+		double nll = -1;
+		perplexity_of(model_dir, what, kvd[k], &nll, 0);
+		if (kvd[k] == LLM_DTYPE_E4M3 && f32_story_nll > 0) {
+			double r = exp((nll - f32_story_nll) / 501.0) - 1;   /* ppl ratio - 1 */
+			check(nll > 0 && fabs(r) <= 0.01, "fp8 kv perplexity within 1%% of f32 kv on the story (%+.3f%%)", 100 * r);
+		}
 	}
 	test_bad_input();
 	test_bf16();

@@ -15,7 +15,7 @@
  *   definition on both sides). softmax: rtol (2 max|x - max| + n + 8) u.
  * - attention: (2 (d + 2) sqrt(d) + 4 sqrt(d) + 2 n + 8) u absolute for
  *   |q|, |k|, |v| <= 1 (d = d_head, n = positions).
- * - embed, add, gather, kv_store and the store of rope_store (f32 and bf16
+ * - embed, add, gather, kv_store and the store of rope_store (f32, bf16 and fp8
  *   caches): exact.
  *
  * Between levels (the reason for each):
@@ -55,6 +55,8 @@ static double urand(void)
 	return (double)(rng >> 11) * 0x1.0p-53;
 }
 static float frand(void) { return (float)(urand() * 2 - 1); }
+/* the KV cache element types, in the order the tests loop over them */
+static const enum llm_dtype KV_DT[3] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
 
 struct wbuf {
 	struct llm_weight w;
@@ -392,6 +394,14 @@ static void test_exp(enum llm_cpu_isa best)
 		llm_cpu_silu_mul(LLM_ISA_SCALAR, o2, g, u, n);
 		same &= !memcmp(a, b, (size_t)n * 4) && !memcmp(o1, o2, (size_t)n * 4);
 	}
+	/* weights of one size, so that the order of the sum shows in its bits */
+	for (int n = 1; n <= 300 && same; n++) {
+		float a2[300], b2[300];
+		for (int i = 0; i < n; i++)
+			a2[i] = b2[i] = frand();
+		same &= llm_cpu_softmax(best, a2, n) == llm_cpu_softmax(LLM_ISA_SCALAR, b2, n)
+		        && !memcmp(a2, b2, (size_t)n * 4);
+	}
 	double werr = 0;
 	for (int n = 1; n <= 300; n += 7) {
 		float x[300];
@@ -410,7 +420,8 @@ static void test_exp(enum llm_cpu_isa best)
 	}
 	check(werr < 4e-7, "softmax %s within 4e-7 relative of double, 1..300 elements (worst %.2g)",
 	      llm_cpu_isa_name(best), werr);
-	check(same, "softmax and SwiGLU %s equal scalar bit for bit, 1..67 elements, |g| to 120",
+	check(same, "softmax and SwiGLU %s equal scalar bit for bit, 1..67 elements, |g| to 120 (softmax: "
+	      "and 1..300 elements in [-1, 1])",
 	      llm_cpu_isa_name(best));
 }
 
@@ -476,6 +487,37 @@ static void test_attn_block(enum llm_cpu_isa best)
 
 /* ---- backend ops: scalar backend vs SIMD backend ------------------------ */
 
+/* E4M3 cache rows to f32: every code (but the NaN codes, which the store
+ * never writes from finite values) at scales from subnormal to 2^100, at
+ * the best level, equal the table times the scale, bit for bit, d_head 24
+ * (a vector part and a tail of 0 elements) and 13 (a tail of 5). */
+static void test_e4m3_rows(enum llm_cpu_isa best)
+{
+	static const float sc[6] = { 1.0f, 0.0f, 1e-40f, 3.1e-3f, 7.5f, 0x1.8p100f };
+	for (int d = 13; d <= 24; d += 11) {
+		uint8_t c[6 * 24];
+		float scale[6], got[6 * 24];
+		int bad = 0;
+		for (int off = 0; off < 256; off += 6 * d / 2) {
+			for (int r = 0; r < 6; r++) {
+				scale[r] = sc[r];
+				for (int i = 0; i < d; i++) {
+					int code = (off + r * d + i) & 0xff;
+					c[r * d + i] = (code & 0x7f) == 0x7f ? 0 : (uint8_t)code;
+				}
+			}
+			llm_cpu_e4m3_rows(best, got, c, (size_t)d, scale, 1, 6, d);
+			for (int r = 0; r < 6; r++)
+				for (int i = 0; i < d; i++) {
+					float want = llm_e4m3_to_f32(c[r * d + i]) * scale[r];
+					bad += memcmp(&got[r * d + i], &want, 4) != 0;
+				}
+		}
+		check(!bad, "e4m3 cache rows %s, d %d, every code, scales 0 to 2^100 (subnormal included): "
+		      "table * scale bit for bit (%d differ)", llm_cpu_isa_name(best), d, bad);
+	}
+}
+
 static void test_backend_ops(enum llm_cpu_isa best)
 {
 	struct llm_backend_opts so = { 1, LLM_ISA_SCALAR, 0 }, vo = { 2, best, 0 };
@@ -485,8 +527,8 @@ static void test_backend_ops(enum llm_cpu_isa best)
 		return;
 	int n_head = 6, n_kv = 2, d = 24, dq = n_head * d, dkv = n_kv * d;
 	struct llm_kv_opts ko = { 1, n_kv, d, LLM_DTYPE_F32, 4, 64, 3, 40 };
-	for (int kt = 0; kt < 2; kt++) {
-		ko.dtype = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+	for (int kt = 0; kt < 3; kt++) {
+		ko.dtype = KV_DT[kt];
 		struct llm_kv ks, kvv;
 		llm_kv_init(&ks, sb, &ko);
 		llm_kv_init(&kvv, vb, &ko);
@@ -661,9 +703,9 @@ static void test_fused_ops(enum llm_cpu_isa best)
 		/* rope_store over a mixed step (two prefills and a decode) */
 		static const int dh_list[] = { 24, 10 };
 		for (size_t di = 0; di < 2; di++)
-			for (int kt = 0; kt < 2; kt++) {
+			for (int kt = 0; kt < 3; kt++) {
 				int d = dh_list[di], half = d / 2, nh = 6, nkv = 2, dq = nh * d, dkv = nkv * d, n = 37;
-				struct llm_kv_opts ko = { 3, nkv, d, kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32, 4, 64, 3, 400 };
+				struct llm_kv_opts ko = { 3, nkv, d, KV_DT[kt], 4, 64, 3, 400 };
 				struct llm_kv ka, kb;
 				llm_kv_init(&ka, be, &ko);
 				llm_kv_init(&kb, be, &ko);
@@ -719,9 +761,10 @@ static void test_fused_ops(enum llm_cpu_isa best)
 					be->ops->rope_store(be, llm_view_f32(q2, n, dq), llm_view_f32(k2, n, dkv),
 					                    llm_view_f32(v, n, dkv), &kb, layer, &b, nh, nkv, d, inv);
 				}
-				size_t kvb = (size_t)3 * 64 * 4 * (size_t)dkv * ka.elt;
+				size_t kvb = (size_t)3 * 64 * 4 * (size_t)dkv * ka.elt, ksb = (size_t)3 * 64 * 4 * nkv * 4;
 				check(!memcmp(q, q2, (size_t)(n * dq) * 4) && !memcmp(k, k2, (size_t)(n * dkv) * 4)
-				      && !memcmp(ka.k, kb.k, kvb) && !memcmp(ka.v, kb.v, kvb),
+				      && !memcmp(ka.k, kb.k, kvb) && !memcmp(ka.v, kb.v, kvb)
+				      && (!ka.ks || (!memcmp(ka.ks, kb.ks, ksb) && !memcmp(ka.vs, kb.vs, ksb))),
 				      "rope_store, %d thread(s), d_head %d, %s KV, 3 layers: q, k and the cache the same bits "
 				      "as rope, rope, kv_store", bi + 1, d, llm_dtype_name(ko.dtype));
 				free(q);
@@ -1181,8 +1224,11 @@ static void ref_rope(struct llm_backend *be)
 /* Attention (and kv_store, rope_store) over the paged cache: three
  * sequences grown over 12 steps in chunks of 23, 7 and 1 tokens (so their
  * blocks interleave in the pool and A reaches position 275, 18 blocks into
- * its table), GQA, MQA and MHA, f32 and bf16 caches. kv_store and the
- * store of rope_store: the reference's bytes (bf16: the same rounding).
+ * its table), GQA, MQA and MHA, f32, bf16 and fp8 caches. kv_store and the
+ * store of rope_store: the reference's bytes (bf16: the same rounding; fp8:
+ * the same codes and scales, the reference's codes found by search). The
+ * reference reads an fp8 element as the f32 code * scale, as the backend
+ * does, so the attention bound below is the same for every cache.
  * Attention, with |q|, |k|, |v| <= 1, d = d_head, n = positions: a score
  * errs by (d + 2) u sqrt(d) at most (f32 dot of d terms of |q k| <= 1, the
  * division), the f32 difference from the max by 2 sqrt(d) u, llm_cpu_exp by
@@ -1196,10 +1242,10 @@ static void ref_attention(struct llm_backend *be)
 {
 	static const struct { int h, kvh, d; } cases[] = { { 6, 2, 24 }, { 8, 1, 64 }, { 4, 4, 80 } };
 	const char *isa = llm_cpu_isa_name(be->isa);
-	for (int kt = 0; kt < 2; kt++)
+	for (int kt = 0; kt < 3; kt++)
 		for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
 			int nh = cases[ci].h, nkv = cases[ci].kvh, d = cases[ci].d, dq = nh * d, dkv = nkv * d;
-			enum llm_dtype kdt = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+			enum llm_dtype kdt = KV_DT[kt];
 			struct llm_kv_opts ko = { 2, nkv, d, kdt, 16, 40, 3, 320 };
 			struct llm_kv kc, kr;
 			if (llm_kv_init(&kc, be, &ko) != LLM_OK || llm_kv_init(&kr, be, &ko) != LLM_OK) {
@@ -1280,6 +1326,8 @@ static void ref_attention(struct llm_backend *be)
 			}
 			size_t bytes = (size_t)ko.n_layer * (size_t)ko.n_block * (size_t)ko.block_size * (size_t)dkv * kc.elt;
 			store_same = !memcmp(kc.k, kr.k, bytes) && !memcmp(kc.v, kr.v, bytes);
+			if (kc.ks)             /* one f32 scale per (token, head) */
+				store_same &= !memcmp(kc.ks, kr.ks, bytes / (size_t)d * 4) && !memcmp(kc.vs, kr.vs, bytes / (size_t)d * 4);
 			check(rope_ok, "ref: rope_store and rope %s %d/%d heads d %d, %s KV: q, k within 8 u (worst %.3f of it)",
 			      isa, nh, nkv, d, llm_dtype_name(kdt), worst_rope);
 			check(store_same, "ref: kv_store and rope_store %s %d/%d heads d %d, %s KV, 3 sequences, 12 steps: "
@@ -1328,6 +1376,7 @@ int main(void)
 	test_matmul(best);
 	test_exp(best);
 	test_attn_block(best);
+	test_e4m3_rows(best);
 	test_backend_ops(best);
 	test_fused_ops(best);
 	test_chain(best);

@@ -46,7 +46,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT('r', "repetitions", "N", &reps, "model: repetitions (after one warm-up)", 1, 1000),
 	LLM_STR(0, "backend", "LIST", &backends, "model: backends to measure, e.g. cpu,cuda"),
 	LLM_INT('t', "threads", "N", &threads, "model: CPU threads (0: every CPU)", 0, 4096),
-	LLM_STR(0, "kv-dtype", "TYPE", &kv_dtype, "model: KV cache dtype: f32 or bf16"),
+	LLM_STR(0, "kv-dtype", "TYPE", &kv_dtype, "model: KV cache dtype: f32, bf16 or fp8 (E4M3, a scale per token and head)"),
 	LLM_STR(0, "weight-pages", "MODE", &weight_pages, "model: where the CPU reads the weights: huge, map or auto (llm-generate(1))"),
 	LLM_STR(0, "format", "FMT", &format, "table, csv or jsonl"),
 	LLM_FLOAT(0, "min-tok-s", "X", &min_tok_s, "gate: exit 3 when the best output tok/s is below X", 0, 1e12),
@@ -309,8 +309,8 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 	if (wp < 0)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", weight_pages);
 	int kvd = llm_dtype_parse_flag(kv_dtype);
-	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16)
-		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", kv_dtype);
+	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16 && kvd != LLM_DTYPE_E4M3)
+		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32, bf16 or fp8", kv_dtype);
 	char bbuf[256];
 	snprintf(bbuf, sizeof bbuf, "%s", backends);
 	header("model", ckpt);

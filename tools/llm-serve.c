@@ -62,7 +62,7 @@ static const struct llm_opt opts[] = {
 	LLM_SIZE(0, "assume-memory", "SIZE", &cfg.assume_memory, "size the default KV cache (and --plan) as if SIZE were "
 	         "free (MemAvailable; on CUDA the device's free memory) instead of measuring it"),
 	LLM_INT(0, "max-kv-tokens", "N", &cfg.max_kv_tokens, "KV cache size in token positions (instead of --kv-memory)", 0, INT32_MAX),
-	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32 or bf16"),
+	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32, bf16 or fp8 (E4M3, a scale per token and head)"),
 	LLM_INT('c', "ctx-size", "N", &cfg.ctx_size, "context length (0: the model's)", 0, INT32_MAX),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse (0: no prefix caching)", 0, 1024),
 	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),
@@ -212,8 +212,8 @@ int main(int argc, char **argv)
 	if (llm_model_check_args(cfg.model, cfg.ctx_size))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	int kvd = llm_dtype_parse_flag(cfg.kv_dtype);
-	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16)
-		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32 or bf16", cfg.kv_dtype);
+	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16 && kvd != LLM_DTYPE_E4M3)
+		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32, bf16 or fp8", cfg.kv_dtype);
 	int wp = llm_weight_pages_parse(cfg.weight_pages);
 	if (wp < 0)
 		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);

@@ -108,6 +108,14 @@ grep -q -- "--speculate draft needs --draft DIR" "$T/err" && ok "the error says 
 check_fails "--draft without --speculate draft is a usage error" 2 $G -m "$M" -p hi --draft "$T/fp8"
 $G -m "$M" --json --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
 check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
+$G -m "$M" --json --kv-dtype fp8 <"$T/ids.jsonl" >"$T/out-fp8.jsonl"
+$G -m "$M" --json --kv-dtype fp8 --parallel 1 <"$T/ids.jsonl" >"$T/out-fp8-one.jsonl"
+check "--kv-dtype fp8: 30 answers, one at a time the same ids as all together" python3 -c "
+import json,sys
+a=[json.loads(l)['ids'] for l in open('$T/out-fp8.jsonl')]; b=[json.loads(l)['ids'] for l in open('$T/out-fp8-one.jsonl')]
+sys.exit(len(a) != 30 or a != b)"
+check_fails "--kv-dtype fp4 is a usage error listing f32, bf16 and fp8" 2 $G -m "$M" -p hi --kv-dtype fp4
+grep -q -- "--kv-dtype: 'fp4' is not f32, bf16 or fp8" "$T/err" && ok "the error names --kv-dtype and the types" || notok "the error names --kv-dtype and the types"
 for wp in map huge; do
 	$G -m "$M" --json --logprobs 1 --parallel 8 --weight-pages $wp <"$T/ids.jsonl" >"$T/out-$wp.jsonl"
 	check "--weight-pages $wp: the same ids and log-probs as the default, digit for digit" python3 -c "

@@ -29,6 +29,12 @@ check "--plan prints the memory plan as JSON" python3 -c "
 import json; p = json.load(open('$T/plan.json'))
 assert p['kv_tokens'] == 4096 and p['max_context_that_fits'] == 512 and p['fits'], p
 assert p['weight_bytes'] > 0 and p['kv_bytes_per_token'] == 5*4*8*2*4 and p['activation_bytes'] > 0, p"
+$S -m "$M" --plan --kv-dtype fp8 --kv-memory 1M >"$T/plan-fp8.json" 2>"$T/err"
+check "--plan --kv-dtype fp8: a byte per element and a 4-byte scale per (token, head), for K and V" python3 -c "
+import json; p = json.load(open('$T/plan-fp8.json'))
+assert p['kv_bytes_per_token'] == 5*4*(8+4)*2 and p['kv_bytes'] == p['kv_blocks'] * 16 * 480 <= 1048576, p"
+check_fails "--kv-dtype fp4 is a usage error" 2 $S -m "$M" --kv-dtype fp4
+grep -q -- "--kv-dtype: 'fp4' is not f32, bf16 or fp8" "$T/err" && ok "the error lists f32, bf16 and fp8" || notok "the error lists f32, bf16 and fp8: $(cat "$T/err")"
 check_fails "a KV cache smaller than one context is refused at start" 1 $S -m "$M" --max-kv-tokens 100
 grep -q -- "--max-kv-tokens 100 holds 112 tokens, less than one context of 512: need --max-kv-tokens 512" "$T/err" &&
 	ok "the refusal names the knob and the number needed" || notok "the refusal names the knob and the number needed: $(cat "$T/err")"

@@ -457,6 +457,7 @@ static void openai_fields(void)
 	      "another model: LLM_ERR_UNSUPPORTED (404) naming it");
 	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"stories\"}", &e, &r);
 	check(!s, "the server's model is taken");
+	llm_api_req_free(&r);
 	/* LoRA adapters by slot - 1 (slot 2 free): "model" or TGI "adapter_id" picks one */
 	refused_st(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"adapter_id\": \"x\"}}", LLM_ERR_UNSUPPORTED,
 	           "adapter_id", "adapter_id: the adapter 'x' does not exist (this server has no LoRA adapters)");

@@ -220,19 +220,32 @@ static json_t *logprobs_json(struct llm_server *s, struct job *j, struct choice 
 	                 "text_offset", offs);
 }
 
-static json_t *text_of(struct choice *c, int from, int to)
+/* The bytes of events [from, to) of C (malloc'd, NUL-terminated; NULL: out
+ * of memory), *LEN of them. */
+static char *raw_text(const struct choice *c, int from, int to, size_t *len)
 {
 	size_t n = 0;
 	for (int i = from; i < to; i++)
 		n += c->ev[i].len;
 	char *b = malloc(n + 1);
 	if (!b)
-		return json_string("");
+		return NULL;
 	n = 0;
 	for (int i = from; i < to; i++) {
 		memcpy(b + n, c->ev[i].text ? c->ev[i].text : "", c->ev[i].len);
 		n += c->ev[i].len;
 	}
+	b[n] = 0;
+	*len = n;
+	return b;
+}
+
+static json_t *text_of(struct choice *c, int from, int to)
+{
+	size_t n;
+	char *b = raw_text(c, from, to, &n);
+	if (!b)
+		return json_string("");
 	json_t *j = jstr(b, n);
 	free(b);
 	return j;
@@ -280,25 +293,6 @@ static json_t *usage_json(const struct job *j)
 	                 "total_tokens", j->n_prompt + g);
 }
 
-/* The bytes of events [0, to) of C (malloc'd, NUL-terminated; NULL: out of memory). */
-static char *raw_text(const struct choice *c, int to, size_t *len)
-{
-	size_t n = 0;
-	for (int i = 0; i < to; i++)
-		n += c->ev[i].len;
-	char *b = malloc(n + 1);
-	if (!b)
-		return NULL;
-	n = 0;
-	for (int i = 0; i < to; i++) {
-		memcpy(b + n, c->ev[i].text ? c->ev[i].text : "", c->ev[i].len);
-		n += c->ev[i].len;
-	}
-	b[n] = 0;
-	*len = n;
-	return b;
-}
-
 /* The calls of A as OpenAI tool_calls (with an index each when STREAM). */
 static json_t *tool_calls_json(const struct job *j, int choice, const struct llm_tool_answer *a, int stream)
 {
@@ -319,7 +313,7 @@ static json_t *tool_calls_json(const struct job *j, int choice, const struct llm
 static int parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a)
 {
 	size_t len;
-	char *t = j->tool_fmt ? raw_text(c, c->n_ev, &len) : NULL;
+	char *t = j->tool_fmt ? raw_text(c, 0, c->n_ev, &len) : NULL;
 	int got = t && !llm_tool_parse((enum llm_tool_format)j->tool_fmt, t, len, (const char *const *)j->tool_names,
 	                               j->n_tools, a) && a->n > 0;
 	if (!got)
@@ -486,7 +480,7 @@ static json_t *tool_stream_chunk(struct llm_server *s, struct job *j, int c, int
 	struct choice *ch = &j->ch[c];
 	struct ev *v = &ch->ev[i];
 	size_t len, off = 0;
-	char *t = raw_text(ch, i + 1, &len);
+	char *t = raw_text(ch, 0, i + 1, &len);
 	if (!t)
 		return NULL;
 	json_t *delta = json_object();

@@ -258,9 +258,10 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 			}
 		}
 	}
+	int rt = -1;                 /* the real-time rate's run (rates sorted) */
 	if (!conc_mode) {
 		qsort(res, (size_t)n_list, sizeof *res, cmp_rate);
-		int rt = llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl);
+		rt = llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl);
 		if (rt >= 0)
 			printf("# real-time (p99 TTFT <= %g ms, p99 ITL <= %g ms, every request answered, the rate kept up with): up to %g req/s offered, "
 			       "%.1f output tok/s\n", slo_ttft, slo_itl, res[rt].rate, res[rt].out_tok_s);
@@ -286,8 +287,7 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 		snprintf(t, sizeof t, "%s", title ? title : name);
 		if (conc_mode)
 			llm_warn("--plot draws --rate runs; skipped for --concurrency");
-		else if (llm_bench_serve_plot(plot, res, n_list, t, llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl) >= 0 ?
-		                              res[llm_bench_serve_realtime(res, n_list, slo_ttft, slo_itl)].rate : 0))
+		else if (llm_bench_serve_plot(plot, res, n_list, t, rt >= 0 ? res[rt].rate : 0))
 			llm_die("%s", llm_errmsg());
 	}
 	for (int k = 0; k < n_pr; k++) {

@@ -486,17 +486,8 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 		{ "llm_e2e_request_latency_seconds", "Arrival to the last token.", &s->e2e },
 		{ "llm_queue_time_seconds", "Arrival to admission into the running batch.", &s->queue },
 	};
-	for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) {
-		fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", hs[i].name, hs[i].help, hs[i].name);
-		for (int k = 0; k < N_BUCKET; k++) {
-			if (isinf(llm_srv_bucket_le[k]))
-				fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", hs[i].name, (unsigned long long)hs[i].h->n[k]);
-			else
-				fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[i].name, llm_srv_bucket_le[k], (unsigned long long)hs[i].h->n[k]);
-		}
-		fprintf(f, "%s_sum %.6f\n%s_count %llu\n", hs[i].name, hs[i].h->sum, hs[i].name,
-		        (unsigned long long)hs[i].h->count);
-	}
+	for (size_t i = 0; i < sizeof hs / sizeof *hs; i++)
+		llm_srv_histo_text(f, hs[i].name, hs[i].help, hs[i].h, "");
 	llm_srv_metrics_vllm(s, f);
 	pthread_mutex_unlock(&s->mu);
 	fclose(f);

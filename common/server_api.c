@@ -207,18 +207,21 @@ json_t *llm_srv_info(struct llm_server *s)
 
 const double llm_srv_tokens_le[N_BUCKET] = { 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, INFINITY };
 
-/* NAME's lines of histogram H with the label L (`model_name="..."`). */
-static void histo_text(FILE *f, const char *name, const char *help, const struct histo *h, const char *l)
+/* NAME's lines of histogram H with the label L (`model_name="..."`; "":
+ * none). */
+void llm_srv_histo_text(FILE *f, const char *name, const char *help, const struct histo *h, const char *l)
 {
 	const double *le = h->le ? h->le : llm_srv_bucket_le;
+	const char *sep = *l ? "," : "", *o = *l ? "{" : "", *c = *l ? "}" : "";
 	fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
 	for (int k = 0; k < N_BUCKET; k++) {
 		if (isinf(le[k]))
-			fprintf(f, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, l, (unsigned long long)h->n[k]);
+			fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, l, sep, (unsigned long long)h->n[k]);
 		else
-			fprintf(f, "%s_bucket{%s,le=\"%g\"} %llu\n", name, l, le[k], (unsigned long long)h->n[k]);
+			fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, sep, le[k], (unsigned long long)h->n[k]);
 	}
-	fprintf(f, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, l, h->sum, name, l, (unsigned long long)h->count);
+	fprintf(f, "%s_sum%s%s%s %.6f\n%s_count%s%s%s %llu\n", name, o, l, c, h->sum, name, o, l, c,
+	        (unsigned long long)h->count);
 }
 
 static void one(FILE *f, const char *name, const char *type, const char *help, const char *l, double v)
@@ -260,14 +263,14 @@ void llm_srv_metrics_vllm(struct llm_server *s, FILE *f)
 	for (int i = 0; i < 4; i++)
 		fprintf(f, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", reason[i], l,
 		        (unsigned long long)s->finished[i]);
-	histo_text(f, "vllm:time_to_first_token_seconds", "Arrival to the first generated token.", &s->ttft, l);
-	histo_text(f, "vllm:inter_token_latency_seconds", "Gap between consecutive tokens of a sequence.", &s->itl, l);
-	histo_text(f, "vllm:e2e_request_latency_seconds", "Arrival to the last token of a request.", &s->e2e, l);
-	histo_text(f, "vllm:request_queue_time_seconds", "Arrival to admission into the running batch.", &s->queue, l);
-	histo_text(f, "vllm:request_prefill_time_seconds", "Admission to the first generated token.", &s->prefill, l);
-	histo_text(f, "vllm:request_decode_time_seconds", "First to last generated token of a sequence.", &s->decode, l);
-	histo_text(f, "vllm:request_prompt_tokens", "Prompt tokens of a finished request.", &s->req_prompt, l);
-	histo_text(f, "vllm:request_generation_tokens", "Generated tokens of a finished sequence.", &s->req_gen, l);
+	llm_srv_histo_text(f, "vllm:time_to_first_token_seconds", "Arrival to the first generated token.", &s->ttft, l);
+	llm_srv_histo_text(f, "vllm:inter_token_latency_seconds", "Gap between consecutive tokens of a sequence.", &s->itl, l);
+	llm_srv_histo_text(f, "vllm:e2e_request_latency_seconds", "Arrival to the last token of a request.", &s->e2e, l);
+	llm_srv_histo_text(f, "vllm:request_queue_time_seconds", "Arrival to admission into the running batch.", &s->queue, l);
+	llm_srv_histo_text(f, "vllm:request_prefill_time_seconds", "Admission to the first generated token.", &s->prefill, l);
+	llm_srv_histo_text(f, "vllm:request_decode_time_seconds", "First to last generated token of a sequence.", &s->decode, l);
+	llm_srv_histo_text(f, "vllm:request_prompt_tokens", "Prompt tokens of a finished request.", &s->req_prompt, l);
+	llm_srv_histo_text(f, "vllm:request_generation_tokens", "Generated tokens of a finished sequence.", &s->req_gen, l);
 }
 
 json_t *llm_srv_models(struct llm_server *s)

@@ -189,6 +189,8 @@ enum llm_status llm_srv_tokenize(struct llm_server *s, json_t *o, json_t **out, 
 enum llm_status llm_srv_detokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
 json_t *llm_srv_info(struct llm_server *s);
 void llm_srv_metrics_vllm(struct llm_server *s, FILE *f);
+/* A histogram's Prometheus lines, with the label L ("": none). */
+void llm_srv_histo_text(FILE *f, const char *name, const char *help, const struct histo *h, const char *l);
 /* POST /v1/load_lora_adapter (LOAD) or /v1/unload_lora_adapter: body O
  * checked, the operation queued for the engine thread and waited for;
  * *STATUS and *MSG (N bytes) the answer, *PARAM the field at fault. */

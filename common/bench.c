@@ -767,6 +767,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	eo.kv_blocks = (int64_t)b * ((eo.n_ctx + bs - 1) / bs + 1);
 	struct llm_engine *e;
 	LLM_TRY(llm_engine_open(&e, ckpt, &eo));
+	llm_engine_weights_settle(e, 1);   /* no timed step beside the huge-page copy */
 	if (llm_engine_n_ctx(e) < eo.n_ctx - 1) {
 		int have = llm_engine_n_ctx(e);
 		llm_engine_close(e);

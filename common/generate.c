@@ -9,7 +9,9 @@
 #include "fileio.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,14 @@ struct llm_engine {
 	char *sbuf;                 /* (sbuf_cap) a step's payload */
 	size_t sbuf_cap;
 	struct llm_serve_stats sst;
+	/* --weight-pages auto: the huge-page copy is read on a thread of its
+	 * own after the first forward, while steps go on from the file
+	 * mapping, and takes over between two forwards (wcopy_settle) */
+	enum { WCOPY_NONE, WCOPY_PENDING, WCOPY_RUNNING } wcopy_state;
+	struct llm_model_copy *wcopy;
+	pthread_t wcopy_th;
+	atomic_int wcopy_done;
+	enum llm_status wcopy_status;
 };
 
 const char *llm_finish_name(enum llm_finish f)
@@ -166,7 +176,9 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	if (wp == LLM_WEIGHTS_AUTO)
 		wp = !strcmp(e->be->ops->name, "cpu") && llm_thp_available()
 		     && e->model.weight_bytes <= llm_mem_available() / 2 ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
-	if (wp == LLM_WEIGHTS_HUGE && (s = llm_model_copy_weights(&e->model)))
+	if (wp == LLM_WEIGHTS_HUGE && e->o.weight_pages == LLM_WEIGHTS_AUTO)
+		e->wcopy_state = WCOPY_PENDING;   /* the first token does not wait for it */
+	else if (wp == LLM_WEIGHTS_HUGE && (s = llm_model_copy_weights(&e->model)))
 		goto fail;
 	struct llm_kv_opts ko = kv_opts(&e->model, &e->o, e->n_ctx);
 	if ((s = llm_kv_init(&e->kv, e->be, &ko)))
@@ -185,10 +197,64 @@ fail:
 	return s;
 }
 
+static void *wcopy_main(void *arg)
+{
+	struct llm_engine *e = arg;
+	/* one reader: the forward keeps the other CPUs */
+	e->wcopy_status = llm_model_copy_read(&e->model, e->wcopy, 1);
+	atomic_store(&e->wcopy_done, 1);
+	return NULL;
+}
+
+/* Start the pending copy. A copy that cannot start (no memory for it, no
+ * thread) is given up: the weights stay where they are, which is correct,
+ * only slower for batched steps. */
+static void wcopy_start(struct llm_engine *e)
+{
+	if (e->wcopy_state != WCOPY_PENDING)
+		return;
+	e->wcopy_state = WCOPY_NONE;
+	if (llm_model_copy_begin(&e->model, &e->wcopy))
+		return;
+	atomic_store(&e->wcopy_done, 0);
+	if (pthread_create(&e->wcopy_th, NULL, wcopy_main, e)) {
+		llm_model_copy_abort(e->wcopy);
+		e->wcopy = NULL;
+		return;
+	}
+	e->wcopy_state = WCOPY_RUNNING;
+}
+
+/* Between forwards: a finished copy takes over (a failed one is dropped);
+ * with WAIT, a pending or running copy is waited for. */
+static void wcopy_settle(struct llm_engine *e, int wait)
+{
+	if (e->wcopy_state != WCOPY_RUNNING || (!wait && !atomic_load(&e->wcopy_done)))
+		return;
+	pthread_join(e->wcopy_th, NULL);
+	if (e->wcopy_status == LLM_OK)
+		llm_model_copy_commit(&e->model, e->wcopy);
+	else
+		llm_model_copy_abort(e->wcopy);
+	e->wcopy = NULL;
+	e->wcopy_state = WCOPY_NONE;
+}
+
+void llm_engine_weights_settle(struct llm_engine *e, int wait)
+{
+	wcopy_start(e);
+	wcopy_settle(e, wait);
+}
+
 void llm_engine_close(struct llm_engine *e)
 {
 	if (!e)
 		return;
+	if (e->wcopy_state == WCOPY_RUNNING) {
+		llm_model_copy_stop(e->wcopy);
+		pthread_join(e->wcopy_th, NULL);
+		llm_model_copy_abort(e->wcopy);
+	}
 	free(e->logits);
 	free(e->jr);
 	free(e->sbuf);
@@ -526,7 +592,9 @@ enum llm_status llm_engine_serve_worker(struct llm_engine *e)
 		                       (const int32_t *)(q + 8 * n), h.has_logits ? (const int8_t *)(q + 12 * n) : NULL,
 		                       NULL /* adapters: refused on distributed runs */ };
 		int n_out;
+		wcopy_settle(e, 0);
 		LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, &b, e->logits, &n_out));
+		wcopy_start(e);
 		e->sst.steps++;
 		e->sst.kv_ops += h.n_ops;
 		e->sst.tokens += h.n_tok;
@@ -544,7 +612,10 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
 	*logits = e->logits;
 	if (e->serving)
 		LLM_TRY(serve_send(e, b));
-	return llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->logits, n_out);
+	wcopy_settle(e, 0);
+	LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->logits, n_out));
+	wcopy_start(e);
+	return LLM_OK;
 }
 
 /* One line of text to B (formatted, newline added); 0 on success. */

@@ -42,7 +42,8 @@ const char *llm_finish_name(enum llm_finish f);   /* "length", "stop", ... */
 
 /* Where the CPU reads the weights from. */
 enum llm_weight_pages {
-	LLM_WEIGHTS_AUTO,           /* HUGE on the cpu backend where the kernel has THP, else MAP */
+	LLM_WEIGHTS_AUTO,           /* HUGE on the cpu backend where the kernel has THP (the copy read in
+	                               the background: llm_engine_weights_settle), else MAP */
 	LLM_WEIGHTS_MAP,            /* in place in the checkpoint's file mapping: no copy */
 	LLM_WEIGHTS_HUGE,           /* copied into transparent huge pages (llm_model_copy_weights) */
 };
@@ -195,6 +196,14 @@ struct llm_request {
  * step goes to every rank first. */
 enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch *b,
                                    const float **logits, int *n_out);
+/* With weight_pages AUTO on the CPU, the huge-page copy of the weights
+ * (LLM_WEIGHTS_HUGE) is read on a thread of its own after the first
+ * forward, so the first token does not wait for it; steps read the file
+ * mapping until a later forward finds it done and moves to it (the same
+ * bytes: results do not change). This starts it now if it has not
+ * started (a server, idle before its first request), and with WAIT waits
+ * for it and moves to it (a benchmark, so no timed step runs beside it). */
+void llm_engine_weights_settle(struct llm_engine *e, int wait);
 
 /* ---- the step protocol of distributed runs ----------------------------- */
 

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include "banned.h"
@@ -256,75 +257,143 @@ static int model_weights(struct llm_model *m, struct llm_weight **ws)
 #define HUGE_PAGE ((size_t)2 << 20)
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
-enum llm_status llm_model_copy_weights(struct llm_model *m)
+/* A copy under way: the mapping, and one job per weight and scale, in the
+ * order model_weights() lists them (commit walks them in that order). */
+struct llm_model_copy {
+	atomic_int stop;            /* llm_model_copy_stop: read no further */
+	void *map;
+	size_t len, total;
+	struct llm_ckpt_copy *jobs;
+	size_t n_jobs;
+};
+
+void llm_model_copy_abort(struct llm_model_copy *c)
 {
-	if (m->wmap)
-		return LLM_OK;
+	if (!c)
+		return;
+	if (c->map)
+		munmap(c->map, c->len);
+	free(c->jobs);
+	free(c);
+}
+
+/* The weights this process reads, tied lm_head left out (one copy). */
+static int copy_list(struct llm_model *m, struct llm_weight ***out, int *tied)
+{
 	struct llm_weight **ws = malloc(((size_t)(m->layer_end - m->layer_begin) * LLM_LAYER_WEIGHTS + 3) * sizeof *ws);
 	if (!ws)
-		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", m->ck.path);
+		return -1;
 	int n = model_weights(m, ws);
-	const void *emb = m->embed.data;
-	int tied = emb && m->lm_head.data == emb;      /* lm_head is the embedding: one copy */
-	size_t total = 0;
-	for (int i = 0; i < n - tied; i++)
+	*tied = m->embed.data && m->lm_head.data == m->embed.data;
+	*out = ws;
+	return n - *tied;
+}
+
+enum llm_status llm_model_copy_begin(struct llm_model *m, struct llm_model_copy **out)
+{
+	*out = NULL;
+	struct llm_weight **ws;
+	int tied, n = copy_list(m, &ws, &tied);
+	struct llm_model_copy *c = n < 0 ? NULL : calloc(1, sizeof *c);
+	if (c)
+		c->jobs = malloc((2 * (size_t)n + 1) * sizeof *c->jobs);
+	if (!c || !c->jobs) {
+		if (n >= 0)
+			free(ws);
+		llm_model_copy_abort(c);
+		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", m->ck.path);
+	}
+	for (int i = 0; i < n; i++)
 		if (ws[i]->data)
-			total += ALIGN64(llm_weight_data_bytes(ws[i])) + ALIGN64(llm_weight_scale_bytes(ws[i]));
-	size_t len = (total + 2 * HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			c->total += ALIGN64(llm_weight_data_bytes(ws[i])) + ALIGN64(llm_weight_scale_bytes(ws[i]));
+	c->len = (c->total + 2 * HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+	void *map = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (map == MAP_FAILED) {
+		size_t len = c->len;
 		free(ws);
+		llm_model_copy_abort(c);
 		return llm_fail(LLM_ERR_NOMEM, "%s: cannot map %zu bytes for the weights", m->ck.path, len);
 	}
-	uint8_t *base = (uint8_t *)(((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1)), *at = base;
-	madvise(base, total, MADV_HUGEPAGE);   /* advice: without THP the copy is plain pages */
-	/* the copies, read from the file by every CPU (llm_ckpt_copy_out) */
-	struct llm_ckpt_copy *jobs = malloc(2 * (size_t)n * sizeof *jobs);
-	if (!jobs) {
-		munmap(map, len);
-		free(ws);
-		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", m->ck.path);
-	}
-	size_t n_jobs = 0;
-	for (int i = 0; i < n - tied; i++) {
+	c->map = map;
+	uint8_t *at = (uint8_t *)(((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+	madvise(at, c->total, MADV_HUGEPAGE);   /* advice: without THP the copy is plain pages */
+	for (int i = 0; i < n; i++) {
 		struct llm_weight *w = ws[i];
 		if (!w->data)
 			continue;
 		size_t nb = llm_weight_data_bytes(w), ns = llm_weight_scale_bytes(w);
-		jobs[n_jobs++] = (struct llm_ckpt_copy){ at, w->data, nb };
+		c->jobs[c->n_jobs++] = (struct llm_ckpt_copy){ at, w->data, nb };
 		at += ALIGN64(nb);
 		if (ns) {
-			jobs[n_jobs++] = (struct llm_ckpt_copy){ at, w->scale, ns };
+			c->jobs[c->n_jobs++] = (struct llm_ckpt_copy){ at, w->scale, ns };
 			at += ALIGN64(ns);
 		}
 	}
-	enum llm_status s = llm_ckpt_copy_out(&m->ck, jobs, n_jobs, 0);
-	if (s) {
-		free(jobs);
-		munmap(map, len);
-		free(ws);
-		return s;
+	free(ws);
+	*out = c;
+	return LLM_OK;
+}
+
+enum llm_status llm_model_copy_read(const struct llm_model *m, struct llm_model_copy *c, int n_threads)
+{
+	/* a job (a weight) at a time, so a stop is seen within one weight */
+	for (size_t i = 0; i < c->n_jobs; i++) {
+		if (atomic_load(&c->stop))
+			return llm_fail(LLM_ERR_USAGE, "%s: the weights' copy was stopped", m->ck.path);
+		LLM_TRY(llm_ckpt_copy_out(&m->ck, &c->jobs[i], 1, n_threads));
 	}
-	for (int i = 0, k = 0; i < n - tied; i++) {
+	return LLM_OK;
+}
+
+void llm_model_copy_stop(struct llm_model_copy *c)
+{
+	atomic_store(&c->stop, 1);
+}
+
+void llm_model_copy_commit(struct llm_model *m, struct llm_model_copy *c)
+{
+	struct llm_weight **ws;
+	int tied, n = copy_list(m, &ws, &tied);
+	if (n < 0) {            /* no memory for the list: keep reading the file */
+		llm_model_copy_abort(c);
+		return;
+	}
+	for (int i = 0, k = 0; i < n; i++) {
 		struct llm_weight *w = ws[i];
 		if (!w->data)
 			continue;
 		const struct llm_tensor *t = llm_ckpt_find(&m->ck, w->name);
-		w->data = jobs[k++].dst;
+		w->data = c->jobs[k++].dst;
 		if (llm_weight_scale_bytes(w))
-			w->scale = (const float *)jobs[k++].dst;
+			w->scale = (const float *)c->jobs[k++].dst;
 		if (t)
 			llm_ckpt_release(&m->ck, t);   /* the file's pages: no longer ours to keep */
 	}
-	free(jobs);
 	if (tied) {
 		m->lm_head.data = m->embed.data;
 		m->lm_head.scale = m->embed.scale;
 	}
-	mprotect(base, total ? total : 1, PROT_READ);
+	uint8_t *base = (uint8_t *)(((uintptr_t)c->map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+	mprotect(base, c->total ? c->total : 1, PROT_READ);
 	free(ws);
-	m->wmap = map;
-	m->wmap_len = len;
+	m->wmap = c->map;
+	m->wmap_len = c->len;
+	free(c->jobs);
+	free(c);
+}
+
+enum llm_status llm_model_copy_weights(struct llm_model *m)
+{
+	if (m->wmap)
+		return LLM_OK;
+	struct llm_model_copy *c;
+	LLM_TRY(llm_model_copy_begin(m, &c));
+	enum llm_status s = llm_model_copy_read(m, c, 0);
+	if (s) {
+		llm_model_copy_abort(c);
+		return s;
+	}
+	llm_model_copy_commit(m, c);
 	return LLM_OK;
 }
 

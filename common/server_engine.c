@@ -219,6 +219,7 @@ static void fail_job_locked(struct llm_server *s, struct job *j, int status, con
 static enum llm_status engine_load(struct llm_server *s)
 {
 	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
+	llm_engine_weights_settle(s->e, 0);   /* the huge-page copy: now, while the server is idle */
 	struct llm_sched_opts so = s->o.sched;
 	llm_sched_opts_tokenizer(&so, &llm_engine_model(s->e)->cfg, s->tk);
 	so.on_admit = on_admit;

@@ -603,14 +603,18 @@ static void same_as_dequantized(const char *fp8, const char *name, const struct 
 
 /* --weight-pages: the weights copied into huge pages give the same ids and
  * log-probs, bit for bit, as the file mapping in place; the copy holds
- * every weight and scale, and a tied lm_head stays the embedding's. */
+ * every weight and scale, and a tied lm_head stays the embedding's. Auto
+ * reads the copy in the background and moves to it between two forwards:
+ * the first prompt runs while it is read, the others after it took over
+ * (llm_engine_weights_settle), all equal to the file mapping's. */
 static void same_with_pages(const char *path, const char *name)
 {
-	struct collect *c[2] = { calloc((size_t)n_P, sizeof **c), calloc((size_t)n_P, sizeof **c) };
-	int ok = c[0] && c[1], placed = 0;
-	for (int k = 0; k < 2 && ok; k++) {
+	struct collect *c[3] = { calloc((size_t)n_P, sizeof **c), calloc((size_t)n_P, sizeof **c),
+	                         calloc((size_t)n_P, sizeof **c) };
+	int ok = c[0] && c[1] && c[2], placed = 0, moved = -1;
+	for (int k = 0; k < 3 && ok; k++) {
 		struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
-		o.weight_pages = k ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
+		o.weight_pages = k == 2 ? LLM_WEIGHTS_AUTO : k ? LLM_WEIGHTS_HUGE : LLM_WEIGHTS_MAP;
 		o.max_seqs = n_P;
 		o.max_batch_tokens = 64;
 		struct llm_engine *e = NULL;
@@ -630,21 +634,37 @@ static void same_with_pages(const char *path, const char *name)
 		}
 		if (k == 0)
 			placed = !m->wmap;
-		else
+		else if (k == 1)
 			placed = placed && in == n && (!m->cfg.tied || m->lm_head.data == m->embed.data);
-		ok = run_greedy(e, 0, n_P, c[k]);
+		if (k < 2) {
+			ok = run_greedy(e, 0, n_P, c[k]);
+		} else {
+			int was_mapped = !m->wmap;
+			ok = run_greedy(e, 0, 1, c[k]);
+			llm_engine_weights_settle(e, 1);
+			moved = was_mapped && !!m->wmap == llm_thp_available();
+			ok = ok && run_greedy(e, 1, n_P - 1, c[k] + 1);
+		}
 		llm_engine_close(e);
 	}
-	int same = 0;
-	for (int i = 0; ok && i < n_P; i++)
+	int same = 0, same_auto = 0;
+	for (int i = 0; ok && i < n_P; i++) {
 		same += c[0][i].n == c[1][i].n && !memcmp(c[0][i].ids, c[1][i].ids, (size_t)c[0][i].n * 4)
 		        && !memcmp(c[0][i].lp, c[1][i].lp, (size_t)c[0][i].n * 4);
+		same_auto += c[0][i].n == c[2][i].n && !memcmp(c[0][i].ids, c[2][i].ids, (size_t)c[0][i].n * 4)
+		             && !memcmp(c[0][i].lp, c[2][i].lp, (size_t)c[0][i].n * 4);
+	}
 	check(ok && placed, "%s: --weight-pages huge copies every weight and scale out of the file mapping "
 	      "(map leaves them in it)", name);
 	check(ok && same == n_P, "%s: weights in huge pages give the ids and log-probs of the file mapping, "
 	      "bit for bit: %d/%d prompts", name, same, n_P);
+	check(ok && moved == 1, "%s: --weight-pages auto opens on the file mapping and moves to the huge-page "
+	      "copy read in the background (THP %s)", name, llm_thp_available() ? "on" : "off: stays mapped");
+	check(ok && same_auto == n_P, "%s: auto, one prompt while the copy is read and the rest after it took "
+	      "over, gives the file mapping's ids and log-probs bit for bit: %d/%d prompts", name, same_auto, n_P);
 	free(c[0]);
 	free(c[1]);
+	free(c[2]);
 }
 
 static void test_quantized(void)

@@ -76,7 +76,7 @@ static const struct llm_opt opts[] = {
 	        "open connections from one IP address at most (0: no limit); more are closed at accept", 0, 1 << 20),
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
-	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend)"),
+	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend, the copy read in the background)"),
 	LLM_LIST(0, "lora", "[NAME=]DIR", &cfg.lora, "serve the PEFT LoRA adapter in DIR as NAME (default: DIR's base name; "
 	         "repeatable; cpu backend): a request runs with it when its \"model\" (TGI: \"adapter_id\") names it, else with the base"),
 	LLM_FLAG(0, "allow-runtime-lora", &cfg.runtime_lora, "take POST /v1/load_lora_adapter and /v1/unload_lora_adapter (cpu backend)"),

@@ -23,6 +23,7 @@
  * f32 accumulation and output), F32/F16 through the generic kernel. */
 #include "backend.h"
 #include "kvcache.h"
+#include "sampler.h"
 #include "llm_cuda.h"
 #include "cuda_kernels.h"
 #include "cuda_check.h"
@@ -74,6 +75,14 @@ struct cuda_be {
 	size_t ystage_cap;
 	int32_t *ids;           /* argmax output */
 	size_t ids_cap;
+	char *sp_host;          /* sample: the packed rows and lists, host side */
+	size_t sp_host_cap;
+	void *sp_dev;           /* ... their device copy */
+	size_t sp_dev_cap;
+	void *sp_work;          /* ... the kernels' work space (llm_cuda_sample_work) */
+	size_t sp_work_cap;
+	struct llm_cuda_sample_out *sp_out, *sp_hout;   /* (rows) device, host */
+	size_t sp_out_cap, sp_hout_cap;
 	int32_t *hpos, *hoff, *htab, *first;   /* host builders of the KV metadata */
 	size_t hpos_cap, hoff_cap, htab_cap, first_cap;
 };
@@ -718,6 +727,108 @@ enum llm_status llm_cuda_argmax(struct llm_backend *be, int32_t *ids, struct llm
 	return LLM_OK;
 }
 
+/* The sample op (backend.h): the rows' parameters and lists packed into
+ * one upload, the kernels of sample.cu, the ids and log-probs back. */
+static enum llm_status cuda_sample(struct llm_backend *be, struct llm_view logits,
+                                   const struct llm_sample_row *rows, int32_t *ids, float *logprob)
+{
+	struct cuda_be *c = cu(be);
+	LLM_TRY(set_dev(c));
+	LLM_TRY(need_dev(c, "sample", "logits", logits));
+	int64_t R = logits.rows, nv = logits.cols;
+	if (R < 1)
+		return LLM_OK;
+	size_t work = llm_cuda_sample_work(R, nv);
+	if (!work)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "cuda backend: sample: %lld rows of %lld logits (at most 2^31 - 1 "
+		                "elements)", (long long)R, (long long)nv);
+	size_t naux = 0;
+	int sampled = 0;
+	for (int64_t r = 0; r < R; r++) {
+		const struct llm_sample_row *w = &rows[r];
+		for (int k = 0; k < w->n_bias; k++)
+			if (w->bias[k].id < 0 || w->bias[k].id >= nv)
+				return llm_fail(LLM_ERR_RANGE, "cuda backend: sample: row %lld: logit_bias id %d is not in the "
+				                "vocabulary [0, %lld)", (long long)r, w->bias[k].id, (long long)nv);
+		for (int k = 0; k < w->n_hold; k++)
+			if (w->hold[k] < 0 || w->hold[k] >= nv)
+				return llm_fail(LLM_ERR_RANGE, "cuda backend: sample: row %lld: held id %d is not in the "
+				                "vocabulary", (long long)r, w->hold[k]);
+		for (int k = 0; k < w->n_seen; k++)
+			if (w->seen[k] < 0 || w->seen[k] >= nv)
+				return llm_fail(LLM_ERR_RANGE, "cuda backend: sample: row %lld: seen id %d is not in the "
+				                "vocabulary", (long long)r, w->seen[k]);
+		naux += 2 * (size_t)w->n_bias + (size_t)w->n_hold + 2 * (size_t)w->n_seen;
+		sampled |= w->temperature != 0;
+	}
+	size_t pbytes = (size_t)R * sizeof(struct llm_cuda_sample_row), nbytes = pbytes + (naux ? naux : 1) * 4;
+	if (c->sp_host_cap < nbytes) {
+		char *h = realloc(c->sp_host, nbytes + nbytes / 2);
+		if (!h)
+			return llm_fail(LLM_ERR_NOMEM, "cuda backend: out of host memory");
+		c->sp_host = h;
+		c->sp_host_cap = nbytes + nbytes / 2;
+	}
+	if (c->sp_hout_cap < (size_t)R) {
+		struct llm_cuda_sample_out *h = realloc(c->sp_hout, (size_t)R * sizeof *h);
+		if (!h)
+			return llm_fail(LLM_ERR_NOMEM, "cuda backend: out of host memory");
+		c->sp_hout = h;
+		c->sp_hout_cap = (size_t)R;
+	}
+	struct llm_cuda_sample_row *prm = (struct llm_cuda_sample_row *)c->sp_host;
+	int32_t *aux = (int32_t *)(c->sp_host + pbytes);
+	size_t at = 0;
+	for (int64_t r = 0; r < R; r++) {
+		const struct llm_sample_row *w = &rows[r];
+		struct llm_cuda_sample_row *p = &prm[r];
+		memset(p, 0, sizeof *p);
+		p->temperature = w->temperature;
+		p->top_p = w->top_p;
+		p->min_p = w->min_p;
+		p->rep = w->repetition_penalty;
+		p->freq = w->frequency_penalty;
+		p->pres = w->presence_penalty;
+		p->top_k = w->top_k;
+		p->want_logprob = w->want_logprob;
+		p->u = w->u;
+		p->n_bias = w->n_bias;
+		p->bias = (int64_t)at;
+		for (int k = 0; k < w->n_bias; k++) {
+			aux[at + (size_t)k] = w->bias[k].id;
+			memcpy(&aux[at + (size_t)w->n_bias + (size_t)k], &w->bias[k].bias, 4);
+		}
+		at += 2 * (size_t)w->n_bias;
+		p->n_hold = w->n_hold;
+		p->hold = (int64_t)at;
+		for (int k = 0; k < w->n_hold; k++)
+			aux[at++] = w->hold[k];
+		p->n_seen = w->n_seen;
+		p->seen = (int64_t)at;
+		for (int k = 0; k < w->n_seen; k++) {
+			aux[at + (size_t)k] = w->seen[k];
+			aux[at + (size_t)w->n_seen + (size_t)k] = w->count[k];
+		}
+		at += 2 * (size_t)w->n_seen;
+	}
+	LLM_TRY(scratch(&c->sp_dev, &c->sp_dev_cap, nbytes, "sampling parameters"));
+	LLM_TRY(scratch(&c->sp_work, &c->sp_work_cap, work, "sampling work space"));
+	LLM_TRY(scratch((void **)&c->sp_out, &c->sp_out_cap, (size_t)R * sizeof *c->sp_out, "sampled ids"));
+	/* pageable source: returns once the bytes are staged */
+	LLM_CUDA_TRY(cudaMemcpyAsync(c->sp_dev, c->sp_host, nbytes, cudaMemcpyHostToDevice, c->stream));
+	LAUNCH(llm_cuda_sample(c->sp_out, logits.data, logits.stride, R, nv, c->sp_dev,
+	                       (const int32_t *)((char *)c->sp_dev + pbytes), sampled, c->sp_work, c->sp_work_cap,
+	                       c->stream));
+	LLM_CUDA_TRY(cudaMemcpyAsync(c->sp_hout, c->sp_out, (size_t)R * sizeof *c->sp_out, cudaMemcpyDeviceToHost,
+	                             c->stream));
+	LLM_CUDA_TRY(cudaStreamSynchronize(c->stream));
+	for (int64_t r = 0; r < R; r++) {
+		ids[r] = c->sp_hout[r].id;
+		logprob[r] = c->sp_hout[r].logprob;
+	}
+	return LLM_OK;
+}
+
 static enum llm_status cuda_sync(struct llm_backend *be)
 {
 	struct cuda_be *c = cu(be);
@@ -754,6 +865,14 @@ static void cuda_fini(struct llm_backend *be)
 		cudaFree(c->ystage);
 	if (c->ids)
 		cudaFree(c->ids);
+	if (c->sp_dev)
+		cudaFree(c->sp_dev);
+	if (c->sp_work)
+		cudaFree(c->sp_work);
+	if (c->sp_out)
+		cudaFree(c->sp_out);
+	free(c->sp_host);
+	free(c->sp_hout);
 	for (int i = 0; i < 2; i++) {
 		if (c->pinned[i])
 			cudaFreeHost(c->pinned[i]);
@@ -838,5 +957,6 @@ const struct llm_backend_ops llm_cuda_ops = {
 	.add = cuda_add,
 	.add_rmsnorm = llm_cuda_add_rmsnorm,
 	.gather = cuda_gather,
+	.sample = cuda_sample,
 	.sync = cuda_sync,
 };

@@ -29,6 +29,14 @@
  * - attention: atol 1e-5, rtol 1e-4 (online softmax against two-pass;
  *   scores through another dot order).
  * - argmax with repetition penalty: the same ids.
+ * - sample (the backend's sample op against common/sampler.c, each row's
+ *   sampler state built twice from one seed, one copy drawing through
+ *   llm_sampler_row, the other through llm_sampler_sample): greedy, the
+ *   same ids (exact); sampled, the same ids too, since both use the same
+ *   draw and the same f32 steps; only CUDA's double exp (1 ulp) may move a
+ *   p_i's last bit, which changes an id only where the draw falls within
+ *   ~1e-15 of a walk boundary (never over these ~3000 draws); log-probs
+ *   atol 1e-6 (the CPU's AVX-512 sum is within 3e-7, the GPU's in double).
  * Against the plain reference the same table holds, bound for bound: each
  * bound covers the GPU op's own rounding (the reference is the exact
  * result within half an f32 ulp, nearer to it than the CPU's f32 ops), and
@@ -49,6 +57,7 @@
 #include "backend.h"
 #include "cpu_ref.h"
 #include "kvcache.h"
+#include "sampler.h"
 #include "dtype.h"
 
 #include <math.h>
@@ -82,6 +91,10 @@ static const char *const gpu_checks[] = {
 	"matmul, every configuration and dtype above, against the plain reference (same bounds)",
 	"rmsnorm, add_rmsnorm, rope, swiglu, add, gather, embed against the plain reference",
 	"kv_store bytes and attention against the plain reference, positions to 277 (block 17)",
+	"sample: greedy (ties, -0/+0, biases, min_tokens hold, penalties) equals the CPU sampler's ids",
+	"sample: temperature, top-k, top-p, min-p, penalties, biases: the CPU sampler's ids, same draws",
+	"sample: log-probs within 1e-6 of the CPU sampler's, NaN where not wanted",
+	"sample: a row with a NaN or Inf logit chooses nothing, names the first such id; the CPU refuses it too",
 };
 
 /* The NCCL communicator's checks, by name. */
@@ -729,6 +742,153 @@ static void test_argmax(void)
 	free(seen);
 }
 
+/* One parameter set of the sampler checks. */
+struct sample_case {
+	const char *name;
+	struct llm_sample_params p;
+	int n_hold;                  /* EOS-like ids held until min_tokens */
+	int ties;                    /* logits on a coarse grid: many ties, -0 and +0 */
+};
+
+/* R rows, each its own request: STEPS draws, each accepted into both copies
+ * of the row's sampler, so penalties and the hold change as they go. */
+static void sample_case_run(const struct sample_case *sc, int *ids_ok, int *lp_ok, int *n_draws)
+{
+	enum { R = 6, NV = 4099, STEPS = 40 };
+	static const struct llm_logit_bias bias[3] = { { 7, 3.5f }, { 7, 1.25f }, { 4000, -100.0f } };
+	static const int32_t hold[2] = { 2, 3 };
+	struct llm_sampler host[R], dev[R];
+	struct llm_sample_row row[R];
+	int32_t ids[R];
+	float lp[R];
+	float *l = malloc((size_t)R * NV * sizeof(float)), *dl = dev_f32(NULL, (size_t)R * NV);
+	for (int r = 0; r < R; r++) {
+		struct llm_sample_params p = sc->p;
+		p.seed = 1000 + (uint64_t)r;
+		if (p.n_bias) {
+			p.bias = bias;
+			p.n_bias = 3;
+		}
+		if (llm_sampler_init(&host[r], &p, NV) || llm_sampler_init(&dev[r], &p, NV)) {
+			check(0, "sample %s: sampler: %s", sc->name, llm_errmsg());
+			exit(1);
+		}
+		llm_sampler_hold(&host[r], hold, sc->n_hold);
+		llm_sampler_hold(&dev[r], hold, sc->n_hold);
+		int32_t prompt[5] = { 11, 12, 11, 4095, (int32_t)(r * 97) };
+		llm_sampler_prompt(&host[r], prompt, 5);
+		llm_sampler_prompt(&dev[r], prompt, 5);
+	}
+	for (int step = 0; step < STEPS; step++) {
+		for (size_t i = 0; i < (size_t)R * NV; i++)
+			l[i] = sc->ties ? (float)((int)(urand() * 9) - 4) * 0.5f : frand() * 6.0f;
+		if (sc->ties)            /* -0 and +0 tie on the CPU: the lower id wins */
+			for (int r = 0; r < R; r++)
+				l[(size_t)r * NV + 5] = -0.0f;
+		if (step % 3 == 0)       /* recent outputs strong, so the penalties decide */
+			for (int r = 0; r < R; r++)
+				for (int k = 0; k < dev[r].n_seen && k < 8; k++)
+					l[(size_t)r * NV + dev[r].seen_id[k]] = 4.0f + (float)k * 0.25f;
+		if (gpu->ops->copy_in(gpu, dl, l, (size_t)R * NV * sizeof(float))) {
+			check(0, "sample: copy in: %s", llm_errmsg());
+			exit(1);
+		}
+		for (int r = 0; r < R; r++)
+			llm_sampler_row(&dev[r], &row[r]);
+		if (gpu->ops->sample(gpu, llm_view_f32(dl, R, NV), row, ids, lp)) {
+			check(0, "sample %s: %s", sc->name, llm_errmsg());
+			*ids_ok = 0;
+			break;
+		}
+		for (int r = 0; r < R; r++) {
+			struct llm_sample_out so;
+			if (llm_sampler_sample(&host[r], l + (size_t)r * NV, &so)) {
+				check(0, "sample %s: the CPU sampler: %s", sc->name, llm_errmsg());
+				exit(1);
+			}
+			(*n_draws)++;
+			if (ids[r] != so.token) {
+				if (*ids_ok)
+					check_diag("sample %s: step %d row %d: gpu id %d, cpu id %d", sc->name, step, r,
+					           ids[r], so.token);
+				*ids_ok = 0;
+			}
+			int lp_same = sc->p.skip_logprob ? isnan(lp[r]) : fabsf(lp[r] - so.logprob) <= 1e-6f;
+			if (!lp_same) {
+				if (*lp_ok)
+					check_diag("sample %s: step %d row %d: gpu log-prob %.9g, cpu %.9g", sc->name, step, r,
+					           lp[r], so.logprob);
+				*lp_ok = 0;
+			}
+			llm_sampler_accept(&host[r], so.token);
+			llm_sampler_accept(&dev[r], so.token);
+		}
+	}
+	for (int r = 0; r < R; r++) {
+		llm_sampler_free(&host[r]);
+		llm_sampler_free(&dev[r]);
+	}
+	gpu->ops->release(gpu, dl);
+	free(l);
+}
+
+static void test_sample(void)
+{
+	static const struct sample_case greedy[] = {
+		{ "greedy", { .top_p = 1, .repetition_penalty = 1 }, 0, 0 },
+		{ "greedy ties", { .top_p = 1, .repetition_penalty = 1 }, 0, 1 },
+		{ "greedy penalties biases hold", { .top_p = 1, .repetition_penalty = 1.3f, .frequency_penalty = 0.7f,
+		  .presence_penalty = 0.4f, .n_bias = 1, .min_tokens = 10 }, 2, 0 },
+		{ "greedy ties penalties", { .top_p = 1, .repetition_penalty = 2.0f, .frequency_penalty = -0.5f,
+		  .skip_logprob = 1 }, 0, 1 },
+	};
+	static const struct sample_case sampled[] = {
+		{ "t 1", { .temperature = 1, .top_p = 1, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 0.7 top-k 40", { .temperature = 0.7f, .top_k = 40, .top_p = 1, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 1.3 top-p 0.9", { .temperature = 1.3f, .top_p = 0.9f, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 1 min-p 0.05", { .temperature = 1, .top_p = 1, .min_p = 0.05f, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 0.05 ties top-k 1", { .temperature = 0.05f, .top_k = 1, .top_p = 1, .repetition_penalty = 1 }, 0, 1 },
+		{ "t 0.8 ties top-p 0.5", { .temperature = 0.8f, .top_p = 0.5f, .repetition_penalty = 1,
+		  .skip_logprob = 1 }, 0, 1 },
+		{ "t 0.9 everything", { .temperature = 0.9f, .top_k = 200, .top_p = 0.95f, .min_p = 0.02f,
+		  .repetition_penalty = 1.2f, .frequency_penalty = 0.3f, .presence_penalty = 0.2f, .n_bias = 1,
+		  .min_tokens = 5 }, 2, 0 },
+	};
+	int g_ok = 1, s_ok = 1, lp_ok = 1, n_g = 0, n_s = 0;
+	for (size_t i = 0; i < sizeof greedy / sizeof *greedy; i++)
+		sample_case_run(&greedy[i], &g_ok, &lp_ok, &n_g);
+	for (size_t i = 0; i < sizeof sampled / sizeof *sampled; i++)
+		sample_case_run(&sampled[i], &s_ok, &lp_ok, &n_s);
+	check(g_ok, "cuda: %s (%d draws)", gpu_checks[16], n_g);
+	check(s_ok, "cuda: %s (%d draws)", gpu_checks[17], n_s);
+	check(lp_ok, "cuda: %s", gpu_checks[18]);
+
+	/* non-finite logits: row 0 NaN at 17 and Inf at 30, row 1 -Inf at 3, row 2 fine */
+	enum { NV = 1000 };
+	float *l = rand_x(3, NV, 0);
+	l[17] = NAN;
+	l[30] = INFINITY;
+	l[NV + 3] = -INFINITY;
+	float *dl = dev_f32(l, 3 * NV);
+	struct llm_sample_params p = { .temperature = 1, .top_p = 1, .repetition_penalty = 1 };
+	struct llm_sampler sm;
+	struct llm_sample_row row[3];
+	int32_t ids[3];
+	float lp[3];
+	int ok = !llm_sampler_init(&sm, &p, NV);
+	for (int r = 0; r < 3; r++)
+		llm_sampler_row(&sm, &row[r]);
+	ok = ok && !gpu->ops->sample(gpu, llm_view_f32(dl, 3, NV), row, ids, lp);
+	ok = ok && ids[0] == -1 - 17 && isnan(lp[0]) && ids[1] == -1 - 3 && lp[1] == -INFINITY && ids[2] >= 0;
+	struct llm_sample_out so;
+	ok = ok && llm_sampler_sample(&sm, l, &so) == LLM_ERR_RANGE && strstr(llm_errmsg(), "at token 17")
+	     && llm_sampler_sample(&sm, l + NV, &so) == LLM_ERR_RANGE;
+	check(ok, "cuda: %s (ids %d %d %d)", gpu_checks[19], ids[0], ids[1], ids[2]);
+	llm_sampler_free(&sm);
+	gpu->ops->release(gpu, dl);
+	free(l);
+}
+
 #ifdef LLM_NCCL
 /* Device memory for the communicator: plain cudaMalloc and synchronous
  * copies, then a device-wide wait, so that the communicator's own stream
@@ -959,6 +1119,7 @@ int main(int argc, char **argv)
 	test_rowwise();
 	test_attention();
 	test_argmax();
+	test_sample();
 	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
 	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
 	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);

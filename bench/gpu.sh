@@ -15,7 +15,8 @@
 # device call does.
 #
 # Steps: build (make CUDA=1 CUDA_SM=<the device's compute capability>);
-# test_cuda (every CUDA op against the CPU backend, and the device sampler,
+# test_cuda (every CUDA op against the CPU backend, the fused rope_store
+# against the GPU's separate ops, and the device sampler,
 # the sample op, against common/sampler.c: greedy and sampled ids with the
 # same draws, log-probs, non-finite rows); nccl (test_cuda's NCCL checks,
 # alone and under mpirun -np 1);

@@ -129,6 +129,13 @@ struct llm_cuda_kvgeom {
 cudaError_t llm_cuda_kv_store(const struct llm_cuda_kvgeom *g, int layer,
                               const struct llm_cuda_kvmeta *m, const float *k, int64_t ks,
                               const float *v, int64_t vs, cudaStream_t stream);
+/* The fused rope_store op: rope on q (n_tok, n_head * d_head) and k (n_tok,
+ * kv_dim) in place by m->pos (inv_freq (d_head / 2) device; d_head even),
+ * then k and v stored as llm_cuda_kv_store stores them: the same bits as
+ * llm_cuda_rope twice and llm_cuda_kv_store, in one launch. */
+cudaError_t llm_cuda_rope_store(const struct llm_cuda_kvgeom *g, int layer, const struct llm_cuda_kvmeta *m,
+                                float *q, int64_t qs, float *k, int64_t ks, const float *v, int64_t vs,
+                                int n_head, const float *inv_freq, cudaStream_t stream);
 /* out (n_tok, n_head * d_head) = causal softmax(q k^T / sqrt(d_head)) v over
  * the token's sequence, GQA (head h reads kv head h / (n_head / n_kv_head)),
  * online softmax in f32. d_head <= 256. */

@@ -647,6 +647,35 @@ static enum llm_status cuda_kv_store(struct llm_backend *be, struct llm_kv *kv, 
 	return LLM_OK;
 }
 
+static enum llm_status cuda_rope_store(struct llm_backend *be, struct llm_view q, struct llm_view k,
+                                      struct llm_view v, struct llm_kv *kv, int layer,
+                                      const struct llm_batch *b, int n_head, int n_kv_head, int d_head,
+                                      const float *inv_freq)
+{
+	struct cuda_be *c = cu(be);
+	struct llm_cuda_kvmeta m;
+	struct llm_cuda_kvgeom g;
+	void *dfreq;
+	LLM_TRY(set_dev(c));
+	LLM_TRY(need_dev(c, "rope_store", "q", q));
+	LLM_TRY(need_dev(c, "rope_store", "k", k));
+	LLM_TRY(need_dev(c, "rope_store", "v", v));
+	if (b->n_tok < 1)
+		return LLM_OK;
+	if (d_head < 2 || d_head % 2 || d_head != kv->d_head || n_kv_head != kv->n_kv_head) {
+		/* the separate ops where the fused kernel does not apply */
+		q.rows = k.rows = v.rows = b->n_tok;
+		LLM_TRY(cuda_rope(be, q, b->pos, n_head, d_head, inv_freq));
+		LLM_TRY(cuda_rope(be, k, b->pos, n_kv_head, d_head, inv_freq));
+		return cuda_kv_store(be, kv, layer, b, k, v);
+	}
+	LLM_TRY(kv_meta(c, kv, b, &m, &g));
+	LLM_TRY(slot_put(c, SLOT_FREQ, inv_freq, (size_t)(d_head / 2) * sizeof(float), &dfreq));
+	LAUNCH(llm_cuda_rope_store(&g, layer, &m, q.data, q.stride, k.data, k.stride, v.data, v.stride, n_head,
+	                           dfreq, c->stream));
+	return LLM_OK;
+}
+
 static enum llm_status cuda_attention(struct llm_backend *be, struct llm_view out, struct llm_view q,
                                       struct llm_kv *kv, int layer, const struct llm_batch *b,
                                       int n_head)
@@ -956,6 +985,7 @@ const struct llm_backend_ops llm_cuda_ops = {
 	.swiglu = cuda_swiglu,
 	.add = cuda_add,
 	.add_rmsnorm = llm_cuda_add_rmsnorm,
+	.rope_store = cuda_rope_store,
 	.gather = cuda_gather,
 	.sample = cuda_sample,
 	.sync = cuda_sync,

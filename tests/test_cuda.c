@@ -29,6 +29,8 @@
  * - attention: atol 1e-5, rtol 1e-4 (online softmax against two-pass;
  *   scores through another dot order).
  * - argmax with repetition penalty: the same ids.
+ * - rope_store (the fused op) against the GPU's own rope, rope, kv_store:
+ *   exact (one rotation function, one store function).
  * - sample (the backend's sample op against common/sampler.c, each row's
  *   sampler state built twice from one seed, one copy drawing through
  *   llm_sampler_row, the other through llm_sampler_sample): greedy, the
@@ -95,6 +97,7 @@ static const char *const gpu_checks[] = {
 	"sample: temperature, top-k, top-p, min-p, penalties, biases: the CPU sampler's ids, same draws",
 	"sample: log-probs within 1e-6 of the CPU sampler's, NaN where not wanted",
 	"sample: a row with a NaN or Inf logit chooses nothing, names the first such id; the CPU refuses it too",
+	"rope_store (fused) equals rope, rope, kv_store on the GPU bit for bit: q, k, f32/bf16/fp8 caches and scales",
 };
 
 /* The NCCL communicator's checks, by name. */
@@ -742,6 +745,108 @@ static void test_argmax(void)
 	free(seen);
 }
 
+/* A device buffer's N bytes equal host REF's, else a diagnostic. */
+static int same_dev_bytes(const char *what, const void *d, const void *ref, size_t n)
+{
+	char *h = malloc(n);
+	int same = !llm_cuda_copy_out(gpu, h, d, n) && !memcmp(h, ref, n);
+	if (!same)
+		check_diag("rope_store: %s differs", what);
+	free(h);
+	return same;
+}
+
+/* Two GPU caches, the same batches: one through rope, rope and kv_store,
+ * the other through rope_store; q, k and both caches compared. */
+static int rope_store_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head)
+{
+	struct llm_kv_opts ko = { 2, n_kv_head, d_head, kvdt, 16, 64, 4, 320 };
+	struct llm_kv ka, kb;
+	if (llm_kv_init(&ka, gpu, &ko) || llm_kv_init(&kb, gpu, &ko)) {
+		check_diag("kv init: %s", llm_errmsg());
+		return 0;
+	}
+	int sa, sb, ok = 1, dq = n_head * d_head, dkv = n_kv_head * d_head, half = d_head / 2;
+	llm_kv_seq_new(&ka, &sa);
+	llm_kv_seq_new(&ka, &sb);
+	llm_kv_seq_new(&kb, &sa);
+	llm_kv_seq_new(&kb, &sb);
+	float *freq = malloc((size_t)half * sizeof *freq);
+	for (int j = 0; j < half; j++)
+		freq[j] = powf(10000.0f, -2.0f * (float)j / (float)d_head);
+	/* step 0: prefill A (21) and B (5); step 1: one decode token each */
+	int32_t seq[26], pos[26], tok[26] = { 0 };
+	for (int st = 0; st < 2 && ok; st++) {
+		int n = 0;
+		for (int i = 0; i < (st ? 1 : 21); i++, n++) {
+			seq[n] = sa;
+			pos[n] = st ? 21 : i;
+		}
+		for (int i = 0; i < (st ? 1 : 5); i++, n++) {
+			seq[n] = sb;
+			pos[n] = st ? 5 : i;
+		}
+		struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
+		ok &= llm_kv_prepare(&ka, &b) == LLM_OK && llm_kv_prepare(&kb, &b) == LLM_OK;
+		float *q = rand_x(n, dq, 0), *k = rand_x(n, dkv, 0), *v = rand_x(n, dkv, 0);
+		float *q1 = dev_f32(q, (size_t)n * dq), *k1 = dev_f32(k, (size_t)n * dkv);
+		float *q2 = dev_f32(q, (size_t)n * dq), *k2 = dev_f32(k, (size_t)n * dkv), *dv = dev_f32(v, (size_t)n * dkv);
+		for (int l = 0; l < 2 && ok; l++) {
+			ok &= gpu->ops->rope(gpu, llm_view_f32(q1, n, dq), pos, n_head, d_head, freq) == LLM_OK
+			      && gpu->ops->rope(gpu, llm_view_f32(k1, n, dkv), pos, n_kv_head, d_head, freq) == LLM_OK
+			      && gpu->ops->kv_store(gpu, &ka, l, &b, llm_view_f32(k1, n, dkv), llm_view_f32(dv, n, dkv)) == LLM_OK;
+			ok &= gpu->ops->rope_store(gpu, llm_view_f32(q2, n, dq), llm_view_f32(k2, n, dkv),
+			                           llm_view_f32(dv, n, dkv), &kb, l, &b, n_head, n_kv_head, d_head,
+			                           freq) == LLM_OK;
+			if (!ok)
+				check_diag("rope_store: %s", llm_errmsg());
+		}
+		float *h1 = malloc((size_t)n * dq * sizeof(float));
+		host_of(h1, q1, (size_t)n * dq);
+		ok &= same_dev_bytes("q", q2, h1, (size_t)n * dq * sizeof(float));
+		host_of(h1, k1, (size_t)n * dkv);
+		ok &= same_dev_bytes("k", k2, h1, (size_t)n * dkv * sizeof(float));
+		free(h1);
+		free(q);
+		free(k);
+		free(v);
+		gpu->ops->release(gpu, q1);
+		gpu->ops->release(gpu, k1);
+		gpu->ops->release(gpu, q2);
+		gpu->ops->release(gpu, k2);
+		gpu->ops->release(gpu, dv);
+	}
+	size_t bytes = (size_t)ko.n_layer * (size_t)ko.n_block * (size_t)ko.block_size * (size_t)dkv * ka.elt;
+	char *h = malloc(bytes);
+	ok &= !llm_cuda_copy_out(gpu, h, ka.k, bytes) && same_dev_bytes("the K cache", kb.k, h, bytes);
+	ok &= !llm_cuda_copy_out(gpu, h, ka.v, bytes) && same_dev_bytes("the V cache", kb.v, h, bytes);
+	if (ka.ks) {
+		size_t sbytes = bytes / (size_t)d_head * sizeof(float);
+		char *hs = malloc(sbytes);
+		ok &= !llm_cuda_copy_out(gpu, hs, ka.ks, sbytes) && same_dev_bytes("the K scales", kb.ks, hs, sbytes);
+		ok &= !llm_cuda_copy_out(gpu, hs, ka.vs, sbytes) && same_dev_bytes("the V scales", kb.vs, hs, sbytes);
+		free(hs);
+	}
+	if (!ok)
+		check_diag("rope_store %s %d/%d heads d %d", llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
+	free(h);
+	free(freq);
+	llm_kv_free(&ka);
+	llm_kv_free(&kb);
+	return ok;
+}
+
+static void test_rope_store(void)
+{
+	static const struct { int h, kvh, d; } cases[] = { { 8, 4, 64 }, { 6, 2, 8 }, { 4, 4, 96 }, { 2, 1, 128 } };
+	static const enum llm_dtype kdt[3] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
+	int ok = gpu->ops->rope_store != NULL;
+	for (int dt = 0; dt < 3 && ok; dt++)
+		for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+			ok &= rope_store_case(kdt[dt], cases[i].h, cases[i].kvh, cases[i].d);
+	check(ok, "cuda: %s", gpu_checks[20]);
+}
+
 /* One parameter set of the sampler checks. */
 struct sample_case {
 	const char *name;
@@ -1120,6 +1225,7 @@ int main(int argc, char **argv)
 	test_attention();
 	test_argmax();
 	test_sample();
+	test_rope_store();
 	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
 	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
 	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);

@@ -31,6 +31,9 @@
  * - argmax with repetition penalty: the same ids.
  * - rope_store (the fused op) against the GPU's own rope, rope, kv_store:
  *   exact (one rotation function, one store function).
+ * - CUDA graphs: a replayed decode step against the same step op by op on
+ *   a backend with graphs off: exact (the same kernels, launched by the
+ *   graph), and the graph backend's counts show captures and replays.
  * - sample (the backend's sample op against common/sampler.c, each row's
  *   sampler state built twice from one seed, one copy drawing through
  *   llm_sampler_row, the other through llm_sampler_sample): greedy, the
@@ -60,6 +63,7 @@
 #include "cpu_ref.h"
 #include "kvcache.h"
 #include "sampler.h"
+#include "model.h"
 #include "dtype.h"
 
 #include <math.h>
@@ -98,6 +102,7 @@ static const char *const gpu_checks[] = {
 	"sample: log-probs within 1e-6 of the CPU sampler's, NaN where not wanted",
 	"sample: a row with a NaN or Inf logit chooses nothing, names the first such id; the CPU refuses it too",
 	"rope_store (fused) equals rope, rope, kv_store on the GPU bit for bit: q, k, f32/bf16/fp8 caches and scales",
+	"CUDA graphs: stories260K decode steps (3 and 2 sequences) captured and replayed give the eager logits bit for bit",
 };
 
 /* The NCCL communicator's checks, by name. */
@@ -847,6 +852,124 @@ static void test_rope_store(void)
 	check(ok, "cuda: %s", gpu_checks[20]);
 }
 
+/* One backend's side of the graph check: the model's cache, scratch and
+ * device logits. */
+struct gside {
+	struct llm_backend *be;
+	struct llm_kv kv;
+	struct llm_scratch s;
+	float *dlog;
+};
+
+static int gside_open(struct gside *g, struct llm_model *m, int graphs)
+{
+	memset(g, 0, sizeof *g);
+	struct llm_kv_opts ko = { m->layer_end - m->layer_begin, m->n_kv_head_loc, m->cfg.d_head, LLM_DTYPE_F32,
+	                          16, 64, 4, 128 };
+	if (llm_backend_open("cuda", NULL, &g->be) || llm_model_check_backend(m, g->be) || llm_kv_init(&g->kv, g->be, &ko)
+	    || llm_scratch_init(&g->s, m, g->be, 32, 32)
+	    || g->be->ops->alloc(g->be, (size_t)32 * (size_t)m->cfg.n_vocab * sizeof(float), (void **)&g->dlog)) {
+		check_diag("graphs: open: %s", llm_errmsg());
+		return 0;
+	}
+	llm_cuda_graphs(g->be, graphs);
+	return 1;
+}
+
+static void gside_close(struct gside *g)
+{
+	if (!g->be)
+		return;
+	if (g->dlog)
+		g->be->ops->release(g->be, g->dlog);
+	llm_scratch_free(&g->s);
+	if (g->kv.ref)
+		llm_kv_free(&g->kv);
+	llm_backend_close(g->be);
+}
+
+static void test_graphs(void)
+{
+	const char *models = test_models_dir();
+	char dir[1100];
+	if (!models) {
+		check_skip("no models in $LLM_TEST_MODELS", "cuda: %s", gpu_checks[21]);
+		return;
+	}
+	snprintf(dir, sizeof dir, "%s/stories260K", models);
+	struct llm_model m;
+	if (llm_model_open(&m, dir)) {
+		check_skip("no stories260K", "cuda: %s (%s)", gpu_checks[21], llm_errmsg());
+		return;
+	}
+	struct gside gg, ge;       /* graphs on, graphs off */
+	int ok = gside_open(&gg, &m, 1) && gside_open(&ge, &m, 0), nv = m.cfg.n_vocab, same = 1, steps = 0;
+	int seq[3];
+	for (int i = 0; i < 3 && ok; i++)
+		ok = !llm_kv_seq_new(&gg.kv, &seq[i]) && !llm_kv_seq_new(&ge.kv, &seq[i]);
+	/* the prompts, one batch (not a decode step: run op by op on both) */
+	int32_t tok[15], pos[15], sq[15], last[3];
+	int8_t want[15];
+	for (int i = 0; i < 15; i++) {
+		tok[i] = 1 + (i * 37) % (nv - 1);
+		pos[i] = i % 5;
+		sq[i] = seq[i / 5];
+		want[i] = i % 5 == 4;
+	}
+	float *hl = malloc((size_t)32 * nv * sizeof(float)), *he = malloc((size_t)32 * nv * sizeof(float));
+	int n_out = 0;
+	struct llm_batch pb = { 15, tok, pos, sq, want, NULL };
+	ok = ok && !llm_model_forward(&m, gg.be, &gg.kv, &gg.s, &pb, gg.dlog, &n_out)
+	     && !llm_model_forward(&m, ge.be, &ge.kv, &ge.s, &pb, ge.dlog, &n_out) && n_out == 3;
+	if (ok) {
+		host_of(he, ge.dlog, (size_t)3 * nv);
+		for (int i = 0; i < 3; i++)
+			last[i] = llm_argmax(he + (size_t)i * nv, nv);
+	}
+	/* decode: 3 sequences, then 2, then 3 again, ...: each size runs op by
+	 * op once, is captured once, then replayed */
+	static const int width[12] = { 3, 3, 3, 2, 2, 3, 2, 3, 3, 2, 2, 3 };
+	int32_t p[3] = { 5, 5, 5 };
+	for (int st = 0; st < 12 && ok; st++) {
+		int n = width[st];
+		for (int i = 0; i < n; i++) {
+			tok[i] = last[i];
+			pos[i] = p[i]++;
+			sq[i] = seq[i];
+		}
+		struct llm_batch db = { n, tok, pos, sq, NULL, NULL };
+		for (int i = 0; i < n; i++)
+			want[i] = 1;
+		db.logits = want;
+		ok = !llm_model_forward(&m, gg.be, &gg.kv, &gg.s, &db, gg.dlog, &n_out) && n_out == n
+		     && !llm_model_forward(&m, ge.be, &ge.kv, &ge.s, &db, ge.dlog, &n_out) && n_out == n;
+		if (!ok) {
+			check_diag("graphs: step %d: %s", st, llm_errmsg());
+			break;
+		}
+		host_of(hl, gg.dlog, (size_t)n * nv);
+		host_of(he, ge.dlog, (size_t)n * nv);
+		if (memcmp(hl, he, (size_t)n * nv * sizeof(float))) {
+			if (same)
+				check_diag("graphs: step %d (%d sequences): the logits differ from the op-by-op run", st, n);
+			same = 0;
+		}
+		for (int i = 0; i < n; i++)
+			last[i] = llm_argmax(he + (size_t)i * nv, nv);
+		steps++;
+	}
+	long cap = 0, rep = 0, redo = 0;
+	if (gg.be)
+		llm_cuda_graph_stats(gg.be, &cap, &rep, &redo);
+	check(ok && same && steps == 12 && cap == 2 && rep == 8 && redo == 0,
+	      "cuda: %s (%d steps; captured %ld, replayed %ld, run again %ld)", gpu_checks[21], steps, cap, rep, redo);
+	free(hl);
+	free(he);
+	gside_close(&gg);
+	gside_close(&ge);
+	llm_model_close(&m);
+}
+
 /* One parameter set of the sampler checks. */
 struct sample_case {
 	const char *name;
@@ -1226,6 +1349,7 @@ int main(int argc, char **argv)
 	test_argmax();
 	test_sample();
 	test_rope_store();
+	test_graphs();
 	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
 	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
 	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);

@@ -180,7 +180,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		s = llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
 		goto fail;
 	}
-	if (e->be->ops->sample && !e->world
+	const char *dsv = getenv("LLM_CUDA_SAMPLE");   /* 0: sample on the host, as the CPU backend */
+	if (e->be->ops->sample && !e->world && !(dsv && !strcmp(dsv, "0"))
 	    && (s = e->be->ops->alloc(e->be, (size_t)e->o.max_logits * (size_t)e->model.cfg.n_vocab * sizeof(float),
 	                              (void **)&e->dlogits)))
 		goto fail;

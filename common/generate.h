@@ -196,7 +196,8 @@ struct llm_request {
 enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch *b,
                                    const float **logits, int *n_out);
 /* Whether the engine can sample where the logits are: its backend has a
- * sample op (backend.h; the CUDA backend) and the run is one process. */
+ * sample op (backend.h; the CUDA backend), the run is one process and
+ * $LLM_CUDA_SAMPLE is not 0. */
 int llm_engine_can_sample(const struct llm_engine *e);
 /* Forward B as llm_engine_forward, but leave the logits in the backend's
  * memory and sample each of the n_out rows there with ROWS[i] (sampler.h;

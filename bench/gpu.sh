@@ -15,10 +15,15 @@
 # device call does.
 #
 # Steps: build (make CUDA=1 CUDA_SM=<the device's compute capability>);
-# test_cuda; nccl (test_cuda's NCCL checks, alone and under mpirun -np 1);
+# test_cuda (every CUDA op against the CPU backend, the fused rope_store
+# against the GPU's separate ops, replayed CUDA graphs against op-by-op
+# decode steps, and the device sampler,
+# the sample op, against common/sampler.c: greedy and sampled ids with the
+# same draws, log-probs, non-finite rows); nccl (test_cuda's NCCL checks,
+# alone and under mpirun -np 1);
 # compute-sanitizer memcheck and racecheck on test_cuda;
 # tests/cli/cuda.sh; greedy (stories260K --backend cuda against the
-# reference ids); logits_smol and logits_8b (random FP8 checkpoints of the
+# reference ids: the scheduler samples on the GPU there, only ids return); logits_smol and logits_8b (random FP8 checkpoints of the
 # SmolLM2-135M and Llama-3.1-8B shapes, CPU against CUDA: argmax agreement
 # and top-10 log-prob differences, tolerances in LOGIT_TOL below);
 # batch_invariance (a prompt's greedy ids alone and in batches of 2..64 on

@@ -23,6 +23,7 @@
 
 struct llm_kv;
 struct llm_batch;
+struct llm_sample_row;
 
 enum llm_op {
 	LLM_OP_EMBED, LLM_OP_RMSNORM, LLM_OP_MATMUL, LLM_OP_ROPE,
@@ -123,6 +124,31 @@ struct llm_backend_ops {
 	/* out row i = x row idx[i], for i < out.rows */
 	enum llm_status (*gather)(struct llm_backend *be, struct llm_view out, struct llm_view x,
 	                          const int32_t *idx);
+	/* Optional (NULL: the caller copies the logits back and samples them
+	 * with common/sampler.c). Sampling where the logits are: ids[r] (host,
+	 * logits.rows) = the token llm_sampler_sample would choose from row r
+	 * of LOGITS (this backend's memory, (rows, n_vocab) f32) with the
+	 * parameters, state and draw of ROWS[r] (sampler.h); logprob[r] (host)
+	 * its log-softmax in the raw row (NaN when not wanted). A row with a
+	 * NaN or infinite logit chooses nothing: ids[r] = -1 - the first such
+	 * id, logprob[r] its value. LLM_ERR_RANGE for an id of ROWS outside
+	 * the vocabulary. */
+	enum llm_status (*sample)(struct llm_backend *be, struct llm_view logits,
+	                          const struct llm_sample_row *rows, int32_t *ids, float *logprob);
+	/* Optional, both or neither (NULL: every step runs op by op). The op
+	 * calls from graph_begin to graph_end are one step of shape KEY: the
+	 * same ops with the same sizes whenever KEY recurs (the model's decode
+	 * steps, KEY its token count), writing their output OUT. graph_begin
+	 * returns 1 when the backend records the step or replays its record
+	 * (CUDA graphs), 0 when the ops run as usual. Recorded or replayed, the
+	 * results are the same bits; graph_end launches the record and waits.
+	 * *REDO = 1: the step could not be recorded or replayed after all
+	 * (its host inputs differ in shape from the record's): nothing ran,
+	 * run the same ops again. FAILED: an op of the step failed; *REDO = 1
+	 * then too when the failure may be the recording's own (the record is
+	 * dropped and the size is not recorded again). */
+	int (*graph_begin)(struct llm_backend *be, int64_t key, const void *out);
+	enum llm_status (*graph_end)(struct llm_backend *be, int failed, int *redo);
 	/* Optional (NULL: nothing to do). From chain(be, 1) to chain(be, 0)
 	 * the caller promises: nothing writes the output of an rmsnorm,
 	 * add_rmsnorm, attention or swiglu before the matmul or matmul_n that

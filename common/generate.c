@@ -29,6 +29,8 @@ struct llm_engine {
 	struct llm_engine_opts o;
 	int n_ctx;
 	float *logits;              /* (max_logits, n_vocab) */
+	float *dlogits;             /* (max_logits, n_vocab) in the backend's memory, where it has a
+	                             * sample op and the run is one process; else NULL */
 	struct llm_comm *world;     /* NULL: a single process */
 	int root;                   /* this rank plans the steps (rank 0, or alone) */
 	/* distributed serving (llm_engine_serve_begin): rank 0 journals its KV
@@ -190,6 +192,11 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		s = llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
 		goto fail;
 	}
+	const char *dsv = getenv("LLM_CUDA_SAMPLE");   /* 0: sample on the host, as the CPU backend */
+	if (e->be->ops->sample && !e->world && !(dsv && !strcmp(dsv, "0"))
+	    && (s = e->be->ops->alloc(e->be, (size_t)e->o.max_logits * (size_t)e->model.cfg.n_vocab * sizeof(float),
+	                              (void **)&e->dlogits)))
+		goto fail;
 	*out = e;
 	return LLM_OK;
 fail:
@@ -256,6 +263,8 @@ void llm_engine_close(struct llm_engine *e)
 		llm_model_copy_abort(e->wcopy);
 	}
 	free(e->logits);
+	if (e->dlogits)
+		e->be->ops->release(e->be, e->dlogits);
 	free(e->jr);
 	free(e->sbuf);
 	llm_scratch_free(&e->scratch);
@@ -616,6 +625,24 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
 	LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->logits, n_out));
 	wcopy_start(e);
 	return LLM_OK;
+}
+
+int llm_engine_can_sample(const struct llm_engine *e)
+{
+	return e->dlogits != NULL && !e->serving;
+}
+
+enum llm_status llm_engine_forward_sample(struct llm_engine *e, const struct llm_batch *b,
+                                          const struct llm_sample_row *rows, int32_t *ids, float *logprob,
+                                          int *n_out)
+{
+	if (!llm_engine_can_sample(e))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "engine: the %s backend does not sample (or the run is distributed)",
+		                e->be->ops->name);
+	LLM_TRY(llm_model_forward(&e->model, e->be, &e->kv, &e->scratch, b, e->dlogits, n_out));
+	if (*n_out == 0)
+		return LLM_OK;
+	return e->be->ops->sample(e->be, llm_view_f32(e->dlogits, *n_out, e->model.cfg.n_vocab), rows, ids, logprob);
 }
 
 /* One line of text to B (formatted, newline added); 0 on success. */

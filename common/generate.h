@@ -204,6 +204,18 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
  * started (a server, idle before its first request), and with WAIT waits
  * for it and moves to it (a benchmark, so no timed step runs beside it). */
 void llm_engine_weights_settle(struct llm_engine *e, int wait);
+/* Whether the engine can sample where the logits are: its backend has a
+ * sample op (backend.h; the CUDA backend), the run is one process and
+ * $LLM_CUDA_SAMPLE is not 0. */
+int llm_engine_can_sample(const struct llm_engine *e);
+/* Forward B as llm_engine_forward, but leave the logits in the backend's
+ * memory and sample each of the n_out rows there with ROWS[i] (sampler.h;
+ * the planner made one per row): IDS and LOGPROB get the backend's sample
+ * op's results (ids < 0: a row with non-finite logits). LLM_ERR_UNSUPPORTED
+ * where llm_engine_can_sample is false. */
+enum llm_status llm_engine_forward_sample(struct llm_engine *e, const struct llm_batch *b,
+                                          const struct llm_sample_row *rows, int32_t *ids, float *logprob,
+                                          int *n_out);
 
 /* ---- the step protocol of distributed runs ----------------------------- */
 

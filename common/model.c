@@ -903,7 +903,18 @@ enum llm_status llm_model_forward(struct llm_model *m, struct llm_backend *be, s
 	/* forward writes no op's output between that op and its matmul */
 	if (be->ops->chain)
 		be->ops->chain(be, 1);
+	/* decode steps (every token asks for its logits) may be recorded and
+	 * replayed by the backend (CUDA graphs), keyed by their token count */
+	int graph = be->ops->graph_begin && !m->dist && no == b->n_tok && be->ops->graph_begin(be, no, logits);
 	enum llm_status st = forward(m, be, kv, s, b, logits, no);
+	if (graph) {
+		int redo = 0;
+		enum llm_status gs = be->ops->graph_end(be, st != LLM_OK, &redo);
+		if (redo)           /* nothing ran: op by op (an op's own error comes back there) */
+			st = forward(m, be, kv, s, b, logits, no);
+		else if (!st)
+			st = gs;
+	}
 	if (be->ops->chain)
 		be->ops->chain(be, 0);
 	if (!st && m->dist && no)

@@ -199,50 +199,31 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 	return llm_reqout_verify(o, logits, NULL, -1, tok, fin);
 }
 
-enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, const float *q, int32_t x, int32_t *tok,
-                                  enum llm_finish *fin)
+/* The token the sampler chose (SO), handled as reqout.h orders it. */
+static enum llm_status handle(struct llm_reqout *o, const struct llm_sample_out *so, int32_t *tok,
+                              enum llm_finish *fin)
 {
-	struct llm_sample_out so;
-	int acc;
-	int gm = o->g ? grammar_mask(o) : 0;
-	if (gm > 0) {               /* complete: ends without a token */
-		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
-		                              .finish = LLM_FINISH_STOP, .stop_index = -1 };
-		release_tail(o, &ev);
-		emit(o, &ev);
-		*tok = -1;
-		*fin = LLM_FINISH_STOP;
-		return LLM_OK;
-	}
-	if (gm < 0 || (q ? llm_sampler_verify(&o->smp, logits, q, x, &so, &acc) : llm_sampler_sample(&o->smp, logits, &so))) {   /* this request fails, the others go on */
-		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
-		                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
-		emit(o, &ev);
-		*tok = -1;
-		*fin = LLM_FINISH_ERROR;
-		return LLM_OK;
-	}
-	*tok = so.token;
+	*tok = so->token;
 	struct llm_token_event ev = {
-		.req = o->id, .index = o->n_gen, .token = so.token, .logprob = so.logprob,
-		.n_top = so.n_top, .top = so.top, .text = "", .stop_index = -1,
+		.req = o->id, .index = o->n_gen, .token = so->token, .logprob = so->logprob,
+		.n_top = so->n_top, .top = so->top, .text = "", .stop_index = -1,
 	};
 	o->n_gen++;
-	llm_sampler_accept(&o->smp, so.token);
+	llm_sampler_accept(&o->smp, so->token);
 	for (int i = 0; i < o->p.n_stop_ids; i++)
-		if (so.token == o->p.stop_ids[i]) {
+		if (so->token == o->p.stop_ids[i]) {
 			ev.finish = LLM_FINISH_STOP;
 			ev.stop_index = i;
 		}
 	if (!ev.finish && !o->p.ignore_eos)
 		for (int i = 0; i < o->n_eos; i++)
-			if (so.token == o->eos[i])
+			if (so->token == o->eos[i])
 				ev.finish = LLM_FINISH_EOS;
 	if (!ev.finish && o->g) {   /* the mask allowed it: the grammar takes its bytes */
-		o->gst = llm_grammar_next_token(o->g, o->gst, so.token);
+		o->gst = llm_grammar_next_token(o->g, o->gst, so->token);
 		if (o->gst < 0) {
 			llm_fail(LLM_ERR_INTERNAL, "grammar: token %d does not continue the text (or its state table is full)",
-			         so.token);
+			         so->token);
 			struct llm_token_event ee = { .req = o->id, .index = o->n_gen - 1, .token = -1, .text = "",
 			                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
 			emit(o, &ee);
@@ -260,7 +241,7 @@ enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, con
 	if (o->dt) {
 		const char *t;
 		size_t n;
-		if (o->detok->push(o->dt, so.token, &t, &n)) {
+		if (o->detok->push(o->dt, so->token, &t, &n)) {
 			t = "";             /* no text for it; the request goes on */
 			n = 0;
 		}
@@ -298,4 +279,56 @@ enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, con
 	}
 	*fin = ev.finish ? ev.finish : cancel ? LLM_FINISH_CANCEL : LLM_FINISH_NONE;
 	return LLM_OK;
+}
+
+enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, const float *q, int32_t x, int32_t *tok,
+                                  enum llm_finish *fin)
+{
+	struct llm_sample_out so;
+	int acc;
+	int gm = o->g ? grammar_mask(o) : 0;
+	if (gm > 0) {               /* complete: ends without a token */
+		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
+		                              .finish = LLM_FINISH_STOP, .stop_index = -1 };
+		release_tail(o, &ev);
+		emit(o, &ev);
+		*tok = -1;
+		*fin = LLM_FINISH_STOP;
+		return LLM_OK;
+	}
+	if (gm < 0 || (q ? llm_sampler_verify(&o->smp, logits, q, x, &so, &acc) : llm_sampler_sample(&o->smp, logits, &so))) {   /* this request fails, the others go on */
+		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
+		                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
+		emit(o, &ev);
+		*tok = -1;
+		*fin = LLM_FINISH_ERROR;
+		return LLM_OK;
+	}
+	return handle(o, &so, tok, fin);
+}
+
+int llm_reqout_row_ok(const struct llm_reqout *o)
+{
+	return llm_sampler_row_ok(&o->smp);
+}
+
+void llm_reqout_row(struct llm_reqout *o, struct llm_sample_row *row)
+{
+	llm_sampler_row(&o->smp, row);
+}
+
+enum llm_status llm_reqout_put(struct llm_reqout *o, int32_t id, float logprob, int32_t *tok, enum llm_finish *fin)
+{
+	if (id < 0) {               /* the sampler's refusal, with its message: this request fails */
+		llm_fail(LLM_ERR_RANGE, "the model's logits are not finite (%g at token %d): "
+		         "its weights may hold NaN or Inf (see llm-quantize --check)", (double)logprob, -1 - id);
+		struct llm_token_event ev = { .req = o->id, .index = o->n_gen, .token = -1, .text = "",
+		                              .finish = LLM_FINISH_ERROR, .stop_index = -1, .error = llm_errmsg() };
+		emit(o, &ev);
+		*tok = -1;
+		*fin = LLM_FINISH_ERROR;
+		return LLM_OK;
+	}
+	struct llm_sample_out so = { .token = id, .logprob = logprob };
+	return handle(o, &so, tok, fin);
 }

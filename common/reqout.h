@@ -70,6 +70,16 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, const float *q, int32_t x, int32_t *tok,
                                   enum llm_finish *fin);
 
+/* Sampling elsewhere (a backend's sample op, backend.h): whether it can
+ * make O's next draw (no grammar, no top log-probs); ROW for that draw
+ * (llm_sampler_row: takes the request's random number when it samples);
+ * and the token it chose, ID (< 0: the logits held a non-finite value,
+ * LOGPROB, at id -1 - ID) with its LOGPROB, handled as llm_reqout_take
+ * handles its own, *TOK and *FIN likewise. */
+int llm_reqout_row_ok(const struct llm_reqout *o);
+void llm_reqout_row(struct llm_reqout *o, struct llm_sample_row *row);
+enum llm_status llm_reqout_put(struct llm_reqout *o, int32_t id, float logprob, int32_t *tok, enum llm_finish *fin);
+
 /* The last event of a request that ends without a token (token -1, no
  * text): FIN is why (a prefill-only request ends with LLM_FINISH_LENGTH). */
 void llm_reqout_end(struct llm_reqout *o, enum llm_finish fin);

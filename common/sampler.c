@@ -92,6 +92,8 @@ enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_
 	if (pen) {
 		s->count = calloc((size_t)n_vocab, sizeof *s->count);
 		s->seen = calloc((size_t)n_vocab, 1);
+		s->seen_id = malloc((size_t)n_vocab * sizeof *s->seen_id);
+		s->seen_cnt = malloc((size_t)n_vocab * sizeof *s->seen_cnt);
 	}
 	if (adj)
 		s->work = malloc((size_t)n_vocab * sizeof *s->work);
@@ -100,7 +102,7 @@ enum llm_status llm_sampler_init(struct llm_sampler *s, const struct llm_sample_
 		s->tmp = malloc((size_t)n_vocab * sizeof *s->tmp);
 		s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
 	}
-	if ((pen && (!s->count || !s->seen)) || (adj && !s->work) || (smp && (!s->idx || !s->tmp || !s->prob))) {
+	if ((pen && (!s->count || !s->seen || !s->seen_id || !s->seen_cnt)) || (adj && !s->work) || (smp && (!s->idx || !s->tmp || !s->prob))) {
 		llm_sampler_free(s);
 		return llm_fail(LLM_ERR_NOMEM, "sampler: out of memory");
 	}
@@ -116,6 +118,8 @@ void llm_sampler_free(struct llm_sampler *s)
 	free(s->tmp);
 	free(s->prob);
 	free(s->dist);
+	free(s->seen_id);
+	free(s->seen_cnt);
 	memset(s, 0, sizeof *s);
 }
 
@@ -129,17 +133,54 @@ void llm_sampler_hold(struct llm_sampler *s, const int32_t *ids, int n)
 void llm_sampler_prompt(struct llm_sampler *s, const int32_t *ids, int n)
 {
 	for (int i = 0; i < n && s->seen; i++)
-		if (ids[i] >= 0 && ids[i] < s->n_vocab)
+		if (ids[i] >= 0 && ids[i] < s->n_vocab && !s->seen[ids[i]]) {
 			s->seen[ids[i]] = 1;
+			s->seen_id[s->n_seen++] = ids[i];
+		}
 }
 
 void llm_sampler_accept(struct llm_sampler *s, int32_t id)
 {
 	s->n_out++;
 	if (s->seen && id >= 0 && id < s->n_vocab) {
+		if (!s->seen[id])
+			s->seen_id[s->n_seen++] = id;
 		s->seen[id] = 1;
 		s->count[id]++;
 	}
+}
+
+int llm_sampler_row_ok(const struct llm_sampler *s)
+{
+	return !s->p.grammar && !s->mask && s->p.n_logprobs == 0;
+}
+
+void llm_sampler_row(struct llm_sampler *s, struct llm_sample_row *row)
+{
+	const struct llm_sample_params *p = &s->p;
+	memset(row, 0, sizeof *row);
+	row->temperature = p->temperature;
+	row->top_k = p->top_k;
+	row->top_p = p->top_p;
+	row->min_p = p->min_p;
+	row->repetition_penalty = p->repetition_penalty;
+	row->frequency_penalty = p->frequency_penalty;
+	row->presence_penalty = p->presence_penalty;
+	row->n_bias = p->n_bias;
+	row->bias = p->bias;
+	if (s->n_hold && s->n_out < p->min_tokens) {
+		row->n_hold = s->n_hold;
+		row->hold = s->hold;
+	}
+	if (penalized(p)) {
+		for (int i = 0; i < s->n_seen; i++)
+			s->seen_cnt[i] = s->count[s->seen_id[i]];
+		row->n_seen = s->n_seen;
+		row->seen = s->seen_id;
+		row->count = s->seen_cnt;
+	}
+	row->want_logprob = !p->skip_logprob;
+	row->u = p->temperature != 0 ? llm_rng_uniform(s->rng) : 0;
 }
 
 /* The log-sum-exp of a vocabulary runs once per generated token (the

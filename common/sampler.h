@@ -100,6 +100,10 @@ struct llm_sampler {
 	                             * whose byte is 0 (or at or past n_mask) gets no probability */
 	int n_mask;
 	float *dist;                /* (n_vocab) llm_sampler_verify's target distribution, made on first use */
+	int32_t *seen_id;           /* (n_vocab) with penalties: the ids seen, distinct, in first-seen
+	                             * order (n_seen of them), for llm_sampler_row */
+	int32_t *seen_cnt;          /* (n_vocab) their output counts, filled by llm_sampler_row */
+	int n_seen;
 };
 
 /* Allocates the per-request state (O(n_vocab)); P's strings and biases are
@@ -143,6 +147,35 @@ int32_t llm_spec_reject(const float *p, const float *q, int n, int32_t x, uint64
  * buffer (one n_vocab f32 array, kept), else llm_sampler_sample's statuses. */
 enum llm_status llm_sampler_verify(struct llm_sampler *s, const float *logits, const float *q, int32_t x,
                                    struct llm_sample_out *out, int *accepted);
+
+/* One draw handed to a backend's sample op (backend.h), which chooses the
+ * token on the device where the logits are: the parameters and the
+ * request's state as llm_sampler_sample uses them (the order of sampler.h),
+ * the per-request arrays as lists. */
+struct llm_sample_row {
+	float temperature;          /* 0: greedy */
+	int top_k;                  /* 0: off */
+	float top_p, min_p;
+	float repetition_penalty, frequency_penalty, presence_penalty;
+	int n_bias;
+	const struct llm_logit_bias *bias;   /* (n_bias) added in this order */
+	int n_hold;
+	const int32_t *hold;        /* (n_hold) ids given no probability; 0 once min_tokens are out */
+	int n_seen;
+	const int32_t *seen;        /* (n_seen) distinct ids seen in the prompt or output (penalties) */
+	const int32_t *count;       /* (n_seen) their counts in the output */
+	double u;                   /* the request's draw in [0, 1) when temperature > 0 */
+	int want_logprob;           /* 0: the chosen token's log-prob is not wanted (NaN) */
+};
+
+/* Whether a backend's sample op can make S's next draw: no grammar mask and
+ * no top log-probs (the op returns only the token and its log-prob). */
+int llm_sampler_row_ok(const struct llm_sampler *s);
+/* Fill ROW for S's next draw (llm_sampler_row_ok true), taking the draw
+ * from S's random stream when temperature > 0: the same one number
+ * llm_sampler_sample would take, so the request's stream stays where the
+ * host path leaves it. ROW points into S until its next accept. */
+void llm_sampler_row(struct llm_sampler *s, struct llm_sample_row *row);
 
 /* The first index of the largest of W[0..n) (as `w[i] > w[best]` from 0). */
 int32_t llm_argmax(const float *w, int n);

@@ -88,6 +88,9 @@ struct llm_sched {
 	int8_t *b_logits;
 	struct sreq **b_req;        /* (max_rows) the request of each logit row */
 	int32_t *b_rowpos;          /* (max_rows) the position of each logit row */
+	struct llm_sample_row *b_srow;   /* (max_rows) each row's draw, when the backend samples */
+	int32_t *b_sid;             /* (max_rows) the ids it chose */
+	float *b_slp;               /* (max_rows) and their log-probs */
 	struct sreq **pf;           /* (max_running) a step's prefilling requests */
 	int32_t *d_tok, *d_pos, *d_seq, *d_adapter;   /* (d_budget) the draft engine's batch */
 	int8_t *d_logits;
@@ -154,11 +157,14 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 	s->b_logits = malloc(nb);
 	s->b_req = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_req);
 	s->b_rowpos = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_rowpos);
+	s->b_srow = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_srow);
+	s->b_sid = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_sid);
+	s->b_slp = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_slp);
 	s->pf = malloc((size_t)s->o.max_running * sizeof *s->pf);
 	s->pc = calloc((size_t)o->prefix_entries + 1, sizeof *s->pc);
 	s->cnt = calloc((size_t)s->kv->n_block, sizeof *s->cnt);
 	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_adapter || !s->b_logits || !s->b_req || !s->b_rowpos || !s->pf || !s->pc
-	    || !s->cnt) {
+	    || !s->cnt || !s->b_srow || !s->b_sid || !s->b_slp) {
 		llm_sched_close(s);
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
 	}
@@ -250,6 +256,9 @@ void llm_sched_close(struct llm_sched *s)
 	free(s->b_logits);
 	free(s->b_req);
 	free(s->b_rowpos);
+	free(s->b_srow);
+	free(s->b_sid);
+	free(s->b_slp);
 	free(s->pf);
 	free(s->d_tok);
 	free(s->d_pos);
@@ -600,6 +609,39 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 	else
 		r->ids[r->n_ids++] = tok;
 	return LLM_OK;
+}
+
+/* R's next token as the backend's sample op chose it (ID, LOGPROB), handled
+ * as take_token handles a draw of its own (no draft: see device_rows). */
+static enum llm_status put_token(struct llm_sched *s, struct sreq *r, int32_t id, float logprob)
+{
+	int32_t tok;
+	enum llm_finish fin;
+	LLM_TRY(llm_reqout_put(&r->out, id, logprob, &tok, &fin));
+	s->st.gen_tokens += tok >= 0;
+	if (fin)
+		finish(s, r);
+	else
+		r->ids[r->n_ids++] = tok;
+	return LLM_OK;
+}
+
+/* Whether the backend samples the ROWS logit rows of this step where the
+ * logits are (llm_engine_forward_sample): each row the one plain draw of
+ * its request (no prompt log-probs, no drafts to verify, no grammar, no
+ * top log-probs), so that only ids come back; else every row's logits
+ * come back and are sampled here, as before. */
+static int device_rows(struct llm_sched *s, int rows)
+{
+	if (rows < 1 || !llm_engine_can_sample(s->e))
+		return 0;
+	for (int i = 0; i < rows; i++) {
+		const struct sreq *r = s->b_req[i];
+		if (r->state == SREQ_DONE || r->prefill_only || s->b_rowpos[i] != r->n_ids - 1 || r->n_draft > 0
+		    || r->spec_stop || !llm_reqout_row_ok(&r->out))
+			return 0;
+	}
+	return 1;
 }
 
 /* The log-prob of prompt id P + 1 of R from LOGITS (the row of position
@@ -980,9 +1022,15 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 	s->st.last_step_tokens = n;
 	if (n > 0) {
 		struct llm_batch b = { n, s->b_tok, s->b_pos, s->b_seq, s->b_logits, s->b_adapter };
-		const float *logits;
-		int n_out;
-		LLM_TRY(llm_engine_forward(s->e, &b, &logits, &n_out));
+		const float *logits = NULL;
+		int n_out, dev = device_rows(s, rows);
+		if (dev) {              /* each request's draw (its random number) taken in row order */
+			for (int i = 0; i < rows; i++)
+				llm_reqout_row(&s->b_req[i]->out, &s->b_srow[i]);
+			LLM_TRY(llm_engine_forward_sample(s->e, &b, s->b_srow, s->b_sid, s->b_slp, &n_out));
+		} else {
+			LLM_TRY(llm_engine_forward(s->e, &b, &logits, &n_out));
+		}
 		if (n_out != rows)
 			return llm_fail(LLM_ERR_INTERNAL, "scheduler: %d logit rows, planned %d", n_out, rows);
 		s->st.steps++;
@@ -999,9 +1047,13 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 		size_t nv = (size_t)s->n_vocab;
 		for (int i = 0; i < rows; i++) {
 			struct sreq *r = s->b_req[i];
-			const float *l = logits + (size_t)i * nv;
 			if (r->state == SREQ_DONE)
 				continue;
+			if (dev) {
+				LLM_TRY(put_token(s, r, s->b_sid[i], s->b_slp[i]));
+				continue;
+			}
+			const float *l = logits + (size_t)i * nv;
 			if (r->prefill_only || s->b_rowpos[i] < r->n_prompt - 1)
 				score_row(s, r, s->b_rowpos[i], l);
 			else if (s->b_rowpos[i] == r->n_ids - 1 && !r->spec_stop)

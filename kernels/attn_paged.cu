@@ -35,6 +35,34 @@ static __device__ __forceinline__ float kv_at(const struct llm_cuda_kvgeom &g, c
 	return g.bf16 ? __bfloat162float(((const __nv_bfloat16 *)base)[i]) : ((const float *)base)[i];
 }
 
+/* One head's row X (d_head f32) of K (W 0) or V (W 1) into an FP8 cache
+ * at element OFF, by the 32 lanes of a warp: the row's largest magnitude,
+ * the scale amax / 448, then each lane's codes. */
+static __device__ __forceinline__ void kv_put_e4m3_row(const struct llm_cuda_kvgeom &g, int w, int64_t off,
+                                                       const float *x, int lane)
+{
+	const int d = g.d_head;
+	uint8_t *c = (uint8_t *)(w ? g.v : g.k) + off;
+	float amax = 0.0f;
+	for (int i = lane; i < d; i += 32)
+		amax = fmaxf(amax, fabsf(x[i]));
+	amax = warp_max(amax);
+	const float s = amax / 448.0f;
+	for (int i = lane; i < d; i += 32)
+		c[i] = s > 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(x[i] / s, __NV_SATFINITE, __NV_E4M3) : 0;
+	if (lane == 0)
+		(w ? g.vs : g.ks)[off / d] = s;
+}
+
+/* One K or V element into an f32 or bf16 cache (bf16: nearest even). */
+static __device__ __forceinline__ void kv_put(const struct llm_cuda_kvgeom &g, void *base, int64_t off, float x)
+{
+	if (g.bf16)
+		((__nv_bfloat16 *)base)[off] = __float2bfloat16_rn(x);
+	else
+		((float *)base)[off] = x;
+}
+
 /* FP8 caches: one warp per (token, KV head); the lanes find the row's
  * largest magnitude, then each encodes its elements. */
 __global__ void kv_store_e4m3_kernel(struct llm_cuda_kvgeom g, int layer, struct llm_cuda_kvmeta m,
@@ -47,16 +75,7 @@ __global__ void kv_store_e4m3_kernel(struct llm_cuda_kvgeom g, int layer, struct
 		const int t = (int)(item / g.n_kv_head), h = (int)(item % g.n_kv_head), d = g.d_head;
 		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t]) + (int64_t)h * d;
 		const float *x = (w ? v + (int64_t)t * vs : k + (int64_t)t * ks) + (int64_t)h * d;
-		uint8_t *c = (uint8_t *)(w ? g.v : g.k) + off;
-		float amax = 0.0f;
-		for (int i = lane; i < d; i += 32)
-			amax = fmaxf(amax, fabsf(x[i]));
-		amax = warp_max(amax);
-		const float s = amax / 448.0f;
-		for (int i = lane; i < d; i += 32)
-			c[i] = s > 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(x[i] / s, __NV_SATFINITE, __NV_E4M3) : 0;
-		if (lane == 0)
-			(w ? g.vs : g.ks)[off / d] = s;
+		kv_put_e4m3_row(g, w, off, x, lane);
 	}
 	}
 }
@@ -69,14 +88,8 @@ __global__ void kv_store_kernel(struct llm_cuda_kvgeom g, int layer, struct llm_
 	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
 		int t = (int)(i / g.kv_dim), c = (int)(i % g.kv_dim);
 		int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t]) + c;
-		float kv_k = k[(int64_t)t * ks + c], kv_v = v[(int64_t)t * vs + c];
-		if (g.bf16) {
-			((__nv_bfloat16 *)g.k)[off] = __float2bfloat16_rn(kv_k);
-			((__nv_bfloat16 *)g.v)[off] = __float2bfloat16_rn(kv_v);
-		} else {
-			((float *)g.k)[off] = kv_k;
-			((float *)g.v)[off] = kv_v;
-		}
+		kv_put(g, g.k, off, k[(int64_t)t * ks + c]);
+		kv_put(g, g.v, off, v[(int64_t)t * vs + c]);
 	}
 }
 
@@ -147,6 +160,56 @@ attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
 		if (i < d)
 			o[i] = acc[r] * inv;
 	}
+}
+
+/* rope_store: one warp per (token, head) over the n_head heads of q and
+ * then the n_kv_head heads of k: the rotation in place (rope_pair, as the
+ * rope op), and for a k head its rotated row and v's row into the cache
+ * (kv_put_e4m3_row and kv_put, as the kv_store op): one launch where the
+ * separate ops take three, and k is read once after its rotation. */
+__global__ void rope_store_kernel(struct llm_cuda_kvgeom g, int layer, struct llm_cuda_kvmeta m, float *q,
+                                  int64_t qs, float *k, int64_t ks, const float *v, int64_t vs, int n_head,
+                                  const float *inv_freq)
+{
+	const int lane = threadIdx.x & 31, d = g.d_head, half = d / 2, nh = n_head + g.n_kv_head;
+	const int64_t n = (int64_t)m.n_tok * nh, warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+	for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < n; item += warps) {
+		const int t = (int)(item / nh), h = (int)(item % nh), kh = h - n_head;
+		const int32_t pos = m.pos[t];
+		float *x = kh < 0 ? q + (int64_t)t * qs + (int64_t)h * d : k + (int64_t)t * ks + (int64_t)kh * d;
+		for (int j = lane; j < half; j += 32)
+			rope_pair(x, j, half, pos, inv_freq);
+		if (kh < 0)
+			continue;
+		__syncwarp();            /* every lane's rotated pairs, visible to the others */
+		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], pos) + (int64_t)kh * d;
+		const float *vr = v + (int64_t)t * vs + (int64_t)kh * d;
+		if (g.fp8) {
+			kv_put_e4m3_row(g, 0, off, x, lane);
+			kv_put_e4m3_row(g, 1, off, vr, lane);
+		} else {
+			for (int i = lane; i < d; i += 32) {
+				kv_put(g, g.k, off + i, x[i]);
+				kv_put(g, g.v, off + i, vr[i]);
+			}
+		}
+		__syncwarp();
+	}
+}
+
+extern "C" cudaError_t llm_cuda_rope_store(const struct llm_cuda_kvgeom *g, int layer,
+                                           const struct llm_cuda_kvmeta *m, float *q, int64_t qs, float *k,
+                                           int64_t ks, const float *v, int64_t vs, int n_head,
+                                           const float *inv_freq, cudaStream_t stream)
+{
+	if (g->d_head < 2 || g->d_head % 2 || n_head < 0)
+		return cudaErrorInvalidValue;
+	int64_t th = (int64_t)m->n_tok * (n_head + g->n_kv_head) * 32;
+	if (th < 1)
+		return cudaSuccess;
+	rope_store_kernel<<<llm_grid_1d(th, 256), 256, 0, stream>>>(*g, layer, *m, q, qs, k, ks, v, vs, n_head,
+	                                                            inv_freq);
+	return cudaGetLastError();
 }
 
 extern "C" cudaError_t llm_cuda_kv_store(const struct llm_cuda_kvgeom *g, int layer,

@@ -58,6 +58,21 @@ static __device__ __forceinline__ float warp_max(float v)
 	return v;
 }
 
+/* RoPE on pair (j, j + half) of the head row P, in place: the angle
+ * pos * inv_freq[j] in f32, CUDA's cosf/sinf of it (within 2 ulp; glibc's
+ * within 1), then the CPU's products and sums (rope_row in
+ * common/backend_cpu.c), each rounded: __f*_rn, so nvcc fuses nothing the
+ * CPU's -std=c11 build does not. The rope op and the fused rope_store
+ * both rotate through this one function: the same bits. */
+static __device__ __forceinline__ void rope_pair(float *p, int j, int half, int32_t pos, const float *inv_freq)
+{
+	float a = __fmul_rn((float)pos, inv_freq[j]);
+	float c = cosf(a), s = sinf(a);
+	float v0 = p[j], v1 = p[j + half];
+	p[j] = __fsub_rn(__fmul_rn(v0, c), __fmul_rn(v1, s));
+	p[j + half] = __fadd_rn(__fmul_rn(v0, s), __fmul_rn(v1, c));
+}
+
 static inline unsigned llm_grid_1d(int64_t n, int threads)
 {
 	int64_t b = (n + threads - 1) / threads;

@@ -129,6 +129,13 @@ struct llm_cuda_kvgeom {
 cudaError_t llm_cuda_kv_store(const struct llm_cuda_kvgeom *g, int layer,
                               const struct llm_cuda_kvmeta *m, const float *k, int64_t ks,
                               const float *v, int64_t vs, cudaStream_t stream);
+/* The fused rope_store op: rope on q (n_tok, n_head * d_head) and k (n_tok,
+ * kv_dim) in place by m->pos (inv_freq (d_head / 2) device; d_head even),
+ * then k and v stored as llm_cuda_kv_store stores them: the same bits as
+ * llm_cuda_rope twice and llm_cuda_kv_store, in one launch. */
+cudaError_t llm_cuda_rope_store(const struct llm_cuda_kvgeom *g, int layer, const struct llm_cuda_kvmeta *m,
+                                float *q, int64_t qs, float *k, int64_t ks, const float *v, int64_t vs,
+                                int n_head, const float *inv_freq, cudaStream_t stream);
 /* out (n_tok, n_head * d_head) = causal softmax(q k^T / sqrt(d_head)) v over
  * the token's sequence, GQA (head h reads kv head h / (n_head / n_kv_head)),
  * online softmax in f32. d_head <= 256. */
@@ -143,6 +150,32 @@ cudaError_t llm_cuda_attention(float *out, int64_t os, const float *q, int64_t q
  * NULL for none (penalty 1: off). */
 cudaError_t llm_cuda_argmax_f32(int32_t *ids, const float *logits, int64_t ls, int64_t rows,
                             int64_t n_vocab, const uint8_t *seen, float rep_penalty,
+                            cudaStream_t stream);
+
+/* The sampler (sample.cu): llm_sampler_sample of common/sampler.c per row,
+ * on the device (backend.h's sample op). Per-row parameters, with the
+ * lists of struct llm_sample_row packed in AUX (int32 device array) at
+ * the offsets given: bias ids then their values as f32 bits (2 n_bias),
+ * hold ids (n_hold), seen ids then their output counts (2 n_seen). */
+struct llm_cuda_sample_row {
+	float temperature, top_p, min_p, rep, freq, pres;
+	int top_k, n_bias, n_hold, n_seen, want_logprob;
+	int64_t bias, hold, seen;    /* offsets into aux */
+	double u;                    /* the request's draw, temperature > 0 */
+};
+struct llm_cuda_sample_out {
+	int32_t id;                  /* < 0: -1 - the first non-finite logit's id */
+	float logprob;               /* NaN when not wanted; the bad value when id < 0 */
+};
+/* Bytes of device work space for ROWS x N_VOCAB (0: too large: the
+ * elements must fit an int, the sort's count). */
+size_t llm_cuda_sample_work(int64_t rows, int64_t n_vocab);
+/* out (rows) = the sampler's choice per row of LOGITS (rows, n_vocab; row
+ * stride ls). ANY_SAMPLED 0: every row is greedy (no sort). WORK holds
+ * llm_cuda_sample_work(rows, n_vocab) bytes. */
+cudaError_t llm_cuda_sample(struct llm_cuda_sample_out *out, const float *logits, int64_t ls,
+                            int64_t rows, int64_t n_vocab, const struct llm_cuda_sample_row *prm,
+                            const int32_t *aux, int any_sampled, void *work, size_t work_bytes,
                             cudaStream_t stream);
 
 #ifdef __cplusplus

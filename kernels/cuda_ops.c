@@ -18,11 +18,24 @@
  * - matmul into host memory (the logits) computes into a device buffer,
  *   copies back and waits; every other view must be device memory from this
  *   backend's alloc (checked: LLM_ERR_USAGE otherwise).
+ * - CUDA graphs (graph_begin/graph_end, backend.h): a decode step of n
+ *   tokens runs op by op the first time, is captured the second time, and
+ *   replayed after that: the host still walks every op (checks, and the
+ *   uploads of its host arrays into a pinned arena that the graph's copy
+ *   nodes read), but launches nothing until graph_end launches the graph.
+ *   A replay whose uploads differ from the record's in size or order of
+ *   contents, or whose ops see other views or weights (a hash of them),
+ *   launches nothing and asks the caller to run the step again op by op.
+ *   A step that would allocate, upload a weight or copy to the host cannot
+ *   be captured and runs op by op. Growing the bf16 activation buffer or
+ *   replacing weights drops every graph (they hold the old addresses).
+ *   $LLM_CUDA_GRAPHS=0 turns graphs off.
  * Matmul: E4M3 weights through the fused FP8 GEMM with the configuration of
  * kernels/tune_table.h, BF16 weights through cublasGemmEx (bf16 x bf16,
  * f32 accumulation and output), F32/F16 through the generic kernel. */
 #include "backend.h"
 #include "kvcache.h"
+#include "sampler.h"
 #include "llm_cuda.h"
 #include "cuda_kernels.h"
 #include "cuda_check.h"
@@ -34,6 +47,26 @@
 #include "banned.h"
 
 #define PINNED_CHUNK ((size_t)8 << 20)    /* bytes per staging buffer */
+#define GRAPH_MAX 64                       /* decode batch sizes with a graph */
+#define ARENA_BYTES ((size_t)16 << 20)     /* the graphs' uploads, pinned and on the device */
+
+enum { GM_OFF, GM_CAPTURE, GM_REPLAY };
+
+/* Upload I of a recorded step: its arena entry (FRESH: the upload that
+ * filled it; else a later one with the same bytes) and its size. */
+struct gup { int entry, fresh; size_t len; };
+
+struct cgraph {
+	int64_t key;
+	int state;              /* 0: seen (ran op by op), 1: captured, -1: cannot be */
+	const void *out;
+	cudaGraphExec_t exec;
+	uint64_t hash;          /* of the ops' views and weights */
+	struct gup *up;
+	int n_up, cap_up;
+	size_t *ent_off;        /* (n_ent) arena offsets of the entries */
+	int n_ent, cap_ent;
+};
 
 enum { SLOT_TOK, SLOT_POS, SLOT_IDX, SLOT_FREQ, SLOT_KVPOS, SLOT_KVOFF, SLOT_KVTAB, SLOT_COUNT };
 
@@ -74,6 +107,27 @@ struct cuda_be {
 	size_t ystage_cap;
 	int32_t *ids;           /* argmax output */
 	size_t ids_cap;
+	char *sp_host;          /* sample: the packed rows and lists, host side */
+	size_t sp_host_cap;
+	void *sp_dev;           /* ... their device copy */
+	size_t sp_dev_cap;
+	void *sp_work;          /* ... the kernels' work space (llm_cuda_sample_work) */
+	size_t sp_work_cap;
+	struct llm_cuda_sample_out *sp_out, *sp_hout;   /* (rows) device, host */
+	size_t sp_out_cap, sp_hout_cap;
+	int graphs;             /* 0: off ($LLM_CUDA_GRAPHS=0, llm_cuda_graphs) */
+	int gmode;              /* GM_*: this step */
+	int gbad;               /* this step cannot be captured or replayed */
+	int up_i;               /* uploads of this step so far */
+	uint64_t ghash;
+	struct cgraph *gcur;
+	struct cgraph gr[GRAPH_MAX];
+	int n_gr;
+	unsigned epoch, graph_epoch;   /* bumped when an address a graph holds changes */
+	char *arena_h;          /* (ARENA_BYTES) pinned */
+	char *arena_d;          /* (ARENA_BYTES) device */
+	size_t arena_used;
+	long n_captured, n_replayed, n_redo;
 	int32_t *hpos, *hoff, *htab, *first;   /* host builders of the KV metadata */
 	size_t hpos_cap, hoff_cap, htab_cap, first_cap;
 };
@@ -121,9 +175,21 @@ static int is_dev(const struct cuda_be *c, const void *p)
 	return 0;
 }
 
-static enum llm_status need_dev(const struct cuda_be *c, const char *op, const char *what,
+/* Fold V into the step's hash while recording or replaying. */
+static void gnote(struct cuda_be *c, uint64_t v)
+{
+	if (c->gmode)
+		c->ghash = (c->ghash ^ v) * 0x100000001b3ull;
+}
+
+static enum llm_status need_dev(struct cuda_be *c, const char *op, const char *what,
                                 struct llm_view v)
 {
+	gnote(c, (uint64_t)(uintptr_t)op);
+	gnote(c, (uint64_t)(uintptr_t)v.data);
+	gnote(c, (uint64_t)v.rows);
+	gnote(c, (uint64_t)v.cols);
+	gnote(c, (uint64_t)v.stride);
 	if (v.dtype != LLM_DTYPE_F32)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "cuda backend: %s: %s activations (f32 only)",
 		                op, llm_dtype_name(v.dtype));
@@ -219,10 +285,77 @@ static enum llm_status scratch(void **p, size_t *cap, size_t n, const char *what
 	return LLM_OK;
 }
 
+/* A graph step's upload of the N host bytes at SRC: recording, into a new
+ * arena entry (a copy node of the graph) unless an entry of this step
+ * holds the same bytes; replaying, into the record's entry, or checked
+ * equal to it; a difference makes the step bad (run again op by op). */
+static enum llm_status graph_put(struct cuda_be *c, const void *src, size_t n, void **dev)
+{
+	struct cgraph *g = c->gcur;
+	*dev = c->arena_d;
+	if (c->gbad)
+		return LLM_OK;
+	if (c->gmode == GM_REPLAY) {
+		int i = c->up_i++;
+		if (i >= g->n_up || g->up[i].len != n) {
+			c->gbad = 1;
+			return LLM_OK;
+		}
+		size_t off = g->ent_off[g->up[i].entry];
+		if (g->up[i].fresh)
+			memcpy(c->arena_h + off, src, n);
+		else if (memcmp(c->arena_h + off, src, n))
+			c->gbad = 1;
+		*dev = c->arena_d + off;
+		return LLM_OK;
+	}
+	int e = -1, fresh = 0;
+	for (int k = 0; k < g->n_up && e < 0; k++)
+		if (g->up[k].len == n && !memcmp(c->arena_h + g->ent_off[g->up[k].entry], src, n))
+			e = g->up[k].entry;
+	if (e < 0) {
+		size_t off = (c->arena_used + 255) & ~(size_t)255;
+		if (off + n > ARENA_BYTES) {
+			c->gbad = 1;
+			return LLM_OK;
+		}
+		if (g->n_ent == g->cap_ent) {
+			int cap = g->cap_ent ? 2 * g->cap_ent : 32;
+			size_t *t = realloc(g->ent_off, (size_t)cap * sizeof *t);
+			if (!t)
+				return llm_fail(LLM_ERR_NOMEM, "cuda backend: out of host memory");
+			g->ent_off = t;
+			g->cap_ent = cap;
+		}
+		memcpy(c->arena_h + off, src, n);
+		c->arena_used = off + n;
+		g->ent_off[g->n_ent] = off;
+		e = g->n_ent++;
+		fresh = 1;
+		LLM_CUDA_TRY(cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, n, cudaMemcpyHostToDevice, c->stream));
+	}
+	if (g->n_up == g->cap_up) {
+		int cap = g->cap_up ? 2 * g->cap_up : 64;
+		struct gup *t = realloc(g->up, (size_t)cap * sizeof *t);
+		if (!t)
+			return llm_fail(LLM_ERR_NOMEM, "cuda backend: out of host memory");
+		g->up = t;
+		g->cap_up = cap;
+	}
+	g->up[g->n_up].entry = e;
+	g->up[g->n_up].fresh = fresh;
+	g->up[g->n_up].len = n;
+	g->n_up++;
+	*dev = c->arena_d + g->ent_off[e];
+	return LLM_OK;
+}
+
 /* Device copy of the N host bytes at SRC in slot S, uploaded only when
- * they differ from the slot's last upload. */
+ * they differ from the slot's last upload (in a graph step: graph_put). */
 static enum llm_status slot_put(struct cuda_be *c, int s, const void *src, size_t n, void **dev)
 {
+	if (c->gmode)
+		return graph_put(c, src, n, dev);
 	struct slot *sl = &c->slot[s];
 	if (sl->valid && sl->len == n && !memcmp(sl->host, src, n)) {
 		*dev = sl->dev;
@@ -370,10 +503,17 @@ static enum llm_status weight_get(struct cuda_be *c, const struct llm_weight *w,
 	while (c->wtab[j].host && c->wtab[j].host != w->data)
 		j = (j + 1) & (c->wcap - 1);
 	struct wentry *e = &c->wtab[j];
+	gnote(c, (uint64_t)(uintptr_t)w->data);
+	if (c->gmode && (!e->host || !wentry_same(e, w))) {   /* no upload inside a graph step */
+		c->gbad = 1;
+		memset(m, 0, sizeof *m);
+		return LLM_OK;
+	}
 	if (e->host && !wentry_same(e, w)) {     /* same address, another tensor: replace */
 		wentry_free(c, e);
 		c->wcount--;
 		e->host = NULL;
+		c->epoch++;
 	}
 	if (!e->host) {
 		LLM_TRY(wentry_fill(c, e, w));
@@ -410,6 +550,7 @@ void llm_cuda_weights_drop(struct llm_backend *be)
 	c->wtab = NULL;
 	c->wcap = c->wcount = 0;
 	c->wbytes = 0;
+	c->epoch++;
 }
 
 size_t llm_cuda_weight_bytes(struct llm_backend *be) { return cu(be)->wbytes; }
@@ -421,7 +562,9 @@ void llm_cuda_gemm_force(struct llm_backend *be, int cfg)
 
 /* ---- ops --------------------------------------------------------------- */
 
-#define LAUNCH(call) LLM_CUDA_TRY(call)
+/* A kernel launch of an op: queued, or captured into the step's graph,
+ * or (replaying) left to the graph. */
+#define LAUNCH(call) do { if (c->gmode != GM_REPLAY) LLM_CUDA_TRY(call); } while (0)
 
 static bool cuda_supports(enum llm_op op, enum llm_dtype w, enum llm_dtype act)
 {
@@ -479,6 +622,21 @@ enum llm_status llm_cuda_add_rmsnorm(struct llm_backend *be, struct llm_view out
 	return LLM_OK;
 }
 
+/* The bf16 activation buffer, at least N bytes. It moves when it grows and
+ * graphs hold its address: growing drops them, and inside a graph step it
+ * is refused (the step runs again op by op, where it may grow). */
+static enum llm_status xbf_get(struct cuda_be *c, size_t n)
+{
+	if (c->xbf_cap >= n)
+		return LLM_OK;
+	if (c->gmode) {
+		c->gbad = 1;
+		return LLM_OK;
+	}
+	c->epoch++;
+	return scratch(&c->xbf, &c->xbf_cap, n, "bf16 activations");
+}
+
 static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
                                    struct llm_view x, const struct llm_weight *w)
 {
@@ -497,6 +655,10 @@ static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
 	struct llm_cuda_mat m;
 	LLM_TRY(weight_get(c, w, &m));
 	int host_out = !is_dev(c, y.data);
+	if (c->gmode && (host_out || c->gbad)) {
+		c->gbad = 1;       /* a copy to the host: not inside a graph */
+		return LLM_OK;
+	}
 	float *yd = y.data;
 	int64_t ys = y.stride;
 	if (host_out) {
@@ -511,7 +673,7 @@ static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
 		if (c->force_cfg >= 0 && llm_cuda_gemm_cfg_ok((enum llm_cuda_gemm_cfg)c->force_cfg, &m, x.rows))
 			cfg = (enum llm_cuda_gemm_cfg)c->force_cfg;
 		if (cfg != LLM_GEMM_GEMV && cfg != LLM_GEMM_GENERIC) {
-			LLM_TRY(scratch(&c->xbf, &c->xbf_cap, xbf_bytes, "bf16 activations"));
+			LLM_TRY(xbf_get(c, xbf_bytes));
 			LAUNCH(llm_cuda_f32_to_bf16(c->xbf, x.data, x.stride, x.rows, x.cols, c->stream));
 		}
 		LAUNCH(llm_cuda_gemm_e4m3(cfg, yd, ys, x.data, x.stride, c->xbf, x.rows, &m, c->stream));
@@ -519,9 +681,10 @@ static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
 	           && w->rows <= INT32_MAX && ys <= INT32_MAX) {
 		/* column-major view: y^T (N x M, ld ys) = W (N x K, stored as K x N) ^T . x^T (K x M) */
 		const float one = 1.0f, zero = 0.0f;
-		LLM_TRY(scratch(&c->xbf, &c->xbf_cap, xbf_bytes, "bf16 activations"));
+		LLM_TRY(xbf_get(c, xbf_bytes));
 		LAUNCH(llm_cuda_f32_to_bf16(c->xbf, x.data, x.stride, x.rows, x.cols, c->stream));
-		LLM_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)x.rows,
+		if (c->gmode != GM_REPLAY)
+			LLM_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)x.rows,
 		                            (int)x.cols, &one, m.data, CUDA_R_16BF, (int)x.cols, c->xbf,
 		                            CUDA_R_16BF, (int)x.cols, &zero, yd, CUDA_R_32F, (int)ys,
 		                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -595,6 +758,13 @@ static enum llm_status kv_meta(struct cuda_be *c, struct llm_kv *kv, const struc
 	}
 	for (size_t i = 0; i < n; i++)
 		c->first[b->seq[i]] = -1;
+	if (c->gmode) {           /* a graph's copy has a fixed size: every token's table at its longest */
+		size_t full = n * (size_t)(kv->max_blk > 0 ? kv->max_blk : 1);
+		LLM_TRY(grow_host(&c->htab, &c->htab_cap, full));
+		memset(c->htab + ntab, 0, (full - ntab) * sizeof(int32_t));
+		ntab = full;
+	}
+	gnote(c, (uint64_t)(uintptr_t)kv->k);
 	if (ntab == 0) {          /* never empty: a zero-length upload has no buffer */
 		LLM_TRY(grow_host(&c->htab, &c->htab_cap, 1));
 		c->htab[0] = 0;
@@ -635,6 +805,35 @@ static enum llm_status cuda_kv_store(struct llm_backend *be, struct llm_kv *kv, 
 		return LLM_OK;
 	LLM_TRY(kv_meta(c, kv, b, &m, &g));
 	LAUNCH(llm_cuda_kv_store(&g, layer, &m, k.data, k.stride, v.data, v.stride, c->stream));
+	return LLM_OK;
+}
+
+static enum llm_status cuda_rope_store(struct llm_backend *be, struct llm_view q, struct llm_view k,
+                                      struct llm_view v, struct llm_kv *kv, int layer,
+                                      const struct llm_batch *b, int n_head, int n_kv_head, int d_head,
+                                      const float *inv_freq)
+{
+	struct cuda_be *c = cu(be);
+	struct llm_cuda_kvmeta m;
+	struct llm_cuda_kvgeom g;
+	void *dfreq;
+	LLM_TRY(set_dev(c));
+	LLM_TRY(need_dev(c, "rope_store", "q", q));
+	LLM_TRY(need_dev(c, "rope_store", "k", k));
+	LLM_TRY(need_dev(c, "rope_store", "v", v));
+	if (b->n_tok < 1)
+		return LLM_OK;
+	if (d_head < 2 || d_head % 2 || d_head != kv->d_head || n_kv_head != kv->n_kv_head) {
+		/* the separate ops where the fused kernel does not apply */
+		q.rows = k.rows = v.rows = b->n_tok;
+		LLM_TRY(cuda_rope(be, q, b->pos, n_head, d_head, inv_freq));
+		LLM_TRY(cuda_rope(be, k, b->pos, n_kv_head, d_head, inv_freq));
+		return cuda_kv_store(be, kv, layer, b, k, v);
+	}
+	LLM_TRY(kv_meta(c, kv, b, &m, &g));
+	LLM_TRY(slot_put(c, SLOT_FREQ, inv_freq, (size_t)(d_head / 2) * sizeof(float), &dfreq));
+	LAUNCH(llm_cuda_rope_store(&g, layer, &m, q.data, q.stride, k.data, k.stride, v.data, v.stride, n_head,
+	                           dfreq, c->stream));
 	return LLM_OK;
 }
 
@@ -718,9 +917,250 @@ enum llm_status llm_cuda_argmax(struct llm_backend *be, int32_t *ids, struct llm
 	return LLM_OK;
 }
 
+/* The sample op (backend.h): the rows' parameters and lists packed into
+ * one upload, the kernels of sample.cu, the ids and log-probs back. */
+static enum llm_status cuda_sample(struct llm_backend *be, struct llm_view logits,
+                                   const struct llm_sample_row *rows, int32_t *ids, float *logprob)
+{
+	struct cuda_be *c = cu(be);
+	LLM_TRY(set_dev(c));
+	LLM_TRY(need_dev(c, "sample", "logits", logits));
+	int64_t R = logits.rows, nv = logits.cols;
+	if (R < 1)
+		return LLM_OK;
+	size_t work = llm_cuda_sample_work(R, nv);
+	if (!work)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "cuda backend: sample: %lld rows of %lld logits (at most 2^31 - 1 "
+		                "elements)", (long long)R, (long long)nv);
+	size_t naux = 0;
+	int sampled = 0;
+	for (int64_t r = 0; r < R; r++) {
+		const struct llm_sample_row *w = &rows[r];
+		for (int k = 0; k < w->n_bias; k++)
+			if (w->bias[k].id < 0 || w->bias[k].id >= nv)
+				return llm_fail(LLM_ERR_RANGE, "cuda backend: sample: row %lld: logit_bias id %d is not in the "
+				                "vocabulary [0, %lld)", (long long)r, w->bias[k].id, (long long)nv);
+		for (int k = 0; k < w->n_hold; k++)
+			if (w->hold[k] < 0 || w->hold[k] >= nv)
+				return llm_fail(LLM_ERR_RANGE, "cuda backend: sample: row %lld: held id %d is not in the "
+				                "vocabulary", (long long)r, w->hold[k]);
+		for (int k = 0; k < w->n_seen; k++)
+			if (w->seen[k] < 0 || w->seen[k] >= nv)
+				return llm_fail(LLM_ERR_RANGE, "cuda backend: sample: row %lld: seen id %d is not in the "
+				                "vocabulary", (long long)r, w->seen[k]);
+		naux += 2 * (size_t)w->n_bias + (size_t)w->n_hold + 2 * (size_t)w->n_seen;
+		sampled |= w->temperature != 0;
+	}
+	size_t pbytes = (size_t)R * sizeof(struct llm_cuda_sample_row), nbytes = pbytes + (naux ? naux : 1) * 4;
+	if (c->sp_host_cap < nbytes) {
+		char *h = realloc(c->sp_host, nbytes + nbytes / 2);
+		if (!h)
+			return llm_fail(LLM_ERR_NOMEM, "cuda backend: out of host memory");
+		c->sp_host = h;
+		c->sp_host_cap = nbytes + nbytes / 2;
+	}
+	if (c->sp_hout_cap < (size_t)R) {
+		struct llm_cuda_sample_out *h = realloc(c->sp_hout, (size_t)R * sizeof *h);
+		if (!h)
+			return llm_fail(LLM_ERR_NOMEM, "cuda backend: out of host memory");
+		c->sp_hout = h;
+		c->sp_hout_cap = (size_t)R;
+	}
+	struct llm_cuda_sample_row *prm = (struct llm_cuda_sample_row *)c->sp_host;
+	int32_t *aux = (int32_t *)(c->sp_host + pbytes);
+	size_t at = 0;
+	for (int64_t r = 0; r < R; r++) {
+		const struct llm_sample_row *w = &rows[r];
+		struct llm_cuda_sample_row *p = &prm[r];
+		memset(p, 0, sizeof *p);
+		p->temperature = w->temperature;
+		p->top_p = w->top_p;
+		p->min_p = w->min_p;
+		p->rep = w->repetition_penalty;
+		p->freq = w->frequency_penalty;
+		p->pres = w->presence_penalty;
+		p->top_k = w->top_k;
+		p->want_logprob = w->want_logprob;
+		p->u = w->u;
+		p->n_bias = w->n_bias;
+		p->bias = (int64_t)at;
+		for (int k = 0; k < w->n_bias; k++) {
+			aux[at + (size_t)k] = w->bias[k].id;
+			memcpy(&aux[at + (size_t)w->n_bias + (size_t)k], &w->bias[k].bias, 4);
+		}
+		at += 2 * (size_t)w->n_bias;
+		p->n_hold = w->n_hold;
+		p->hold = (int64_t)at;
+		for (int k = 0; k < w->n_hold; k++)
+			aux[at++] = w->hold[k];
+		p->n_seen = w->n_seen;
+		p->seen = (int64_t)at;
+		for (int k = 0; k < w->n_seen; k++) {
+			aux[at + (size_t)k] = w->seen[k];
+			aux[at + (size_t)w->n_seen + (size_t)k] = w->count[k];
+		}
+		at += 2 * (size_t)w->n_seen;
+	}
+	LLM_TRY(scratch(&c->sp_dev, &c->sp_dev_cap, nbytes, "sampling parameters"));
+	LLM_TRY(scratch(&c->sp_work, &c->sp_work_cap, work, "sampling work space"));
+	LLM_TRY(scratch((void **)&c->sp_out, &c->sp_out_cap, (size_t)R * sizeof *c->sp_out, "sampled ids"));
+	/* pageable source: returns once the bytes are staged */
+	LLM_CUDA_TRY(cudaMemcpyAsync(c->sp_dev, c->sp_host, nbytes, cudaMemcpyHostToDevice, c->stream));
+	LAUNCH(llm_cuda_sample(c->sp_out, logits.data, logits.stride, R, nv, c->sp_dev,
+	                       (const int32_t *)((char *)c->sp_dev + pbytes), sampled, c->sp_work, c->sp_work_cap,
+	                       c->stream));
+	LLM_CUDA_TRY(cudaMemcpyAsync(c->sp_hout, c->sp_out, (size_t)R * sizeof *c->sp_out, cudaMemcpyDeviceToHost,
+	                             c->stream));
+	LLM_CUDA_TRY(cudaStreamSynchronize(c->stream));
+	for (int64_t r = 0; r < R; r++) {
+		ids[r] = c->sp_hout[r].id;
+		logprob[r] = c->sp_hout[r].logprob;
+	}
+	return LLM_OK;
+}
+
+/* Every graph and the arena's contents go (their addresses changed). */
+static void graphs_reset(struct cuda_be *c)
+{
+	for (int i = 0; i < c->n_gr; i++) {
+		if (c->gr[i].exec)
+			cudaGraphExecDestroy(c->gr[i].exec);
+		free(c->gr[i].up);
+		free(c->gr[i].ent_off);
+	}
+	memset(c->gr, 0, sizeof c->gr);
+	c->n_gr = 0;
+	c->arena_used = 0;
+	c->graph_epoch = c->epoch;
+}
+
+static int cuda_graph_begin(struct llm_backend *be, int64_t key, const void *out)
+{
+	struct cuda_be *c = cu(be);
+	if (!c->graphs || c->gmode || !out || !is_dev(c, out) || set_dev(c))
+		return 0;
+	if (c->graph_epoch != c->epoch)
+		graphs_reset(c);
+	struct cgraph *g = NULL;
+	for (int i = 0; i < c->n_gr && !g; i++)
+		if (c->gr[i].key == key)
+			g = &c->gr[i];
+	if (!g) {                 /* the first step of this size runs op by op (uploads, buffers) */
+		if (c->n_gr < GRAPH_MAX) {
+			g = &c->gr[c->n_gr++];
+			g->key = key;
+			g->out = out;
+		}
+		return 0;
+	}
+	if (g->state < 0)
+		return 0;
+	if (g->out != out) {      /* another output: record again */
+		if (g->exec)
+			cudaGraphExecDestroy(g->exec);
+		g->exec = NULL;
+		g->n_up = g->n_ent = 0;
+		g->state = 0;
+		g->out = out;
+		return 0;
+	}
+	if (!c->arena_h) {
+		if (cudaMallocHost((void **)&c->arena_h, ARENA_BYTES) != cudaSuccess
+		    || cudaMalloc((void **)&c->arena_d, ARENA_BYTES) != cudaSuccess) {
+			(void)cudaGetLastError();
+			c->graphs = 0;
+			return 0;
+		}
+	}
+	c->gcur = g;
+	c->gbad = 0;
+	c->up_i = 0;
+	c->ghash = 0xcbf29ce484222325ull;
+	if (g->state == 1) {
+		c->gmode = GM_REPLAY;
+		return 1;
+	}
+	if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+		(void)cudaGetLastError();
+		g->state = -1;
+		return 0;
+	}
+	g->n_up = g->n_ent = 0;
+	c->gmode = GM_CAPTURE;
+	return 1;
+}
+
+static enum llm_status cuda_graph_end(struct llm_backend *be, int failed, int *redo)
+{
+	struct cuda_be *c = cu(be);
+	struct cgraph *g = c->gcur;
+	int mode = c->gmode;
+	*redo = 0;
+	c->gmode = GM_OFF;
+	c->gcur = NULL;
+	if (!g || mode == GM_OFF)
+		return LLM_OK;
+	LLM_TRY(set_dev(c));
+	if (mode == GM_CAPTURE) {
+		cudaGraph_t graph = NULL;
+		cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+		if (e == cudaSuccess && !failed && !c->gbad) {
+			e = cudaGraphInstantiate(&g->exec, graph, 0);
+			if (e != cudaSuccess)
+				g->exec = NULL;
+		}
+		if (graph)
+			cudaGraphDestroy(graph);
+		if (e != cudaSuccess || failed || c->gbad || !g->exec) {
+			/* nothing ran: op by op again, where an op's own error shows;
+			 * this size is not captured again */
+			(void)cudaGetLastError();
+			if (g->exec)
+				cudaGraphExecDestroy(g->exec);
+			g->exec = NULL;
+			g->state = -1;
+			*redo = 1;
+			c->n_redo++;
+			return LLM_OK;
+		}
+		g->state = 1;
+		g->hash = c->ghash;
+		c->n_captured++;
+	} else {
+		if (failed)
+			return LLM_OK;
+		if (c->gbad || c->up_i != g->n_up || c->ghash != g->hash) {
+			*redo = 1;
+			c->n_redo++;
+			return LLM_OK;
+		}
+		c->n_replayed++;
+	}
+	LLM_CUDA_TRY(cudaGraphLaunch(g->exec, c->stream));
+	LLM_CUDA_TRY(cudaStreamSynchronize(c->stream));
+	return LLM_OK;
+}
+
+void llm_cuda_graphs(struct llm_backend *be, int on)
+{
+	struct cuda_be *c = cu(be);
+	c->graphs = on != 0;
+	c->epoch++;
+}
+
+void llm_cuda_graph_stats(struct llm_backend *be, long *captured, long *replayed, long *redone)
+{
+	struct cuda_be *c = cu(be);
+	*captured = c->n_captured;
+	*replayed = c->n_replayed;
+	*redone = c->n_redo;
+}
+
 static enum llm_status cuda_sync(struct llm_backend *be)
 {
 	struct cuda_be *c = cu(be);
+	if (c->gmode)             /* a graph step: graph_end launches and waits */
+		return LLM_OK;
 	LLM_TRY(set_dev(c));
 	LLM_CUDA_TRY(cudaStreamSynchronize(c->stream));
 	LLM_CUDA_TRY(cudaGetLastError());
@@ -754,6 +1194,19 @@ static void cuda_fini(struct llm_backend *be)
 		cudaFree(c->ystage);
 	if (c->ids)
 		cudaFree(c->ids);
+	if (c->sp_dev)
+		cudaFree(c->sp_dev);
+	if (c->sp_work)
+		cudaFree(c->sp_work);
+	if (c->sp_out)
+		cudaFree(c->sp_out);
+	free(c->sp_host);
+	free(c->sp_hout);
+	graphs_reset(c);
+	if (c->arena_h)
+		cudaFreeHost(c->arena_h);
+	if (c->arena_d)
+		cudaFree(c->arena_d);
 	for (int i = 0; i < 2; i++) {
 		if (c->pinned[i])
 			cudaFreeHost(c->pinned[i]);
@@ -799,6 +1252,8 @@ static enum llm_status cuda_init(struct llm_backend *be, const struct llm_backen
 	be->priv = c;
 	c->dev = o->device;
 	c->force_cfg = -1;
+	const char *gv = getenv("LLM_CUDA_GRAPHS");
+	c->graphs = !(gv && !strcmp(gv, "0"));
 	snprintf(c->name, sizeof c->name, "%s", p.name);
 	enum llm_status s = LLM_OK;
 	if ((e = cudaSetDevice(c->dev)) != cudaSuccess
@@ -837,6 +1292,10 @@ const struct llm_backend_ops llm_cuda_ops = {
 	.swiglu = cuda_swiglu,
 	.add = cuda_add,
 	.add_rmsnorm = llm_cuda_add_rmsnorm,
+	.rope_store = cuda_rope_store,
 	.gather = cuda_gather,
+	.sample = cuda_sample,
+	.graph_begin = cuda_graph_begin,
+	.graph_end = cuda_graph_end,
 	.sync = cuda_sync,
 };

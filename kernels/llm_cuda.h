@@ -40,6 +40,13 @@ size_t llm_cuda_weight_bytes(struct llm_backend *be);
  * or -1: the table (kernels/tune_table.h). For tests and benchmarks. */
 void llm_cuda_gemm_force(struct llm_backend *be, int cfg);
 
+/* CUDA graphs for decode steps (graph_begin/graph_end of backend.h; on
+ * unless $LLM_CUDA_GRAPHS=0): ON 0 or 1 turns them off or on (every graph
+ * recorded so far is dropped); the counts of steps captured, replayed, and
+ * run again op by op because the record could not serve them. */
+void llm_cuda_graphs(struct llm_backend *be, int on);
+void llm_cuda_graph_stats(struct llm_backend *be, long *captured, long *replayed, long *redone);
+
 /* Fused residual add and RMSNorm, one pass over x: x += y, then
  * out = rmsnorm(x) * w. Same result as ops->add then ops->rmsnorm; offered
  * for an interface op to come (backend.h has them separate today). */

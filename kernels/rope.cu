@@ -2,7 +2,9 @@
  * stride (HF rotate_half pairs).
  *
  * Reference: cpu_rope in common/backend_cpu.c: the angle pos * inv_freq in
- * f32, then cosf/sinf (CUDA's are within 2 ulp, glibc's within 1). */
+ * f32, then cosf/sinf (CUDA's are within 2 ulp, glibc's within 1), then
+ * the same rounded products and sums (rope_pair, cuda_device.h). The
+ * fused rope_store (attn_paged.cu) rotates with the same function. */
 #include "cuda_device.h"
 
 /* One thread per (token, head, pair j). */
@@ -15,12 +17,7 @@ __global__ void rope_f32_kernel(float *x, int64_t xs, int64_t rows, const int32_
 		int64_t t = i / ((int64_t)n_head * half);
 		int rem = (int)(i % ((int64_t)n_head * half));
 		int h = rem / half, j = rem % half;
-		float a = (float)pos[t] * inv_freq[j];
-		float c = cosf(a), s = sinf(a);
-		float *p = x + t * xs + (int64_t)h * d_head;
-		float v0 = p[j], v1 = p[j + half];
-		p[j] = v0 * c - v1 * s;
-		p[j + half] = v0 * s + v1 * c;
+		rope_pair(x + t * xs + (int64_t)h * d_head, j, half, pos[t], inv_freq);
 	}
 }
 

@@ -29,6 +29,19 @@
  * - attention: atol 1e-5, rtol 1e-4 (online softmax against two-pass;
  *   scores through another dot order).
  * - argmax with repetition penalty: the same ids.
+ * - rope_store (the fused op) against the GPU's own rope, rope, kv_store:
+ *   exact (one rotation function, one store function).
+ * - CUDA graphs: a replayed decode step against the same step op by op on
+ *   a backend with graphs off: exact (the same kernels, launched by the
+ *   graph), and the graph backend's counts show captures and replays.
+ * - sample (the backend's sample op against common/sampler.c, each row's
+ *   sampler state built twice from one seed, one copy drawing through
+ *   llm_sampler_row, the other through llm_sampler_sample): greedy, the
+ *   same ids (exact); sampled, the same ids too, since both use the same
+ *   draw and the same f32 steps; only CUDA's double exp (1 ulp) may move a
+ *   p_i's last bit, which changes an id only where the draw falls within
+ *   ~1e-15 of a walk boundary (never over these ~3000 draws); log-probs
+ *   atol 1e-6 (the CPU's AVX-512 sum is within 3e-7, the GPU's in double).
  * Against the plain reference the same table holds, bound for bound: each
  * bound covers the GPU op's own rounding (the reference is the exact
  * result within half an f32 ulp, nearer to it than the CPU's f32 ops), and
@@ -49,6 +62,8 @@
 #include "backend.h"
 #include "cpu_ref.h"
 #include "kvcache.h"
+#include "sampler.h"
+#include "model.h"
 #include "dtype.h"
 
 #include <math.h>
@@ -82,6 +97,12 @@ static const char *const gpu_checks[] = {
 	"matmul, every configuration and dtype above, against the plain reference (same bounds)",
 	"rmsnorm, add_rmsnorm, rope, swiglu, add, gather, embed against the plain reference",
 	"kv_store bytes and attention against the plain reference, positions to 277 (block 17)",
+	"sample: greedy (ties, -0/+0, biases, min_tokens hold, penalties) equals the CPU sampler's ids",
+	"sample: temperature, top-k, top-p, min-p, penalties, biases: the CPU sampler's ids, same draws",
+	"sample: log-probs within 1e-6 of the CPU sampler's, NaN where not wanted",
+	"sample: a row with a NaN or Inf logit chooses nothing, names the first such id; the CPU refuses it too",
+	"rope_store (fused) equals rope, rope, kv_store on the GPU bit for bit: q, k, f32/bf16/fp8 caches and scales",
+	"CUDA graphs: stories260K decode steps (3 and 2 sequences) captured and replayed give the eager logits bit for bit",
 };
 
 /* The NCCL communicator's checks, by name. */
@@ -729,6 +750,373 @@ static void test_argmax(void)
 	free(seen);
 }
 
+/* A device buffer's N bytes equal host REF's, else a diagnostic. */
+static int same_dev_bytes(const char *what, const void *d, const void *ref, size_t n)
+{
+	char *h = malloc(n);
+	int same = !llm_cuda_copy_out(gpu, h, d, n) && !memcmp(h, ref, n);
+	if (!same)
+		check_diag("rope_store: %s differs", what);
+	free(h);
+	return same;
+}
+
+/* Two GPU caches, the same batches: one through rope, rope and kv_store,
+ * the other through rope_store; q, k and both caches compared. */
+static int rope_store_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head)
+{
+	struct llm_kv_opts ko = { 2, n_kv_head, d_head, kvdt, 16, 64, 4, 320 };
+	struct llm_kv ka, kb;
+	if (llm_kv_init(&ka, gpu, &ko) || llm_kv_init(&kb, gpu, &ko)) {
+		check_diag("kv init: %s", llm_errmsg());
+		return 0;
+	}
+	int sa, sb, ok = 1, dq = n_head * d_head, dkv = n_kv_head * d_head, half = d_head / 2;
+	llm_kv_seq_new(&ka, &sa);
+	llm_kv_seq_new(&ka, &sb);
+	llm_kv_seq_new(&kb, &sa);
+	llm_kv_seq_new(&kb, &sb);
+	float *freq = malloc((size_t)half * sizeof *freq);
+	for (int j = 0; j < half; j++)
+		freq[j] = powf(10000.0f, -2.0f * (float)j / (float)d_head);
+	/* step 0: prefill A (21) and B (5); step 1: one decode token each */
+	int32_t seq[26], pos[26], tok[26] = { 0 };
+	for (int st = 0; st < 2 && ok; st++) {
+		int n = 0;
+		for (int i = 0; i < (st ? 1 : 21); i++, n++) {
+			seq[n] = sa;
+			pos[n] = st ? 21 : i;
+		}
+		for (int i = 0; i < (st ? 1 : 5); i++, n++) {
+			seq[n] = sb;
+			pos[n] = st ? 5 : i;
+		}
+		struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
+		ok &= llm_kv_prepare(&ka, &b) == LLM_OK && llm_kv_prepare(&kb, &b) == LLM_OK;
+		float *q = rand_x(n, dq, 0), *k = rand_x(n, dkv, 0), *v = rand_x(n, dkv, 0);
+		float *q1 = dev_f32(q, (size_t)n * dq), *k1 = dev_f32(k, (size_t)n * dkv);
+		float *q2 = dev_f32(q, (size_t)n * dq), *k2 = dev_f32(k, (size_t)n * dkv), *dv = dev_f32(v, (size_t)n * dkv);
+		for (int l = 0; l < 2 && ok; l++) {
+			ok &= gpu->ops->rope(gpu, llm_view_f32(q1, n, dq), pos, n_head, d_head, freq) == LLM_OK
+			      && gpu->ops->rope(gpu, llm_view_f32(k1, n, dkv), pos, n_kv_head, d_head, freq) == LLM_OK
+			      && gpu->ops->kv_store(gpu, &ka, l, &b, llm_view_f32(k1, n, dkv), llm_view_f32(dv, n, dkv)) == LLM_OK;
+			ok &= gpu->ops->rope_store(gpu, llm_view_f32(q2, n, dq), llm_view_f32(k2, n, dkv),
+			                           llm_view_f32(dv, n, dkv), &kb, l, &b, n_head, n_kv_head, d_head,
+			                           freq) == LLM_OK;
+			if (!ok)
+				check_diag("rope_store: %s", llm_errmsg());
+		}
+		float *h1 = malloc((size_t)n * dq * sizeof(float));
+		host_of(h1, q1, (size_t)n * dq);
+		ok &= same_dev_bytes("q", q2, h1, (size_t)n * dq * sizeof(float));
+		host_of(h1, k1, (size_t)n * dkv);
+		ok &= same_dev_bytes("k", k2, h1, (size_t)n * dkv * sizeof(float));
+		free(h1);
+		free(q);
+		free(k);
+		free(v);
+		gpu->ops->release(gpu, q1);
+		gpu->ops->release(gpu, k1);
+		gpu->ops->release(gpu, q2);
+		gpu->ops->release(gpu, k2);
+		gpu->ops->release(gpu, dv);
+	}
+	size_t bytes = (size_t)ko.n_layer * (size_t)ko.n_block * (size_t)ko.block_size * (size_t)dkv * ka.elt;
+	char *h = malloc(bytes);
+	ok &= !llm_cuda_copy_out(gpu, h, ka.k, bytes) && same_dev_bytes("the K cache", kb.k, h, bytes);
+	ok &= !llm_cuda_copy_out(gpu, h, ka.v, bytes) && same_dev_bytes("the V cache", kb.v, h, bytes);
+	if (ka.ks) {
+		size_t sbytes = bytes / (size_t)d_head * sizeof(float);
+		char *hs = malloc(sbytes);
+		ok &= !llm_cuda_copy_out(gpu, hs, ka.ks, sbytes) && same_dev_bytes("the K scales", kb.ks, hs, sbytes);
+		ok &= !llm_cuda_copy_out(gpu, hs, ka.vs, sbytes) && same_dev_bytes("the V scales", kb.vs, hs, sbytes);
+		free(hs);
+	}
+	if (!ok)
+		check_diag("rope_store %s %d/%d heads d %d", llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
+	free(h);
+	free(freq);
+	llm_kv_free(&ka);
+	llm_kv_free(&kb);
+	return ok;
+}
+
+static void test_rope_store(void)
+{
+	static const struct { int h, kvh, d; } cases[] = { { 8, 4, 64 }, { 6, 2, 8 }, { 4, 4, 96 }, { 2, 1, 128 } };
+	static const enum llm_dtype kdt[3] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
+	int ok = gpu->ops->rope_store != NULL;
+	for (int dt = 0; dt < 3 && ok; dt++)
+		for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+			ok &= rope_store_case(kdt[dt], cases[i].h, cases[i].kvh, cases[i].d);
+	check(ok, "cuda: %s", gpu_checks[20]);
+}
+
+/* One backend's side of the graph check: the model's cache, scratch and
+ * device logits. */
+struct gside {
+	struct llm_backend *be;
+	struct llm_kv kv;
+	struct llm_scratch s;
+	float *dlog;
+};
+
+static int gside_open(struct gside *g, struct llm_model *m, int graphs)
+{
+	memset(g, 0, sizeof *g);
+	struct llm_kv_opts ko = { m->layer_end - m->layer_begin, m->n_kv_head_loc, m->cfg.d_head, LLM_DTYPE_F32,
+	                          16, 64, 4, 128 };
+	if (llm_backend_open("cuda", NULL, &g->be) || llm_model_check_backend(m, g->be) || llm_kv_init(&g->kv, g->be, &ko)
+	    || llm_scratch_init(&g->s, m, g->be, 32, 32)
+	    || g->be->ops->alloc(g->be, (size_t)32 * (size_t)m->cfg.n_vocab * sizeof(float), (void **)&g->dlog)) {
+		check_diag("graphs: open: %s", llm_errmsg());
+		return 0;
+	}
+	llm_cuda_graphs(g->be, graphs);
+	return 1;
+}
+
+static void gside_close(struct gside *g)
+{
+	if (!g->be)
+		return;
+	if (g->dlog)
+		g->be->ops->release(g->be, g->dlog);
+	llm_scratch_free(&g->s);
+	if (g->kv.ref)
+		llm_kv_free(&g->kv);
+	llm_backend_close(g->be);
+}
+
+static void test_graphs(void)
+{
+	const char *models = test_models_dir();
+	char dir[1100];
+	if (!models) {
+		check_skip("no models in $LLM_TEST_MODELS", "cuda: %s", gpu_checks[21]);
+		return;
+	}
+	snprintf(dir, sizeof dir, "%s/stories260K", models);
+	struct llm_model m;
+	if (llm_model_open(&m, dir)) {
+		check_skip("no stories260K", "cuda: %s (%s)", gpu_checks[21], llm_errmsg());
+		return;
+	}
+	struct gside gg, ge;       /* graphs on, graphs off */
+	int ok = gside_open(&gg, &m, 1) && gside_open(&ge, &m, 0), nv = m.cfg.n_vocab, same = 1, steps = 0;
+	int seq[3];
+	for (int i = 0; i < 3 && ok; i++)
+		ok = !llm_kv_seq_new(&gg.kv, &seq[i]) && !llm_kv_seq_new(&ge.kv, &seq[i]);
+	/* the prompts, one batch (not a decode step: run op by op on both) */
+	int32_t tok[15], pos[15], sq[15], last[3];
+	int8_t want[15];
+	for (int i = 0; i < 15; i++) {
+		tok[i] = 1 + (i * 37) % (nv - 1);
+		pos[i] = i % 5;
+		sq[i] = seq[i / 5];
+		want[i] = i % 5 == 4;
+	}
+	float *hl = malloc((size_t)32 * nv * sizeof(float)), *he = malloc((size_t)32 * nv * sizeof(float));
+	int n_out = 0;
+	struct llm_batch pb = { 15, tok, pos, sq, want, NULL };
+	ok = ok && !llm_model_forward(&m, gg.be, &gg.kv, &gg.s, &pb, gg.dlog, &n_out)
+	     && !llm_model_forward(&m, ge.be, &ge.kv, &ge.s, &pb, ge.dlog, &n_out) && n_out == 3;
+	if (ok) {
+		host_of(he, ge.dlog, (size_t)3 * nv);
+		for (int i = 0; i < 3; i++)
+			last[i] = llm_argmax(he + (size_t)i * nv, nv);
+	}
+	/* decode: 3 sequences, then 2, then 3 again, ...: each size runs op by
+	 * op once, is captured once, then replayed */
+	static const int width[12] = { 3, 3, 3, 2, 2, 3, 2, 3, 3, 2, 2, 3 };
+	int32_t p[3] = { 5, 5, 5 };
+	for (int st = 0; st < 12 && ok; st++) {
+		int n = width[st];
+		for (int i = 0; i < n; i++) {
+			tok[i] = last[i];
+			pos[i] = p[i]++;
+			sq[i] = seq[i];
+		}
+		struct llm_batch db = { n, tok, pos, sq, NULL, NULL };
+		for (int i = 0; i < n; i++)
+			want[i] = 1;
+		db.logits = want;
+		ok = !llm_model_forward(&m, gg.be, &gg.kv, &gg.s, &db, gg.dlog, &n_out) && n_out == n
+		     && !llm_model_forward(&m, ge.be, &ge.kv, &ge.s, &db, ge.dlog, &n_out) && n_out == n;
+		if (!ok) {
+			check_diag("graphs: step %d: %s", st, llm_errmsg());
+			break;
+		}
+		host_of(hl, gg.dlog, (size_t)n * nv);
+		host_of(he, ge.dlog, (size_t)n * nv);
+		if (memcmp(hl, he, (size_t)n * nv * sizeof(float))) {
+			if (same)
+				check_diag("graphs: step %d (%d sequences): the logits differ from the op-by-op run", st, n);
+			same = 0;
+		}
+		for (int i = 0; i < n; i++)
+			last[i] = llm_argmax(he + (size_t)i * nv, nv);
+		steps++;
+	}
+	long cap = 0, rep = 0, redo = 0;
+	if (gg.be)
+		llm_cuda_graph_stats(gg.be, &cap, &rep, &redo);
+	check(ok && same && steps == 12 && cap == 2 && rep == 8 && redo == 0,
+	      "cuda: %s (%d steps; captured %ld, replayed %ld, run again %ld)", gpu_checks[21], steps, cap, rep, redo);
+	free(hl);
+	free(he);
+	gside_close(&gg);
+	gside_close(&ge);
+	llm_model_close(&m);
+}
+
+/* One parameter set of the sampler checks. */
+struct sample_case {
+	const char *name;
+	struct llm_sample_params p;
+	int n_hold;                  /* EOS-like ids held until min_tokens */
+	int ties;                    /* logits on a coarse grid: many ties, -0 and +0 */
+};
+
+/* R rows, each its own request: STEPS draws, each accepted into both copies
+ * of the row's sampler, so penalties and the hold change as they go. */
+static void sample_case_run(const struct sample_case *sc, int *ids_ok, int *lp_ok, int *n_draws)
+{
+	enum { R = 6, NV = 4099, STEPS = 40 };
+	static const struct llm_logit_bias bias[3] = { { 7, 3.5f }, { 7, 1.25f }, { 4000, -100.0f } };
+	static const int32_t hold[2] = { 2, 3 };
+	struct llm_sampler host[R], dev[R];
+	struct llm_sample_row row[R];
+	int32_t ids[R];
+	float lp[R];
+	float *l = malloc((size_t)R * NV * sizeof(float)), *dl = dev_f32(NULL, (size_t)R * NV);
+	for (int r = 0; r < R; r++) {
+		struct llm_sample_params p = sc->p;
+		p.seed = 1000 + (uint64_t)r;
+		if (p.n_bias) {
+			p.bias = bias;
+			p.n_bias = 3;
+		}
+		if (llm_sampler_init(&host[r], &p, NV) || llm_sampler_init(&dev[r], &p, NV)) {
+			check(0, "sample %s: sampler: %s", sc->name, llm_errmsg());
+			exit(1);
+		}
+		llm_sampler_hold(&host[r], hold, sc->n_hold);
+		llm_sampler_hold(&dev[r], hold, sc->n_hold);
+		int32_t prompt[5] = { 11, 12, 11, 4095, (int32_t)(r * 97) };
+		llm_sampler_prompt(&host[r], prompt, 5);
+		llm_sampler_prompt(&dev[r], prompt, 5);
+	}
+	for (int step = 0; step < STEPS; step++) {
+		for (size_t i = 0; i < (size_t)R * NV; i++)
+			l[i] = sc->ties ? (float)((int)(urand() * 9) - 4) * 0.5f : frand() * 6.0f;
+		if (sc->ties)            /* -0 and +0 tie on the CPU: the lower id wins */
+			for (int r = 0; r < R; r++)
+				l[(size_t)r * NV + 5] = -0.0f;
+		if (step % 3 == 0)       /* recent outputs strong, so the penalties decide */
+			for (int r = 0; r < R; r++)
+				for (int k = 0; k < dev[r].n_seen && k < 8; k++)
+					l[(size_t)r * NV + dev[r].seen_id[k]] = 4.0f + (float)k * 0.25f;
+		if (gpu->ops->copy_in(gpu, dl, l, (size_t)R * NV * sizeof(float))) {
+			check(0, "sample: copy in: %s", llm_errmsg());
+			exit(1);
+		}
+		for (int r = 0; r < R; r++)
+			llm_sampler_row(&dev[r], &row[r]);
+		if (gpu->ops->sample(gpu, llm_view_f32(dl, R, NV), row, ids, lp)) {
+			check(0, "sample %s: %s", sc->name, llm_errmsg());
+			*ids_ok = 0;
+			break;
+		}
+		for (int r = 0; r < R; r++) {
+			struct llm_sample_out so;
+			if (llm_sampler_sample(&host[r], l + (size_t)r * NV, &so)) {
+				check(0, "sample %s: the CPU sampler: %s", sc->name, llm_errmsg());
+				exit(1);
+			}
+			(*n_draws)++;
+			if (ids[r] != so.token) {
+				if (*ids_ok)
+					check_diag("sample %s: step %d row %d: gpu id %d, cpu id %d", sc->name, step, r,
+					           ids[r], so.token);
+				*ids_ok = 0;
+			}
+			int lp_same = sc->p.skip_logprob ? isnan(lp[r]) : fabsf(lp[r] - so.logprob) <= 1e-6f;
+			if (!lp_same) {
+				if (*lp_ok)
+					check_diag("sample %s: step %d row %d: gpu log-prob %.9g, cpu %.9g", sc->name, step, r,
+					           lp[r], so.logprob);
+				*lp_ok = 0;
+			}
+			llm_sampler_accept(&host[r], so.token);
+			llm_sampler_accept(&dev[r], so.token);
+		}
+	}
+	for (int r = 0; r < R; r++) {
+		llm_sampler_free(&host[r]);
+		llm_sampler_free(&dev[r]);
+	}
+	gpu->ops->release(gpu, dl);
+	free(l);
+}
+
+static void test_sample(void)
+{
+	static const struct sample_case greedy[] = {
+		{ "greedy", { .top_p = 1, .repetition_penalty = 1 }, 0, 0 },
+		{ "greedy ties", { .top_p = 1, .repetition_penalty = 1 }, 0, 1 },
+		{ "greedy penalties biases hold", { .top_p = 1, .repetition_penalty = 1.3f, .frequency_penalty = 0.7f,
+		  .presence_penalty = 0.4f, .n_bias = 1, .min_tokens = 10 }, 2, 0 },
+		{ "greedy ties penalties", { .top_p = 1, .repetition_penalty = 2.0f, .frequency_penalty = -0.5f,
+		  .skip_logprob = 1 }, 0, 1 },
+	};
+	static const struct sample_case sampled[] = {
+		{ "t 1", { .temperature = 1, .top_p = 1, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 0.7 top-k 40", { .temperature = 0.7f, .top_k = 40, .top_p = 1, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 1.3 top-p 0.9", { .temperature = 1.3f, .top_p = 0.9f, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 1 min-p 0.05", { .temperature = 1, .top_p = 1, .min_p = 0.05f, .repetition_penalty = 1 }, 0, 0 },
+		{ "t 0.05 ties top-k 1", { .temperature = 0.05f, .top_k = 1, .top_p = 1, .repetition_penalty = 1 }, 0, 1 },
+		{ "t 0.8 ties top-p 0.5", { .temperature = 0.8f, .top_p = 0.5f, .repetition_penalty = 1,
+		  .skip_logprob = 1 }, 0, 1 },
+		{ "t 0.9 everything", { .temperature = 0.9f, .top_k = 200, .top_p = 0.95f, .min_p = 0.02f,
+		  .repetition_penalty = 1.2f, .frequency_penalty = 0.3f, .presence_penalty = 0.2f, .n_bias = 1,
+		  .min_tokens = 5 }, 2, 0 },
+	};
+	int g_ok = 1, s_ok = 1, lp_ok = 1, n_g = 0, n_s = 0;
+	for (size_t i = 0; i < sizeof greedy / sizeof *greedy; i++)
+		sample_case_run(&greedy[i], &g_ok, &lp_ok, &n_g);
+	for (size_t i = 0; i < sizeof sampled / sizeof *sampled; i++)
+		sample_case_run(&sampled[i], &s_ok, &lp_ok, &n_s);
+	check(g_ok, "cuda: %s (%d draws)", gpu_checks[16], n_g);
+	check(s_ok, "cuda: %s (%d draws)", gpu_checks[17], n_s);
+	check(lp_ok, "cuda: %s", gpu_checks[18]);
+
+	/* non-finite logits: row 0 NaN at 17 and Inf at 30, row 1 -Inf at 3, row 2 fine */
+	enum { NV = 1000 };
+	float *l = rand_x(3, NV, 0);
+	l[17] = NAN;
+	l[30] = INFINITY;
+	l[NV + 3] = -INFINITY;
+	float *dl = dev_f32(l, 3 * NV);
+	struct llm_sample_params p = { .temperature = 1, .top_p = 1, .repetition_penalty = 1 };
+	struct llm_sampler sm;
+	struct llm_sample_row row[3];
+	int32_t ids[3];
+	float lp[3];
+	int ok = !llm_sampler_init(&sm, &p, NV);
+	for (int r = 0; r < 3; r++)
+		llm_sampler_row(&sm, &row[r]);
+	ok = ok && !gpu->ops->sample(gpu, llm_view_f32(dl, 3, NV), row, ids, lp);
+	ok = ok && ids[0] == -1 - 17 && isnan(lp[0]) && ids[1] == -1 - 3 && lp[1] == -INFINITY && ids[2] >= 0;
+	struct llm_sample_out so;
+	ok = ok && llm_sampler_sample(&sm, l, &so) == LLM_ERR_RANGE && strstr(llm_errmsg(), "at token 17")
+	     && llm_sampler_sample(&sm, l + NV, &so) == LLM_ERR_RANGE;
+	check(ok, "cuda: %s (ids %d %d %d)", gpu_checks[19], ids[0], ids[1], ids[2]);
+	llm_sampler_free(&sm);
+	gpu->ops->release(gpu, dl);
+	free(l);
+}
+
 #ifdef LLM_NCCL
 /* Device memory for the communicator: plain cudaMalloc and synchronous
  * copies, then a device-wide wait, so that the communicator's own stream
@@ -959,6 +1347,9 @@ int main(int argc, char **argv)
 	test_rowwise();
 	test_attention();
 	test_argmax();
+	test_sample();
+	test_rope_store();
+	test_graphs();
 	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
 	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
 	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);

@@ -9,6 +9,7 @@
 #include "grammar.h"
 #include "generate.h"
 #include "sched_run.h"
+#include "reqout.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -311,6 +312,90 @@ static int cb(void *user, const struct llm_token_event *ev)
 
 /* the detokenizer of these tests: each id becomes "<id>" */
 static const struct llm_detok fd_detok = { .open = fd_open, .push = fd_push, .close = fd_close };
+
+/* The row a backend's sample op gets (llm_sampler_row), and a token chosen
+ * there handed back (llm_reqout_put): the same state, random stream and
+ * events as the request that samples its own (llm_reqout_take). */
+static void test_row(void)
+{
+	enum { NV = 64 };
+	static const int32_t hold[2] = { 2, 3 }, prompt[4] = { 5, 6, 5, 9 };
+	struct llm_sample_params p = params(0.8f, 77);
+	p.repetition_penalty = 1.3f;
+	p.frequency_penalty = 0.5f;
+	p.min_tokens = 3;
+	struct llm_sampler a;
+	struct llm_sample_row row;
+	uint64_t rng[4];
+	int ok = !llm_sampler_init(&a, &p, NV);
+	llm_sampler_hold(&a, hold, 2);
+	llm_sampler_prompt(&a, prompt, 4);
+	llm_rng_seed(rng, 77);
+	llm_sampler_row(&a, &row);
+	ok = ok && row.n_seen == 3 && row.seen[0] == 5 && row.seen[1] == 6 && row.seen[2] == 9 && !row.count[0]
+	     && !row.count[2] && row.n_hold == 2 && row.u == llm_rng_uniform(rng) && row.temperature == 0.8f
+	     && row.want_logprob == 1;
+	llm_sampler_accept(&a, 6);
+	llm_sampler_accept(&a, 7);
+	llm_sampler_accept(&a, 7);
+	llm_sampler_row(&a, &row);
+	ok = ok && row.n_seen == 4 && row.seen[3] == 7 && row.count[1] == 1 && row.count[3] == 2 && row.count[0] == 0
+	     && row.n_hold == 0 && row.u == llm_rng_uniform(rng);
+	ok = ok && llm_sampler_row_ok(&a);
+	llm_sampler_free(&a);
+	p.n_logprobs = 2;
+	ok = ok && !llm_sampler_init(&a, &p, NV) && !llm_sampler_row_ok(&a);
+	llm_sampler_free(&a);
+	p = params(0, 1);
+	ok = ok && !llm_sampler_init(&a, &p, NV);
+	llm_sampler_row(&a, &row);
+	llm_rng_seed(rng, 1);       /* greedy: no draw taken */
+	ok = ok && row.n_seen == 0 && row.u == 0 && !memcmp(a.rng, rng, sizeof rng);
+	llm_sampler_free(&a);
+	check(ok, "sampler row: the seen ids and counts, the hold until min_tokens, the request's own draw");
+
+	/* take (samples its own) against row + put (the token chosen elsewhere) */
+	struct llm_sample_params q = params(0.9f, 5);
+	q.presence_penalty = 0.6f;
+	q.stop_ids[0] = 40;
+	q.n_stop_ids = 1;
+	struct out oa, ob;
+	memset(&oa, 0, sizeof oa);
+	memset(&ob, 0, sizeof ob);
+	struct llm_request ra = { .prompt = prompt, .n_prompt = 4, .params = q, .on_token = cb, .user = &oa };
+	struct llm_request rb = ra;
+	rb.user = &ob;
+	static const int32_t eos = 1;
+	struct llm_reqout xa, xb;
+	ok = !llm_reqout_init(&xa, 0, &ra, NV, 30, &fd_detok, &eos, 1) && !llm_reqout_init(&xb, 1, &rb, NV, 30, &fd_detok, &eos, 1);
+	float l[NV];
+	uint64_t lr = 99;
+	enum llm_finish fa = LLM_FINISH_NONE, fb = LLM_FINISH_NONE;
+	for (int step = 0; ok && !fa && step < 40; step++) {
+		for (int i = 0; i < NV; i++) {
+			lr = lr * 6364136223846793005ull + 1442695040888963407ull;
+			l[i] = (float)(lr >> 40) / (float)(1 << 24) * 4.0f;
+		}
+		int32_t ta, tb;
+		ok = !llm_reqout_take(&xa, l, &ta, &fa) && llm_reqout_row_ok(&xb);
+		llm_reqout_row(&xb, &row);
+		ok = ok && !llm_reqout_put(&xb, ta, (float)llm_logprob(l, NV, ta), &tb, &fb);
+		ok = ok && ta == tb && fa == fb && !memcmp(xa.smp.rng, xb.smp.rng, sizeof rng) && xa.smp.n_out == xb.smp.n_out;
+	}
+	ok = ok && fa && oa.n == ob.n && !memcmp(oa.ids, ob.ids, (size_t)oa.n * sizeof *oa.ids) && oa.tl == ob.tl
+	     && !strcmp(oa.text, ob.text) && oa.finish == ob.finish;
+	check(ok, "reqout: a token chosen by the backend (row + put) gives the events, state and stream of take (%d ids, %s)",
+	      oa.n, llm_finish_name(oa.finish));
+	llm_reqout_free(&xa);
+	llm_reqout_free(&xb);
+	/* a row with a non-finite logit: this request fails, naming the id */
+	memset(&ob, 0, sizeof ob);
+	int32_t tb;
+	ok = !llm_reqout_init(&xb, 2, &rb, NV, 30, &fd_detok, &eos, 1) && !llm_reqout_put(&xb, -1 - 17, NAN, &tb, &fb);
+	check(ok && tb == -1 && fb == LLM_FINISH_ERROR && ob.finish == LLM_FINISH_ERROR && strstr(llm_errmsg(), "at token 17"),
+	      "reqout: a backend's refusal (non-finite logits) ends that request with an error naming the token");
+	llm_reqout_free(&xb);
+}
 
 static int run1(struct llm_engine *e, const int32_t *prompt, int np, struct llm_sample_params p, struct out *o)
 {
@@ -638,6 +723,7 @@ static void test_mask(void)
 
 int main(void)
 {
+	test_row();
 	test_mask();
 	test_nonfinite();
 	test_forms();

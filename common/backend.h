@@ -114,13 +114,19 @@ struct llm_backend_ops {
 	 * dispatch; NULL: the model calls those ops.
 	 * add_rmsnorm: add(x, y) then rmsnorm(out, x, w, eps); OUT may be Y.
 	 * rope_store: rope(q, b->pos, n_head), rope(k, b->pos, n_kv_head),
-	 * then kv_store(kv, layer, b, k, v). */
+	 * then kv_store(kv, layer, b, k, v).
+	 * matmul_add: matmul(y, a, w) then add(x, y), with no y: x (n_tok,
+	 * w->rows) += a (n_tok, w->cols) . W^T from the matmul's epilogue
+	 * (CUDA: each element's f32 sum, then one add); X and A must not
+	 * overlap. */
 	enum llm_status (*add_rmsnorm)(struct llm_backend *be, struct llm_view out, struct llm_view x,
 	                               struct llm_view y, const struct llm_weight *w, float eps);
 	enum llm_status (*rope_store)(struct llm_backend *be, struct llm_view q, struct llm_view k,
 	                              struct llm_view v, struct llm_kv *kv, int layer,
 	                              const struct llm_batch *b, int n_head, int n_kv_head, int d_head,
 	                              const float *inv_freq);
+	enum llm_status (*matmul_add)(struct llm_backend *be, struct llm_view x, struct llm_view a,
+	                              const struct llm_weight *w);
 	/* out row i = x row idx[i], for i < out.rows */
 	enum llm_status (*gather)(struct llm_backend *be, struct llm_view out, struct llm_view x,
 	                          const int32_t *idx);

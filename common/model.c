@@ -701,20 +701,31 @@ static enum llm_status add_norm(struct llm_backend *be, struct llm_view xb, stru
 
 /* The rest of layer L after attention, over the rows of x (n, d_model):
  * x += o_proj(att), xb = rmsnorm(x), hb = silu(gate(xb)) * up(xb),
- * xb = down(hb); the caller adds xb into x. */
+ * xb = down(hb); the caller adds xb into x, unless *ADDED: where the
+ * backend has matmul_add (and no TP partial sums or LoRA term come
+ * between the product and the add), both projections add into x from the
+ * GEMM's epilogue, the same bits as matmul then add. */
 static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, const struct llm_scratch *s, int l,
                                struct llm_view x,
-                               struct llm_view xb, struct llm_view att, struct llm_view hb, struct llm_view hb2)
+                               struct llm_view xb, struct llm_view att, struct llm_view hb, struct llm_view hb2,
+                               int *added)
 {
 	const struct llm_backend_ops *op = be->ops;
 	const struct llm_layer *L = &m->layers[l];
 	struct llm_model_dist *d = m->dist;
 	size_t n_el = (size_t)(x.rows * x.cols);
-	LLM_TRY(op->matmul(be, xb, att, &L->wo));
-	lora(m, s, l, LLM_LORA_O, xb, att);
-	if (d)                                  /* row-parallel: partial sums */
-		LLM_TRY(tp_sum(d, xb.data, n_el));
-	LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
+	int fuse = op->matmul_add && (!d || d->grid.n_tp == 1) && s->n_lgroup == 0;
+	*added = fuse;
+	if (fuse) {
+		LLM_TRY(op->matmul_add(be, x, att, &L->wo));
+		LLM_TRY(op->rmsnorm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
+	} else {
+		LLM_TRY(op->matmul(be, xb, att, &L->wo));
+		lora(m, s, l, LLM_LORA_O, xb, att);
+		if (d)                          /* row-parallel: partial sums */
+			LLM_TRY(tp_sum(d, xb.data, n_el));
+		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
+	}
 	{
 		struct llm_view ys[2] = { hb, hb2 };
 		const struct llm_weight *ws[2] = { &L->w_gate, &L->w_up };
@@ -723,6 +734,8 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, cons
 		lora(m, s, l, LLM_LORA_UP, hb2, xb);
 	}
 	LLM_TRY(op->swiglu(be, hb, hb, hb2));
+	if (fuse)
+		return op->matmul_add(be, x, hb, &L->w_down);
 	LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
 	lora(m, s, l, LLM_LORA_DOWN, xb, hb);
 	if (d)
@@ -758,8 +771,10 @@ static enum llm_status last_layer_rows(struct llm_model *m, struct llm_backend *
 	LLM_TRY(be->ops->gather(be, qr, q, s->rows));
 	LLM_TRY(be->ops->gather(be, xr, x, s->rows));
 	LLM_TRY(be->ops->attention(be, att, qr, kv, l - m->layer_begin, &rb, m->n_head_loc));
-	LLM_TRY(out_mlp(m, be, s, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff)));
-	return be->ops->add(be, xr, xb);
+	int added;
+	LLM_TRY(out_mlp(m, be, s, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff),
+	                &added));
+	return added ? LLM_OK : be->ops->add(be, xr, xb);
 }
 
 /* The decoder layers of this rank over batch B, whose residual stream is X
@@ -812,11 +827,12 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		if (n_sel >= 0 && l == c->n_layer - 1)
 			return last_layer_rows(m, be, kv, s, b, l, n_sel, x, q);
 		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
-		LLM_TRY(out_mlp(m, be, s, l, x, xb, att, hb, hb2));
-		normed = op->add_rmsnorm && l + 1 < m->layer_end;
+		int added;
+		LLM_TRY(out_mlp(m, be, s, l, x, xb, att, hb, hb2, &added));
+		normed = !added && op->add_rmsnorm && l + 1 < m->layer_end;
 		if (normed)
 			LLM_TRY(add_norm(be, xb, x, &m->layers[l + 1].attn_norm, c->rms_eps));
-		else
+		else if (!added)
 			LLM_TRY(op->add(be, x, xb));
 	}
 	if (d && !d->last)

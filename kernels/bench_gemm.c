@@ -144,7 +144,7 @@ static enum llm_status run_fp8(struct bench *b, int cfg, int64_t m, int copy)
 {
 	const struct llm_cuda_mat *w = &b->w[copy];
 	LLM_CUDA_TRY(llm_cuda_gemm_e4m3((enum llm_cuda_gemm_cfg)cfg, b->y8, w->rows, b->x32, w->cols, b->xbf,
-	                                m, w, b->st));
+	                                m, w, 0, b->st));
 	return LLM_OK;
 }
 

@@ -55,7 +55,9 @@ int llm_cuda_gemm_cfg_ok(enum llm_cuda_gemm_cfg c, const struct llm_cuda_mat *w,
  * row fits). */
 enum llm_cuda_gemm_cfg llm_cuda_gemm_pick(const struct llm_cuda_mat *w, int64_t m);
 
-/* y (m, w.rows; f32, row stride ys) = x . W^T for an E4M3 weight.
+/* y (m, w.rows; f32, row stride ys) = x . W^T for an E4M3 weight; with
+ * ADD, y += x . W^T from the epilogue (each element's f32 sum, then one
+ * add: the bits of the product into a buffer, then llm_cuda_add).
  * GEMV and GENERIC read x as f32 (x32, row stride xs); the MMA tiles read
  * the bf16 copy xbf (m, w.cols) contiguous (llm_cuda_f32_to_bf16 below).
  * Numerics of the MMA tiles: x rounded to bf16, each weight element
@@ -63,10 +65,11 @@ enum llm_cuda_gemm_cfg llm_cuda_gemm_pick(const struct llm_cuda_mat *w, int64_t 
  * to bf16 (one rounding), products accumulated in f32 by the tensor cores. */
 cudaError_t llm_cuda_gemm_e4m3(enum llm_cuda_gemm_cfg cfg, float *y, int64_t ys,
                                const float *x32, int64_t xs, const uint16_t *xbf,
-                               int64_t m, const struct llm_cuda_mat *w, cudaStream_t stream);
-/* Any dtype, f32 accumulation in the CPU's order per lane (the fallback). */
+                               int64_t m, const struct llm_cuda_mat *w, int add, cudaStream_t stream);
+/* Any dtype, f32 accumulation in the CPU's order per lane (the fallback);
+ * ADD as above. */
 cudaError_t llm_cuda_matmul_generic(float *y, int64_t ys, const float *x, int64_t xs, int64_t m,
-                                    const struct llm_cuda_mat *w, cudaStream_t stream);
+                                    const struct llm_cuda_mat *w, int add, cudaStream_t stream);
 /* dst (rows, cols) contiguous bf16 = src (rows, cols; stride ss) f32, round to nearest even. */
 cudaError_t llm_cuda_f32_to_bf16(uint16_t *dst, const float *src, int64_t ss, int64_t rows,
                                  int64_t cols, cudaStream_t stream);

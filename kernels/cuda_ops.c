@@ -30,6 +30,7 @@
  *   be captured and runs op by op. Growing the bf16 activation buffer or
  *   replacing weights drops every graph (they hold the old addresses).
  *   $LLM_CUDA_GRAPHS=0 turns graphs off.
+ * matmul_add (backend.h) adds into the residual from the GEMM's epilogue.
  * Matmul: E4M3 weights through the fused FP8 GEMM with the configuration of
  * kernels/tune_table.h, BF16 weights through cublasGemmEx (bf16 x bf16,
  * f32 accumulation and output), F32/F16 through the generic kernel. */
@@ -105,6 +106,8 @@ struct cuda_be {
 	size_t xbf_cap;
 	void *ystage;           /* matmul output bound for the host */
 	size_t ystage_cap;
+	void *yadd;             /* matmul_add's product where cuBLAS computes it */
+	size_t yadd_cap;
 	int32_t *ids;           /* argmax output */
 	size_t ids_cap;
 	char *sp_host;          /* sample: the packed rows and lists, host side */
@@ -637,19 +640,81 @@ static enum llm_status xbf_get(struct cuda_be *c, size_t n)
 	return scratch(&c->xbf, &c->xbf_cap, n, "bf16 activations");
 }
 
+/* The product buffer of matmul_add where the kernel has no add in its
+ * epilogue (cuBLAS), at least N bytes; grows as xbf_get does. */
+static enum llm_status yadd_get(struct cuda_be *c, size_t n)
+{
+	if (c->yadd_cap >= n)
+		return LLM_OK;
+	if (c->gmode) {
+		c->gbad = 1;
+		return LLM_OK;
+	}
+	c->epoch++;
+	return scratch(&c->yadd, &c->yadd_cap, n, "matmul_add product");
+}
+
+/* YD (x.rows, m->rows; row stride YS, device) = x . W^T, or with ADD
+ * YD += x . W^T: the E4M3 and generic kernels add in their epilogue,
+ * cuBLAS writes the product to yadd and the add kernel adds it. */
+static enum llm_status gemm(struct cuda_be *c, float *yd, int64_t ys, struct llm_view x,
+                            const struct llm_weight *w, const struct llm_cuda_mat *m, int add)
+{
+	size_t xbf_bytes = (size_t)x.rows * (size_t)x.cols * 2;
+	if (m->dtype == LLM_DTYPE_E4M3) {
+		enum llm_cuda_gemm_cfg cfg = llm_cuda_gemm_pick(m, x.rows);
+		if (c->force_cfg >= 0 && llm_cuda_gemm_cfg_ok((enum llm_cuda_gemm_cfg)c->force_cfg, m, x.rows))
+			cfg = (enum llm_cuda_gemm_cfg)c->force_cfg;
+		if (cfg != LLM_GEMM_GEMV && cfg != LLM_GEMM_GENERIC) {
+			LLM_TRY(xbf_get(c, xbf_bytes));
+			LAUNCH(llm_cuda_f32_to_bf16(c->xbf, x.data, x.stride, x.rows, x.cols, c->stream));
+		}
+		LAUNCH(llm_cuda_gemm_e4m3(cfg, yd, ys, x.data, x.stride, c->xbf, x.rows, m, add, c->stream));
+	} else if (m->dtype == LLM_DTYPE_BF16 && x.rows <= INT32_MAX && x.cols <= INT32_MAX
+	           && w->rows <= INT32_MAX && ys <= INT32_MAX) {
+		/* column-major view: y^T (N x M, ld ys) = W (N x K, stored as K x N) ^T . x^T (K x M) */
+		const float one = 1.0f, zero = 0.0f;
+		float *yb = yd;
+		int64_t ybs = ys;
+		if (add) {
+			LLM_TRY(yadd_get(c, (size_t)x.rows * (size_t)w->rows * sizeof(float)));
+			yb = c->yadd;
+			ybs = w->rows;
+		}
+		LLM_TRY(xbf_get(c, xbf_bytes));
+		LAUNCH(llm_cuda_f32_to_bf16(c->xbf, x.data, x.stride, x.rows, x.cols, c->stream));
+		if (c->gmode != GM_REPLAY)
+			LLM_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)x.rows,
+		                            (int)x.cols, &one, m->data, CUDA_R_16BF, (int)x.cols, c->xbf,
+		                            CUDA_R_16BF, (int)x.cols, &zero, yb, CUDA_R_32F, (int)ybs,
+		                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+		if (add)
+			LAUNCH(llm_cuda_add(yd, ys, yb, ybs, x.rows, w->rows, c->stream));
+	} else {
+		LAUNCH(llm_cuda_matmul_generic(yd, ys, x.data, x.stride, x.rows, m, add, c->stream));
+	}
+	return LLM_OK;
+}
+
+static enum llm_status matmul_shapes(const char *op, struct llm_view y, struct llm_view x, const struct llm_weight *w)
+{
+	if (x.cols != w->cols || y.cols != w->rows || y.rows != x.rows)
+		return llm_fail(LLM_ERR_INTERNAL, "%s %s: shapes (%lld, %lld) x (%lld, %lld)^T -> (%lld, %lld)", op,
+		                w->name ? w->name : "?", (long long)x.rows, (long long)x.cols,
+		                (long long)w->rows, (long long)w->cols, (long long)y.rows, (long long)y.cols);
+	if (y.dtype != LLM_DTYPE_F32)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "cuda backend: %s: %s output (f32 only)", op,
+		                llm_dtype_name(y.dtype));
+	return LLM_OK;
+}
+
 static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
                                    struct llm_view x, const struct llm_weight *w)
 {
 	struct cuda_be *c = cu(be);
 	LLM_TRY(set_dev(c));
 	LLM_TRY(need_dev(c, "matmul", "x", x));
-	if (x.cols != w->cols || y.cols != w->rows || y.rows != x.rows)
-		return llm_fail(LLM_ERR_INTERNAL, "matmul %s: shapes (%lld, %lld) x (%lld, %lld)^T -> (%lld, %lld)",
-		                w->name ? w->name : "?", (long long)x.rows, (long long)x.cols,
-		                (long long)w->rows, (long long)w->cols, (long long)y.rows, (long long)y.cols);
-	if (y.dtype != LLM_DTYPE_F32)
-		return llm_fail(LLM_ERR_UNSUPPORTED, "cuda backend: matmul: %s output (f32 only)",
-		                llm_dtype_name(y.dtype));
+	LLM_TRY(matmul_shapes("matmul", y, x, w));
 	if (x.rows < 1)
 		return LLM_OK;
 	struct llm_cuda_mat m;
@@ -667,30 +732,7 @@ static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
 		yd = c->ystage;
 		ys = y.cols;
 	}
-	size_t xbf_bytes = (size_t)x.rows * (size_t)x.cols * 2;
-	if (m.dtype == LLM_DTYPE_E4M3) {
-		enum llm_cuda_gemm_cfg cfg = llm_cuda_gemm_pick(&m, x.rows);
-		if (c->force_cfg >= 0 && llm_cuda_gemm_cfg_ok((enum llm_cuda_gemm_cfg)c->force_cfg, &m, x.rows))
-			cfg = (enum llm_cuda_gemm_cfg)c->force_cfg;
-		if (cfg != LLM_GEMM_GEMV && cfg != LLM_GEMM_GENERIC) {
-			LLM_TRY(xbf_get(c, xbf_bytes));
-			LAUNCH(llm_cuda_f32_to_bf16(c->xbf, x.data, x.stride, x.rows, x.cols, c->stream));
-		}
-		LAUNCH(llm_cuda_gemm_e4m3(cfg, yd, ys, x.data, x.stride, c->xbf, x.rows, &m, c->stream));
-	} else if (m.dtype == LLM_DTYPE_BF16 && x.rows <= INT32_MAX && x.cols <= INT32_MAX
-	           && w->rows <= INT32_MAX && ys <= INT32_MAX) {
-		/* column-major view: y^T (N x M, ld ys) = W (N x K, stored as K x N) ^T . x^T (K x M) */
-		const float one = 1.0f, zero = 0.0f;
-		LLM_TRY(xbf_get(c, xbf_bytes));
-		LAUNCH(llm_cuda_f32_to_bf16(c->xbf, x.data, x.stride, x.rows, x.cols, c->stream));
-		if (c->gmode != GM_REPLAY)
-			LLM_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)x.rows,
-		                            (int)x.cols, &one, m.data, CUDA_R_16BF, (int)x.cols, c->xbf,
-		                            CUDA_R_16BF, (int)x.cols, &zero, yd, CUDA_R_32F, (int)ys,
-		                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-	} else {
-		LAUNCH(llm_cuda_matmul_generic(yd, ys, x.data, x.stride, x.rows, &m, c->stream));
-	}
+	LLM_TRY(gemm(c, yd, ys, x, w, &m, 0));
 	if (host_out) {
 		LLM_CUDA_TRY(cudaMemcpy2DAsync(y.data, (size_t)y.stride * sizeof(float), yd,
 		                               (size_t)ys * sizeof(float), (size_t)y.cols * sizeof(float),
@@ -698,6 +740,25 @@ static enum llm_status cuda_matmul(struct llm_backend *be, struct llm_view y,
 		LLM_CUDA_TRY(cudaStreamSynchronize(c->stream));
 	}
 	return LLM_OK;
+}
+
+/* x += a . W^T (backend.h matmul_add): the residual add in the GEMM's
+ * epilogue; both views device memory. */
+static enum llm_status cuda_matmul_add(struct llm_backend *be, struct llm_view x, struct llm_view a,
+                                       const struct llm_weight *w)
+{
+	struct cuda_be *c = cu(be);
+	LLM_TRY(set_dev(c));
+	LLM_TRY(need_dev(c, "matmul_add", "a", a));
+	LLM_TRY(need_dev(c, "matmul_add", "x", x));
+	LLM_TRY(matmul_shapes("matmul_add", x, a, w));
+	if (a.rows < 1)
+		return LLM_OK;
+	struct llm_cuda_mat m;
+	LLM_TRY(weight_get(c, w, &m));
+	if (c->gmode && c->gbad)
+		return LLM_OK;
+	return gemm(c, x.data, x.stride, a, w, &m, 1);
 }
 
 static enum llm_status cuda_rope(struct llm_backend *be, struct llm_view x, const int32_t *pos,
@@ -1192,6 +1253,8 @@ static void cuda_fini(struct llm_backend *be)
 		cudaFree(c->xbf);
 	if (c->ystage)
 		cudaFree(c->ystage);
+	if (c->yadd)
+		cudaFree(c->yadd);
 	if (c->ids)
 		cudaFree(c->ids);
 	if (c->sp_dev)
@@ -1293,6 +1356,7 @@ const struct llm_backend_ops llm_cuda_ops = {
 	.add = cuda_add,
 	.add_rmsnorm = llm_cuda_add_rmsnorm,
 	.rope_store = cuda_rope_store,
+	.matmul_add = cuda_matmul_add,
 	.gather = cuda_gather,
 	.sample = cuda_sample,
 	.graph_begin = cuda_graph_begin,

@@ -1,5 +1,7 @@
 /* kernels/gemm_fp8.cu: y = x . W^T on the GPU, the FP8 weights dequantized
- * inside the kernels; the CUDA side of the backend's matmul op.
+ * inside the kernels; the CUDA side of the backend's matmul op, and of
+ * matmul_add (y += x . W^T from every kernel's epilogue: the same f32 sum,
+ * then the add op's one f32 add, so the same bits as matmul then add).
  *
  * Reference: llm_cpu_matmul_rows() (common/cpu_matmul.c): W element (r, c)
  * is e4m3(code) * scale[(r / block_rows) * scale_cols + c / block_cols], f32
@@ -70,6 +72,14 @@ static __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t
 	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+/* The store of every kernel here: y = v, or (ADD) y = y + v: the f32 sum
+ * of the matmul, then the one add the add op does (add.cu), so matmul_add
+ * gives the bits of matmul then add. */
+static __device__ __forceinline__ void epilogue(float *y, float v, int add)
+{
+	*y = add ? *y + v : v;
+}
+
 /* ---- fused FP8 GEMM (tensor cores) ---------------------------------------
  * Block tile BM x BN over (M, N), K in steps of GEMM_BK; warps tile it in
  * WM x WN pieces, each a grid of (WM/16) x (WN/8) mma tiles. Requirements
@@ -78,7 +88,7 @@ static __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t
 template <int BM, int BN, int WM, int WN>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 gemm_e4m3_bf16_mma_kernel(float *__restrict__ y, int64_t ys, const __nv_bfloat16 *__restrict__ x,
-                          int M, struct llm_cuda_mat w)
+                          int M, struct llm_cuda_mat w, int add)
 {
 	constexpr int NWN = BN / WN, NT = (BM / WM) * NWN * 32;
 	constexpr int MI = WM / 16, NI = WN / 8;
@@ -175,9 +185,9 @@ gemm_e4m3_bf16_mma_kernel(float *__restrict__ y, int64_t ys, const __nv_bfloat16
 					continue;
 				float *yr = y + (int64_t)m * ys;
 				if (n < N)
-					yr[n] = acc[mi][ni][2 * h];
+					epilogue(yr + n, acc[mi][ni][2 * h], add);
 				if (n + 1 < N)
-					yr[n + 1] = acc[mi][ni][2 * h + 1];
+					epilogue(yr + n + 1, acc[mi][ni][2 * h + 1], add);
 			}
 		}
 }
@@ -190,7 +200,7 @@ gemm_e4m3_bf16_mma_kernel(float *__restrict__ y, int64_t ys, const __nv_bfloat16
  * 16-byte aligned. */
 __global__ void __launch_bounds__(256)
 gemv_e4m3_f32_kernel(float *__restrict__ y, int64_t ys, const float *__restrict__ x, int64_t xs,
-                     int M, struct llm_cuda_mat w)
+                     int M, struct llm_cuda_mat w, int add)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -238,14 +248,14 @@ gemv_e4m3_f32_kernel(float *__restrict__ y, int64_t ys, const float *__restrict_
 			break;
 		float v = warp_sum(acc[m]);
 		if (lane == 0)
-			y[m * ys + r] = v;
+			epilogue(y + m * ys + r, v, add);
 	}
 }
 
 /* ---- fallback: one warp per output element --------------------------------- */
 __global__ void __launch_bounds__(256)
 matmul_generic_f32_kernel(float *__restrict__ y, int64_t ys, const float *__restrict__ x, int64_t xs,
-                          struct llm_cuda_mat w)
+                          struct llm_cuda_mat w, int add)
 {
 	const int lane = threadIdx.x & 31;
 	const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -258,7 +268,7 @@ matmul_generic_f32_kernel(float *__restrict__ y, int64_t ys, const float *__rest
 		acc = fmaf(weight_at(w, r, c), xm[c], acc);
 	acc = warp_sum(acc);
 	if (lane == 0)
-		y[m * ys + r] = acc;
+		epilogue(y + m * ys + r, acc, add);
 }
 
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t ss, int64_t rows, int64_t cols)
@@ -302,26 +312,26 @@ extern "C" int llm_cuda_gemm_cfg_ok(enum llm_cuda_gemm_cfg c, const struct llm_c
 
 template <int BM, int BN, int WM, int WN>
 static void launch_mma(float *y, int64_t ys, const uint16_t *xbf, int64_t m,
-                       const struct llm_cuda_mat *w, cudaStream_t stream)
+                       const struct llm_cuda_mat *w, int add, cudaStream_t stream)
 {
 	dim3 grid((unsigned)((w->rows + BN - 1) / BN), (unsigned)((m + BM - 1) / BM));
 	gemm_e4m3_bf16_mma_kernel<BM, BN, WM, WN><<<grid, (BM / WM) * (BN / WN) * 32, 0, stream>>>(
-		y, ys, (const __nv_bfloat16 *)xbf, (int)m, *w);
+		y, ys, (const __nv_bfloat16 *)xbf, (int)m, *w, add);
 }
 
 extern "C" cudaError_t llm_cuda_matmul_generic(float *y, int64_t ys, const float *x, int64_t xs, int64_t m,
-                                               const struct llm_cuda_mat *w, cudaStream_t stream)
+                                               const struct llm_cuda_mat *w, int add, cudaStream_t stream)
 {
 	if (m < 1 || m > 65535)
 		return cudaErrorInvalidValue;
 	dim3 grid((unsigned)((w->rows + 7) / 8), (unsigned)m);
-	matmul_generic_f32_kernel<<<grid, 256, 0, stream>>>(y, ys, x, xs, *w);
+	matmul_generic_f32_kernel<<<grid, 256, 0, stream>>>(y, ys, x, xs, *w, add);
 	return cudaGetLastError();
 }
 
 extern "C" cudaError_t llm_cuda_gemm_e4m3(enum llm_cuda_gemm_cfg cfg, float *y, int64_t ys,
                                           const float *x32, int64_t xs, const uint16_t *xbf,
-                                          int64_t m, const struct llm_cuda_mat *w, cudaStream_t stream)
+                                          int64_t m, const struct llm_cuda_mat *w, int add, cudaStream_t stream)
 {
 	if (!llm_cuda_gemm_cfg_ok(cfg, w, m))
 		return cudaErrorInvalidValue;
@@ -332,14 +342,14 @@ extern "C" cudaError_t llm_cuda_gemm_e4m3(enum llm_cuda_gemm_cfg cfg, float *y, 
 	switch (cfg) {
 	case LLM_GEMM_GEMV:
 		if (((uintptr_t)x32 | (uintptr_t)(xs * 4)) % 16)
-			return llm_cuda_matmul_generic(y, ys, x32, xs, m, w, stream);
-		gemv_e4m3_f32_kernel<<<(unsigned)((wk.rows + 7) / 8), 256, 0, stream>>>(y, ys, x32, xs, (int)m, wk);
+			return llm_cuda_matmul_generic(y, ys, x32, xs, m, w, add, stream);
+		gemv_e4m3_f32_kernel<<<(unsigned)((wk.rows + 7) / 8), 256, 0, stream>>>(y, ys, x32, xs, (int)m, wk, add);
 		break;
-	case LLM_GEMM_MMA_16x64:   launch_mma<16, 64, 16, 16>(y, ys, xbf, m, &wk, stream); break;
-	case LLM_GEMM_MMA_64x128:  launch_mma<64, 128, 32, 64>(y, ys, xbf, m, &wk, stream); break;
-	case LLM_GEMM_MMA_128x128: launch_mma<128, 128, 64, 32>(y, ys, xbf, m, &wk, stream); break;
+	case LLM_GEMM_MMA_16x64:   launch_mma<16, 64, 16, 16>(y, ys, xbf, m, &wk, add, stream); break;
+	case LLM_GEMM_MMA_64x128:  launch_mma<64, 128, 32, 64>(y, ys, xbf, m, &wk, add, stream); break;
+	case LLM_GEMM_MMA_128x128: launch_mma<128, 128, 64, 32>(y, ys, xbf, m, &wk, add, stream); break;
 	default:
-		return llm_cuda_matmul_generic(y, ys, x32, xs, m, w, stream);
+		return llm_cuda_matmul_generic(y, ys, x32, xs, m, w, add, stream);
 	}
 	return cudaGetLastError();
 }

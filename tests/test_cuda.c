@@ -31,6 +31,9 @@
  * - argmax with repetition penalty: the same ids.
  * - rope_store (the fused op) against the GPU's own rope, rope, kv_store:
  *   exact (one rotation function, one store function).
+ * - matmul_add (the residual add in the GEMM's epilogue) against the GPU's
+ *   own matmul then add, and the forward with it against the forward
+ *   without it: exact (the same f32 sum, then the same one add).
  * - CUDA graphs: a replayed decode step against the same step op by op on
  *   a backend with graphs off: exact (the same kernels, launched by the
  *   graph), and the graph backend's counts show captures and replays.
@@ -103,6 +106,8 @@ static const char *const gpu_checks[] = {
 	"sample: a row with a NaN or Inf logit chooses nothing, names the first such id; the CPU refuses it too",
 	"rope_store (fused) equals rope, rope, kv_store on the GPU bit for bit: q, k, f32/bf16/fp8 caches and scales",
 	"CUDA graphs: stories260K decode steps (3 and 2 sequences) captured and replayed give the eager logits bit for bit",
+	"matmul_add equals matmul then add on the GPU bit for bit: every E4M3 configuration, BF16, F16, F32, strided x",
+	"matmul_add in the forward: stories260K prompts and decode steps give the logits of matmul then add bit for bit",
 };
 
 /* The NCCL communicator's checks, by name. */
@@ -852,6 +857,60 @@ static void test_rope_store(void)
 	check(ok, "cuda: %s", gpu_checks[20]);
 }
 
+/* matmul_add against matmul into a buffer then add, on the GPU, bit for
+ * bit: each E4M3 configuration forced in turn (where it can run the
+ * weight), BF16 (cuBLAS, then the add kernel), F16 and F32 (generic); the
+ * residual rows XS floats apart, the columns past N left alone. */
+static void test_matmul_add(void)
+{
+	static const enum llm_dtype dts[] = { LLM_DTYPE_E4M3, LLM_DTYPE_BF16, LLM_DTYPE_F16, LLM_DTYPE_F32 };
+	static const int64_t ms[] = { 1, 5, 8, 17, 130 };
+	const int64_t n = 200, k = 256, xs = n + 3;
+	int ok = gpu->ops->matmul_add != NULL, cases = 0;
+	for (size_t d = 0; d < sizeof dts / sizeof *dts && ok; d++) {
+		int n_cfg = dts[d] == LLM_DTYPE_E4M3 ? LLM_GEMM_CFG_COUNT : 1;
+		for (int cfg = 0; cfg < n_cfg && ok; cfg++)
+			for (size_t mi = 0; mi < sizeof ms / sizeof *ms && ok; mi++) {
+				int64_t m = ms[mi];
+				struct wbuf b;
+				make_weight(&b, dts[d], n, k, 128, 128, 0);
+				float *a = rand_x(m, k, 0), *r = rand_x(m, xs, 0);
+				float *h1 = malloc((size_t)(m * xs) * sizeof(float)), *h2 = malloc((size_t)(m * xs) * sizeof(float));
+				float *da = dev_f32(a, (size_t)(m * k)), *dy = dev_f32(NULL, (size_t)(m * n));
+				float *r1 = dev_f32(r, (size_t)(m * xs)), *r2 = dev_f32(r, (size_t)(m * xs));
+				struct llm_view v1 = { r1, LLM_DTYPE_F32, m, n, xs }, v2 = { r2, LLM_DTYPE_F32, m, n, xs };
+				llm_cuda_gemm_force(gpu, dts[d] == LLM_DTYPE_E4M3 ? cfg : -1);
+				if (gpu->ops->matmul(gpu, llm_view_f32(dy, m, n), llm_view_f32(da, m, k), &b.w)
+				    || gpu->ops->add(gpu, v1, llm_view_f32(dy, m, n))
+				    || gpu->ops->matmul_add(gpu, v2, llm_view_f32(da, m, k), &b.w) || gpu->ops->sync(gpu)) {
+					check_diag("matmul_add %s: %s", llm_dtype_name(dts[d]), llm_errmsg());
+					ok = 0;
+				} else {
+					host_of(h1, r1, (size_t)(m * xs));
+					host_of(h2, r2, (size_t)(m * xs));
+					int same = !memcmp(h1, h2, (size_t)(m * xs) * sizeof(float));
+					for (int64_t t = 0; t < m && same; t++)
+						for (int64_t c = n; c < xs; c++)
+							same &= llm_f32_bits(h2[t * xs + c]) == llm_f32_bits(r[t * xs + c]);
+					if (!same)
+						check_diag("matmul_add %s cfg %d M %lld: differs from matmul then add",
+						           llm_dtype_name(dts[d]), cfg, (long long)m);
+					ok &= same;
+				}
+				llm_cuda_gemm_force(gpu, -1);
+				gpu->ops->release(gpu, da);
+				gpu->ops->release(gpu, dy);
+				gpu->ops->release(gpu, r1);
+				gpu->ops->release(gpu, r2);
+				llm_cuda_weights_drop(gpu);
+				free(a), free(r), free(h1), free(h2);
+				free_weight(&b);
+				cases++;
+			}
+	}
+	check(ok, "cuda: %s (%d cases)", gpu_checks[22], cases);
+}
+
 /* One backend's side of the graph check: the model's cache, scratch and
  * device logits. */
 struct gside {
@@ -894,19 +953,30 @@ static void test_graphs(void)
 	char dir[1100];
 	if (!models) {
 		check_skip("no models in $LLM_TEST_MODELS", "cuda: %s", gpu_checks[21]);
+		check_skip("no models in $LLM_TEST_MODELS", "cuda: %s", gpu_checks[23]);
 		return;
 	}
 	snprintf(dir, sizeof dir, "%s/stories260K", models);
 	struct llm_model m;
 	if (llm_model_open(&m, dir)) {
 		check_skip("no stories260K", "cuda: %s (%s)", gpu_checks[21], llm_errmsg());
+		check_skip("no stories260K", "cuda: %s", gpu_checks[23]);
 		return;
 	}
-	struct gside gg, ge;       /* graphs on, graphs off */
-	int ok = gside_open(&gg, &m, 1) && gside_open(&ge, &m, 0), nv = m.cfg.n_vocab, same = 1, steps = 0;
+	/* graphs on; graphs off; graphs off and the ops table without
+	 * matmul_add (the forward then calls matmul and add) */
+	struct gside gg = { 0 }, ge = { 0 }, gn = { 0 };
+	static struct llm_backend_ops nofuse;
+	int ok = gside_open(&gg, &m, 1) && gside_open(&ge, &m, 0) && gside_open(&gn, &m, 0), nv = m.cfg.n_vocab;
+	int same = 1, steps = 0, fused = ok && ge.be->ops->matmul_add, fused_same = 1;
+	if (ok) {
+		nofuse = *gn.be->ops;
+		nofuse.matmul_add = NULL;
+		gn.be->ops = &nofuse;
+	}
 	int seq[3];
 	for (int i = 0; i < 3 && ok; i++)
-		ok = !llm_kv_seq_new(&gg.kv, &seq[i]) && !llm_kv_seq_new(&ge.kv, &seq[i]);
+		ok = !llm_kv_seq_new(&gg.kv, &seq[i]) && !llm_kv_seq_new(&ge.kv, &seq[i]) && !llm_kv_seq_new(&gn.kv, &seq[i]);
 	/* the prompts, one batch (not a decode step: run op by op on both) */
 	int32_t tok[15], pos[15], sq[15], last[3];
 	int8_t want[15];
@@ -917,12 +987,19 @@ static void test_graphs(void)
 		want[i] = i % 5 == 4;
 	}
 	float *hl = malloc((size_t)32 * nv * sizeof(float)), *he = malloc((size_t)32 * nv * sizeof(float));
+	float *hn = malloc((size_t)32 * nv * sizeof(float));
 	int n_out = 0;
 	struct llm_batch pb = { 15, tok, pos, sq, want, NULL };
 	ok = ok && !llm_model_forward(&m, gg.be, &gg.kv, &gg.s, &pb, gg.dlog, &n_out)
+	     && !llm_model_forward(&m, gn.be, &gn.kv, &gn.s, &pb, gn.dlog, &n_out)
 	     && !llm_model_forward(&m, ge.be, &ge.kv, &ge.s, &pb, ge.dlog, &n_out) && n_out == 3;
 	if (ok) {
 		host_of(he, ge.dlog, (size_t)3 * nv);
+		host_of(hn, gn.dlog, (size_t)3 * nv);
+		if (memcmp(hn, he, (size_t)3 * nv * sizeof(float))) {
+			check_diag("matmul_add: the prompts' logits differ from matmul then add");
+			fused_same = 0;
+		}
 		for (int i = 0; i < 3; i++)
 			last[i] = llm_argmax(he + (size_t)i * nv, nv);
 	}
@@ -942,6 +1019,7 @@ static void test_graphs(void)
 			want[i] = 1;
 		db.logits = want;
 		ok = !llm_model_forward(&m, gg.be, &gg.kv, &gg.s, &db, gg.dlog, &n_out) && n_out == n
+		     && !llm_model_forward(&m, gn.be, &gn.kv, &gn.s, &db, gn.dlog, &n_out) && n_out == n
 		     && !llm_model_forward(&m, ge.be, &ge.kv, &ge.s, &db, ge.dlog, &n_out) && n_out == n;
 		if (!ok) {
 			check_diag("graphs: step %d: %s", st, llm_errmsg());
@@ -954,6 +1032,12 @@ static void test_graphs(void)
 				check_diag("graphs: step %d (%d sequences): the logits differ from the op-by-op run", st, n);
 			same = 0;
 		}
+		host_of(hn, gn.dlog, (size_t)n * nv);
+		if (memcmp(hn, he, (size_t)n * nv * sizeof(float))) {
+			if (fused_same)
+				check_diag("matmul_add: step %d (%d sequences): the logits differ from matmul then add", st, n);
+			fused_same = 0;
+		}
 		for (int i = 0; i < n; i++)
 			last[i] = llm_argmax(he + (size_t)i * nv, nv);
 		steps++;
@@ -963,10 +1047,13 @@ static void test_graphs(void)
 		llm_cuda_graph_stats(gg.be, &cap, &rep, &redo);
 	check(ok && same && steps == 12 && cap == 2 && rep == 8 && redo == 0,
 	      "cuda: %s (%d steps; captured %ld, replayed %ld, run again %ld)", gpu_checks[21], steps, cap, rep, redo);
+	check(ok && fused && fused_same && steps == 12, "cuda: %s (%d decode steps)", gpu_checks[23], steps);
 	free(hl);
 	free(he);
+	free(hn);
 	gside_close(&gg);
 	gside_close(&ge);
+	gside_close(&gn);
 	llm_model_close(&m);
 }
 
@@ -1349,6 +1436,7 @@ int main(int argc, char **argv)
 	test_argmax();
 	test_sample();
 	test_rope_store();
+	test_matmul_add();
 	test_graphs();
 	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
 	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);

@@ -76,7 +76,7 @@ $(info cuda: $(if $(filter 1,$(CUDA)),yes ($(NVCC)),no))
 
 # NCCL (the CUDA toolkit's, or Debian's libnccl-dev) in CUDA builds: the
 # communicator of GPU ranks, common/comm_nccl.c (-DLLM_NCCL); make NCCL=0
-# leaves it out. --as-needed: only programs that use it load libnccl.
+# leaves it out.
 ifeq ($(CUDA),1)
 NCCL_H   ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
 NCCL     ?= $(if $(NCCL_H),1,0)
@@ -85,7 +85,11 @@ NCCL     := 0
 endif
 ifeq ($(NCCL),1)
 override CFLAGS += -DLLM_NCCL
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,--push-state,--as-needed -lnccl -Wl,--pop-state
+# comm_nccl.c goes into libllm_cuda.so (the backend's comm_open), so only
+# a program that loads the CUDA backend loads NCCL and the CUDA runtime
+LIB_SRC  := $(filter-out common/comm_nccl.c,$(LIB_SRC))
+CUDA_OBJ += $(B)/common/comm_nccl.o
+CUDA_LIBS += -lnccl
 endif
 $(info nccl: $(if $(filter 1,$(NCCL)),yes ($(NCCL_H)),no))
 
@@ -114,8 +118,9 @@ bin-link: $(TOOL_BINS)
 	@[ "$$(readlink bin 2>/dev/null)" = "$(B)/bin" ] || { ln -sfn $(B)/bin bin && echo "bin -> $(B)/bin"; }
 
 # Changed flags force a rebuild: objects depend on a file holding them
-# (CUDA builds: with the kernels' -fPIC of the shared library).
-FLAGS_LINE = $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)$(if $(CUDA_SO), kernels -fPIC)
+# (CUDA builds: with the kernels' -fPIC of the shared library, and
+# comm_nccl.c's where it joins them).
+FLAGS_LINE = $(CC) $(CFLAGS) $(NVCCFLAGS) $(CUDA) $(CUDA_ARCH)$(if $(CUDA_SO), kernels -fPIC)$(if $(filter 1,$(NCCL)), comm_nccl -fPIC)
 $(B)/flags: FORCE
 	@mkdir -p $(B)
 	@echo '$(FLAGS_LINE)' | cmp -s - $@ || echo '$(FLAGS_LINE)' > $@

@@ -23,7 +23,8 @@
 # alone and under mpirun -np 1);
 # compute-sanitizer memcheck and racecheck on test_cuda;
 # tests/cli/cuda.sh; greedy (stories260K --backend cuda against the
-# reference ids: the scheduler samples on the GPU there, only ids return); logits_smol and logits_8b (random FP8 checkpoints of the
+# reference ids: the scheduler samples on the GPU there, only ids return);
+# mpi_cuda (the same under mpirun -np 1 on a tp1 checkpoint); logits_smol and logits_8b (random FP8 checkpoints of the
 # SmolLM2-135M and Llama-3.1-8B shapes, CPU against CUDA: argmax agreement
 # and top-10 log-prob differences, tolerances in LOGIT_TOL below);
 # batch_invariance (a prompt's greedy ids alone and in batches of 2..64 on
@@ -284,6 +285,35 @@ for l in open(sys.argv[1]):
 	[ $be = cuda ] || skip "$(need_gpu; echo "$REASON"); the CPU half passed (--backend cpu equals the reference)"
 }
 
+# --backend cuda under mpirun: mpirun -np 1 on the tp1 x pp1 repartition of
+# stories260K, greedy ids against the reference (the dry run: its CPU half,
+# --backend cpu under the same mpirun)
+s_mpi_cuda() {
+	local m=$LLM_TEST_MODELS/stories260K ref=$LLM_TEST_REF/stories260K/greedy.jsonl rc be=cuda mpirun
+	[ -f "$m/model.safetensors" ] && [ -f "$ref" ] || { skip "no stories260K model or reference"; return; }
+	command -v mpirun >/dev/null 2>&1 || { skip "mpirun not found"; return; }
+	need_py || return
+	if [ -n "$NODEV" ] || [ "$BUILD_OK" != 1 ]; then
+		[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+		be=cpu
+	fi
+	"$PY" -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); print(json.dumps({"prompt_ids": r["prompt_ids"], "max_tokens": r["n"], "temperature": 0}))' \
+		"$ref" >"$WORK/mpi.jsonl"
+	rm -rf "$WORK/tp1"
+	"$(dirname "$GEN")/llm-repartition" -q "$m" "$WORK/tp1" --tp 1 --pp 1 >>"$LOG" 2>&1 ||
+		{ failed "llm-repartition --tp 1 --pp 1 failed"; return; }
+	mpirun="mpirun --oversubscribe"
+	[ "$(id -u)" = 0 ] && mpirun="$mpirun --allow-run-as-root"
+	tmo $mpirun -np 1 "$GEN" -m "$WORK/tp1" --backend $be --json --temp 0 --parallel 8 <"$WORK/mpi.jsonl" \
+		>"$WORK/mpi.$be" 2>>"$LOG"; rc=$?
+	if timed_out $rc; then failed "timed out after $TL s"; return; fi
+	[ $rc = 0 ] || { failed "mpirun -np 1 llm-generate --backend $be exit $rc: $(tail -n 1 "$LOG")"; return; }
+	check_py greedy "$ref" "$WORK/mpi.$be" || { failed "--backend $be under mpirun: ids differ from the reference: $EXTRA"; return; }
+	[ $be = cuda ] || skip "$(need_gpu; echo "$REASON"); the CPU half passed (mpirun -np 1 --backend cpu equals the reference)"
+}
+
 # the random checkpoints (made once, reused)
 SMOL=$WORK/smol L8B=$WORK/llama8b
 make_smol() {
@@ -465,6 +495,7 @@ step memcheck 100 s_memcheck
 step racecheck 100 s_racecheck
 step cuda_sh 90 s_cuda_sh
 step greedy 60 s_greedy
+step mpi_cuda 60 s_mpi_cuda
 step logits_smol 90 s_logits_smol
 step batch_invariance 90 s_batch_invariance
 step logits_8b 180 s_logits_8b

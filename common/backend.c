@@ -19,6 +19,7 @@
 #include "backend.h"
 
 #include "args.h"
+#include "comm.h"
 #include <stdlib.h>
 #include <string.h>
 #ifdef LLM_CUDA
@@ -37,6 +38,7 @@
  * here so that every program that can load it links them in. */
 __attribute__((used)) static const void *const cuda_imports[] = {
 	(const void *)llm_fail, (const void *)llm_fail_prefix, (const void *)llm_dtype_name, (const void *)llm_dtype_size,
+	(const void *)llm_comm_bcast, (const void *)llm_comm_world,
 };
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;

@@ -24,6 +24,7 @@
 struct llm_kv;
 struct llm_batch;
 struct llm_sample_row;
+struct llm_comm;
 
 enum llm_op {
 	LLM_OP_EMBED, LLM_OP_RMSNORM, LLM_OP_MATMUL, LLM_OP_ROPE,
@@ -164,6 +165,13 @@ struct llm_backend_ops {
 	 * thread after). Results do not change. The inference forward sets
 	 * it; no other caller needs to. */
 	void (*chain)(struct llm_backend *be, int on);
+	/* Optional (NULL: distributed runs exchange host memory, the CPU
+	 * backend's). A communicator over the ranks of BOOT (collective over
+	 * BOOT, which bootstraps it) whose operations take this backend's
+	 * memory: CUDA, NCCL on the backend's device (comm.h,
+	 * llm_comm_nccl_open). The caller frees it with llm_comm_free and
+	 * finishes the backend's queued work (sync) before each call. */
+	enum llm_status (*comm_open)(struct llm_backend *be, struct llm_comm *boot, struct llm_comm **out);
 	enum llm_status (*sync)(struct llm_backend *be);   /* NULL: always synchronous */
 };
 

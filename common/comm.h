@@ -137,7 +137,8 @@ extern const struct llm_comm_ops llm_comm_mpi_ops;        /* comm_mpi.c */
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv);
 #endif
 #ifdef LLM_NCCL
-/* common/comm_nccl.c (CUDA builds with NCCL): a NCCL communicator over the
+/* common/comm_nccl.c (CUDA builds with NCCL; linked into libllm_cuda.so,
+ * reached through the CUDA backend's comm_open): a NCCL communicator over the
  * ranks of BOOT (MPI under mpirun: rank 0's ncclUniqueId is broadcast over
  * it), or, with BOOT NULL, a one-rank communicator with its own id; on
  * CUDA device DEVICE. Every buffer its operations take is device memory

@@ -7,6 +7,8 @@
 #include "lora.h"
 #include "buf.h"
 #include "fileio.h"
+#include "args.h"
+#include "comm.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -123,6 +125,25 @@ int llm_weight_pages_parse(const char *s)
 	       : !strcmp(s, "huge") ? LLM_WEIGHTS_HUGE : -1;
 }
 
+/* The device of this rank for "--backend cuda" under mpirun: its rank
+ * among the ranks of its node (the launcher's variable: Open MPI, MPICH,
+ * Slurm; else the world rank) modulo the devices it sees, so the ranks of
+ * one node spread over its GPUs ("cuda:N" names one for every rank). */
+static int local_device(void)
+{
+	static const char *const vars[] = { "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID" };
+	int64_t r = -1;
+	for (size_t i = 0; i < sizeof vars / sizeof *vars && r < 0; i++) {
+		const char *v = getenv(vars[i]);
+		if (v && llm_parse_int(v, 0, 1 << 20, &r))
+			r = -1;
+	}
+	if (r < 0)
+		r = llm_comm_world() ? llm_comm_world()->rank : 0;
+	int n = llm_backend_cuda_devices();
+	return n > 0 ? (int)(r % n) : 0;
+}
+
 enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
                                 const struct llm_engine_opts *in)
 {
@@ -158,6 +179,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	struct llm_backend_opts bo = LLM_BACKEND_OPTS_DEFAULT;
 	bo.n_threads = e->o.n_threads;
 	bo.isa = e->o.isa;
+	if (e->world && !strcmp(e->o.backend, "cuda"))
+		bo.device = local_device();
 	if ((s = llm_backend_open(e->o.backend, &bo, &e->be)))
 		goto fail;
 	for (int i = 0; i < e->o.n_lora; i++) {
@@ -167,7 +190,7 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		    (s = llm_engine_lora_load(e, name, dir, NULL)))
 			goto fail;
 	}
-	if ((s = llm_model_check_backend(&e->model, e->be)))
+	if ((s = llm_model_check_backend(&e->model, e->be)) || (s = llm_model_dist_bind(&e->model, e->be)))
 		goto fail;
 	/* The CPU reads weights where they lie: 2 MiB pages make batched steps
 	 * about a tenth faster (SmolLM2-135M FP8, 16 sequences) for a copy at

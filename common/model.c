@@ -425,6 +425,11 @@ size_t llm_mem_available(void)
 void llm_model_close(struct llm_model *m)
 {
 	if (m->dist) {
+		if (m->dist->dtp)
+			llm_comm_free(m->dist->dtp);
+		if (m->dist->dpp)
+			llm_comm_free(m->dist->dpp);
+		free(m->dist->zero);
 		if (m->dist->grid.world)
 			llm_grid_free(&m->dist->grid);
 		free(m->dist->v0);
@@ -444,9 +449,9 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 	const struct llm_layer *L = &m->layers[m->layer_begin];
 	const struct llm_weight *ws[] = { &m->embed, &m->norm, &m->lm_head, &L->wq, &L->wk, &L->wv,
 	                                  &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->attn_norm };
-	if (m->dist && strcmp(be->ops->name, "cpu"))
-		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: distributed runs compute on the CPU backend "
-		                "(GPU ranks over NCCL are not implemented yet)", be->ops->name);
+	if (m->dist && strcmp(be->ops->name, "cpu") && !be->ops->comm_open)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: a distributed run on it needs its communicator "
+		                "(NCCL), which this build lacks: use --backend cpu, or build with NCCL", be->ops->name);
 	int lora = 0;
 	for (int i = 1; i <= m->n_lora; i++)
 		lora |= m->lora[i] != NULL;
@@ -464,6 +469,26 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 			return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: op %s on tensor '%s' (%s)",
 			                be->ops->name, llm_op_name(op), ws[i]->name, llm_dtype_name(ws[i]->dtype));
 	}
+	return LLM_OK;
+}
+
+enum llm_status llm_model_dist_bind(struct llm_model *m, struct llm_backend *be)
+{
+	struct llm_model_dist *d = m->dist;
+	if (!d || !be->ops->comm_open || d->dbe)
+		return LLM_OK;
+	d->zero = calloc((size_t)m->cfg.d_model, sizeof(float));
+	if (!d->zero)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
+	/* every rank opens both, size 1 or not, so that the collectives of
+	 * the bootstrap match on every rank */
+	enum llm_status st = be->ops->comm_open(be, d->grid.tp, &d->dtp);
+	if (st)
+		return llm_fail_prefix(st, "backend %s: the tensor-parallel group's communicator", be->ops->name);
+	st = be->ops->comm_open(be, d->grid.pp, &d->dpp);
+	if (st)
+		return llm_fail_prefix(st, "backend %s: the pipeline group's communicator", be->ops->name);
+	d->dbe = be;
 	return LLM_OK;
 }
 
@@ -540,15 +565,30 @@ void llm_scratch_free(struct llm_scratch *s)
 /* ---- forward ----------------------------------------------------------- */
 
 /* Distributed pieces (partition.h, "Forward on rank (p, t)"). Buffers are
- * host memory: distributed runs use the CPU backend. */
+ * the backend's memory: host memory through the grid's MPI communicators
+ * (the CPU backend), or device memory through the backend's own (d->dtp,
+ * d->dpp: NCCL), after the backend's queued work is done. */
+
+/* The communicator of the TP or PP group for the activations, the backend
+ * synchronized first where it has its own. */
+static enum llm_status act_comm(struct llm_model_dist *d, int pp, struct llm_comm **c)
+{
+	*c = pp ? d->grid.pp : d->grid.tp;
+	if (!d->dbe)
+		return LLM_OK;
+	*c = pp ? d->dpp : d->dtp;
+	return d->dbe->ops->sync ? d->dbe->ops->sync(d->dbe) : LLM_OK;
+}
 
 /* All-reduce(sum) of BUF (n) f32 over the TP group of this stage. */
 static enum llm_status tp_sum(struct llm_model_dist *d, float *buf, size_t n)
 {
+	struct llm_comm *c;
 	if (d->grid.n_tp == 1)
 		return LLM_OK;
 	d->stats.tp_allreduce += n * sizeof(float);
-	return llm_comm_allreduce_sum_f32(d->grid.tp, buf, n);
+	LLM_TRY(act_comm(d, 0, &c));
+	return llm_comm_allreduce_sum_f32(c, buf, n);
 }
 
 /* Stage 0 with T > 1: rows of tokens in this rank's vocabulary slice, zero
@@ -565,7 +605,11 @@ static enum llm_status embed_dist(struct llm_model *m, struct llm_backend *be, s
 	LLM_TRY(be->ops->embed(be, llm_view_f32(x, n, dm), s->tok_loc, &m->embed));
 	for (int64_t i = 0; i < n; i++) {
 		int64_t id = (int64_t)b->token[i] - m->vocab_begin;
-		if (id < 0 || id >= m->n_vocab_loc)
+		if (id >= 0 && id < m->n_vocab_loc)
+			continue;
+		if (d->dbe)             /* device memory: a row of zeros copied in */
+			LLM_TRY(be->ops->copy_in(be, x + i * dm, d->zero, (size_t)dm * sizeof(float)));
+		else
 			memset(x + i * dm, 0, (size_t)dm * sizeof(float));
 	}
 	return tp_sum(d, x, (size_t)(n * dm));
@@ -583,20 +627,25 @@ static enum llm_status stage_send(struct llm_model_dist *d, const float *x, int6
 	d->stats.boundary_sent += (uint64_t)len * sizeof(float);
 	d->stats.boundary_unfused += 2 * (uint64_t)len * sizeof(float);
 	d->stats.boundary_whole += (uint64_t)n_el * sizeof(float);
-	return llm_comm_send(d->grid.pp, x + a, (size_t)len * sizeof(float), d->grid.next, 1);
+	struct llm_comm *c;
+	LLM_TRY(act_comm(d, 1, &c));
+	return llm_comm_send(c, x + a, (size_t)len * sizeof(float), d->grid.next, 1);
 }
 
 static enum llm_status stage_recv(struct llm_model_dist *d, float *x, int64_t n_el)
 {
 	int T = d->grid.n_tp;
 	int64_t a, len;
+	struct llm_comm *c;
 	llm_part_range(n_el, T, d->grid.tp_rank, &a, &len);
-	LLM_TRY(llm_comm_recv(d->grid.pp, x + a, (size_t)len * sizeof(float), d->grid.prev, 1));
+	LLM_TRY(act_comm(d, 1, &c));
+	LLM_TRY(llm_comm_recv(c, x + a, (size_t)len * sizeof(float), d->grid.prev, 1));
 	d->stats.boundary_recvd += (uint64_t)len * sizeof(float);
 	if (T == 1)
 		return LLM_OK;
 	d->stats.tp_allgather += (uint64_t)len * sizeof(float);
-	return llm_comm_allgather_slices(d->grid.tp, x, n_el);   /* the same slices, in place */
+	LLM_TRY(act_comm(d, 0, &c));
+	return llm_comm_allgather_slices(c, x, n_el);   /* the same slices, in place */
 }
 
 /* Last stage: the logits slices (n_out, V_t) of the TP ranks go to world

@@ -54,6 +54,13 @@ struct llm_model_dist {
 	                               $LLM_PP_MICRO; each holds >= 32 tokens (model.c) */
 	int64_t *v0;                /* (tp + 1) vocabulary slice bounds of the TP ranks */
 	struct llm_dist_stats stats;
+	/* llm_model_dist_bind, on a backend with comm_open (CUDA: NCCL): the
+	 * TP all-reduce/all-gather and the stage boundary on its device
+	 * memory; NULL: host memory through grid.tp and grid.pp (MPI). The
+	 * step protocol, tokens and logits stay on the host, through MPI. */
+	struct llm_backend *dbe;
+	struct llm_comm *dtp, *dpp;
+	float *zero;                /* (d_model) host zeros: embed rows of other slices */
 };
 
 struct llm_model {
@@ -96,6 +103,12 @@ void llm_model_close(struct llm_model *m);
  * was partitioned for another number of ranks. llm_model_forward then runs this rank's share and
  * exchanges activations (partition.h); logits land on world rank 0 only. */
 enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct llm_comm *world);
+/* Distributed on a backend with comm_open (backend.h): open its
+ * communicators over the grid's TP and PP groups (collective over the
+ * world: every rank calls it), so that activations stay in its memory;
+ * nothing to do in a single process or on a backend without it (the CPU).
+ * llm_model_close frees them. */
+enum llm_status llm_model_dist_bind(struct llm_model *m, struct llm_backend *be);
 /* Copy every weight and scale this process uses out of the checkpoint's
  * file mapping into one anonymous mapping advised for transparent huge pages
  * (2 MiB pages: a batched CPU step streams every weight, and 4 KiB pages

@@ -31,6 +31,8 @@
  *   replacing weights drops every graph (they hold the old addresses).
  *   $LLM_CUDA_GRAPHS=0 turns graphs off.
  * matmul_add (backend.h) adds into the residual from the GEMM's epilogue.
+ * comm_open: the NCCL communicator of distributed GPU ranks (builds with
+ * NCCL: common/comm_nccl.c is linked into this library, not libllm.a).
  * Matmul: E4M3 weights through the fused FP8 GEMM with the configuration of
  * kernels/tune_table.h, BF16 weights through cublasGemmEx (bf16 x bf16,
  * f32 accumulation and output), F32/F16 through the generic kernel. */
@@ -40,6 +42,7 @@
 #include "llm_cuda.h"
 #include "cuda_kernels.h"
 #include "cuda_check.h"
+#include "comm.h"
 
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
@@ -1217,6 +1220,15 @@ void llm_cuda_graph_stats(struct llm_backend *be, long *captured, long *replayed
 	*redone = c->n_redo;
 }
 
+#ifdef LLM_NCCL
+/* comm_open (backend.h): NCCL over BOOT's ranks on this backend's device
+ * (common/comm_nccl.c, built into this library with it). */
+static enum llm_status cuda_comm_open(struct llm_backend *be, struct llm_comm *boot, struct llm_comm **out)
+{
+	return llm_comm_nccl_open(boot, cu(be)->dev, out);
+}
+#endif
+
 static enum llm_status cuda_sync(struct llm_backend *be)
 {
 	struct cuda_be *c = cu(be);
@@ -1361,5 +1373,8 @@ const struct llm_backend_ops llm_cuda_ops = {
 	.sample = cuda_sample,
 	.graph_begin = cuda_graph_begin,
 	.graph_end = cuda_graph_end,
+#ifdef LLM_NCCL
+	.comm_open = cuda_comm_open,
+#endif
 	.sync = cuda_sync,
 };

@@ -162,9 +162,6 @@ static int refuse_dist(void)
 		why = cfg.lora.n ? "--lora: a LoRA adapter on a distributed run is not supported: merge it (llm-finetune --merge) "
 		      "and partition that" : "--allow-runtime-lora: a LoRA adapter on a distributed run is not supported: "
 		      "merge it (llm-finetune --merge) and partition that";
-	else if (!strncmp(cfg.backend, "cuda", 4))
-		why = "--backend cuda: distributed runs compute on the CPU backend (GPU ranks over NCCL are not "
-		      "implemented yet)";
 	else if (cfg.plan)
 		why = "--plan: run it in one process, without mpirun";
 	else if (cfg.draft)

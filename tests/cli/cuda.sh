@@ -63,6 +63,7 @@ if [ -n "$reason" ]; then
 	skip "compute-sanitizer memcheck clean on test_cuda" "$reason"
 	skip "llm-generate --backend cuda: greedy tokens on stories260K equal the reference" "$reason"
 	skip "llm-generate --backend cuda and --backend cpu give the same greedy tokens" "$reason"
+	skip "mpirun -np 1 llm-generate --backend cuda on a tp1 checkpoint: greedy ids equal --backend cpu's" "$reason"
 	tap_done
 fi
 
@@ -79,6 +80,7 @@ fi
 if ! have_stories || [ ! -f "$REF" ]; then
 	skip "llm-generate --backend cuda: greedy tokens on stories260K equal the reference" "no stories260K model or reference"
 	skip "llm-generate --backend cuda and --backend cpu give the same greedy tokens" "no stories260K model"
+	skip "mpirun -np 1 llm-generate --backend cuda on a tp1 checkpoint: greedy ids equal --backend cpu's" "no stories260K model"
 	tap_done
 fi
 python3 - "$REF" "$T" <<'PY'
@@ -108,4 +110,19 @@ check "llm-generate --backend cuda: greedy tokens on stories260K equal the refer
 	grep -q "^bad 0 of" "$T/cmp"
 check "llm-generate --backend cuda and --backend cpu give the same greedy tokens" \
 	python3 -c 'import json,sys; a=[json.loads(l)["ids"] for l in open(sys.argv[1])]; b=[json.loads(l)["ids"] for l in open(sys.argv[2])]; sys.exit(a!=b)' "$T/cuda.jsonl" "$T/cpu.jsonl"
+
+# --backend cuda under mpirun (no longer refused): one rank on the tp1 x
+# pp1 repartition of stories260K, its greedy ids against the CPU's
+d="mpirun -np 1 llm-generate --backend cuda on a tp1 checkpoint: greedy ids equal --backend cpu's"
+if ! command -v mpirun >/dev/null 2>&1; then
+	skip "$d" "mpirun not found"
+elif ! llm-repartition -q "$M" "$T/tp1" --tp 1 --pp 1 2>"$T/rp.err"; then
+	notok "$d: llm-repartition --tp 1 --pp 1: $(head -n 1 "$T/rp.err")"
+else
+	MPIRUN="mpirun --oversubscribe"
+	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+	timeout 300 $MPIRUN -np 1 llm-generate -m "$T/tp1" --backend cuda --json --parallel 8 <"$T/ids.jsonl" \
+		>"$T/mpi.jsonl" 2>"$T/mpi.err"; rc=$?
+	check "$d (exit $rc$([ $rc = 0 ] || echo ": $(head -n 1 "$T/mpi.err")"))" sh -c "[ $rc = 0 ] && python3 -c 'import json,sys; a=[json.loads(l)[\"ids\"] for l in open(sys.argv[1])]; b=[json.loads(l)[\"ids\"] for l in open(sys.argv[2])]; sys.exit(not a or a!=b)' '$T/mpi.jsonl' '$T/cpu.jsonl'"
+fi
 tap_done

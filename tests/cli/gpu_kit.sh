@@ -4,7 +4,7 @@
 # this build, and each step must report in parseable JSON, none failed.
 . tests/lib/tap.sh
 T=$TMPD
-steps="build test_cuda nccl memcheck racecheck cuda_sh greedy logits_smol batch_invariance logits_8b startup decode gemm_bench gemm_sweep eval"
+steps="build test_cuda nccl memcheck racecheck cuda_sh greedy mpi_cuda logits_smol batch_invariance logits_8b startup decode gemm_bench gemm_sweep eval"
 LLM_BIN=$LLM_BIN bench/gpu.sh "$T/out" --dry-run >"$T/stdout" 2>"$T/stderr"; rc=$?
 check "bench/gpu.sh --dry-run exits 0 (exit $rc: $(grep -m1 '^FAIL' "$T/stdout"))" [ "$rc" = 0 ]
 sed 's/^/#   /' "$T/stdout"
@@ -32,7 +32,7 @@ d = json.load(open(sys.argv[1]))
 assert d["dry_run"] is True and d["device"] == "none" and d["commit"] and d["failed"] == 0, d
 assert list(d["steps"]) == sys.argv[2].split(), d["steps"]
 PY
-check "the last stdout line is the summary" grep -q '^# summary: 0 passed, 0 failed, 15 skipped' "$T/stdout"
+check "the last stdout line is the summary" grep -q '^# summary: 0 passed, 0 failed, 16 skipped' "$T/stdout"
 check_fails "bench/gpu.sh without OUTDIR is a usage error (exit 2)" 2 bench/gpu.sh --quick
 check_fails "bench/gpu.sh with an unknown option is a usage error (exit 2)" 2 bench/gpu.sh "$T/x" --fast
 # the comparisons themselves fail when they should

@@ -159,7 +159,15 @@ refused() {
 	else notok "$d: exit $rc (want $want), $n llm-serve lines"; sed 's/^/#   /' "$T/f.err" | head -5; fi
 }
 refused "--lora under mpirun is refused" "^llm-serve: --lora: .*not supported" 2 -m "$T/s21" --lora "$T/nope"
-refused "--backend cuda under mpirun is refused" "^llm-serve: --backend cuda: distributed runs compute on the CPU" 2 \
-	-m "$T/s21" --backend cuda
+# --backend cuda is no longer refused under mpirun: without CUDA support or
+# a device every rank's engine fails at the backend, each rank in one line
+if [ "$(llm-generate -m "$S" --backend cuda -p x -n 1 2>&1 >/dev/null | grep -c "built without CUDA\|no CUDA device")" = 1 ]; then
+	timeout 120 $MPIRUN -np 2 llm-serve -m "$T/s21" --backend cuda --port 0 >/dev/null 2>"$T/f.err"; rc=$?
+	n=$(grep -c '^llm-serve: rank [01] of 2: backend .cuda' "$T/f.err")
+	check "--backend cuda under mpirun without CUDA support or a device fails at the backend (exit $rc, $n rank lines)" \
+		[ "$rc" = 1 -a "$n" -ge 1 ]
+else
+	skip "--backend cuda under mpirun without CUDA support or a device fails at the backend" "a CUDA device is here"
+fi
 refused "an unpartitioned checkpoint under mpirun is refused" "needs a checkpoint partitioned by llm-repartition" 1 -m "$S"
 tap_done

@@ -19,7 +19,7 @@
  *   16 (AVX-512) or 8 (AVX2) column chunks and reduce the lanes at the end.
  * - Batch invariance: y[t, r] goes through exactly the same operations in
  *   the same order whatever the tile it is computed in (tiles of 1..4 tokens
- *   and 1..4 rows; AVX2: 1..8 tokens for a decode, and for a prompt of 16+
+ *   and 1..4 rows; AVX2: 1..8 tokens for a decode, and for a prompt of 9+
  *   tokens 4 tokens x 3 rows over a panel of rows converted once, the
  *   columns in blocks whose accumulators are stored and reloaded exactly),
  *   so it does not depend on n_tok, the other tokens or the thread that
@@ -588,7 +588,7 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
  * its bits do not depend on this path being taken. Only for whole 8-column
  * chunks (cols and E4M3 block columns multiples of 8), where tile_256 has no
  * masked tail. */
-#define PP_MIN_TOK 16
+#define PP_MIN_TOK 9                /* more tokens than a decode tile of 8 */
 #define PP_NR 3
 #define PP_NT 4
 #define PANEL_FLOATS 32768          /* 128 KiB: 56 rows of 576 columns */

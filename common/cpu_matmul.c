@@ -682,7 +682,8 @@ static int pp_fits(const struct llm_weight *w, int64_t n_tok)
 	       (w->dtype != LLM_DTYPE_E4M3 || w->block_cols % 8 == 0);
 }
 
-T256 static void matmul_avx2_pp(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
+/* not inlined: a decode would otherwise set up (and probe) its 140 KiB frame */
+T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
                                 const struct llm_weight *w, int64_t r0, int64_t r1)
 {
 	_Alignas(32) float panel[PANEL_FLOATS];                 /* (mb, n) f32 */

@@ -19,8 +19,11 @@
  *   16 (AVX-512) or 8 (AVX2) column chunks and reduce the lanes at the end.
  * - Batch invariance: y[t, r] goes through exactly the same operations in
  *   the same order whatever the tile it is computed in (tiles of 1..4 tokens
- *   and 1..4 rows), so it does not depend on n_tok, the other tokens or the
- *   thread that computes it. */
+ *   and 1..4 rows; AVX2: 1..8 tokens for a decode, and for a prompt of 9+
+ *   tokens 4 tokens x 3 rows over a panel of rows converted once, the
+ *   columns in blocks whose accumulators are stored and reloaded exactly),
+ *   so it does not depend on n_tok, the other tokens or the thread that
+ *   computes it. */
 #include "backend.h"
 
 #include <math.h>
@@ -570,13 +573,159 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
 	}
 }
 
+/* ---- AVX2 prefill: many tokens ------------------------------------------
+ * A prompt of n_tok >= PP_MIN_TOK tokens: the rows of a row block are
+ * converted once (E4M3, BF16, F16 -> f32, E4M3 times its block scale: the
+ * very wload_256 * sc values of tile_256) into a panel on the thread's stack
+ * (F32 weights are their own panel), then every token passes over the panel
+ * in tiles of PP_NT tokens x PP_NR rows: 12 accumulators in registers, per
+ * 8 columns PP_NR panel loads and PP_NT x loads for 12 FMAs, no conversion.
+ * Columns go in blocks of at most KC_MAX, so a token tile's x stays in L1
+ * while the row tiles stream the panel from L2; between column blocks the
+ * accumulators wait in a small scratch (an exact f32 store and reload).
+ * Each output still sees acc = 0, acc = fma(x[c..c+8), w[c..c+8), acc) for
+ * c = 0, 8, 16, ... in order, then hsum_256: the operations of tile_256, so
+ * its bits do not depend on this path being taken. Only for whole 8-column
+ * chunks (cols and E4M3 block columns multiples of 8), where tile_256 has no
+ * masked tail. */
+#define PP_MIN_TOK 9                /* more tokens than a decode tile of 8 */
+#define PP_NR 3
+#define PP_NT 4
+#define PANEL_FLOATS 32768          /* 128 KiB: 56 rows of 576 columns */
+#define PP_MB_MAX 96                /* rows of a panel (the scratch's size) */
+#define KC_MAX 768                  /* a 4-token x tile of 12 KiB */
+
+T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t xs,
+                                 const float *p, int64_t ps, int64_t c0, int64_t c1,
+                                 float *acc_save, int first, int last, int nt, int nr)
+{
+	/* acc_save: (nr, nt, 8) f32, this tile's accumulators between column blocks */
+	__m256 acc[PP_NR][PP_NT];
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc_save + (i * nt + t) * 8);
+	}
+	for (int64_t c = c0; c < c1; c += 8) {
+		__m256 wv[PP_NR];
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			wv[i] = _mm256_loadu_ps(p + i * ps + c);   /* F32 weights: their own, unaligned panel */
+		UNROLL
+		for (int t = 0; t < nt; t++) {
+			__m256 xv = _mm256_loadu_ps(x + t * xs + c);
+			UNROLL
+			for (int i = 0; i < nr; i++)
+				acc[i][t] = _mm256_fmadd_ps(xv, wv[i], acc[i][t]);
+		}
+	}
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
+		for (int t = 0; t < nt; t++) {
+			if (last)
+				y[t * ys + i] = hsum_256(acc[i][t]);
+			else
+				_mm256_store_ps(acc_save + (i * nt + t) * 8, acc[i][t]);
+		}
+	}
+}
+
+T256 static void pp_tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs,
+                                      const float *p, int64_t ps, int64_t c0, int64_t c1,
+                                      float *acc_save, int first, int last, int nt, int nr)
+{
+#define PP_CASE(T, R) case T * 8 + R:                                                       \
+	pp_tile_256(y, ys, x, xs, p, ps, c0, c1, acc_save, first, last, T, R); break;
+	switch (nt * 8 + nr) {
+	PP_CASE(4, 3) PP_CASE(4, 2) PP_CASE(4, 1)
+	PP_CASE(3, 3) PP_CASE(3, 2) PP_CASE(3, 1)
+	PP_CASE(2, 3) PP_CASE(2, 2) PP_CASE(2, 1)
+	PP_CASE(1, 3) PP_CASE(1, 2)
+	default: pp_tile_256(y, ys, x, xs, p, ps, c0, c1, acc_save, first, last, 1, 1); break;
+	}
+#undef PP_CASE
+}
+
+/* Rows [r, r + nr) of W as f32 into p (nr, cols): the values tile_256 feeds
+ * its FMAs (whole 8-column chunks only, see above). */
+T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr)
+{
+	int64_t n = w->cols;
+	enum llm_dtype dt = w->dtype;
+	int fp8 = dt == LLM_DTYPE_E4M3;
+	int64_t bk = fp8 ? w->block_cols : n;
+	for (int64_t i = 0; i < nr; i++) {
+		const float *srow = fp8 ? w->scale + ((r + i) / w->block_rows) * w->scale_cols : NULL;
+		float *pr = p + i * n;
+		for (int64_t c0 = 0; c0 < n; c0 += bk) {
+			int64_t ce = c0 + bk < n ? c0 + bk : n;
+			if (fp8) {
+				__m256 sc = _mm256_set1_ps(srow[c0 / bk] * 256.0f);
+				for (int64_t c = c0; c < ce; c += 8)
+					_mm256_store_ps(pr + c, _mm256_mul_ps(wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8), sc));
+			} else if (dt == LLM_DTYPE_BF16) {
+				for (int64_t c = c0; c < ce; c += 8)
+					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_BF16, r + i, c, 8));
+			} else {
+				for (int64_t c = c0; c < ce; c += 8)
+					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_F16, r + i, c, 8));
+			}
+		}
+	}
+}
+
+static int pp_fits(const struct llm_weight *w, int64_t n_tok)
+{
+	return n_tok >= PP_MIN_TOK && w->cols % 8 == 0 && w->cols <= PANEL_FLOATS &&
+	       (w->dtype != LLM_DTYPE_E4M3 || w->block_cols % 8 == 0);
+}
+
+/* not inlined: a decode would otherwise set up (and probe) its 140 KiB frame */
+T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
+                                const struct llm_weight *w, int64_t r0, int64_t r1)
+{
+	_Alignas(32) float panel[PANEL_FLOATS];                 /* (mb, n) f32 */
+	_Alignas(32) float acc_save[PP_MB_MAX * PP_NT * 8];     /* (mb, PP_NT, 8) f32 */
+	int64_t n = w->cols;
+	int64_t mb = PANEL_FLOATS / n < PP_MB_MAX ? PANEL_FLOATS / n : PP_MB_MAX;
+	mb = mb >= PP_NR ? mb / PP_NR * PP_NR : mb;
+	int64_t nkb = (n + KC_MAX - 1) / KC_MAX, kc = (n / 8 + nkb - 1) / nkb * 8;
+	for (int64_t rb = r0; rb < r1; rb += mb) {
+		int64_t re = rb + mb < r1 ? rb + mb : r1;
+		const float *p = panel;
+		if (w->dtype == LLM_DTYPE_F32)
+			p = (const float *)w->data + (size_t)rb * (size_t)n;
+		else
+			pp_panel_256(panel, w, rb, re - rb);
+		for (int64_t t = 0; t < n_tok; t += PP_NT) {
+			int nt = n_tok - t < PP_NT ? (int)(n_tok - t) : PP_NT;
+			for (int64_t c0 = 0; c0 < n; c0 += kc) {
+				int64_t c1 = c0 + kc < n ? c0 + kc : n;
+				for (int64_t r = rb; r < re; r += PP_NR) {
+					int nr = re - r < PP_NR ? (int)(re - r) : PP_NR;
+					pp_tile_256_dispatch(y + t * ys + r, ys, x + t * xs, xs, p + (r - rb) * n, n,
+					                     c0, c1, acc_save + (r - rb) * PP_NT * 8, c0 == 0, c1 == n,
+					                     nt, nr);
+				}
+			}
+		}
+	}
+}
+
 /* AVX2 has 16 registers: token tiles of up to 8 (5 to 8 tokens one row,
  * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most, one weight
  * conversion per 8 FMAs at 8 tokens), so a step of up to 8 tokens reads
- * the weights once. */
+ * the weights once; a prompt of PP_MIN_TOK tokens or more takes the panel
+ * path above (the same bits). */
 T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
                              const struct llm_weight *w, int64_t r0, int64_t r1)
 {
+	if (pp_fits(w, n_tok)) {
+		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1);
+		return;
+	}
 	for (int64_t rb = r0; rb < r1; rb += RB) {
 		int64_t re = rb + RB < r1 ? rb + RB : r1;
 		for (int64_t t = 0; t < n_tok; ) {

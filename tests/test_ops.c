@@ -31,8 +31,9 @@
  *   the avx512bf16 matmul of that BF16 matrix bit for bit.
  * - crafted inputs whose products and sums are exact (small integers,
  *   power-of-two scales): every level must agree bit for bit.
- * - batch invariance: a row computed alone, in a batch of 7, or in a
- *   thread's row range gives the same bits on every level.
+ * - batch invariance: a row computed alone, in a batch of 7 or a prompt
+ *   of 37 tokens, or in a thread's row range gives the same bits on every
+ *   level.
  * - attention through the backend: scores use the SIMD dot (same bound,
  *   n = d_head), softmax and the weighted sum are scalar: rtol 1e-5. */
 #define _GNU_SOURCE
@@ -227,6 +228,33 @@ static void matmul_exact(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, in
 	free_weight(&b);
 }
 
+/* A prompt: 37 tokens x 1000 columns (the AVX2 prefill path: row panels,
+ * 4-token tiles and a 1-token tail, two column blocks) give the bits of each
+ * token computed alone (the decode tiles), also in split row ranges. */
+static void matmul_prefill(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
+{
+	int64_t rows = 70, cols = 1000;
+	int n_tok = 37;
+	struct wbuf b;
+	make_weight(&b, dt, rows, cols, br, bc, 0);
+	float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
+	float *got = malloc((size_t)(n_tok * rows) * sizeof(float));
+	float *one = malloc((size_t)(n_tok * rows) * sizeof(float));
+	for (int64_t i = 0; i < n_tok * cols; i++)
+		x[i] = frand();
+	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 0, 31);
+	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 31, rows);
+	for (int t = 0; t < n_tok; t++)
+		llm_cpu_matmul_rows(isa, one + t * rows, rows, x + t * cols, cols, 1, &b.w, 0, rows);
+	check(!memcmp(one, got, (size_t)(n_tok * rows) * sizeof(float)),
+	      "matmul %s %s %lldx%lld, a prompt of %d tokens in split row ranges: the bits of each token alone",
+	      llm_cpu_isa_name(isa), wname(dt, br, bc), (long long)rows, (long long)cols, n_tok);
+	free(x);
+	free(got);
+	free(one);
+	free_weight(&b);
+}
+
 /* Every E4M3 code through the SIMD decode: W (1, 256) = codes 0..255 with
  * scale 2^-3, x one-hot: y = table[code] / 8 exactly. */
 static void e4m3_codes(enum llm_cpu_isa isa)
@@ -317,6 +345,7 @@ static void test_matmul(enum llm_cpu_isa best)
 			for (size_t s = 0; s < sizeof shape / sizeof *shape; s++)
 				matmul_case(isa, w[k].dt, shape[s][0], shape[s][1], w[k].br, w[k].bc);
 			matmul_exact(isa, w[k].dt, w[k].br, w[k].bc);
+			matmul_prefill(isa, w[k].dt, w[k].br, w[k].bc);
 		}
 		/* more than 128 scale blocks in a row (the kernels keep the tables
 		 * of 128), in the bf16 copy (n <= 8192) and in registers */

@@ -983,22 +983,27 @@ static int plan_step(struct llm_sched *s, int *n_rows)
 			s->pf[k] = s->pf[k - 1];
 		s->pf[k] = r;
 	}
-	/* A chunk's tokens are weighted by their context (chunk_take), so a
-	 * step deep into a long prompt costs about what one at its start does:
-	 * without it, at budget 32 on SmolLM2-135M, steps went from 27 ms to
-	 * 98 ms over a 2048-token prompt and the decodes sharing them saw it. */
-	double used = n;
+	/* When the step carries decodes, a chunk's tokens are weighted by
+	 * their context (chunk_take), so a step deep into a long prompt costs
+	 * about what one at its start does: without it, at budget 32 on
+	 * SmolLM2-135M, steps went from 27 ms to 98 ms over a 2048-token prompt
+	 * and the decodes sharing them saw it. A step of prompt chunks alone
+	 * keeps no one's inter-token latency, so it takes the whole budget in
+	 * tokens: weighted, a 64K-deep chunk shrank to 3 or 4 tokens, and each
+	 * K/V block read by attention served 3 or 4 query rows instead of 32
+	 * (a one-prompt prefill's attention grew 6.1x from 16K to 64K). */
+	double used = n, k = n > 0 ? s->ctx_cost : INFINITY;
 	for (int i = 0; i < n_pf && n < budget && used < budget; i++) {
 		struct sreq *r = s->pf[i];
 		if (r->state != SREQ_RUNNING)
 			continue;            /* preempted to make room for an earlier one */
 		int left = feed_end(r) - r->n_cached, take = left < budget - n ? left : budget - n;
-		take = chunk_take(r->n_cached, take, budget - used, s->ctx_cost);
+		take = chunk_take(r->n_cached, take, budget - used, k);
 		take = rows_fit(r, take, s->max_rows - rows);
 		if (take > 0)
 			take = reserve(s, r, take);
 		if (take > 0) {
-			used += chunk_cost(r->n_cached, take, s->ctx_cost);
+			used += chunk_cost(r->n_cached, take, k);
 			put(s, r, take, &n, &rows);
 		}
 	}

@@ -427,10 +427,10 @@ int main(void)
 		      long_waiting ? "yes" : "no");
 		drain(s, 1000, 32, &over);
 		llm_sched_close(s);
-		/* the long prompt alone, for its output; its chunks, weighted by
-		 * context (1 + c / K, K from the config as scheduler.c derives it),
-		 * each cost at most the budget, and shrink as the context grows */
-		int chunk[64], n_chunk = 0, sum = 0, costly = 0;
+		/* the long prompt alone, for its output: with no decode in its
+		 * steps nothing is weighted, every chunk but the last takes the
+		 * whole budget of 32 */
+		int chunk[64] = { 0 }, n_chunk = 0, sum = 0, costly = 0, full = 1;
 		if (llm_sched_open(&s, e, &fo) == LLM_OK) {
 			struct llm_request lr2 = { .prompt = longp, .n_prompt = nl, .params = greedy(8), .on_token = on_token, .user = &alone };
 			llm_sched_add(s, &lr2, NULL);
@@ -441,21 +441,55 @@ int main(void)
 			drain(s, 1000, 32, &over);
 			llm_sched_close(s);
 		}
+		for (int i = 0; i < n_chunk; i++) {
+			full &= i == n_chunk - 1 || chunk[i] == 32;
+			sum += chunk[i];
+		}
+		check(n_chunk >= 3 && sum == nl && full, "a %d-token prompt alone at budget 32: chunks %d, %d, ... %d, "
+		      "the whole budget in tokens (no decode shares its steps)", nl, chunk[0],
+		      n_chunk > 1 ? chunk[1] : 0, chunk[n_chunk - 1]);
+		/* beside a decoding request, its chunks are weighted by context
+		 * (1 + c / K, K from the config as scheduler.c derives it): each
+		 * costs at most what the decode leaves of the budget, and they
+		 * shrink as the context grows; the outputs do not change */
+		struct out dec = { 0 }, lo3 = { 0 };
+		int n_mixed = 0, pos = 0, grows = 0, prev = 0;
 		const struct llm_config *cf = &llm_engine_model(e)->cfg;
 		double dq = (double)cf->n_head * cf->d_head, dkv = (double)cf->n_kv_head * cf->d_head;
 		double K = ((double)cf->d_model * (dq + 2 * dkv) + dq * cf->d_model + 3.0 * cf->d_model * cf->d_ff)
 		           / (4.0 * 2.0 * dq);
-		int grows = 0;
-		for (int i = 0; i < n_chunk; i++) {
-			double c = sum, t = chunk[i];
-			costly += chunk[i] > 1 && t + (t * c + t * (t - 1) / 2) / K > 32.0 + 1e-9;
-			grows += i > 0 && i < n_chunk - 1 && chunk[i] > chunk[i - 1];
-			sum += chunk[i];
+		int first = 0, last = 0;
+		if (llm_sched_open(&s, e, &fo) == LLM_OK) {
+			struct llm_request dr = { .prompt = prompts[1], .n_prompt = n_prompt[1], .params = greedy(24),
+			                          .on_token = on_token, .user = &dec };
+			struct llm_request lr3 = { .prompt = longp, .n_prompt = nl, .params = greedy(8), .on_token = on_token, .user = &lo3 };
+			dr.params.ignore_eos = 1;
+			llm_sched_add(s, &dr, NULL);
+			while (dec.events == 0 && !llm_sched_step(s, NULL))
+				;
+			llm_sched_add(s, &lr3, NULL);
+			while (lo3.events == 0 && !dec.finish && n_mixed < 200 && !llm_sched_step(s, NULL)) {
+				llm_sched_stats(s, &st);
+				int t = st.last_step_tokens - 1;   /* the decode's token, then the chunk */
+				if (t < 1 || pos >= nl)
+					break;
+				double c = pos, tt = t;
+				costly += t > 1 && tt + (tt * c + tt * (tt - 1) / 2) / K > 31.0 + 1e-9;
+				grows += n_mixed > 0 && pos + t < nl && t > prev;
+				first = n_mixed ? first : t;
+				last = t;
+				prev = t;
+				pos += t;
+				n_mixed++;
+			}
+			drain(s, 1000, 32, &over);
+			llm_sched_close(s);
 		}
-		check(n_chunk >= 3 && sum == nl && chunk[n_chunk - 2] < chunk[0] && !grows && !costly,
-		      "a %d-token prompt at budget 32 (K = %.1f positions): chunks %d, %d, ... %d, %d, each "
-		      "within the budget weighted by context", nl, K, chunk[0], n_chunk > 1 ? chunk[1] : 0,
-		      n_chunk > 1 ? chunk[n_chunk - 2] : 0, chunk[n_chunk - 1]);
+		check(n_mixed >= 3 && pos == nl && !costly && !grows && last < first,
+		      "a %d-token prompt beside a decode at budget 32 (K = %.1f positions): chunks %d ... %d over "
+		      "%d steps, each within the budget weighted by context", nl, K, first, last, n_mixed);
+		check(lo3.n == 8 && !memcmp(lo3.ids, alone.ids, sizeof(int32_t) * 8),
+		      "the long prompt's output is the same beside the decode");
 		check(lo.n == 8 && alone.n == 8 && !memcmp(lo.ids, alone.ids, sizeof(int32_t) * 8),
 		      "the long prompt's output is the same with the short one going first");
 	}

@@ -432,9 +432,40 @@ T256 static INL __m256i mask8_256(int64_t left)
 	return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_loadu_si256((const __m256i *)ramp));
 }
 
+/* 8 E4M3 codes -> f32, exactly, two ways. WIDE: code * 2^-120 in three
+ * operations: sign-extend to 32 bits, shift the exponent and mantissa into
+ * place under f32's exponent field, clear the sign's copies above them (bit
+ * 31 keeps one); a subnormal code becomes an f32 subnormal, exact too.
+ * Otherwise code * 2^-8 through F16 (as the AVX-512 level does). The power
+ * of two goes into the block scale (e4m3_scale_256): code * scale is then
+ * rounded once either way, the same f32. WIDE needs scale * 2^120 finite,
+ * so a block whose scale is 256 or more (amax over 114688: no quantizer
+ * makes one) takes the F16 way. */
+T256 static INL __m256 e4m3x8_256(__m128i c, const int wide)
+{
+	if (wide) {
+		__m256i v = _mm256_slli_epi32(_mm256_cvtepi8_epi32(c), 20);
+		return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0x87f00000u)));
+	}
+	__m128i h = _mm_cvtepi8_epi16(c);
+	h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xbfff));
+	return _mm256_cvtph_ps(h);
+}
+
+static inline int e4m3_wide(float s)
+{
+	return fabsf(s) < 256.0f;
+}
+
+static inline float e4m3_scale_256(float s, int wide)
+{
+	return s * (wide ? 0x1p120f : 256.0f);
+}
+
 /* The last partial chunk of a row is copied to a zero-padded buffer first,
- * so no load reads past the tensor. */
-T256 static INL __m256 wload_256(const struct llm_weight *w, enum llm_dtype dt, int64_t r, int64_t c, int64_t left)
+ * so no load reads past the tensor. WIDE: the E4M3 conversion (above). */
+T256 static INL __m256 wload_256(const struct llm_weight *w, enum llm_dtype dt, int64_t r, int64_t c, int64_t left,
+                                 const int wide)
 {
 	size_t i = (size_t)r * (size_t)w->cols + (size_t)c;
 	int k = left >= 8 ? 8 : (int)left;
@@ -468,9 +499,7 @@ T256 static INL __m256 wload_256(const struct llm_weight *w, enum llm_dtype dt, 
 				buf[j] = ((const uint8_t *)w->data)[i + (size_t)j];
 			cv = _mm_loadu_si128((const __m128i *)buf);
 		}
-		__m128i h = _mm_cvtepi8_epi16(cv);
-		h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xbfff));
-		return _mm256_cvtph_ps(h);
+		return e4m3x8_256(cv, wide);
 	}
 	}
 }
@@ -481,6 +510,46 @@ T256 static INL float hsum_256(__m256 v)
 	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
 	s = _mm_add_ss(s, _mm_movehdup_ps(s));
 	return _mm_cvtss_f32(s);
+}
+
+/* Columns [c0, ce) of one column block into the accumulators: SC the
+ * rows' block scales as e4m3_scale_256 made them (1 for other dtypes).
+ * One prefetch a 64-byte line of the next tile's rows. */
+T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, const int nt, const int nr,
+                               const struct llm_weight *w, int64_t r, const enum llm_dtype dt, int64_t c0,
+                               int64_t ce, const __m256 sc[4], const int wide)
+{
+	int fp8 = dt == LLM_DTYPE_E4M3;
+	int64_t n = w->cols;
+	size_t esz = llm_dtype_size(dt);
+	int64_t c = c0;
+	for (; c + 8 <= ce; c += 8) {   /* x is read from L1 by each FMA: 8 tokens leave no registers for it */
+		int pf = ((size_t)c * esz & 63) == 0;
+		UNROLL
+		for (int i = 0; i < nr; i++) {
+			if (pf)
+				_mm_prefetch((const char *)w->data + ((size_t)(r + nr + i) * (size_t)n + (size_t)c) * esz,
+				             _MM_HINT_T0);
+			__m256 wv = wload_256(w, dt, r + i, c, 8, wide);
+			if (fp8)
+				wv = _mm256_mul_ps(wv, sc[i]);
+			UNROLL
+			for (int t = 0; t < nt; t++)
+				acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(x + t * xs + c), wv, acc[i][t]);
+		}
+	}
+	if (c < ce) {                   /* the block's last, partial chunk */
+		__m256i m = mask8_256(ce - c);
+		UNROLL
+		for (int i = 0; i < nr; i++) {
+			__m256 wv = wload_256(w, dt, r + i, c, ce - c, wide);
+			if (fp8)
+				wv = _mm256_mul_ps(wv, sc[i]);
+			UNROLL
+			for (int t = 0; t < nt; t++)
+				acc[i][t] = _mm256_fmadd_ps(_mm256_maskload_ps(x + t * xs + c, m), wv, acc[i][t]);
+		}
+	}
 }
 
 T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
@@ -496,7 +565,6 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 	int64_t n = w->cols;
 	int fp8 = dt == LLM_DTYPE_E4M3;
 	int64_t bk = fp8 ? w->block_cols : n;
-	size_t esz = llm_dtype_size(dt);
 	const float *srow[4] = { 0 };
 	UNROLL
 	for (int i = 0; i < nr; i++)
@@ -504,35 +572,17 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 	for (int64_t c0 = 0; c0 < n; c0 += bk) {
 		int64_t ce = c0 + bk < n ? c0 + bk : n;
 		__m256 sc[4];
+		int wide = 1;
 		UNROLL
 		for (int i = 0; i < nr; i++)
-			sc[i] = _mm256_set1_ps(fp8 ? srow[i][c0 / bk] * 256.0f : 1.0f);
-		int64_t c = c0;
-		for (; c + 8 <= ce; c += 8) {   /* x is read from L1 by each FMA: 8 tokens leave no registers for it */
-			UNROLL
-			for (int i = 0; i < nr; i++) {
-				_mm_prefetch((const char *)w->data + ((size_t)(r + nr + i) * (size_t)n + (size_t)c) * esz,
-				             _MM_HINT_T0);
-				__m256 wv = wload_256(w, dt, r + i, c, 8);
-				if (fp8)
-					wv = _mm256_mul_ps(wv, sc[i]);
-				UNROLL
-				for (int t = 0; t < nt; t++)
-					acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(x + t * xs + c), wv, acc[i][t]);
-			}
-		}
-		if (c < ce) {                   /* the block's last, partial chunk */
-			__m256i m = mask8_256(ce - c);
-			UNROLL
-			for (int i = 0; i < nr; i++) {
-				__m256 wv = wload_256(w, dt, r + i, c, ce - c);
-				if (fp8)
-					wv = _mm256_mul_ps(wv, sc[i]);
-				UNROLL
-				for (int t = 0; t < nt; t++)
-					acc[i][t] = _mm256_fmadd_ps(_mm256_maskload_ps(x + t * xs + c, m), wv, acc[i][t]);
-			}
-		}
+			wide &= !fp8 || e4m3_wide(srow[i][c0 / bk]);
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			sc[i] = _mm256_set1_ps(fp8 ? e4m3_scale_256(srow[i][c0 / bk], wide) : 1.0f);
+		if (wide)
+			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 1);
+		else
+			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 0);
 	}
 	UNROLL
 	for (int i = 0; i < nr; i++) {
@@ -662,15 +712,20 @@ T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, i
 		for (int64_t c0 = 0; c0 < n; c0 += bk) {
 			int64_t ce = c0 + bk < n ? c0 + bk : n;
 			if (fp8) {
-				__m256 sc = _mm256_set1_ps(srow[c0 / bk] * 256.0f);
-				for (int64_t c = c0; c < ce; c += 8)
-					_mm256_store_ps(pr + c, _mm256_mul_ps(wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8), sc));
+				int wide = e4m3_wide(srow[c0 / bk]);
+				__m256 sc = _mm256_set1_ps(e4m3_scale_256(srow[c0 / bk], wide));
+				if (wide)
+					for (int64_t c = c0; c < ce; c += 8)
+						_mm256_store_ps(pr + c, _mm256_mul_ps(wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8, 1), sc));
+				else
+					for (int64_t c = c0; c < ce; c += 8)
+						_mm256_store_ps(pr + c, _mm256_mul_ps(wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8, 0), sc));
 			} else if (dt == LLM_DTYPE_BF16) {
 				for (int64_t c = c0; c < ce; c += 8)
-					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_BF16, r + i, c, 8));
+					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_BF16, r + i, c, 8, 1));
 			} else {
 				for (int64_t c = c0; c < ce; c += 8)
-					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_F16, r + i, c, 8));
+					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_F16, r + i, c, 8, 1));
 			}
 		}
 	}

@@ -81,18 +81,7 @@ case $MODEL in
 random)
 	$PY -c 'import numpy' 2>/dev/null || skip "python3-numpy is missing (mkrandom.py needs it)"
 	if [ ! -f "$W/random/model-f32.gguf" ]; then
-		cat >"$W/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
- "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2,
- "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
- "vocab_size": 2048, "max_position_embeddings": 131072,
- "rope_theta": 500000.0,
- "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
- "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": true,
- "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
-EOF
-		$PY ../shared/tools/mkrandom.py --config "$W/config.json" --out "$W/random" \
+		$PY ../shared/tools/mkrandom.py --config configs/tiny-llama3-128k.json --out "$W/random" \
 			--formats st-f32,gguf-f32 --seed 1 >"$W/mkrandom.log" 2>&1
 	fi
 	OURS=$W/random/hf-f32 GGUF=$W/random/model-f32.gguf NV=2048 ;;

@@ -45,18 +45,7 @@ PY=/usr/bin/python3
 mkdir -p "$W"
 M=$W/tiny-fp8
 if [ ! -f "$M/model.safetensors" ]; then
-	cat >"$W/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
- "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2,
- "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
- "vocab_size": 2048, "max_position_embeddings": 131072,
- "rope_theta": 500000.0,
- "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
- "rms_norm_eps": 1e-05, "hidden_act": "silu", "tie_word_embeddings": true,
- "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
-EOF
-	"$B/llm-quantize" -q -f --random "$W/config.json" --dtype fp8 --seed 1 \
+	"$B/llm-quantize" -q -f --random configs/tiny-llama3-128k.json --dtype fp8 --seed 1 \
 		--tokenizer ../shared/models/stories260K "$M"
 fi
 P=$W/prompt-$N.json

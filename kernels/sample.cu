@@ -31,6 +31,22 @@
 
 #define ARGMAX_THREADS 512
 
+/* The warp's largest (value, index), ties to the lower index, into every
+ * lane's BEST and BIDX. */
+static __device__ __forceinline__ void warp_argmax(float &best, int32_t &bidx)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(0xffffffffu, best, o);
+		int32_t oi = __shfl_xor_sync(0xffffffffu, bidx, o);
+		if (ov > best || (ov == best && oi < bidx)) {
+			best = ov;
+			bidx = oi;
+		}
+	}
+}
+
+
 /* One block per row. */
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_f32_kernel(int32_t *ids, const float *logits, int64_t ls, int64_t n_vocab,
@@ -51,15 +67,7 @@ argmax_f32_kernel(int32_t *ids, const float *logits, int64_t ls, int64_t n_vocab
 			bidx = (int32_t)i;
 		}
 	}
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1) {
-		float ov = __shfl_xor_sync(0xffffffffu, best, o);
-		int32_t oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-		if (ov > best || (ov == best && oi < bidx)) {
-			best = ov;
-			bidx = oi;
-		}
-	}
+	warp_argmax(best, bidx);
 	if ((threadIdx.x & 31) == 0) {
 		bv[threadIdx.x >> 5] = best;
 		bi[threadIdx.x >> 5] = bidx;
@@ -214,15 +222,7 @@ sample_adjust_kernel(struct llm_cuda_sample_out *out, struct sample_info *info, 
 			bidx = (int32_t)i;
 		}
 	}
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1) {
-		float ov = __shfl_xor_sync(0xffffffffu, best, o);
-		int32_t oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-		if (ov > best || (ov == best && oi < bidx)) {
-			best = ov;
-			bidx = oi;
-		}
-	}
+	warp_argmax(best, bidx);
 	if ((threadIdx.x & 31) == 0) {
 		bv[threadIdx.x >> 5] = best;
 		bi[threadIdx.x >> 5] = bidx;

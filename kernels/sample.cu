@@ -46,7 +46,6 @@ static __device__ __forceinline__ void warp_argmax(float &best, int32_t &bidx)
 	}
 }
 
-
 /* One block per row. */
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_f32_kernel(int32_t *ids, const float *logits, int64_t ls, int64_t n_vocab,

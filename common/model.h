@@ -121,14 +121,15 @@ enum llm_status llm_model_copy_weights(struct llm_model *m);
  * begin maps the copy and lists the jobs (the weights' pointers then must
  * not change until commit or abort); read fills it (touches neither the
  * model's weights nor anything the forward writes, so it may run during a
- * forward; a weight at a time, each with N_THREADS readers); commit points the weights at the copy and gives the file's pages
- * back, between forwards; abort drops a copy that is not committed. */
+ * forward; 4 MiB at a time, each with N_THREADS readers); commit points the
+ * weights at the copy and gives the file's pages back, between forwards;
+ * abort drops a copy that is not committed. */
 struct llm_model_copy;
 enum llm_status llm_model_copy_begin(struct llm_model *m, struct llm_model_copy **c);
 enum llm_status llm_model_copy_read(const struct llm_model *m, struct llm_model_copy *c, int n_threads);
 void llm_model_copy_commit(struct llm_model *m, struct llm_model_copy *c);
 void llm_model_copy_abort(struct llm_model_copy *c);
-/* From another thread: a read under way returns within one weight. */
+/* From another thread: a read under way returns within 4 MiB. */
 void llm_model_copy_stop(struct llm_model_copy *c);
 /* Whether the kernel hands out transparent huge pages on request
  * (/sys/kernel/mm/transparent_hugepage/enabled is always or madvise). */

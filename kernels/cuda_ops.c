@@ -628,33 +628,32 @@ enum llm_status llm_cuda_add_rmsnorm(struct llm_backend *be, struct llm_view out
 	return LLM_OK;
 }
 
-/* The bf16 activation buffer, at least N bytes. It moves when it grows and
- * graphs hold its address: growing drops them, and inside a graph step it
- * is refused (the step runs again op by op, where it may grow). */
-static enum llm_status xbf_get(struct cuda_be *c, size_t n)
+/* A scratch buffer that graphs may hold the address of, at least N bytes.
+ * It moves when it grows: growing drops the graphs, and inside a graph step
+ * it is refused (the step runs again op by op, where it may grow). */
+static enum llm_status graph_scratch(struct cuda_be *c, void **buf, size_t *cap, size_t n, const char *what)
 {
-	if (c->xbf_cap >= n)
+	if (*cap >= n)
 		return LLM_OK;
 	if (c->gmode) {
 		c->gbad = 1;
 		return LLM_OK;
 	}
 	c->epoch++;
-	return scratch(&c->xbf, &c->xbf_cap, n, "bf16 activations");
+	return scratch(buf, cap, n, what);
+}
+
+/* The bf16 activation buffer. */
+static enum llm_status xbf_get(struct cuda_be *c, size_t n)
+{
+	return graph_scratch(c, &c->xbf, &c->xbf_cap, n, "bf16 activations");
 }
 
 /* The product buffer of matmul_add where the kernel has no add in its
- * epilogue (cuBLAS), at least N bytes; grows as xbf_get does. */
+ * epilogue (cuBLAS). */
 static enum llm_status yadd_get(struct cuda_be *c, size_t n)
 {
-	if (c->yadd_cap >= n)
-		return LLM_OK;
-	if (c->gmode) {
-		c->gbad = 1;
-		return LLM_OK;
-	}
-	c->epoch++;
-	return scratch(&c->yadd, &c->yadd_cap, n, "matmul_add product");
+	return graph_scratch(c, &c->yadd, &c->yadd_cap, n, "matmul_add product");
 }
 
 /* YD (x.rows, m->rows; row stride YS, device) = x . W^T, or with ADD

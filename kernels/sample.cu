@@ -46,6 +46,26 @@ static __device__ __forceinline__ void warp_argmax(float &best, int32_t &bidx)
 	}
 }
 
+/* The block's largest (value, index), ties to the lower index, into every
+ * thread's BEST and BIDX: the warps' results through BV and BI (shared, one
+ * slot a warp of the block's N_WARP), folded by every thread in the same
+ * order. The order over (value, index) is total, so the result does not
+ * depend on the value a thread starts from. */
+static __device__ __forceinline__ void block_argmax(float &best, int32_t &bidx, float *bv, int32_t *bi, int n_warp)
+{
+	warp_argmax(best, bidx);
+	if ((threadIdx.x & 31) == 0) {
+		bv[threadIdx.x >> 5] = best;
+		bi[threadIdx.x >> 5] = bidx;
+	}
+	__syncthreads();
+	for (int k = 0; k < n_warp; k++)
+		if (bv[k] > best || (bv[k] == best && bi[k] < bidx)) {
+			best = bv[k];
+			bidx = bi[k];
+		}
+}
+
 /* One block per row. */
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_f32_kernel(int32_t *ids, const float *logits, int64_t ls, int64_t n_vocab,
@@ -66,20 +86,9 @@ argmax_f32_kernel(int32_t *ids, const float *logits, int64_t ls, int64_t n_vocab
 			bidx = (int32_t)i;
 		}
 	}
-	warp_argmax(best, bidx);
-	if ((threadIdx.x & 31) == 0) {
-		bv[threadIdx.x >> 5] = best;
-		bi[threadIdx.x >> 5] = bidx;
-	}
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		for (int w = 1; w < ARGMAX_THREADS / 32; w++)
-			if (bv[w] > best || (bv[w] == best && bi[w] < bidx)) {
-				best = bv[w];
-				bidx = bi[w];
-			}
+	block_argmax(best, bidx, bv, bi, ARGMAX_THREADS / 32);
+	if (threadIdx.x == 0)
 		ids[blockIdx.x] = bidx;
-	}
 }
 
 extern "C" cudaError_t llm_cuda_argmax_f32(int32_t *ids, const float *logits, int64_t ls, int64_t rows,
@@ -221,17 +230,7 @@ sample_adjust_kernel(struct llm_cuda_sample_out *out, struct sample_info *info, 
 			bidx = (int32_t)i;
 		}
 	}
-	warp_argmax(best, bidx);
-	if ((threadIdx.x & 31) == 0) {
-		bv[threadIdx.x >> 5] = best;
-		bi[threadIdx.x >> 5] = bidx;
-	}
-	__syncthreads();
-	for (int k = 0; k < SAMPLE_THREADS / 32; k++)     /* every thread, the same order */
-		if (bv[k] > best || (bv[k] == best && bi[k] < bidx)) {
-			best = bv[k];
-			bidx = bi[k];
-		}
+	block_argmax(best, bidx, bv, bi, SAMPLE_THREADS / 32);
 	if (p.temperature == 0.0f) {
 		if (threadIdx.x == 0) {
 			out[r].id = bidx;

@@ -465,6 +465,7 @@ struct copy_run {
 	_Atomic size_t next;            /* the next piece to take */
 	_Atomic int err;                /* 0, or errno (EIO for a short read) */
 	_Atomic size_t err_file;        /* the file of the error */
+	const _Atomic int *stop;        /* NULL, or nonzero: take no more pieces */
 };
 
 /* The file of ck holding SRC .. SRC+N in its mapping, or n_file. */
@@ -484,7 +485,7 @@ static void *copy_worker(void *arg)
 	struct copy_run *r = arg;
 	for (;;) {
 		size_t k = atomic_fetch_add(&r->next, 1);
-		if (k >= r->n_piece || atomic_load(&r->err))
+		if (k >= r->n_piece || atomic_load(&r->err) || (r->stop && atomic_load(r->stop)))
 			return NULL;
 		const struct llm_ckpt_copy *j = &r->jobs[r->piece_job[k]];
 		size_t off = r->piece_off[k], n = j->n - off < COPY_PIECE ? j->n - off : COPY_PIECE;
@@ -514,7 +515,7 @@ static void *copy_worker(void *arg)
 }
 
 enum llm_status llm_ckpt_copy_out(const struct llm_ckpt *ck, const struct llm_ckpt_copy *jobs,
-                                  size_t n_jobs, int n_threads)
+                                  size_t n_jobs, int n_threads, const _Atomic int *stop)
 {
 	if (n_threads <= 0) {
 		long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -530,7 +531,7 @@ enum llm_status llm_ckpt_copy_out(const struct llm_ckpt *ck, const struct llm_ck
 		free(pj);
 		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", ck->path);
 	}
-	struct copy_run r = { .ck = ck, .jobs = jobs, .n_jobs = n_jobs, .fds = fds,
+	struct copy_run r = { .ck = ck, .jobs = jobs, .n_jobs = n_jobs, .fds = fds, .stop = stop,
 	                      .piece_job = pj, .piece_off = pj + n_piece + 1, .n_piece = n_piece };
 	for (size_t i = 0, k = 0; i < n_jobs; i++)
 		for (size_t off = 0; off < jobs[i].n; off += COPY_PIECE, k++) {
@@ -553,6 +554,8 @@ enum llm_status llm_ckpt_copy_out(const struct llm_ckpt *ck, const struct llm_ck
 	free(fds);
 	free(pj);
 	int e = atomic_load(&r.err);
+	if (!e && stop && atomic_load(stop))
+		return llm_fail(LLM_ERR_USAGE, "%s: the copy was stopped", ck->path);
 	if (e)
 		return llm_fail(LLM_ERR_IO, "%s: read: %s", ck->files[atomic_load(&r.err_file)].path,
 		                e == EIO ? "short read (file changed or truncated?)" : strerror(e));

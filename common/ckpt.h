@@ -81,9 +81,10 @@ struct llm_ckpt_copy {
  * pages are never faulted in; other bytes are memcpy'd. The threads take
  * 4 MiB pieces in job order, so a file is read front to back. LLM_ERR_IO
  * naming the file on a read error or a short read (DST then partly
- * written). */
+ * written). STOP (NULL: none), set by another thread: no piece is started
+ * after it is seen, and the copy fails with LLM_ERR_USAGE. */
 enum llm_status llm_ckpt_copy_out(const struct llm_ckpt *ck, const struct llm_ckpt_copy *jobs,
-                                  size_t n_jobs, int n_threads);
+                                  size_t n_jobs, int n_threads, const _Atomic int *stop);
 /* Whether any tensor is F8_E4M3 (the checkpoint is quantized). */
 int llm_ckpt_is_fp8(const struct llm_ckpt *ck);
 /* Scan every float tensor of CK (F32, F16, BF16, E4M3 codes, scales) for

@@ -336,19 +336,9 @@ enum llm_status llm_model_copy_begin(struct llm_model *m, struct llm_model_copy 
 
 enum llm_status llm_model_copy_read(const struct llm_model *m, struct llm_model_copy *c, int n_threads)
 {
-	/* 4 MiB at a time, so a stop is seen within a few milliseconds (a
-	 * process that ends right after its first token does not wait for a
-	 * whole embedding to be read) */
-	const size_t piece = (size_t)4 << 20;
-	for (size_t i = 0; i < c->n_jobs; i++)
-		for (size_t off = 0; off < c->jobs[i].n; off += piece) {
-			if (atomic_load(&c->stop))
-				return llm_fail(LLM_ERR_USAGE, "%s: the weights' copy was stopped", m->ck.path);
-			size_t n = c->jobs[i].n - off < piece ? c->jobs[i].n - off : piece;
-			struct llm_ckpt_copy j = { (uint8_t *)c->jobs[i].dst + off, (const uint8_t *)c->jobs[i].src + off, n };
-			LLM_TRY(llm_ckpt_copy_out(&m->ck, &j, 1, n_threads));
-		}
-	return LLM_OK;
+	/* a stop is seen between 4 MiB pieces: a process that ends right
+	 * after its first token does not wait for a whole embedding */
+	return llm_ckpt_copy_out(&m->ck, c->jobs, c->n_jobs, n_threads, &c->stop);
 }
 
 void llm_model_copy_stop(struct llm_model_copy *c)

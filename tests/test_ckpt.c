@@ -263,7 +263,8 @@ static void test_stories_roundtrip(void)
 
 /* llm_ckpt_copy_out: a tensor of several 4 MiB pieces and a small one read
  * from the file by 1 and 3 threads, a job from the heap memcpy'd, all
- * byte-exact; a file cut short under its mapping is a read error naming it. */
+ * byte-exact; a stop set beforehand reads nothing; a file cut short under
+ * its mapping is a read error naming it. */
 static void test_copy_out(void)
 {
 	const char *tmp = test_tmpdir();
@@ -296,12 +297,18 @@ static void test_copy_out(void)
 	int threads[2] = { 1, 3 }, same = 1;
 	for (int k = 0; k < 2; k++) {
 		memset(dst, 0, nb + 5 + sizeof heap);
-		s = llm_ckpt_copy_out(&ck, jobs, 3, threads[k]);
+		s = llm_ckpt_copy_out(&ck, jobs, 3, threads[k], NULL);
 		same &= !s && !memcmp(dst, big, nb) && !memcmp(dst + nb, small, 5) && !memcmp(dst + nb + 5, heap, sizeof heap);
 	}
 	check(same, "copy_out: 9 MiB in pieces, a small tensor and heap bytes, 1 and 3 threads, byte-exact");
+	_Atomic int stop = 1;
+	memset(dst, 0, nb);
+	s = llm_ckpt_copy_out(&ck, jobs, 3, 1, &stop);
+	uint8_t zero[64] = { 0 };
+	check(s == LLM_ERR_USAGE && !memcmp(dst, zero, sizeof zero),
+	      "copy_out: a stop already set starts no piece and fails (%s)", s ? llm_errmsg() : "ok");
 	if (truncate(out, 4096) == 0) {
-		s = llm_ckpt_copy_out(&ck, jobs, 1, 2);
+		s = llm_ckpt_copy_out(&ck, jobs, 1, 2, NULL);
 		check(s == LLM_ERR_IO && strstr(llm_errmsg(), "copy.safetensors"),
 		      "copy_out: a file cut short is a read error naming it: %s", llm_errmsg());
 	}

@@ -228,6 +228,35 @@ static void matmul_exact(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, in
 	free_weight(&b);
 }
 
+/* A decode batch of 2 to 8 tokens (the AVX2 level packs their x side by
+ * side), x rows STRIDE apart, in split row ranges: the bits of each token
+ * computed alone. */
+static void matmul_batch(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
+{
+	int64_t rows = 23, cols = 1000, xs = 1011;
+	struct wbuf b;
+	make_weight(&b, dt, rows, cols, br, bc, 0);
+	float *x = malloc((size_t)(8 * xs) * sizeof(float));
+	float *got = malloc((size_t)(8 * rows) * sizeof(float));
+	float *one = malloc((size_t)(8 * rows) * sizeof(float));
+	for (int64_t i = 0; i < 8 * xs; i++)
+		x[i] = frand();
+	int same = 1;
+	for (int n_tok = 2; n_tok <= 8; n_tok++) {
+		llm_cpu_matmul_rows(isa, got, rows, x, xs, n_tok, &b.w, 0, 9);
+		llm_cpu_matmul_rows(isa, got, rows, x, xs, n_tok, &b.w, 9, rows);
+		for (int t = 0; t < n_tok; t++)
+			llm_cpu_matmul_rows(isa, one + t * rows, rows, x + t * xs, cols, 1, &b.w, 0, rows);
+		same &= !memcmp(one, got, (size_t)(n_tok * rows) * sizeof(float));
+	}
+	check(same, "matmul %s %s %lldx%lld, batches of 2..8 tokens, x stride %lld, split rows: the bits of each token alone",
+	      llm_cpu_isa_name(isa), wname(dt, br, bc), (long long)rows, (long long)cols, (long long)xs);
+	free(x);
+	free(got);
+	free(one);
+	free_weight(&b);
+}
+
 /* A prompt: 37 tokens x 1000 columns (the AVX2 prefill path: row panels,
  * 4-token tiles and a 1-token tail, two column blocks) give the bits of each
  * token computed alone (the decode tiles), also in split row ranges. */
@@ -359,6 +388,7 @@ static void test_matmul(enum llm_cpu_isa best)
 				matmul_case(isa, w[k].dt, shape[s][0], shape[s][1], w[k].br, w[k].bc);
 			matmul_exact(isa, w[k].dt, w[k].br, w[k].bc);
 			matmul_prefill(isa, w[k].dt, w[k].br, w[k].bc);
+			matmul_batch(isa, w[k].dt, w[k].br, w[k].bc);
 		}
 		/* more than 128 scale blocks in a row (the kernels keep the tables
 		 * of 128), in the bf16 copy (n <= 8192) and in registers */

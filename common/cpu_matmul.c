@@ -517,7 +517,7 @@ T256 static INL float hsum_256(__m256 v)
  * One prefetch a 64-byte line of the next tile's rows. */
 T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, const int nt, const int nr,
                                const struct llm_weight *w, int64_t r, const enum llm_dtype dt, int64_t c0,
-                               int64_t ce, const __m256 sc[4], const int wide, const int xp)
+                               int64_t ce, const __m256 sc[4], const int wide)
 {
 	int fp8 = dt == LLM_DTYPE_E4M3;
 	int64_t n = w->cols;
@@ -535,11 +535,10 @@ T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, con
 				wv = _mm256_mul_ps(wv, sc[i]);
 			UNROLL
 			for (int t = 0; t < nt; t++)
-				acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(xp ? x + c * nt + t * 8 : x + t * xs + c),
-				                            wv, acc[i][t]);
+				acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(x + t * xs + c), wv, acc[i][t]);
 		}
 	}
-	if (c < ce) {                   /* the block's last, partial chunk (never packed: xpack_fits) */
+	if (c < ce) {                   /* the block's last, partial chunk */
 		__m256i m = mask8_256(ce - c);
 		UNROLL
 		for (int i = 0; i < nr; i++) {
@@ -554,8 +553,7 @@ T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, con
 }
 
 T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
-                                 int nt, int nr, const struct llm_weight *w, int64_t r, enum llm_dtype dt,
-                                 const int xp)
+                                 int nt, int nr, const struct llm_weight *w, int64_t r, enum llm_dtype dt)
 {
 	__m256 acc[4][8];
 	UNROLL
@@ -582,9 +580,9 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 		for (int i = 0; i < nr; i++)
 			sc[i] = _mm256_set1_ps(fp8 ? e4m3_scale_256(srow[i][c0 / bk], wide) : 1.0f);
 		if (wide)
-			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 1, xp);
+			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 1);
 		else
-			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 0, xp);
+			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 0);
 	}
 	UNROLL
 	for (int i = 0; i < nr; i++) {
@@ -596,47 +594,37 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 
 /* The tile shapes the driver asks for, each with its weight dtype fixed, so
  * the conversion is chosen once and the accumulators stay in registers. */
-#define TILE_256_DT(dt, xp)                                                                   \
+#define TILE_256_DT(dt)                                                                     \
 	do {                                                                                \
 		switch (nt * 8 + nr) {                                                      \
-		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, dt, xp); break;          \
-		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, dt, xp); break;          \
-		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, dt, xp); break;          \
-		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, dt, xp); break;          \
-		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, dt, xp); break;          \
-		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, dt, xp); break;          \
-		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, dt, xp); break;          \
-		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, dt, xp); break;          \
-		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, dt, xp); break;          \
-		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, dt, xp); break;          \
-		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, dt, xp); break;          \
-		default: tile_256(y, ys, x, xs, 1, 1, w, r, dt, xp); break;                 \
+		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, dt); break;              \
+		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, dt); break;              \
+		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, dt); break;              \
+		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, dt); break;              \
+		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, dt); break;              \
+		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, dt); break;              \
+		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, dt); break;              \
+		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, dt); break;              \
+		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, dt); break;              \
+		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, dt); break;              \
+		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, dt); break;              \
+		default: tile_256(y, ys, x, xs, 1, 1, w, r, dt); break;                     \
 		}                                                                           \
 	} while (0)
 
-/* XP: x is packed (xpack_256), else token t's row is x + t xs */
 T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs,
-                                   int nt, int nr, const struct llm_weight *w, int64_t r, int xp)
+                                   int nt, int nr, const struct llm_weight *w, int64_t r)
 {
-	if (xp) {
-		switch (w->dtype) {
-		case LLM_DTYPE_E4M3: TILE_256_DT(LLM_DTYPE_E4M3, 1); break;
-		case LLM_DTYPE_BF16: TILE_256_DT(LLM_DTYPE_BF16, 1); break;
-		case LLM_DTYPE_F16: TILE_256_DT(LLM_DTYPE_F16, 1); break;
-		default: TILE_256_DT(LLM_DTYPE_F32, 1); break;
-		}
-		return;
-	}
 	switch (w->dtype) {
-	case LLM_DTYPE_E4M3: TILE_256_DT(LLM_DTYPE_E4M3, 0); break;
-	case LLM_DTYPE_BF16: TILE_256_DT(LLM_DTYPE_BF16, 0); break;
-	case LLM_DTYPE_F16: TILE_256_DT(LLM_DTYPE_F16, 0); break;
-	default: TILE_256_DT(LLM_DTYPE_F32, 0); break;
+	case LLM_DTYPE_E4M3: TILE_256_DT(LLM_DTYPE_E4M3); break;
+	case LLM_DTYPE_BF16: TILE_256_DT(LLM_DTYPE_BF16); break;
+	case LLM_DTYPE_F16: TILE_256_DT(LLM_DTYPE_F16); break;
+	default: TILE_256_DT(LLM_DTYPE_F32); break;
 	}
 }
 
 /* ---- AVX2 prefill: many tokens ------------------------------------------
- * A prompt of n_tok >= PP_MIN_TOK tokens: the rows of a row block are
+ * A step of n_tok >= PP_MIN_TOK tokens: the rows of a row block are
  * converted once (E4M3, BF16, F16 -> f32, E4M3 times its block scale: the
  * very wload_256 * sc values of tile_256) into a panel on the thread's stack
  * (F32 weights are their own panel), then every token passes over the panel
@@ -650,7 +638,10 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
  * its bits do not depend on this path being taken. Only for whole 8-column
  * chunks (cols and E4M3 block columns multiples of 8), where tile_256 has no
  * masked tail. */
-#define PP_MIN_TOK 9                /* more tokens than a decode tile of 8 */
+/* from 5 tokens the panel beats the decode tiles (one thread, FP8: 5 to 8
+ * tokens 1.05-1.3x, 4 tokens 0.85x), whose 5-8-token shape is one row
+ * with 8 x pointers and too few registers for them */
+#define PP_MIN_TOK 5
 #define PP_NR 3
 #define PP_NT 4
 #define PANEL_FLOATS 32768          /* 128 KiB: 56 rows of 576 columns */
@@ -781,41 +772,17 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, 
 	}
 }
 
-/* A decode tile's x packed (cols / 8, nt, 8): the 8 columns of its nt
- * tokens side by side, so the FMAs read x through one pointer (one row a
- * token took a register each and an 8-token tile spilled them). Only for
- * whole 8-column chunks (as pp_fits) and up to XP_FLOATS floats; the same
- * values, so the same bits. */
-#define XP_FLOATS 32768             /* 128 KiB: 8 tokens of 4096 columns */
-
-static int xpack_fits(const struct llm_weight *w, int64_t nt)
-{
-	return nt >= 2 && w->cols % 8 == 0 && w->cols * nt <= XP_FLOATS &&
-	       (w->dtype != LLM_DTYPE_E4M3 || w->block_cols % 8 == 0);
-}
-
-T256 static void xpack_256(float *xp, const float *x, int64_t xs, int nt, int64_t cols)
-{
-	for (int64_t c = 0; c < cols; c += 8)
-		for (int t = 0; t < nt; t++)
-			_mm256_store_ps(xp + c * nt + t * 8, _mm256_loadu_ps(x + t * xs + c));
-}
-
 /* AVX2 has 16 registers: token tiles of up to 8 (5 to 8 tokens one row,
  * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most, one weight
  * conversion per 8 FMAs at 8 tokens), so a step of up to 8 tokens reads
- * the weights once; a prompt of PP_MIN_TOK tokens or more takes the panel
- * path above (the same bits). Not inlined: its 128 KiB packing buffer
- * stays out of the callers' frames. */
-T256 __attribute__((noinline)) static void matmul_avx2_tiles(float *y, int64_t ys, const float *x, int64_t xs,
-                                                             int64_t n_tok, const struct llm_weight *w,
-                                                             int64_t r0, int64_t r1)
+ * the weights once; PP_MIN_TOK tokens or more take the panel path above
+ * where it fits (the same bits), so the 5-8-token shapes serve the rest. */
+T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
+                             const struct llm_weight *w, int64_t r0, int64_t r1)
 {
-	_Alignas(32) float xpk[XP_FLOATS];      /* (cols / 8, nt, 8) f32 */
-	int xp = n_tok <= 8 && xpack_fits(w, n_tok);
-	if (xp) {                               /* one token tile: packed once */
-		xpack_256(xpk, x, xs, (int)n_tok, w->cols);
-		x = xpk;
+	if (pp_fits(w, n_tok)) {
+		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1);
+		return;
 	}
 	for (int64_t rb = r0; rb < r1; rb += RB) {
 		int64_t re = rb + RB < r1 ? rb + RB : r1;
@@ -825,27 +792,12 @@ T256 __attribute__((noinline)) static void matmul_avx2_tiles(float *y, int64_t y
 			int nt = n_tok - t >= 8 ? 8 : (int)(n_tok - t), nr = nt >= 5 ? 1 : nt >= 3 ? 2 : 4;
 			int64_t r = rb;
 			for (; r + nr <= re; r += nr)
-				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r, xp);
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r);
 			for (; r < re; r++)
-				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, 1, w, r, xp);
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, 1, w, r);
 			t += nt;
 		}
 	}
-}
-
-T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
-                             const struct llm_weight *w, int64_t r0, int64_t r1)
-{
-	if (pp_fits(w, n_tok))
-		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1);
-	else if (n_tok == 1)        /* one pointer already: no packing, no frame */
-		for (int64_t r = r0; r < r1; ) {
-			int nr = r1 - r >= 4 ? 4 : 1;
-			tile_256_dispatch(y, ys, x, xs, 1, nr, w, r, 0);
-			r += nr;
-		}
-	else
-		matmul_avx2_tiles(y, ys, x, xs, n_tok, w, r0, r1);
 }
 
 T256 static float dot_avx2(const float *a, const float *b, int64_t n)

@@ -228,9 +228,9 @@ static void matmul_exact(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, in
 	free_weight(&b);
 }
 
-/* A decode batch of 2 to 8 tokens (the AVX2 level packs their x side by
- * side), x rows STRIDE apart, in split row ranges: the bits of each token
- * computed alone. */
+/* A decode batch of 2 to 8 tokens (at AVX2: the decode tiles up to 4, the
+ * panel path from 5), x rows XS apart, in split row ranges: the bits of
+ * each token computed alone. */
 static void matmul_batch(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
 {
 	int64_t rows = 23, cols = 1000, xs = 1011;

@@ -228,59 +228,53 @@ static void matmul_exact(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, in
 	free_weight(&b);
 }
 
-/* A decode batch of 2 to 8 tokens (at AVX2: the decode tiles up to 4, the
- * panel path from 5), x rows XS apart, in split row ranges: the bits of
- * each token computed alone. */
-static void matmul_batch(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
+/* MIN_TOK..MAX_TOK tokens at a time through weight B, x rows XS apart,
+ * computed in two row ranges split at CUT: the bits of each token alone
+ * (the decode tiles). Returns 1 when every size agreed. */
+static int matmul_vs_alone(enum llm_cpu_isa isa, const struct wbuf *b, int min_tok, int max_tok, int64_t xs,
+                           int64_t cut)
 {
-	int64_t rows = 23, cols = 1000, xs = 1011;
-	struct wbuf b;
-	make_weight(&b, dt, rows, cols, br, bc, 0);
-	float *x = malloc((size_t)(8 * xs) * sizeof(float));
-	float *got = malloc((size_t)(8 * rows) * sizeof(float));
-	float *one = malloc((size_t)(8 * rows) * sizeof(float));
-	for (int64_t i = 0; i < 8 * xs; i++)
+	int64_t rows = b->w.rows, cols = b->w.cols;
+	float *x = malloc((size_t)(max_tok * xs) * sizeof(float));
+	float *got = malloc((size_t)(max_tok * rows) * sizeof(float));
+	float *one = malloc((size_t)(max_tok * rows) * sizeof(float));
+	for (int64_t i = 0; i < max_tok * xs; i++)
 		x[i] = frand();
 	int same = 1;
-	for (int n_tok = 2; n_tok <= 8; n_tok++) {
-		llm_cpu_matmul_rows(isa, got, rows, x, xs, n_tok, &b.w, 0, 9);
-		llm_cpu_matmul_rows(isa, got, rows, x, xs, n_tok, &b.w, 9, rows);
+	for (int n_tok = min_tok; n_tok <= max_tok; n_tok++) {
+		llm_cpu_matmul_rows(isa, got, rows, x, xs, n_tok, &b->w, 0, cut);
+		llm_cpu_matmul_rows(isa, got, rows, x, xs, n_tok, &b->w, cut, rows);
 		for (int t = 0; t < n_tok; t++)
-			llm_cpu_matmul_rows(isa, one + t * rows, rows, x + t * xs, cols, 1, &b.w, 0, rows);
+			llm_cpu_matmul_rows(isa, one + t * rows, rows, x + t * xs, cols, 1, &b->w, 0, rows);
 		same &= !memcmp(one, got, (size_t)(n_tok * rows) * sizeof(float));
 	}
-	check(same, "matmul %s %s %lldx%lld, batches of 2..8 tokens, x stride %lld, split rows: the bits of each token alone",
-	      llm_cpu_isa_name(isa), wname(dt, br, bc), (long long)rows, (long long)cols, (long long)xs);
 	free(x);
 	free(got);
 	free(one);
+	return same;
+}
+
+/* A decode batch of 2 to 8 tokens (at AVX2: the decode tiles up to 4, the
+ * panel path from 5) with a strided x, and a prompt of 37 tokens (the AVX2
+ * prefill path: row panels, 4-token tiles and a 1-token tail, two column
+ * blocks): the bits of each token computed alone, in split row ranges. */
+static void matmul_batch(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
+{
+	struct wbuf b;
+	make_weight(&b, dt, 23, 1000, br, bc, 0);
+	check(matmul_vs_alone(isa, &b, 2, 8, 1011, 9),
+	      "matmul %s %s 23x1000, batches of 2..8 tokens, x stride 1011, split rows: the bits of each token alone",
+	      llm_cpu_isa_name(isa), wname(dt, br, bc));
 	free_weight(&b);
 }
 
-/* A prompt: 37 tokens x 1000 columns (the AVX2 prefill path: row panels,
- * 4-token tiles and a 1-token tail, two column blocks) give the bits of each
- * token computed alone (the decode tiles), also in split row ranges. */
 static void matmul_prefill(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, int64_t bc)
 {
-	int64_t rows = 70, cols = 1000;
-	int n_tok = 37;
 	struct wbuf b;
-	make_weight(&b, dt, rows, cols, br, bc, 0);
-	float *x = malloc((size_t)(n_tok * cols) * sizeof(float));
-	float *got = malloc((size_t)(n_tok * rows) * sizeof(float));
-	float *one = malloc((size_t)(n_tok * rows) * sizeof(float));
-	for (int64_t i = 0; i < n_tok * cols; i++)
-		x[i] = frand();
-	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 0, 31);
-	llm_cpu_matmul_rows(isa, got, rows, x, cols, n_tok, &b.w, 31, rows);
-	for (int t = 0; t < n_tok; t++)
-		llm_cpu_matmul_rows(isa, one + t * rows, rows, x + t * cols, cols, 1, &b.w, 0, rows);
-	check(!memcmp(one, got, (size_t)(n_tok * rows) * sizeof(float)),
-	      "matmul %s %s %lldx%lld, a prompt of %d tokens in split row ranges: the bits of each token alone",
-	      llm_cpu_isa_name(isa), wname(dt, br, bc), (long long)rows, (long long)cols, n_tok);
-	free(x);
-	free(got);
-	free(one);
+	make_weight(&b, dt, 70, 1000, br, bc, 0);
+	check(matmul_vs_alone(isa, &b, 37, 37, 1000, 31),
+	      "matmul %s %s 70x1000, a prompt of 37 tokens in split row ranges: the bits of each token alone",
+	      llm_cpu_isa_name(isa), wname(dt, br, bc));
 	free_weight(&b);
 }
 

@@ -241,18 +241,26 @@ float llm_cpu_softmax(enum llm_cpu_isa isa, float *a, int64_t n);
 /* o[i] = (g[i] * (1 / (1 + llm_cpu_exp(-g[i])))) * u[i]: SwiGLU. */
 void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const float *u, int64_t n);
 /* Attention over N_POS cached positions, rows K_STRIDE / V_STRIDE elements
- * apart, of dtype DT (F32 or BF16), for NH heads that share them (1 to 4;
- * their q and out rows D apart, their scores ATT_STRIDE apart): att[p] =
- * llm_cpu_dot(isa, q, k_p, d) / scale bit for bit, and out[i] = fmaf(att[p],
- * v_p[i], out[i]) (AVX-512) or out[i] + att[p] * v_p[i] with the product
- * rounded (AVX2) for p in order, each head as if alone. Each key and value
- * row is read once for the NH heads. False (nothing done) below
- * LLM_ISA_AVX2, or at AVX2 with D not a multiple of 8, where the caller
- * runs per-position loops. */
+ * apart, of dtype DT, for NH heads that share them (1 to 4; their q and out
+ * rows D apart, their scores ATT_STRIDE apart): att[p] = llm_cpu_dot(isa,
+ * q, k_p, d) / scale bit for bit, and out[i] = fmaf(att[p], v_p[i], out[i])
+ * (AVX-512) or out[i] + att[p] * v_p[i] with the product rounded (AVX2) for
+ * p in order, each head as if alone; the weighted sum for the columns [C0,
+ * C1) of each head's D (C0 and C1 multiples of 8 below AVX-512), each
+ * column's bits whatever the range. An E4M3 row p reads as
+ * llm_cpu_e4m3_rows gives it: element i is e4m3(code_i) * K_SCALE[p *
+ * K_SCALE_STRIDE] (V_SCALE for values; both unused for F32 and BF16), so
+ * the bits are those of the f32 rows it would decode to. Each key and
+ * value row is read once for the NH heads. False (nothing done) where
+ * llm_cpu_attn_reads(isa, dt, d) is false, where the caller decodes the
+ * rows to f32 or runs per-position loops. */
+bool llm_cpu_attn_reads(enum llm_cpu_isa isa, enum llm_dtype dt, int d);
 bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
-                         const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale);
+                         const void *k, enum llm_dtype dt, int64_t k_stride, const float *k_scale,
+                         size_t k_scale_stride, int n_pos, int d, float scale);
 bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,
-                       const void *v, enum llm_dtype dt, int64_t v_stride, int n_pos, int d);
+                       const void *v, enum llm_dtype dt, int64_t v_stride, const float *v_scale,
+                       size_t v_scale_stride, int n_pos, int d, int c0, int c1);
 /* N_ROWS rows of an E4M3 cache (codes SRC_STRIDE bytes apart, D each; one
  * scale per row, SCALE_STRIDE floats apart) to f32 DST (n_rows, d):
  * llm_e4m3_to_f32(code) * scale, the same bits at every ISA. */

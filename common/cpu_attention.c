@@ -97,14 +97,14 @@ T512 static INL void scores_512(float *att, size_t as, const float *q, const int
 /* NH heads, 64 columns of each in registers: a value row is loaded once
  * for all of them. */
 T512 static INL void wsum_512(float *out, const int nh, const float *att, size_t as, const void *v,
-                              enum llm_dtype dt, int64_t vs, int n_pos, int d)
+                              enum llm_dtype dt, int64_t vs, int n_pos, int d, int c0, int c1)
 {
-	for (int c = 0; c < d; c += 64) {
+	for (int c = c0; c < c1; c += 64) {
 		__mmask16 m[4];
 		__m512 o[4][4];
 #pragma GCC unroll 4
 		for (int i = 0; i < 4; i++) {
-			int left = d - c - 16 * i;
+			int left = c1 - c - 16 * i;
 			m[i] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
 #pragma GCC unroll 4
 			for (int j = 0; j < nh; j++)
@@ -149,9 +149,9 @@ T512 static void scores_512_n(float *att, size_t as, const float *q, int nh, con
 }
 
 T512 static void wsum_512_n(float *out, int nh, const float *att, size_t as, const void *v,
-                            enum llm_dtype dt, int64_t vs, int n_pos, int d)
+                            enum llm_dtype dt, int64_t vs, int n_pos, int d, int c0, int c1)
 {
-#define WS(dummy, NH) wsum_512(out, NH, att, as, v, dt, vs, n_pos, d)
+#define WS(dummy, NH) wsum_512(out, NH, att, as, v, dt, vs, n_pos, d, c0, c1)
 	ATTN_NH(WS, nh, 0)
 #undef WS
 }
@@ -167,12 +167,32 @@ T512 static void wsum_512_n(float *out, int nh, const float *att, size_t as, con
  * column groups (weighted sum) run side by side: independent FMA/add
  * chains, a key or value row loaded once for the NH heads. */
 
-T256 static INL __m256 kv_load_256(const void *base, enum llm_dtype dt, size_t off)
+/* eight E4M3 codes to f32 times S (the row's scale * 256): the code c =
+ * s eeee mmm becomes the half s 0 eeee mmm 0000000 ((c + (c & 0x80)) << 7
+ * moves the sign up one bit), whose value is e4m3(c) * 2^-8, subnormals
+ * included; see llm_cpu_e4m3_rows below for why the product is exact */
+T256 static INL __m256 e4m3_8(const uint8_t *c, __m256 s)
+{
+	__m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)c));
+	__m128i h = _mm_slli_epi16(_mm_add_epi16(w, _mm_and_si128(w, _mm_set1_epi16(0x80))), 7);
+	return _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+}
+
+/* eight elements of a row at OFF; S: the row's scale * 256 (E4M3 only) */
+T256 static INL __m256 kv_load_256(const void *base, enum llm_dtype dt, size_t off, __m256 s)
 {
 	if (dt == LLM_DTYPE_F32)
 		return _mm256_loadu_ps((const float *)base + off);
+	if (dt == LLM_DTYPE_E4M3)
+		return e4m3_8((const uint8_t *)base + off, s);
 	__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + off));
 	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* the scale of row P as kv_load_256 takes it (E4M3; else unused) */
+T256 static INL __m256 kv_scale_256(enum llm_dtype dt, const float *sc, size_t ss, int p)
+{
+	return dt == LLM_DTYPE_E4M3 ? _mm256_set1_ps(sc[(size_t)p * ss] * 256.0f) : _mm256_setzero_ps();
 }
 
 /* the lane sum of dot_avx2 (cpu_matmul.c: hsum_256), the same adds */
@@ -186,9 +206,13 @@ T256 static INL float hsum8_256(__m256 v)
 
 /* NH heads over NP positions from P (both compile-time at each call) */
 T256 static INL void scores_256_np(float *att, size_t as, const float *q, const int nh, const void *k,
-                                   enum llm_dtype dt, int64_t ks, int p, const int np, int d, float scale)
+                                   const enum llm_dtype dt, int64_t ks, const float *sc, size_t ss, int p,
+                                   const int np, int d, float scale)
 {
-	__m256 a[4][4];
+	__m256 a[4][4], s[4];
+#pragma GCC unroll 4
+	for (int u = 0; u < np; u++)
+		s[u] = kv_scale_256(dt, sc, ss, p + u);
 #pragma GCC unroll 4
 	for (int j = 0; j < nh; j++)
 #pragma GCC unroll 4
@@ -199,7 +223,7 @@ T256 static INL void scores_256_np(float *att, size_t as, const float *q, const 
 		__m256 kv[4];
 #pragma GCC unroll 4
 		for (int u = 0; u < np; u++)
-			kv[u] = kv_load_256(k, dt, o + (size_t)u * (size_t)ks + (size_t)c);
+			kv[u] = kv_load_256(k, dt, o + (size_t)u * (size_t)ks + (size_t)c, s[u]);
 #pragma GCC unroll 4
 		for (int j = 0; j < nh; j++) {
 			__m256 qv = _mm256_loadu_ps(q + (size_t)j * (size_t)d + c);
@@ -218,19 +242,21 @@ T256 static INL void scores_256_np(float *att, size_t as, const float *q, const 
 /* four positions a step for 1 or 2 heads, two for 3 or 4 (the
  * accumulators stay in the 16 registers) */
 T256 static INL void scores_256(float *att, size_t as, const float *q, const int nh, const void *k,
-                                enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
+                                const enum llm_dtype dt, int64_t ks, const float *sc, size_t ss, int n_pos,
+                                int d, float scale)
 {
 	const int np = nh <= 2 ? 4 : 2;
 	int p = 0;
 	for (; p + np <= n_pos; p += np)
-		scores_256_np(att, as, q, nh, k, dt, ks, p, np, d, scale);
+		scores_256_np(att, as, q, nh, k, dt, ks, sc, ss, p, np, d, scale);
 	for (; p < n_pos; p++)
-		scores_256_np(att, as, q, nh, k, dt, ks, p, 1, d, scale);
+		scores_256_np(att, as, q, nh, k, dt, ks, sc, ss, p, 1, d, scale);
 }
 
 /* NH heads, NC groups of 8 columns from C (both compile-time at each call) */
 T256 static INL void wsum_256_nc(float *out, const int nh, const float *att, size_t as, const void *v,
-                                 enum llm_dtype dt, int64_t vs, int n_pos, int d, int c, const int nc)
+                                 const enum llm_dtype dt, int64_t vs, const float *sc, size_t ss, int n_pos,
+                                 int d, int c, const int nc)
 {
 	__m256 o[4][4];
 #pragma GCC unroll 4
@@ -240,10 +266,10 @@ T256 static INL void wsum_256_nc(float *out, const int nh, const float *att, siz
 			o[j][i] = _mm256_loadu_ps(out + (size_t)j * (size_t)d + c + 8 * i);
 	for (int p = 0; p < n_pos; p++) {
 		size_t off = (size_t)p * (size_t)vs + (size_t)c;
-		__m256 vv[4];
+		__m256 vv[4], s = kv_scale_256(dt, sc, ss, p);
 #pragma GCC unroll 4
 		for (int i = 0; i < nc; i++)
-			vv[i] = kv_load_256(v, dt, off + 8 * (size_t)i);
+			vv[i] = kv_load_256(v, dt, off + 8 * (size_t)i, s);
 #pragma GCC unroll 4
 		for (int j = 0; j < nh; j++) {
 			__m256 a = _mm256_set1_ps(att[(size_t)j * as + p]);
@@ -261,57 +287,76 @@ T256 static INL void wsum_256_nc(float *out, const int nh, const float *att, siz
 
 /* 32 columns a pass for 1 or 2 heads, 16 for 3 or 4, then 8 at a time */
 T256 static INL void wsum_256(float *out, const int nh, const float *att, size_t as, const void *v,
-                              enum llm_dtype dt, int64_t vs, int n_pos, int d)
+                              const enum llm_dtype dt, int64_t vs, const float *sc, size_t ss, int n_pos, int d,
+                              int c0, int c1)
 {
 	const int nc = nh <= 2 ? 4 : 2;
-	int c = 0;
-	for (; c + 8 * nc <= d; c += 8 * nc)
-		wsum_256_nc(out, nh, att, as, v, dt, vs, n_pos, d, c, nc);
-	for (; c < d; c += 8)
-		wsum_256_nc(out, nh, att, as, v, dt, vs, n_pos, d, c, 1);
+	int c = c0;
+	for (; c + 8 * nc <= c1; c += 8 * nc)
+		wsum_256_nc(out, nh, att, as, v, dt, vs, sc, ss, n_pos, d, c, nc);
+	for (; c < c1; c += 8)
+		wsum_256_nc(out, nh, att, as, v, dt, vs, sc, ss, n_pos, d, c, 1);
 }
 
+/* each (dtype, heads) its own code: the row loads and the unrolling are
+ * fixed at compile time */
+#define ATTN_DT(F, dt, nh)                                                     \
+	switch (dt) {                                                          \
+	case LLM_DTYPE_F32: ATTN_NH(F, nh, LLM_DTYPE_F32) break;               \
+	case LLM_DTYPE_E4M3: ATTN_NH(F, nh, LLM_DTYPE_E4M3) break;             \
+	default: ATTN_NH(F, nh, LLM_DTYPE_BF16) break;                         \
+	}
+
 T256 static void scores_256_n(float *att, size_t as, const float *q, int nh, const void *k,
-                              enum llm_dtype dt, int64_t ks, int n_pos, int d, float scale)
+                              enum llm_dtype dt, int64_t ks, const float *sc, size_t ss, int n_pos, int d,
+                              float scale)
 {
-#define SC(dummy, NH) scores_256(att, as, q, NH, k, dt, ks, n_pos, d, scale)
-	ATTN_NH(SC, nh, 0)
+#define SC(DT, NH) scores_256(att, as, q, NH, k, DT, ks, sc, ss, n_pos, d, scale)
+	ATTN_DT(SC, dt, nh)
 #undef SC
 }
 
 T256 static void wsum_256_n(float *out, int nh, const float *att, size_t as, const void *v,
-                            enum llm_dtype dt, int64_t vs, int n_pos, int d)
+                            enum llm_dtype dt, int64_t vs, const float *sc, size_t ss, int n_pos, int d,
+                            int c0, int c1)
 {
-#define WS(dummy, NH) wsum_256(out, NH, att, as, v, dt, vs, n_pos, d)
-	ATTN_NH(WS, nh, 0)
+#define WS(DT, NH) wsum_256(out, NH, att, as, v, DT, vs, sc, ss, n_pos, d, c0, c1)
+	ATTN_DT(WS, dt, nh)
 #undef WS
 }
 
-bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
-                         const void *k, enum llm_dtype dt, int64_t k_stride, int n_pos, int d, float scale)
+bool llm_cpu_attn_reads(enum llm_cpu_isa isa, enum llm_dtype dt, int d)
 {
-	if (nh < 1 || nh > 4)
+	if (isa >= LLM_ISA_AVX512)
+		return dt == LLM_DTYPE_F32 || dt == LLM_DTYPE_BF16;
+	return isa == LLM_ISA_AVX2 && d % 8 == 0
+	       && (dt == LLM_DTYPE_F32 || dt == LLM_DTYPE_BF16 || dt == LLM_DTYPE_E4M3);
+}
+
+bool llm_cpu_attn_scores(enum llm_cpu_isa isa, float *att, size_t att_stride, const float *q, int nh,
+                         const void *k, enum llm_dtype dt, int64_t k_stride, const float *k_scale,
+                         size_t k_scale_stride, int n_pos, int d, float scale)
+{
+	if (nh < 1 || nh > 4 || !llm_cpu_attn_reads(isa, dt, d))
 		return false;
 	if (isa >= LLM_ISA_AVX512)
 		scores_512_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
-	else if (isa == LLM_ISA_AVX2 && d % 8 == 0)
-		scores_256_n(att, att_stride, q, nh, k, dt, k_stride, n_pos, d, scale);
 	else
-		return false;
+		scores_256_n(att, att_stride, q, nh, k, dt, k_stride, k_scale, k_scale_stride, n_pos, d, scale);
 	return true;
 }
 
 bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *att, size_t att_stride,
-                       const void *v, enum llm_dtype dt, int64_t v_stride, int n_pos, int d)
+                       const void *v, enum llm_dtype dt, int64_t v_stride, const float *v_scale,
+                       size_t v_scale_stride, int n_pos, int d, int c0, int c1)
 {
-	if (nh < 1 || nh > 4)
+	if (nh < 1 || nh > 4 || !llm_cpu_attn_reads(isa, dt, d) || c0 < 0 || c1 > d || c0 > c1
+	    || (isa < LLM_ISA_AVX512 && (c0 % 8 || c1 % 8)))
 		return false;
 	if (isa >= LLM_ISA_AVX512)
-		wsum_512_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
-	else if (isa == LLM_ISA_AVX2 && d % 8 == 0)
-		wsum_256_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d);
+		wsum_512_n(out, nh, att, att_stride, v, dt, v_stride, n_pos, d, c0, c1);
 	else
-		return false;
+		wsum_256_n(out, nh, att, att_stride, v, dt, v_stride, v_scale, v_scale_stride, n_pos, d, c0, c1);
 	return true;
 }
 
@@ -327,17 +372,13 @@ bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *at
 T256 static void e4m3_rows_256(float *dst, const uint8_t *src, size_t ss, const float *scale, size_t sc,
                                int n_rows, int d)
 {
-	const __m128i lo = _mm_set1_epi16(0x7f), sg = _mm_set1_epi16(0x80);
 	for (int r = 0; r < n_rows; r++) {
 		const uint8_t *c = src + (size_t)r * ss;
 		float *o = dst + (size_t)r * (size_t)d;
 		__m256 s = _mm256_set1_ps(scale[(size_t)r * sc] * 256.0f);
 		int i = 0;
-		for (; i + 8 <= d; i += 8) {
-			__m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + i)));
-			__m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, sg), 8), _mm_slli_epi16(_mm_and_si128(w, lo), 7));
-			_mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_cvtph_ps(h), s));
-		}
+		for (; i + 8 <= d; i += 8)
+			_mm256_storeu_ps(o + i, e4m3_8(c + i, s));
 		for (; i < d; i++)
 			o[i] = llm_e4m3_table[c[i]] * scale[(size_t)r * sc];
 	}

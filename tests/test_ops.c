@@ -494,29 +494,52 @@ static void test_exp(enum llm_cpu_isa best)
 /* The attention block helpers equal per-position loops bit for bit:
  * scores = llm_cpu_dot / scale, values summed in position order (AVX-512:
  * fmaf; AVX2: the product rounded, then added); for 1 to 4 heads sharing
- * the rows, each head as if alone. */
+ * the rows, each head as if alone. E4M3 rows (where the level reads them)
+ * give the bits of the f32 rows llm_cpu_e4m3_rows decodes them to: codes
+ * of every kind (subnormal included) and per-row scales from 2^-20 to 2^40.
+ * The weighted sum in two column ranges gives the bits of one call. */
 static void test_attn_block(enum llm_cpu_isa best)
 {
 	static const int dims[] = { 24, 64, 80 };
+	static const float rsc[5] = { 1.0f, 0x1p-20f, 3.1e-3f, 7.5f, 0x1.8p40f };
 	enum { NPOS = 13, AS = 17 };
-	for (int kt = 0; kt < 2; kt++)
+	for (int kt = 0; kt < 3; kt++)
 		for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
 			int d = dims[di], ks = 3 * d + 5, same = 1, ran = 1;
-			enum llm_dtype dt = kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+			enum llm_dtype dt = kt == 2 ? LLM_DTYPE_E4M3 : kt ? LLM_DTYPE_BF16 : LLM_DTYPE_F32;
+			if (!llm_cpu_attn_reads(best, dt, d))
+				continue;
 			float q[4 * 80], kf[80], att[4 * AS], ref[NPOS], o1[4 * 80], o2[80];
 			float *k = malloc((size_t)(NPOS * ks) * 4), *v = malloc((size_t)(NPOS * ks) * 4);
+			float ksc[NPOS * 2], vsc[NPOS * 2];     /* a scale per row, 2 apart */
 			uint16_t *kh = malloc((size_t)(NPOS * ks) * 2), *vh = malloc((size_t)(NPOS * ks) * 2);
+			uint8_t *k8 = malloc((size_t)(NPOS * ks)), *v8 = malloc((size_t)(NPOS * ks));
+			for (int p = 0; p < NPOS; p++) {
+				ksc[2 * p] = rsc[p % 5];
+				vsc[2 * p] = rsc[(p + 2) % 5];
+			}
 			for (int i = 0; i < NPOS * ks; i++) {
+				if (dt == LLM_DTYPE_E4M3) {
+					k8[i] = (uint8_t)(rand() & 0xff);
+					v8[i] = (uint8_t)(rand() & 0xff);
+					k8[i] = (k8[i] & 0x7f) == 0x7f ? 0x01 : k8[i];   /* no NaN codes */
+					v8[i] = (v8[i] & 0x7f) == 0x7f ? 0x81 : v8[i];
+					k[i] = llm_e4m3_to_f32(k8[i]) * ksc[2 * (i / ks)];
+					v[i] = llm_e4m3_to_f32(v8[i]) * vsc[2 * (i / ks)];
+					continue;
+				}
 				kh[i] = llm_f32_to_bf16(frand());
 				vh[i] = llm_f32_to_bf16(frand());
 				k[i] = llm_bf16_to_f32(kh[i]);
 				v[i] = llm_bf16_to_f32(vh[i]);
 			}
+			const void *kin = kt == 2 ? (const void *)k8 : kt ? (const void *)kh : k;
+			const void *vin = kt == 2 ? (const void *)v8 : kt ? (const void *)vh : v;
 			for (int i = 0; i < 4 * d; i++)
 				q[i] = frand();
 			for (int nh = 1; nh <= 4; nh++)
 				for (int n = 1; n <= NPOS; n++) {
-					if (!llm_cpu_attn_scores(best, att, AS, q, nh, kt ? (const void *)kh : k, dt, ks, n, d, 8.0f)) {
+					if (!llm_cpu_attn_scores(best, att, AS, q, nh, kin, dt, ks, ksc, 2, n, d, 8.0f)) {
 						ran = 0;
 						break;
 					}
@@ -527,11 +550,21 @@ static void test_attn_block(enum llm_cpu_isa best)
 						}
 						same &= !memcmp(att + h * AS, ref, (size_t)n * 4);
 					}
+					if (dt == LLM_DTYPE_E4M3)       /* weights of a softmax's size: no overflow */
+						for (int i = 0; i < 4 * AS; i++)
+							att[i] = frand() * 0x1p-40f;
 					for (int i = 0; i < nh * d; i++)
 						o1[i] = frand();
 					float o0[4 * 80];
 					memcpy(o0, o1, (size_t)(nh * d) * 4);
-					llm_cpu_attn_wsum(best, o1, nh, att, AS, kt ? (const void *)vh : v, dt, ks, n, d);
+					llm_cpu_attn_wsum(best, o1, nh, att, AS, vin, dt, ks, vsc, 2, n, d, 0, d);
+					/* the columns in two ranges: the same bits */
+					float o3[4 * 80];
+					int cm = 8 * (d / 16);
+					memcpy(o3, o0, (size_t)(nh * d) * 4);
+					same &= llm_cpu_attn_wsum(best, o3, nh, att, AS, vin, dt, ks, vsc, 2, n, d, cm, d);
+					same &= llm_cpu_attn_wsum(best, o3, nh, att, AS, vin, dt, ks, vsc, 2, n, d, 0, cm);
+					same &= !memcmp(o3, o1, (size_t)(nh * d) * 4);
 					for (int h = 0; h < nh; h++) {
 						memcpy(o2, o0 + h * d, (size_t)d * 4);
 						for (int p = 0; p < n; p++)
@@ -542,12 +575,17 @@ static void test_attn_block(enum llm_cpu_isa best)
 					}
 				}
 			if (ran)
-				check(same, "attention block helpers %s, %s KV, d_head %d, 1..4 heads x 1..13 positions: same bits as the loops",
+				check(same, "attention block helpers %s, %s KV, d_head %d, 1..4 heads x 1..13 positions, columns whole and in two ranges: same bits as the loops",
+				      llm_cpu_isa_name(best), llm_dtype_name(dt), d);
+			else
+				check(0, "attention block helpers %s, %s KV, d_head %d: refused rows llm_cpu_attn_reads accepts",
 				      llm_cpu_isa_name(best), llm_dtype_name(dt), d);
 			free(k);
 			free(v);
 			free(kh);
 			free(vh);
+			free(k8);
+			free(v8);
 		}
 }
 
@@ -582,6 +620,75 @@ static void test_e4m3_rows(enum llm_cpu_isa best)
 		check(!bad, "e4m3 cache rows %s, d %d, every code, scales 0 to 2^100 (subnormal included): "
 		      "table * scale bit for bit (%d differ)", llm_cpu_isa_name(best), d, bad);
 	}
+}
+
+/* Decode rows at depth through backends of 1, 2 and 3 threads: with more
+ * than one thread a step of one or two decode rows runs split across
+ * positions and columns (backend_cpu.c: attn_split), with one thread as one
+ * item per KV group; every output the same bits, in every KV dtype. GQA 6
+ * query heads on 2 KV heads of 32, 16-position blocks, 700 and 333 cached
+ * positions. */
+static void test_attn_split(enum llm_cpu_isa best)
+{
+	enum { NH = 6, NKV = 2, D = 32, DQ = NH * D, DKV = NKV * D, LEN0 = 700, LEN1 = 333 };
+	struct llm_backend *be[3];
+	for (int i = 0; i < 3; i++) {
+		struct llm_backend_opts o = { i + 1, best, 0 };
+		if (!check(llm_backend_open("cpu", &o, &be[i]) == LLM_OK, "open a %d-thread cpu backend", i + 1))
+			return;
+	}
+	struct llm_kv_opts ko = { 1, NKV, D, LLM_DTYPE_F32, 16, 128, 2, 1024 };
+	float *k = malloc((size_t)(LEN0 + LEN1) * DKV * 4), *v = malloc((size_t)(LEN0 + LEN1) * DKV * 4);
+	float q[2 * DQ], out[3][2 * DQ];
+	int32_t pos[LEN0], seq[LEN0], tok[LEN0] = { 0 };
+	for (int t = 0; t < (LEN0 + LEN1) * DKV; t++) {
+		k[t] = frand();
+		v[t] = frand();
+	}
+	for (int t = 0; t < 2 * DQ; t++)
+		q[t] = frand();
+	for (int kt = 0; kt < 3; kt++) {
+		ko.dtype = KV_DT[kt];
+		int same = 1, ok = 1;
+		for (int i = 0; i < 3; i++) {
+			struct llm_kv kv;
+			int s0, s1;
+			ok &= llm_kv_init(&kv, be[i], &ko) == LLM_OK && llm_kv_seq_new(&kv, &s0) == LLM_OK
+			      && llm_kv_seq_new(&kv, &s1) == LLM_OK;
+			if (!ok)
+				break;
+			for (int sq = 0; sq < 2; sq++) {   /* the contexts, then one decode row each */
+				int n = sq ? LEN1 : LEN0;
+				for (int t = 0; t < n; t++) {
+					pos[t] = t;
+					seq[t] = sq ? s1 : s0;
+				}
+				size_t o = sq ? (size_t)LEN0 * DKV : 0;
+				struct llm_batch b = { n, tok, pos, seq, NULL, NULL };
+				ok &= llm_kv_prepare(&kv, &b) == LLM_OK
+				      && be[i]->ops->kv_store(be[i], &kv, 0, &b, llm_view_f32(k + o, n, DKV), llm_view_f32(v + o, n, DKV)) == LLM_OK;
+			}
+			/* one row of s0 alone, then a step with a row of each (the last
+			 * cached positions: attention reads what is stored) */
+			int32_t dp[2] = { LEN0 - 1, LEN1 - 1 }, ds[2] = { s0, s1 };
+			struct llm_batch a0 = { 1, tok, dp, ds, NULL, NULL }, a1 = { 1, tok, dp + 1, ds + 1, NULL, NULL };
+			struct llm_batch b2 = { 2, tok, dp, ds, NULL, NULL };
+			float o2[2 * DQ];
+			ok &= be[i]->ops->attention(be[i], llm_view_f32(out[i], 1, DQ), llm_view_f32(q, 1, DQ), &kv, 0, &a0, NH) == LLM_OK
+			      && be[i]->ops->attention(be[i], llm_view_f32(out[i] + DQ, 1, DQ), llm_view_f32(q + DQ, 1, DQ), &kv, 0, &a1, NH) == LLM_OK
+			      && be[i]->ops->attention(be[i], llm_view_f32(o2, 2, DQ), llm_view_f32(q, 2, DQ), &kv, 0, &b2, NH) == LLM_OK;
+			same &= !memcmp(o2, out[i], sizeof o2);  /* each row alone and beside the other */
+			llm_kv_free(&kv);
+		}
+		for (int i = 1; i < 3 && ok; i++)
+			same &= !memcmp(out[i], out[0], sizeof out[0]);
+		check(ok && same, "decode attention %s KV, %d and %d cached positions, 1 or 2 rows a step, 1, 2 and 3 threads "
+		      "(split across positions and columns with more than one): the same bits", llm_dtype_name(ko.dtype), LEN0, LEN1);
+	}
+	free(k);
+	free(v);
+	for (int i = 0; i < 3; i++)
+		llm_backend_close(be[i]);
 }
 
 static void test_backend_ops(enum llm_cpu_isa best)
@@ -1442,6 +1549,7 @@ int main(void)
 	test_matmul(best);
 	test_exp(best);
 	test_attn_block(best);
+	test_attn_split(best);
 	test_e4m3_rows(best);
 	test_backend_ops(best);
 	test_fused_ops(best);

@@ -622,12 +622,14 @@ static void test_e4m3_rows(enum llm_cpu_isa best)
 	}
 }
 
-/* Decode rows at depth through backends of 1, 2 and 3 threads: with more
- * than one thread a step of one or two decode rows runs split across
- * positions and columns (backend_cpu.c: attn_split), with one thread as one
- * item per KV group; every output the same bits, in every KV dtype. GQA 6
- * query heads on 2 KV heads of 32, 16-position blocks, 700 and 333 cached
- * positions. */
+/* Decode rows at depth through backends of 1, 2 and 3 threads. With more
+ * than one thread a step of decode rows whose KV groups are too few for
+ * the threads runs as backend_cpu.c's attn_split (runs of blocks, then of
+ * columns, among the threads), other steps as one item per row run and KV
+ * group (attn_task; a step with a prefill run always): a row's output has
+ * the same bits either way, alone or beside another, at any thread count,
+ * in every KV dtype. GQA 6 query heads on 2 KV heads of 32, 16-position
+ * blocks, 700 and 333 cached positions. */
 static void test_attn_split(enum llm_cpu_isa best)
 {
 	enum { NH = 6, NKV = 2, D = 32, DQ = NH * D, DKV = NKV * D, LEN0 = 700, LEN1 = 333 };
@@ -639,13 +641,13 @@ static void test_attn_split(enum llm_cpu_isa best)
 	}
 	struct llm_kv_opts ko = { 1, NKV, D, LLM_DTYPE_F32, 16, 128, 2, 1024 };
 	float *k = malloc((size_t)(LEN0 + LEN1) * DKV * 4), *v = malloc((size_t)(LEN0 + LEN1) * DKV * 4);
-	float q[2 * DQ], out[3][2 * DQ];
+	float q[3 * DQ], out[3][2 * DQ];
 	int32_t pos[LEN0], seq[LEN0], tok[LEN0] = { 0 };
 	for (int t = 0; t < (LEN0 + LEN1) * DKV; t++) {
 		k[t] = frand();
 		v[t] = frand();
 	}
-	for (int t = 0; t < 2 * DQ; t++)
+	for (int t = 0; t < 3 * DQ; t++)
 		q[t] = frand();
 	for (int kt = 0; kt < 3; kt++) {
 		ko.dtype = KV_DT[kt];
@@ -657,7 +659,7 @@ static void test_attn_split(enum llm_cpu_isa best)
 			      && llm_kv_seq_new(&kv, &s1) == LLM_OK;
 			if (!ok)
 				break;
-			for (int sq = 0; sq < 2; sq++) {   /* the contexts, then one decode row each */
+			for (int sq = 0; sq < 2; sq++) {   /* the contexts */
 				int n = sq ? LEN1 : LEN0;
 				for (int t = 0; t < n; t++) {
 					pos[t] = t;
@@ -668,22 +670,26 @@ static void test_attn_split(enum llm_cpu_isa best)
 				ok &= llm_kv_prepare(&kv, &b) == LLM_OK
 				      && be[i]->ops->kv_store(be[i], &kv, 0, &b, llm_view_f32(k + o, n, DKV), llm_view_f32(v + o, n, DKV)) == LLM_OK;
 			}
-			/* one row of s0 alone, then a step with a row of each (the last
-			 * cached positions: attention reads what is stored) */
-			int32_t dp[2] = { LEN0 - 1, LEN1 - 1 }, ds[2] = { s0, s1 };
-			struct llm_batch a0 = { 1, tok, dp, ds, NULL, NULL }, a1 = { 1, tok, dp + 1, ds + 1, NULL, NULL };
-			struct llm_batch b2 = { 2, tok, dp, ds, NULL, NULL };
-			float o2[2 * DQ];
-			ok &= be[i]->ops->attention(be[i], llm_view_f32(out[i], 1, DQ), llm_view_f32(q, 1, DQ), &kv, 0, &a0, NH) == LLM_OK
-			      && be[i]->ops->attention(be[i], llm_view_f32(out[i] + DQ, 1, DQ), llm_view_f32(q + DQ, 1, DQ), &kv, 0, &a1, NH) == LLM_OK
-			      && be[i]->ops->attention(be[i], llm_view_f32(o2, 2, DQ), llm_view_f32(q, 2, DQ), &kv, 0, &b2, NH) == LLM_OK;
-			same &= !memcmp(o2, out[i], sizeof o2);  /* each row alone and beside the other */
+			/* rows at the last cached positions (attention reads what is
+			 * stored): s0's alone, s0's and s1's, s0's beside a 2-row run of s1 */
+			int32_t dp[3] = { LEN0 - 1, LEN1 - 2, LEN1 - 1 }, ds[3] = { s0, s1, s1 };
+			int32_t pp[2] = { LEN0 - 1, LEN1 - 1 }, ps[2] = { s0, s1 };
+			struct llm_batch alone = { 1, tok, dp, ds, NULL, NULL }, pair = { 2, tok, pp, ps, NULL, NULL };
+			struct llm_batch mixed = { 3, tok, dp, ds, NULL, NULL };
+			float o2[2 * DQ], o3[3 * DQ], q2[2 * DQ];
+			memcpy(q2, q, DQ * 4);
+			memcpy(q2 + DQ, q + 2 * DQ, DQ * 4);
+			ok &= be[i]->ops->attention(be[i], llm_view_f32(out[i], 1, DQ), llm_view_f32(q, 1, DQ), &kv, 0, &alone, NH) == LLM_OK
+			      && be[i]->ops->attention(be[i], llm_view_f32(o2, 2, DQ), llm_view_f32(q2, 2, DQ), &kv, 0, &pair, NH) == LLM_OK
+			      && be[i]->ops->attention(be[i], llm_view_f32(o3, 3, DQ), llm_view_f32(q, 3, DQ), &kv, 0, &mixed, NH) == LLM_OK;
+			memcpy(out[i] + DQ, o3 + 2 * DQ, DQ * 4);   /* s1's last row, in the prefill run */
+			same &= !memcmp(o2, out[i], sizeof o2) && !memcmp(o3, out[i], DQ * 4);
 			llm_kv_free(&kv);
 		}
 		for (int i = 1; i < 3 && ok; i++)
 			same &= !memcmp(out[i], out[0], sizeof out[0]);
-		check(ok && same, "decode attention %s KV, %d and %d cached positions, 1 or 2 rows a step, 1, 2 and 3 threads "
-		      "(split across positions and columns with more than one): the same bits", llm_dtype_name(ko.dtype), LEN0, LEN1);
+		check(ok && same, "decode attention %s KV, %d and %d cached positions, decode rows alone or beside a prefill run, "
+		      "1, 2 and 3 threads: the same bits", llm_dtype_name(ko.dtype), LEN0, LEN1);
 	}
 	free(k);
 	free(v);

@@ -125,6 +125,19 @@ int llm_weight_pages_parse(const char *s)
 	       : !strcmp(s, "huge") ? LLM_WEIGHTS_HUGE : -1;
 }
 
+enum llm_status llm_engine_flags_parse(const char *kv_dtype, const char *weight_pages, enum llm_dtype *kv,
+                                       enum llm_weight_pages *wp)
+{
+	int k = llm_dtype_parse_flag(kv_dtype), w = llm_weight_pages_parse(weight_pages);
+	if (k != LLM_DTYPE_F32 && k != LLM_DTYPE_BF16 && k != LLM_DTYPE_E4M3)
+		return llm_fail(LLM_ERR_USAGE, "--kv-dtype: '%s' is not f32, bf16 or fp8", kv_dtype);
+	if (w < 0)
+		return llm_fail(LLM_ERR_USAGE, "--weight-pages: '%s' is not auto, map or huge", weight_pages);
+	*kv = (enum llm_dtype)k;
+	*wp = (enum llm_weight_pages)w;
+	return LLM_OK;
+}
+
 /* The device of this rank for "--backend cuda" under mpirun: its rank
  * among the ranks of its node (the launcher's variable: Open MPI, MPICH,
  * Slurm; else the world rank) modulo the devices it sees, so the ranks of

@@ -49,6 +49,10 @@ enum llm_weight_pages {
 };
 /* "auto", "map" or "huge"; -1 for anything else. */
 int llm_weight_pages_parse(const char *s);
+/* The tools' --kv-dtype (f32, bf16 or fp8) and --weight-pages (auto, map
+ * or huge) into *KV and *WP; LLM_ERR_USAGE naming the flag and its value. */
+enum llm_status llm_engine_flags_parse(const char *kv_dtype, const char *weight_pages, enum llm_dtype *kv,
+                                       enum llm_weight_pages *wp);
 
 struct llm_engine_opts {
 	const char *backend;        /* "auto", "cpu", "cuda[:N]" */

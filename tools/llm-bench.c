@@ -305,12 +305,10 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 	int nb = split_list(batches, bl, 64, 0);
 	if (nb < 1)
 		return llm_args_usage_error(&cli, "--batch: expected a comma-separated list of positive integers");
-	int wp = llm_weight_pages_parse(weight_pages);
-	if (wp < 0)
-		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", weight_pages);
-	int kvd = llm_dtype_parse_flag(kv_dtype);
-	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16 && kvd != LLM_DTYPE_E4M3)
-		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32, bf16 or fp8", kv_dtype);
+	enum llm_dtype kvd;
+	enum llm_weight_pages wp;
+	if (llm_engine_flags_parse(kv_dtype, weight_pages, &kvd, &wp))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	char bbuf[256];
 	snprintf(bbuf, sizeof bbuf, "%s", backends);
 	header("model", ckpt);

@@ -110,8 +110,8 @@ static _Noreturn void die_msg(void)
 static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
-	o.weight_pages = (enum llm_weight_pages)llm_weight_pages_parse(cfg.weight_pages);   /* main checked */
-	o.kv_dtype = (enum llm_dtype)llm_dtype_parse_flag(cfg.kv_dtype), o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : spec.mode ? (int)cfg.parallel * (1 + spec.n_draft) : 0;   /* the flags': the same on every rank */
+	llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &o.kv_dtype, &o.weight_pages);   /* main checked */
+	o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : spec.mode ? (int)cfg.parallel * (1 + spec.n_draft) : 0;   /* the flags': the same on every rank */
 	o.backend = cfg.backend, o.lora = cfg.lora.v, o.n_lora = cfg.lora.n, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
 	return o;
@@ -349,7 +349,7 @@ int main(int argc, char **argv)
 		}
 	static const struct mode generate = { NULL, "generation", run_generate, 0 };
 	mode = mode ? mode : &generate;
-	int gen = mode == &generate, kv = llm_dtype_parse_flag(cfg.kv_dtype);
+	int gen = mode == &generate;
 	const struct { int bad; const char *msg; } rules[] = {   /* usage errors, in this order */
 		{ !gen && (cfg.prompt || cfg.prompt_file), "-p and -f go with generation" },
 		{ cfg.prompt && cfg.prompt_file, "-p and -f cannot be combined" }, { cfg.json_schema && cfg.grammar, "--json-schema and --grammar cannot be combined" },
@@ -372,10 +372,9 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
 		if (rules[i].bad)
 			return llm_args_usage_error(&cli, "%s", rules[i].msg);
-	if (kv != LLM_DTYPE_F32 && kv != LLM_DTYPE_BF16 && kv != LLM_DTYPE_E4M3)
-		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32, bf16 or fp8", cfg.kv_dtype);
-	if (llm_weight_pages_parse(cfg.weight_pages) < 0)
-		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
+	struct llm_engine_opts eo;
+	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &eo.kv_dtype, &eo.weight_pages))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft)) return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	for (int i = 0; i < cfg.logit_bias.n; i++)
 		if (llm_logit_bias_parse(cfg.logit_bias.v[i], &cli_bias[n_cli_bias++]))

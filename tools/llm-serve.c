@@ -208,12 +208,10 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "-m DIR is required");
 	if (llm_model_check_args(cfg.model, cfg.ctx_size))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
-	int kvd = llm_dtype_parse_flag(cfg.kv_dtype);
-	if (kvd != LLM_DTYPE_F32 && kvd != LLM_DTYPE_BF16 && kvd != LLM_DTYPE_E4M3)
-		return llm_args_usage_error(&cli, "--kv-dtype: '%s' is not f32, bf16 or fp8", cfg.kv_dtype);
-	int wp = llm_weight_pages_parse(cfg.weight_pages);
-	if (wp < 0)
-		return llm_args_usage_error(&cli, "--weight-pages: '%s' is not auto, map or huge", cfg.weight_pages);
+	enum llm_dtype kvd;
+	enum llm_weight_pages wp;
+	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &kvd, &wp))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
 	struct llm_spec_opts spec;
@@ -245,8 +243,8 @@ int main(int argc, char **argv)
 	eo.lora_runtime = cfg.runtime_lora;
 	so.allow_runtime_lora = cfg.runtime_lora;
 	eo.n_threads = (int)cfg.threads;
-	eo.kv_dtype = (enum llm_dtype)kvd;
-	eo.weight_pages = (enum llm_weight_pages)wp;
+	eo.kv_dtype = kvd;
+	eo.weight_pages = wp;
 	eo.check_weights = cfg.check_weights;
 	eo.kv_block_size = (int)cfg.kv_block_size;
 	eo.max_seqs = (int)(cfg.max_running + cfg.prefix_cache);

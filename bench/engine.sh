@@ -14,8 +14,9 @@
 #                          alternating; the table shows the median round
 #   ENGINES [all five]     subset of: ours-bf16 theirs-bf16 ours-fp8
 #                          ours-fp8+emb theirs-q8_0
-#   KV [build default]     ours: --kv-dtype (f32, bf16)
+#   KV [build default]     ours: --kv-dtype (f32, bf16, fp8)
 #   CONTENTION [1]         0: skip the round with a CPU burner
+#   STARTUP [1]            0: skip start to first token against cat
 #   TAG                    added to the output names (engine-MACHINE-TAG-DATE)
 #   REPORT_ONLY [0]        1: measure nothing, write the JSON and table of the
 #                          rows WORKDIR/rows.jsonl holds (a cut-short run)
@@ -154,11 +155,11 @@ evict() { $PY -c 'import os,sys
 for p in sys.argv[1:]:
 	fd=os.open(p,os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"; }
 echo '{"prompt_ids": [1], "max_tokens": 1, "temperature": 0}' >"$W/p1.jsonl"
-for cfg in "${CONFIGS[@]}"; do
+[ "${STARTUP:-1}" = 1 ] && for cfg in "${CONFIGS[@]}"; do
 	name=$(basename "$cfg" .json)
 	f=$W/$name/fp8/model.safetensors
 	for cache in cold warm; do
-		for pages in map huge; do
+		for pages in auto map huge; do
 			[ $cache = cold ] && evict "$f"
 			[ $cache = warm ] && cat "$f" >/dev/null
 			t_cat=$( { /usr/bin/time -f %e cat "$f" >/dev/null; } 2>&1 )

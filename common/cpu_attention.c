@@ -9,8 +9,10 @@
  * lane at a time, eight or sixteen, and the softmax sum is taken in one fixed
  * order (see each section). The attention helpers also run at AVX2 (d_head
  * a multiple of 8), with the bits of the loops of backend_cpu.c at that
- * level; a caller below AVX2, or with another d_head, gets false from
- * llm_cpu_attn_* and runs those loops. */
+ * level, and there read E4M3 rows in place (the bits of the rows
+ * llm_cpu_e4m3_rows decodes); a caller below AVX2, or with another d_head,
+ * gets false from llm_cpu_attn_* and runs those loops (llm_cpu_attn_reads
+ * says which rows a level reads). */
 #include "backend.h"
 
 #include <math.h>
@@ -20,7 +22,8 @@
 
 /* ---- attention over one KV block ---------------------------------------
  * The scores and the weighted sum of values, a run of positions whose rows
- * are KSTRIDE elements apart (F32 or BF16; bf16 -> f32 is exact). A score is
+ * are KSTRIDE elements apart (F32 or BF16; bf16 -> f32 is exact; E4M3 at
+ * AVX2, below). A score is
  * llm_cpu_dot(isa, q, k) / scale bit for bit (four positions share the lane
  * reduction, in the same pairs), and o[i] = fmaf(a, v[i], o[i]), positions
  * in order (one rounding per term; the loops below AVX-512 in backend_cpu.c

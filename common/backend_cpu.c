@@ -602,9 +602,7 @@ static enum llm_status cpu_rope_store(struct llm_backend *be, struct llm_view q,
 #define ATTN_GS 4
 /* query rows up to which an item reads E4M3 blocks in place (each row
  * decodes the codes it reads) rather than decoding each block to f32 once */
-#ifndef ATTN_DIRECT_ROWS
 #define ATTN_DIRECT_ROWS 1
-#endif
 
 struct attn_job {
 	struct llm_view out, q;

@@ -13,7 +13,7 @@
 #   ROUNDS [3]             rounds; each runs every row once, the engines
 #                          alternating; the table shows the median round
 #   ENGINES [all five]     subset of: ours-bf16 theirs-bf16 ours-fp8
-#                          ours-fp8+emb theirs-q8_0
+#                          ours-fp8-dec theirs-q8_0
 #   KV [build default]     ours: --kv-dtype (f32, bf16, fp8)
 #   CONTENTION [1]         0: skip the round with a CPU burner
 #   STARTUP [1]            0: skip start to first token against cat
@@ -28,8 +28,9 @@
 # The weights come from ../shared/tools/mkrandom.py (one seeded random model
 # as Hugging Face BF16 safetensors and GGUF BF16/Q8_0; needs python3-numpy),
 # our FP8 checkpoints from llm-quantize of the same BF16 weights: "fp8" (the
-# decoder projections in FP8, embedding and lm_head BF16) and "fp8+emb" (the
-# embedding and lm_head in FP8 too: the same tensors as llama.cpp's Q8_0).
+# default: decoder projections, embedding and lm_head in FP8, the tensors
+# llama.cpp's Q8_0 quantizes) and "fp8-dec" (the decoder projections only,
+# embedding and lm_head BF16: llm-quantize's default before 2026-11-25).
 # llama.cpp is timed by ../shared/tools/lbench.c (llama-bench's method:
 # warm-up, persistent thread pool, flash attention on, f16 KV), compiled
 # with bench/lbench_depth.h for the depth; ours by llm-bench model (one
@@ -48,7 +49,7 @@ CONFIGS=(${@:-../shared/tools/configs/smollm2-135m.json ../shared/tools/configs/
 DEPTHS=${DEPTHS:-0 1024 4096}
 THREADS=${THREADS:-1 2}
 ROUNDS=${ROUNDS:-3}
-ENGINES=${ENGINES:-ours-bf16 theirs-bf16 ours-fp8 ours-fp8+emb theirs-q8_0}
+ENGINES=${ENGINES:-ours-bf16 theirs-bf16 ours-fp8 ours-fp8-dec theirs-q8_0}
 KV=${KV:-}
 CONTENTION=${CONTENTION:-1}
 PY=/usr/bin/python3            # Debian's, where python3-numpy lives
@@ -89,8 +90,13 @@ for cfg in "${CONFIGS[@]}"; do
 	if [ ! -f "$d/model-q8_0.gguf" ]; then
 		$PY ../shared/tools/mkrandom.py --config "$cfg" --out "$d" --formats st-bf16,gguf-bf16,gguf-q8_0 --seed 1 >/dev/null
 	fi
+	# an "fp8" of the older default (embedding in BF16) is made again
+	if [ -d "$d/fp8" ] && ! $PY -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]
+sys.exit("model.embed_tokens.weight_scale_inv" not in json.loads(f.read(n)))' "$d/fp8/model.safetensors"; then
+		rm -rf "$d/fp8"
+	fi
 	[ -d "$d/fp8" ] || $B/llm-quantize -q "$d/hf-bf16" "$d/fp8"
-	[ -d "$d/fp8+emb" ] || $B/llm-quantize -q --include 'proj\.weight$|embed_tokens|lm_head' "$d/hf-bf16" "$d/fp8+emb"
+	[ -d "$d/fp8-dec" ] || $B/llm-quantize -q --include 'proj\.weight$' "$d/hf-bf16" "$d/fp8-dec"
 done
 LLAMA_BACKEND=$(LB_DEBUG=1 "$LBENCH" "$LBENCH_LIB" "$W/$(basename "${CONFIGS[0]}" .json)/model-q8_0.gguf" 1 0 1 1 1 1 2>&1 |
 	sed -n 's/.*loaded CPU backend from .*\/\(libggml-cpu-[a-z0-9]*\)\.so.*/\1/p' | head -1)
@@ -219,7 +225,8 @@ for k, rs in speed.items():
 		m = eng[5:]; m = "hf-bf16" if m == "bf16" else m
 		wb, eb, cfg = st_bytes(os.path.join(W, model, m))
 		dh = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-		kvel = 2 if kv == "bf16" else 4
+		kvel = {"fp8": 1, "bf16": 2}.get(kv, 4)  # fp8: plus a 4-byte scale per token and head
+		kvel += 4 / dh if kv == "fp8" else 0
 		# the mean context over the 128 generated tokens
 		kvb = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * dh * (depth + 64) * kvel
 		if str(t) in bw or t in bw:

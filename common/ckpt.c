@@ -601,7 +601,10 @@ enum llm_status llm_ckpt_fp8_scale(const struct llm_ckpt *ck, const char *name, 
 		return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is F8_E4M3 but has no '%s_scale_inv' or '%s_scale'",
 		                ck->path, name, name, name);
 	int64_t sn = llm_tensor_numel(sc);
-	if (inv && sc->n_dim == 2) {
+	if (inv && sc->n_dim == 2 && sc->shape[1] == 1 && sc->shape[0] == rows) {
+		*bn = 1;                             /* one scale per row, whatever the config's block */
+		*bk = cols;
+	} else if (inv && sc->n_dim == 2) {
 		config_block(ck, bn, bk);
 		if (*bn <= 0 || *bk <= 0) {       /* no config: derive from the shapes */
 			*bn = sc->shape[0] ? (rows + sc->shape[0] - 1) / sc->shape[0] : 0;

@@ -202,6 +202,7 @@ enum action { A_COPY, A_QUANT, A_SCALE, A_CONVERT };
 
 struct item {
 	enum action act;
+	int64_t bn, bk;                /* A_QUANT, A_SCALE: block rows, cols (0: K) */
 	const struct llm_tensor *in;   /* input tensor (desc only for random) */
 	struct llm_weight w;           /* E4M3 input being dequantized */
 	struct llm_tensor out;         /* output descriptor */
@@ -290,11 +291,11 @@ static void band_run(struct band_work *w, enum band_phase phase)
 static enum llm_status write_quant(struct job *j, struct item *it)
 {
 	int64_t rows = it->out.shape[0], cols = it->out.shape[1];
-	int64_t bk = j->bk ? j->bk : cols, nbk = (cols + bk - 1) / bk;
+	int64_t bn = it->bn, bk = it->bk ? it->bk : cols, nbk = (cols + bk - 1) / bk;
 	double err2 = 0, ref2 = 0, maxabs = 0;
-	for (int64_t r0 = 0; r0 < rows; r0 += j->bn) {
-		int64_t r1 = r0 + j->bn < rows ? r0 + j->bn : rows;
-		float *sc = j->scales + (r0 / j->bn) * nbk;
+	for (int64_t r0 = 0; r0 < rows; r0 += bn) {
+		int64_t r1 = r0 + bn < rows ? r0 + bn : rows;
+		float *sc = j->scales + (r0 / bn) * nbk;
 		struct band_work bw = { j, it, r0, r1, cols, bk, nbk, sc, FILL };
 		band_run(&bw, FILL);
 		/* a NaN or Inf input has no finite scale (its block would be stored
@@ -324,7 +325,7 @@ static enum llm_status write_quant(struct job *j, struct item *it)
 		double rel = ref2 > 0 ? sqrt(err2 / ref2) : 0;
 		if (j->o->stats == 2)
 			printf("{\"tensor\":\"%s\",\"shape\":[%lld,%lld],\"block\":[%lld,%lld],\"rel_rms_error\":%.6g,\"max_abs_error\":%.6g}\n",
-			       it->out.name, (long long)rows, (long long)cols, (long long)j->bn, (long long)bk, rel, maxabs);
+			       it->out.name, (long long)rows, (long long)cols, (long long)bn, (long long)bk, rel, maxabs);
 		else {
 			llm_progress_clear(j->o->write.progress);    /* the table line goes above the bar */
 			fprintf(stderr, "%-56s %6lldx%-6lld rel_rms %.3e  max_abs %.3e\n", it->out.name,
@@ -445,13 +446,26 @@ static enum llm_status add_item(struct job *j, enum action act, const struct llm
 	return LLM_OK;
 }
 
+/* The embedding and lm_head are split by vocabulary rows at any row
+ * (llm-checkpoint(5): [floor(t V / T), floor((t+1) V / T))), so they take
+ * one scale per row, which every split keeps whole; a block of rows would
+ * not divide most vocabularies by 4 or 8 ranks (128256 / 4 / 128 = 250.5). */
+static int per_row_tensor(const char *name)
+{
+	return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "lm_head.weight");
+}
+
 /* A quantized weight: the codes, then its scales (computed while the codes
  * are written, so they follow them in the file). */
 static enum llm_status add_quant(struct job *j, const struct llm_tensor *in)
 {
-	int64_t rows = in->shape[0], cols = in->shape[1], bk = j->bk ? j->bk : cols;
-	int64_t sshape[2] = { (rows + j->bn - 1) / j->bn, (cols + bk - 1) / bk };
+	int row = per_row_tensor(in->name);
+	int64_t bn = row ? 1 : j->bn, bk0 = row ? 0 : j->bk;
+	int64_t rows = in->shape[0], cols = in->shape[1], bk = bk0 ? bk0 : cols;
+	int64_t sshape[2] = { (rows + bn - 1) / bn, (cols + bk - 1) / bk };
 	LLM_TRY(add_item(j, A_QUANT, in, in->name, NULL, LLM_DTYPE_E4M3, 2, in->shape));
+	j->items[j->n - 1].bn = bn;
+	j->items[j->n - 1].bk = bk0;
 	return add_item(j, A_SCALE, in, in->name, "_scale_inv", LLM_DTYPE_F32, 2, sshape);
 }
 

@@ -24,9 +24,11 @@ struct llm_quant_opts {
 };
 
 /* The default set of quantized tensors: the linear weights of the decoder
- * layers (q, k, v, o, gate, up, down). */
+ * layers (q, k, v, o, gate, up, down), the embedding and lm_head (these two
+ * with one scale per row). */
 #define LLM_QUANT_DEFAULT_INCLUDE \
-	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(gate|up|down)_proj)\\.weight$"
+	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(gate|up|down)_proj)\\.weight$" \
+	"|^model\\.embed_tokens\\.weight$|^lm_head\\.weight$"
 
 /* Quantize (or dequantize) checkpoint IN into OUT. */
 enum llm_status llm_quantize(const char *in, const char *out, const struct llm_quant_opts *o);

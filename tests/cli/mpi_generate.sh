@@ -1,6 +1,6 @@
 # tests/cli/mpi_generate.sh: the distributed forward pass (partition.h,
 # generate.h) through llm-generate under mpirun: tp2, pp2 and tp2 x pp2 on
-# stories260K (F32), tp3, pp2 and tp3 x pp2 on a random SmolLM2-135M-shape
+# stories260K (F32; FP8 at tp2 x pp2), tp3, pp2 and tp3 x pp2 on a random SmolLM2-135M-shape
 # checkpoint (BF16; 9 heads, 3 kv heads: --tp 3); greedy ids equal the
 # single-process run and log-probs agree within LP_TOL; only rank 0 writes
 # stdout; -v counts the stage-boundary bytes (fused: half the unfused,
@@ -71,6 +71,11 @@ for g in "2 1" "1 2" "2 2"; do
 	run_cmp "stories260K F32 tp$1 x pp$2 (mpirun -np $(($1 * $2)))" $(($1 * $2)) "$T/s$1$2" "$T/ref.json"
 done
 check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.json")" = 4 ]
+# FP8 (1xK: d_ff 172 splits at 86) with the embedding and lm_head in FP8,
+# split by vocabulary rows with their per-row scales
+llm-quantize -q --block 1xK "$S" "$T/s8" && llm-repartition -q "$T/s8" "$T/s8-22" --tp 2 --pp 2
+llm-generate -t 1 -m "$T/s8" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref8.json"
+run_cmp "stories260K FP8 with an FP8 embedding, tp2 x pp2 (mpirun -np 4)" 4 "$T/s8-22" "$T/ref8.json"
 
 # -p streams the same text
 llm-generate -t 1 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"

@@ -117,6 +117,24 @@ roundtrip "SmolLM2 FP8 1xK" "$T/m8k" --tp 3 --pp 2
 check "SmolLM2 pp3: stages balanced by bytes (embedding and head counted)" sh -c \
 	"$R -q -n '$T/m16' x --pp 3 | awk '/^[0-9]/{print \$6}' | sort -n | awk 'NR==1{lo=\$1} END{exit !(\$1 < 1.2 * lo)}'"
 
+# the embedding and lm_head of a default FP8 checkpoint (one scale per row)
+# split at any vocabulary row: 1000 rows over --tp 2 cut at 500 and over
+# --tp 4 at 250, inside 128-row blocks, beside 128x128 decoder blocks
+sed -e 's/"hidden_size": 128/"hidden_size": 512/' -e 's/"intermediate_size": 352/"intermediate_size": 1024/' \
+	-e 's/"vocab_size": 512/"vocab_size": 1000/' configs/tiny-check.json >"$T/v1000.json"
+$Q -q --random "$T/v1000.json" --dtype fp8 --seed 4 "$T/v8"
+roundtrip "vocabulary 1000, FP8 128x128 with the embedding and lm_head per row" "$T/v8" --tp 2 --pp 2
+roundtrip "vocabulary 1000, FP8 128x128 with the embedding and lm_head per row" "$T/v8" --tp 4
+$R -q "$T/v8" "$T/v8p" --tp 4
+check "--tp 4: rank 1's lm_head holds vocabulary rows 250-499 and their 250 scales" python3 -c "
+import json, struct
+f = open('$T/v8p/rank-00001-pp0-tp1.safetensors', 'rb')
+h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+assert h['lm_head.weight']['shape'] == [250, 512] and h['lm_head.weight']['dtype'] == 'F8_E4M3', h['lm_head.weight']
+assert h['lm_head.weight_scale_inv']['shape'] == [250, 1], h['lm_head.weight_scale_inv']
+assert h['model.embed_tokens.weight']['shape'] == [250, 512]
+"
+
 # key-value heads fewer than --tp: replicated (8 heads, 2 kv heads)
 sed -e 's/"hidden_size": 128/"hidden_size": 64/' -e 's/"intermediate_size": 352/"intermediate_size": 128/' \
 	-e 's/"num_attention_heads": 4/"num_attention_heads": 8/' configs/tiny-check.json >"$T/kv.json"

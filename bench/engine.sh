@@ -225,7 +225,7 @@ for k, rs in speed.items():
 		m = eng[5:]; m = "hf-bf16" if m == "bf16" else m
 		wb, eb, cfg = st_bytes(os.path.join(W, model, m))
 		dh = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-		kvel = {"fp8": 1, "bf16": 2}.get(kv, 4)  # fp8: plus a 4-byte scale per token and head
+		kvel = {"fp8": 1, "bf16": 2, "default": 2}.get(kv, 4)  # the default: bf16; fp8: plus a 4-byte scale per token and head
 		kvel += 4 / dh if kv == "fp8" else 0
 		# the mean context over the 128 generated tokens
 		kvb = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * dh * (depth + 64) * kvel

@@ -278,7 +278,8 @@ for l in open(sys.argv[1]):
 		[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
 		be=cpu   # the CPU half: the same comparison against the CPU backend
 	fi
-	tmo "$GEN" -m "$m" --backend $be --json --temp 0 --parallel 8 <"$WORK/greedy.jsonl" >"$WORK/greedy.$be" 2>>"$LOG"; rc=$?
+	# an f32 KV cache (the default bf16 rounds what the reference keeps)
+	tmo "$GEN" -m "$m" --backend $be --kv-dtype f32 --json --temp 0 --parallel 8 <"$WORK/greedy.jsonl" >"$WORK/greedy.$be" 2>>"$LOG"; rc=$?
 	if timed_out $rc; then failed "timed out after $TL s"; return; fi
 	[ $rc = 0 ] || { failed "llm-generate --backend $be exit $rc: $(tail -n 1 "$LOG")"; return; }
 	check_py greedy "$ref" "$WORK/greedy.$be" || { failed "--backend $be: ids differ from the reference: $EXTRA"; return; }
@@ -309,7 +310,7 @@ for l in open(sys.argv[1]):
 	# a sanitizer build (make asan) would report OpenMPI's own allocations at exit
 	local ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 	export ASAN_OPTIONS
-	tmo $mpirun -np 1 "$GEN" -m "$WORK/tp1" --backend $be --json --temp 0 --parallel 8 <"$WORK/mpi.jsonl" \
+	tmo $mpirun -np 1 "$GEN" -m "$WORK/tp1" --backend $be --kv-dtype f32 --json --temp 0 --parallel 8 <"$WORK/mpi.jsonl" \
 		>"$WORK/mpi.$be" 2>>"$LOG"; rc=$?
 	if timed_out $rc; then failed "timed out after $TL s"; return; fi
 	[ $rc = 0 ] || { failed "mpirun -np 1 llm-generate --backend $be exit $rc: $(tail -n 1 "$LOG")"; return; }
@@ -330,7 +331,7 @@ logits() {
 	need_py || return
 	vocab=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$3")
 	"$PY" bench/gpu_check.py prompts 4 12 6 "$vocab" 7 >"$WORK/$1.prompts"
-	tmo "$GEN" -m "$ck" --backend cpu --json --temp 0 --logprobs 10 --parallel 4 <"$WORK/$1.prompts" \
+	tmo "$GEN" -m "$ck" --backend cpu --kv-dtype f32 --json --temp 0 --logprobs 10 --parallel 4 <"$WORK/$1.prompts" \
 		>"$WORK/$1.cpu" 2>>"$LOG"; rc=$?
 	if timed_out $rc; then failed "CPU half timed out after $TL s"; return; fi
 	[ $rc = 0 ] || { failed "llm-generate --backend cpu exit $rc: $(tail -n 1 "$LOG")"; return; }
@@ -340,7 +341,7 @@ logits() {
 		REASON="$REASON; the CPU half ran ($(wc -l <"$WORK/$1.cpu") prompts, --logprobs 10)"
 		return
 	fi
-	tmo "$GEN" -m "$ck" --backend cuda --json --temp 0 --logprobs 10 --parallel 4 <"$WORK/$1.prompts" \
+	tmo "$GEN" -m "$ck" --backend cuda --kv-dtype f32 --json --temp 0 --logprobs 10 --parallel 4 <"$WORK/$1.prompts" \
 		>"$WORK/$1.cuda" 2>>"$LOG"; rc=$?
 	if timed_out $rc; then failed "CUDA half timed out after $TL s"; return; fi
 	[ $rc = 0 ] || { failed "llm-generate --backend cuda exit $rc: $(tail -n 1 "$LOG")"; return; }

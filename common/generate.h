@@ -79,7 +79,7 @@ struct llm_engine_opts {
 	int check_weights;          /* 1: refuse weights holding NaN or Inf (llm_ckpt_check_finite) at open */
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
-	.kv_dtype = LLM_DTYPE_F32, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }
+	.kv_dtype = LLM_DTYPE_BF16, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }
 
 /* Memory the engine holds besides code (weights mapped or, copied into huge
  * pages, the same bytes). */

@@ -511,7 +511,7 @@ static void test_engine(void)
 	check(memcmp(alone[0].ids, alone[2].ids, 40 * 4) != 0, "different seeds, different samples");
 	struct llm_mem_plan mp;
 	llm_engine_plan(e, &mp);
-	check(mp.weight_bytes > 1000000 && mp.weight_bytes <= 1044992 && mp.kv_bytes_per_token == 2 * 5 * 4 * 8 * 4,
+	check(mp.weight_bytes > 1000000 && mp.weight_bytes <= 1044992 && mp.kv_bytes_per_token == 2 * 5 * 4 * 8 * 2,   /* the default KV: bf16 */
 	      "memory plan: weights %zu B, KV %zu B per token, pool %zu B, scratch %zu B",
 	      mp.weight_bytes, mp.kv_bytes_per_token, mp.kv_bytes, mp.scratch_bytes);
 	llm_engine_close(e);

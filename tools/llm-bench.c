@@ -15,7 +15,7 @@
 
 static const char *rates = NULL, *concs = NULL, *trace = NULL, *format = "table", *plot = NULL;
 static const char *api_key = NULL, *model = NULL, *backends = "auto", *batches = "1", *title = NULL;
-static const char *weight_pages = "auto", *kv_dtype = "f32";
+static const char *weight_pages = "auto", *kv_dtype = "bf16";
 static int64_t input_len = 128, output_len = 64, requests = 64, seed = 1, shared_prefix = 0, id_range = 500;
 static int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3, threads = 0;
 static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min_tok_s = 0;
@@ -46,7 +46,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT('r', "repetitions", "N", &reps, "model: repetitions (after one warm-up)", 1, 1000),
 	LLM_STR(0, "backend", "LIST", &backends, "model: backends to measure, e.g. cpu,cuda"),
 	LLM_INT('t', "threads", "N", &threads, "model: CPU threads (0: every CPU)", 0, 4096),
-	LLM_STR(0, "kv-dtype", "TYPE", &kv_dtype, "model: KV cache dtype: f32, bf16 or fp8 (E4M3, a scale per token and head)"),
+	LLM_STR(0, "kv-dtype", "TYPE", &kv_dtype, "model: KV cache dtype: bf16, f32 or fp8 (E4M3, a scale per token and head)"),
 	LLM_STR(0, "weight-pages", "MODE", &weight_pages, "model: where the CPU reads the weights: huge, map or auto (llm-generate(1))"),
 	LLM_STR(0, "format", "FMT", &format, "table, csv or jsonl"),
 	LLM_FLOAT(0, "min-tok-s", "X", &min_tok_s, "gate: exit 3 when the best output tok/s is below X", 0, 1e12),

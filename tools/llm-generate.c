@@ -28,7 +28,7 @@ struct generate_cfg {
 
 static struct generate_cfg cfg = {
 	.n_predict = 128, .spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
-	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto", .eval_tokens = 2048,
+	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto", .eval_tokens = 2048,
 };
 
 static const struct llm_opt opts[] = {
@@ -76,7 +76,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "batch-tokens", "N", &cfg.batch_tokens, "tokens per forward step", 1, 1 << 20),
 	LLM_KV_MEMORY_OPT(&cfg.kv_memory, "--parallel x the longest prompt with its -n (4096 at least), in 90% of free memory"), LLM_MAX_KV_TOKENS_OPT(&cfg.max_kv_tokens),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse across prompts (0: no prefix caching)", 0, 1024), LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),
-	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32, bf16 or fp8 (E4M3, a scale per token and head)"),
+	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: bf16, f32 or fp8 (E4M3, a scale per token and head)"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend, the copy read in the background)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
 	LLM_LIST(0, "lora", "[NAME=]DIR", &cfg.lora, "load the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend) as NAME (default: DIR's base name; repeatable); lines run with the first unless their \"model\" names another or the model"),

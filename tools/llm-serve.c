@@ -34,7 +34,7 @@ struct serve_cfg {
 };
 
 static struct serve_cfg cfg = {
-	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "f32", .weight_pages = "auto",
+	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto",
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
 	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256,
@@ -62,7 +62,7 @@ static const struct llm_opt opts[] = {
 	LLM_SIZE(0, "assume-memory", "SIZE", &cfg.assume_memory, "size the default KV cache (and --plan) as if SIZE were "
 	         "free (MemAvailable; on CUDA the device's free memory) instead of measuring it"),
 	LLM_INT(0, "max-kv-tokens", "N", &cfg.max_kv_tokens, "KV cache size in token positions (instead of --kv-memory)", 0, INT32_MAX),
-	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: f32, bf16 or fp8 (E4M3, a scale per token and head)"),
+	LLM_STR(0, "kv-dtype", "TYPE", &cfg.kv_dtype, "KV cache dtype: bf16, f32 or fp8 (E4M3, a scale per token and head)"),
 	LLM_INT('c', "ctx-size", "N", &cfg.ctx_size, "context length (0: the model's)", 0, INT32_MAX),
 	LLM_INT(0, "prefix-cache", "N", &cfg.prefix_cache, "prompt prefixes kept for reuse (0: no prefix caching)", 0, 1024),
 	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),

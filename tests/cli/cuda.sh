@@ -91,9 +91,9 @@ with open(t + "/ids.jsonl", "w") as a:
         r = json.loads(l)
         a.write(json.dumps({"prompt_ids": r["prompt_ids"], "max_tokens": r["n"], "temperature": 0}) + "\n")
 PY
-llm-generate -m "$M" --backend cuda --json --parallel 8 <"$T/ids.jsonl" >"$T/cuda.jsonl" 2>"$T/err"
+llm-generate -m "$M" --backend cuda --kv-dtype f32 --json --parallel 8 <"$T/ids.jsonl" >"$T/cuda.jsonl" 2>"$T/err"
 check "llm-generate --backend cuda runs the reference prompts (exit 0)" [ $? = 0 ]
-llm-generate -m "$M" --backend cpu --json --parallel 8 <"$T/ids.jsonl" >"$T/cpu.jsonl" 2>/dev/null
+llm-generate -m "$M" --backend cpu --kv-dtype f32 --json --parallel 8 <"$T/ids.jsonl" >"$T/cpu.jsonl" 2>/dev/null
 python3 - "$REF" "$T/cuda.jsonl" <<'PY' >"$T/cmp"
 import json, sys
 refs = [json.loads(l) for l in open(sys.argv[1])]
@@ -121,7 +121,7 @@ elif ! llm-repartition -q "$M" "$T/tp1" --tp 1 --pp 1 2>"$T/rp.err"; then
 else
 	MPIRUN="mpirun --oversubscribe"
 	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-	timeout 300 $MPIRUN -np 1 llm-generate -m "$T/tp1" --backend cuda --json --parallel 8 <"$T/ids.jsonl" \
+	timeout 300 $MPIRUN -np 1 llm-generate -m "$T/tp1" --backend cuda --kv-dtype f32 --json --parallel 8 <"$T/ids.jsonl" \
 		>"$T/mpi.jsonl" 2>"$T/mpi.err"; rc=$?
 	check "$d (exit $rc$([ $rc = 0 ] || echo ": $(head -n 1 "$T/mpi.err")"))" sh -c "[ $rc = 0 ] && python3 -c 'import json,sys; a=[json.loads(l)[\"ids\"] for l in open(sys.argv[1])]; b=[json.loads(l)[\"ids\"] for l in open(sys.argv[2])]; sys.exit(not a or a!=b)' '$T/mpi.jsonl' '$T/cpu.jsonl'"
 fi

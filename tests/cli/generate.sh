@@ -3,7 +3,9 @@
 # ($LLM_TEST_REF/stories260K: llama2.c run.c, matched by llama.cpp).
 . tests/lib/tap.sh
 T=$TMPD
-G=llm-generate
+# the reference comparisons run an f32 KV cache; the default (bf16) rounds
+# keys and values to 8 mantissa bits and is held to its own bounds below
+G="llm-generate --kv-dtype f32"
 if ! have_stories || [ ! -f "$LLM_TEST_REF/stories260K/greedy.jsonl" ]; then
 	skip "llm-generate on stories260K" "no stories260K model or reference in \$LLM_TEST_MODELS / \$LLM_TEST_REF"
 	tap_done
@@ -106,8 +108,29 @@ import json, sys; b = json.loads(sys.argv[1]); assert len(b['ids']) == 60 and b[
 check_fails "--speculate draft without --draft is a usage error" 2 $G -m "$M" -p hi --speculate draft
 grep -q -- "--speculate draft needs --draft DIR" "$T/err" && ok "the error says --draft DIR" || notok "the error says --draft DIR"
 check_fails "--draft without --speculate draft is a usage error" 2 $G -m "$M" -p hi --draft "$T/fp8"
-$G -m "$M" --json --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
+$G -m "$M" --json --logprobs 1 --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
 check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
+llm-generate -m "$M" --json --logprobs 1 <"$T/ids.jsonl" >"$T/out-default.jsonl"
+check "the default KV cache is bf16: the same ids, log-probs and text as --kv-dtype bf16" python3 -c "
+import json,sys
+k=lambda f: [(o['ids'], o['logprobs'], o['text']) for o in map(json.loads, open(f))]
+sys.exit(k('$T/out-default.jsonl') != k('$T/out-bf16.jsonl'))"
+# bf16 keys and values move log-probs by hundredths on this small model
+# (d_head 8): greedy answers part from run.c's where its top two are close
+check "the default (bf16 KV) against run.c: ids equal up to the first margin < 0.1, log-probs within 0.1 there" python3 - "$REF" "$T/out-default.jsonl" <<'PY'
+import json, sys
+refs = [json.loads(l) for l in open(sys.argv[1])]
+outs = [json.loads(l) for l in open(sys.argv[2])]
+assert len(refs) == len(outs) == 30
+worst = 0.0; full = 0
+for r, o in zip(refs, outs):
+    n = next((i for i, m in enumerate(r["margins"]) if m < 0.1), r["n"])
+    assert o["ids"][:n] == r["ids"][:n], (r["id"], n)
+    full += o["ids"] == r["ids"]
+    worst = max([worst] + [abs(a - b) for a, b in zip(o["logprobs"][:n], r["logprobs"][:n])])
+print("# %d/30 answers equal run.c's in full, max |dlogprob| %.3f before the first margin < 0.1" % (full, worst))
+assert worst <= 0.1 and full >= 10, (worst, full)
+PY
 $G -m "$M" --json --kv-dtype fp8 <"$T/ids.jsonl" >"$T/out-fp8.jsonl"
 $G -m "$M" --json --kv-dtype fp8 --parallel 1 <"$T/ids.jsonl" >"$T/out-fp8-one.jsonl"
 check "--kv-dtype fp8: 30 answers, one at a time the same ids as all together" python3 -c "
@@ -229,6 +252,12 @@ import json
 ref=json.load(open('$LLM_TEST_REF/stories260K/perplexity.json'))['texts'][0]; o=json.load(open('$T/ppl.json'))
 print('# nll %.6f ref %.6f tokens %d ref %d' % (o['nll'], ref['total_nll'], o['tokens'], ref['token_count']))
 assert o['tokens']==ref['token_count'] and abs(o['nll']-ref['total_nll']) <= 1e-5*ref['total_nll']"
+	llm-generate -m "$M" --perplexity "$T/story.txt" -c 512 --json >"$T/ppl-default.json"
+	check "--perplexity with the default bf16 KV cache within 0.1% of the reference NLL" python3 -c "
+import json
+ref=json.load(open('$LLM_TEST_REF/stories260K/perplexity.json'))['texts'][0]; o=json.load(open('$T/ppl-default.json'))
+print('# nll %.6f ref %.6f (%+.3f%%)' % (o['nll'], ref['total_nll'], 100 * (o['nll'] / ref['total_nll'] - 1)))
+assert o['tokens']==ref['token_count'] and abs(o['nll']-ref['total_nll']) <= 1e-3*ref['total_nll']"
 else
 	skip "--perplexity against the reference" "perplexity.json has no inline text"
 fi
@@ -243,7 +272,7 @@ llm-quantize -q --random "$T/padded.json" --seed 3 --tokenizer "$M" "$T/padded" 
 check_fails "--draft with another vocabulary: an error naming both sizes" 1 $G -m "$M" -p hi --speculate draft --draft "$T/padded"
 grep -q "n_vocab 1024 differs from the model's 512" "$T/err" && ok "the error names the draft and both n_vocab" || notok "the error names the draft and both n_vocab"
 $G -m "$T/padded" --json -n 48 --temp 0 -p "Once upon a time" >"$T/padded.jsonl" 2>"$T/padded.err"
-check "padded vocabulary: ids past the tokenizer's add no text (exit 0, all 48 tokens)" python3 - "$T/padded.jsonl" "$G" "$T/padded" <<'PY'
+check "padded vocabulary: ids past the tokenizer's add no text (exit 0, all 48 tokens)" python3 - "$T/padded.jsonl" llm-generate "$T/padded" <<'PY'
 import json, subprocess, sys
 o = json.loads(open(sys.argv[1]).read())
 ids = o["ids"]

@@ -8,8 +8,9 @@
 # naming the flag and the need.
 . tests/lib/tap.sh
 T=$TMPD
-S=llm-serve
-G=llm-generate
+# the sizes below are those of an f32 KV cache (4 bytes an element)
+S="llm-serve --kv-dtype f32"
+G="llm-generate --kv-dtype f32"
 
 # llm-generate: a random model of dim 64, 2 layers, 16384 positions; a
 # prompt of 5001 ids (no tokenizer needed)

@@ -25,10 +25,10 @@ REF=$LLM_TEST_REF/stories260K/greedy.jsonl
 
 # the plan, without loading the weights
 $S -m "$M" --plan --max-kv-tokens 4096 >"$T/plan.json" 2>"$T/err"
-check "--plan prints the memory plan as JSON" python3 -c "
+check "--plan prints the memory plan as JSON (the default KV: bf16, 2 bytes an element)" python3 -c "
 import json; p = json.load(open('$T/plan.json'))
 assert p['kv_tokens'] == 4096 and p['max_context_that_fits'] == 512 and p['fits'], p
-assert p['weight_bytes'] > 0 and p['kv_bytes_per_token'] == 5*4*8*2*4 and p['activation_bytes'] > 0, p"
+assert p['weight_bytes'] > 0 and p['kv_bytes_per_token'] == 5*4*8*2*2 and p['activation_bytes'] > 0, p"
 $S -m "$M" --plan --kv-dtype fp8 --kv-memory 1M >"$T/plan-fp8.json" 2>"$T/err"
 check "--plan --kv-dtype fp8: a byte per element and a 4-byte scale per (token, head), for K and V" python3 -c "
 import json; p = json.load(open('$T/plan-fp8.json'))
@@ -47,10 +47,11 @@ check "... saying so" grep -q -- "-m -: llm-serve reads a checkpoint from a path
 $S -m "$M/model.safetensors" --plan >"$T/plan-file.json" 2>"$T/err"
 check "-m DIR/model.safetensors finds config.json beside it" grep -q '"n_ctx": 512' "$T/plan-file.json"
 
-# start SERVER ARGS...: sets SP, URL; waits (bounded) for /health 200
+# start SERVER ARGS...: sets SP, URL; waits (bounded) for /health 200; an
+# f32 KV cache, as the reference's greedy ids are compared exactly
 start() {
 	rm -f "$T/port"
-	$S -m "$M" --port 0 --port-file "$T/port" -t 1 "$@" 2>>"$T/server.log" & SP=$!
+	$S -m "$M" --port 0 --port-file "$T/port" -t 1 --kv-dtype f32 "$@" 2>>"$T/server.log" & SP=$!
 	URL=$(serve_url "$T/port")
 }
 # stop: SIGTERM, and the exit status of the server in RC

@@ -8,13 +8,14 @@
 # server is stopped (SIGSTOP), so all of them are at its door when it goes
 # on; and preemption is forced by construction, by one request whose 4
 # choices (admitted together) need more KV blocks than the cache has.
+# The KV cache is f32 (the reference's precision; the default is bf16).
 . tests/lib/tap.sh
 T=$TMPD
 if ! have_stories; then skip "the load test" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
 REF=$LLM_TEST_REF/stories260K/greedy.jsonl
 IDS="s02 s03 s04 s06 s08 s09 s12 s13"
 N=40 NEW=100
-llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 --max-running 8 --max-queue 16 \
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 --kv-dtype f32 --max-running 8 --max-queue 16 \
 	--max-kv-tokens 768 --kv-block-size 16 --max-batch-tokens 32 --prefix-cache 2 2>"$T/server.log" & SP=$!
 URL=$(serve_url "$T/port")
 python3 - "$T" "$REF" $N $NEW $IDS <<'PY'
@@ -105,7 +106,7 @@ bad=0
 for id in $IDS; do
 	text=$(python3 -c "import json; [print(json.dumps(o['prompt'])) for o in map(json.loads, open('$REF')) if o['id'] == '$id']")
 	text=$(python3 -c "import json,sys; print(json.loads(sys.argv[1]), end='')" "$text")
-	llm-generate -m "$(stories)" -p "$text" -n $NEW --temp 0 --ignore-eos --json -t 1 >"$T/gen_$id.json" 2>/dev/null
+	llm-generate -m "$(stories)" -p "$text" -n $NEW --temp 0 --ignore-eos --json -t 1 --kv-dtype f32 >"$T/gen_$id.json" 2>/dev/null
 	python3 - "$T" "$REF" "$id" $NEW <<'PY' || bad=$((bad+1))
 import itertools, json, sys
 T, ref, rid, new = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -14,7 +14,7 @@
 #                          alternating; the table shows the median round
 #   ENGINES [all five]     subset of: ours-bf16 theirs-bf16 ours-fp8
 #                          ours-fp8-dec theirs-q8_0
-#   KV [build default]     ours: --kv-dtype (f32, bf16, fp8)
+#   KV [the tools' default] ours: --kv-dtype (bf16 by default, f32, fp8)
 #   CONTENTION [1]         0: skip the round with a CPU burner
 #   STARTUP [1]            0: skip start to first token against cat
 #   TAG                    added to the output names (engine-MACHINE-TAG-DATE)

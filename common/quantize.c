@@ -202,7 +202,7 @@ enum action { A_COPY, A_QUANT, A_SCALE, A_CONVERT };
 
 struct item {
 	enum action act;
-	int64_t bn, bk;                /* A_QUANT, A_SCALE: block rows, cols (0: K) */
+	int64_t bn, bk;                /* A_QUANT: block rows, cols (0: K) */
 	const struct llm_tensor *in;   /* input tensor (desc only for random) */
 	struct llm_weight w;           /* E4M3 input being dequantized */
 	struct llm_tensor out;         /* output descriptor */

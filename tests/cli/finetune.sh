@@ -105,7 +105,9 @@ check "--merge: progress lines and the summary, the base's tensors read and writ
 	python3 tests/lib/progress_check.py write "$T/merge.err" llm-finetune "$S" "$T/merged" --progress
 LLM_PROGRESS_INTERVAL=0 $FT -q -m "$S" --merge "$T/a" -o "$T/merged.q" 2>"$T/merge.err"
 check "--merge -q: empty stderr, the same checkpoint" sh -c "test ! -s '$T/merge.err' && cmp -s '$T/merged/model.safetensors' '$T/merged.q/model.safetensors'"
-gen=$(llm-generate --kv-dtype f32 -m "$T/merged" -p "$P" -n 8 --temp 0 2>/dev/null)
+# generations compared with --sample (f32 throughout) run an f32 KV cache
+GF="llm-generate --kv-dtype f32"
+gen=$($GF -m "$T/merged" -p "$P" -n 8 --temp 0 2>/dev/null)
 diag "llm-generate on the merged checkpoint: $gen"
 check "--merge then llm-generate equals --sample with the adapter" sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' - "$gen" "$tuned"
 
@@ -113,9 +115,9 @@ check "--merge then llm-generate equals --sample with the adapter" sh -c '[ -n "
 printf '%s\n' '{"prompt": "Tell me a story about a cat.\n", "max_tokens": 24, "temperature": 0, "logprobs": 1}' \
 	'{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": 1}' \
 	'{"prompt": "The dog", "max_tokens": 24, "temperature": 0, "logprobs": 1}' >"$T/lp.jsonl"
-llm-generate --kv-dtype f32 -m "$S" --lora "$T/a" --json <"$T/lp.jsonl" >"$T/lora.json" 2>"$T/err"
-llm-generate --kv-dtype f32 -m "$T/merged" --json <"$T/lp.jsonl" >"$T/merged.json" 2>>"$T/err"
-llm-generate --kv-dtype f32 -m "$S" --json <"$T/lp.jsonl" >"$T/base.json" 2>>"$T/err"
+$GF -m "$S" --lora "$T/a" --json <"$T/lp.jsonl" >"$T/lora.json" 2>"$T/err"
+$GF -m "$T/merged" --json <"$T/lp.jsonl" >"$T/merged.json" 2>>"$T/err"
+$GF -m "$S" --json <"$T/lp.jsonl" >"$T/base.json" 2>>"$T/err"
 # the same weights summed in another order: W x + s B (A x) against (W + s B A) x
 # (an f32 KV cache: bf16 would round the keys and values those sums moved)
 check "--merge then generate equals generate --lora: same greedy ids, log-probs within 1e-5" python3 -c "
@@ -127,10 +129,10 @@ for x, y, z in zip(l, m, b):
     assert max(abs(p - q) for p, q in zip(x['logprobs'], y['logprobs'])) < 1e-5
 assert any(x['ids'] != z['ids'] for x, z in zip(l, b)), 'the adapter changed nothing'
 "
-gl=$(llm-generate --kv-dtype f32 -m "$S" --lora "$T/a" -p "$P" -n 8 --temp 0 2>/dev/null)
+gl=$($GF -m "$S" --lora "$T/a" -p "$P" -n 8 --temp 0 2>/dev/null)
 check "llm-generate --lora equals --sample with the adapter" sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' - "$gl" "$tuned"
 llm-quantize -q "$S" "$T/s8l"
-g8=$(llm-generate --kv-dtype f32 -m "$T/s8l" --lora "$T/a" -p "$P" -n 8 --temp 0 2>/dev/null)
+g8=$($GF -m "$T/s8l" --lora "$T/a" -p "$P" -n 8 --temp 0 2>/dev/null)
 diag "FP8 base with the adapter: $g8"
 check "an FP8 base with --lora generates as trained (Bob the frog, after the space that follows the prompt)" sh -c "case '$g8' in ' Bob the frog'*) true;; *) false;; esac"
 check_fails "--lora on a missing directory is a runtime error" 1 llm-generate -m "$S" --lora "$T/nope" -p hi -n 1

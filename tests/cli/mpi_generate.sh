@@ -24,6 +24,7 @@ if grep -q avx2 /proc/cpuinfo 2>/dev/null; then export LLM_CPU_ISA=avx2; else ex
 LP_TOL=1e-4      # |log-prob difference|: f32 rounding of reordered sums
 # an f32 KV cache: bf16 (the default) would round keys and values that the
 # reordered sums moved by an ulp to neighbours 2^-8 apart
+gen1() { llm-generate -t 1 --kv-dtype f32 "$@"; }   # the single process
 mpigen() { local n=$1; shift; timeout 300 $MPIRUN -np "$n" -x LLM_CPU_ISA llm-generate -t 1 --kv-dtype f32 "$@"; }
 
 # same REF OUT: ids identical, log-probs (chosen and top) within LP_TOL
@@ -61,7 +62,7 @@ S=$(stories)
 long="Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, she saw a big, red ball in the park. She ran to the ball and kicked it very hard. The ball went up high"
 printf '%s\n' '{"prompt":"Once upon a time","max_tokens":16}' '{"prompt":"The cat sat","max_tokens":16}' \
 	'{"prompt":"Lily and Tom went to the park","max_tokens":16}' "{\"prompt\":\"$long\",\"max_tokens\":16}" >"$T/prompts"
-llm-generate -t 1 --kv-dtype f32 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref.json"
+gen1 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref.json"
 mpigen 2 -m "$S" -p x -n 1 >/dev/null 2>"$T/err"
 if grep -q "built without MPI" "$T/err"; then
 	skip "llm-generate under mpirun" "this build has no MPI (no mpicc when it was built)"
@@ -76,11 +77,11 @@ check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.
 # FP8 (1xK: d_ff 172 splits at 86) with the embedding and lm_head in FP8,
 # split by vocabulary rows with their per-row scales
 llm-quantize -q --block 1xK "$S" "$T/s8" && llm-repartition -q "$T/s8" "$T/s8-22" --tp 2 --pp 2
-llm-generate -t 1 --kv-dtype f32 -m "$T/s8" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref8.json"
+gen1 -m "$T/s8" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref8.json"
 run_cmp "stories260K FP8 with an FP8 embedding, tp2 x pp2 (mpirun -np 4)" 4 "$T/s8-22" "$T/ref8.json"
 
 # -p streams the same text
-llm-generate -t 1 --kv-dtype f32 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"
+gen1 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"
 mpigen 4 -m "$T/s22" -p "Once upon a time" -n 24 --temp 0 >"$T/p4.txt" 2>"$T/err"
 check "-p under mpirun -np 4 streams the single-process text byte for byte" cmp -s "$T/p1.txt" "$T/p4.txt"
 # speculative decoding: rank 0's rollbacks of rejected drafts (a KV
@@ -88,7 +89,7 @@ check "-p under mpirun -np 4 streams the single-process text byte for byte" cmp 
 # sequences x (1 + 4) logit rows (every rank's logit rows sized from the
 # flags); the same ids
 for i in 1 2 3 4 5; do sed 's/"max_tokens":16/"max_tokens":48/' "$T/prompts"; done >"$T/prompts48"
-llm-generate -t 1 --kv-dtype f32 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts48" >"$T/ref48.json"
+gen1 -m "$S" --json --temp 0 --logprobs 3 <"$T/prompts48" >"$T/ref48.json"
 mpigen 4 -m "$T/s22" --json --temp 0 --logprobs 3 --parallel 16 --prefix-cache 0 --speculate ngram -v <"$T/prompts48" >"$T/spec.json" 2>"$T/spec.err"
 check "--speculate ngram, --parallel 16 under mpirun -np 4 (tp2 x pp2): greedy ids equal the single process ($(same "$T/ref48.json" "$T/spec.json" 2>&1 | tail -1); $(grep -o '[0-9]* of [0-9]* drafted tokens accepted' "$T/spec.err"))" \
 	same "$T/ref48.json" "$T/spec.json"
@@ -113,14 +114,14 @@ check "-v: the long prefill step ran as pipeline micro-batches ($(grep -o '[0-9]
 
 # perplexity and scoring: the same numbers
 head -c 2000 "$S/stories260K.md" >"$T/text.txt" 2>/dev/null || printf 'Once upon a time there was a little girl named Lily. She liked to play in the park with her friends.\n' >"$T/text.txt"
-llm-generate -t 1 --kv-dtype f32 -m "$S" --perplexity "$T/text.txt" -c 64 --json >"$T/ppl1" 2>&1
+gen1 -m "$S" --perplexity "$T/text.txt" -c 64 --json >"$T/ppl1" 2>&1
 mpigen 4 -m "$T/s22" --perplexity "$T/text.txt" -c 64 --json >"$T/ppl4" 2>"$T/err"
 check "--perplexity under mpirun -np 4: the same nll within 1e-3" python3 -c "
 import json
 a, b = json.load(open('$T/ppl1')), json.load(open('$T/ppl4'))
 assert a['tokens'] == b['tokens'] and abs(a['nll'] - b['nll']) <= 1e-3 * max(1, abs(a['nll'])), (a, b)"
 echo '{"context":"Once upon a time","continuations":[" there was"," the cat"]}' >"$T/score"
-llm-generate -t 1 --kv-dtype f32 -m "$S" --score <"$T/score" >"$T/sc1"
+gen1 -m "$S" --score <"$T/score" >"$T/sc1"
 mpigen 2 -m "$T/s12" --score <"$T/score" >"$T/sc2" 2>"$T/err"
 check "--score under mpirun -np 2 (pp2): the same log-likelihoods within 1e-4" python3 -c "
 import json
@@ -149,7 +150,7 @@ fails "--backend cuda under mpirun without CUDA support or a device fails at the
 llm-quantize -q --random configs/smollm2-135m.json --dtype bf16 --seed 1 "$T/smol" 2>"$T/err" ||
 	{ notok "llm-quantize --random smollm2-135m"; sed 's/^/#   /' "$T/err" | head -3; tap_done; }
 printf '%s\n' '{"prompt_ids":[1,200,300,400],"max_tokens":8}' '{"prompt_ids":[1,5000,17,42,99,1000],"max_tokens":8}' >"$T/prompts"
-llm-generate -t 1 --kv-dtype f32 -m "$T/smol" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/sref.json"
+gen1 -m "$T/smol" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/sref.json"
 for g in "3 1" "1 2" "3 2"; do
 	set -- $g
 	llm-repartition -q "$T/smol" "$T/m$1$2" --tp "$1" --pp "$2"

@@ -522,29 +522,30 @@ static void rope_task(void *ctx, int ith, int nth)
 			continue;
 		struct llm_kv *kv = j->kv;
 		const struct llm_batch *b = j->b;
-		size_t off = llm_kv_offset(kv, j->layer, b->seq[t], b->pos[t]), row_b = (size_t)kv->kv_dim * kv->elt;
-		if (kv->dtype == LLM_DTYPE_F32) {
-			memcpy((float *)kv->k + off, row(j->k, t), row_b);
-			memcpy((float *)kv->v + off, row(j->v, t), row_b);
-		} else if (kv->dtype == LLM_DTYPE_E4M3) {   /* per head: codes and a scale */
-			size_t si = llm_kv_scale_index(kv, off);
-			for (int h = 0; h < kv->n_kv_head; h++) {
-				size_t ho = (size_t)h * (size_t)kv->d_head;
-				llm_kv_e4m3_row((uint8_t *)kv->k + off + ho, kv->ks + si + h, row(j->k, t) + ho, kv->d_head);
-				llm_kv_e4m3_row((uint8_t *)kv->v + off + ho, kv->vs + si + h, row(j->v, t) + ho, kv->d_head);
+		size_t hb = (size_t)kv->d_head * kv->elt;
+		for (int h = 0; h < kv->n_kv_head; h++) {   /* each head's row in its own run of the block */
+			size_t off = llm_kv_offset(kv, j->layer, b->seq[t], b->pos[t], h), ho = (size_t)h * (size_t)kv->d_head;
+			if (kv->dtype == LLM_DTYPE_F32) {
+				memcpy((float *)kv->k + off, row(j->k, t) + ho, hb);
+				memcpy((float *)kv->v + off, row(j->v, t) + ho, hb);
+			} else if (kv->dtype == LLM_DTYPE_E4M3) {   /* codes and a scale */
+				size_t si = llm_kv_scale_index(kv, off);
+				llm_kv_e4m3_row((uint8_t *)kv->k + off, kv->ks + si, row(j->k, t) + ho, kv->d_head);
+				llm_kv_e4m3_row((uint8_t *)kv->v + off, kv->vs + si, row(j->v, t) + ho, kv->d_head);
+			} else {
+				llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(j->k, t) + ho, (size_t)kv->d_head);
+				llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(j->v, t) + ho, (size_t)kv->d_head);
 			}
-		} else {
-			llm_from_f32((uint16_t *)kv->k + off, LLM_DTYPE_BF16, row(j->k, t), (size_t)kv->kv_dim);
-			llm_from_f32((uint16_t *)kv->v + off, LLM_DTYPE_BF16, row(j->v, t), (size_t)kv->kv_dim);
-		}
-		/* the next layer stores this token's rows into lines that
-		 * are not in cache (blocks lie anywhere in a cache far larger
-		 * than L3): fetch them for writing now, a layer ahead */
-		if (j->layer + 1 < kv->n_layer) {
-			size_t nx = llm_kv_offset(kv, j->layer + 1, b->seq[t], b->pos[t]) * kv->elt;
-			for (size_t o = 0; o < row_b; o += 64) {
-				__builtin_prefetch((char *)kv->k + nx + o, 1, 2);
-				__builtin_prefetch((char *)kv->v + nx + o, 1, 2);
+			/* the next layer stores this token's rows into lines
+			 * that are not in cache (blocks lie anywhere in a cache
+			 * far larger than L3): fetch them for writing now, a
+			 * layer ahead */
+			if (j->layer + 1 < kv->n_layer) {
+				size_t nx = llm_kv_offset(kv, j->layer + 1, b->seq[t], b->pos[t], h) * kv->elt;
+				for (size_t o = 0; o < hb; o += 64) {
+					__builtin_prefetch((char *)kv->k + nx + o, 1, 2);
+					__builtin_prefetch((char *)kv->v + nx + o, 1, 2);
+				}
 			}
 		}
 	}
@@ -626,18 +627,21 @@ static void kv_prefetch(const char *p, size_t stride, int rows, size_t bytes)
 			__builtin_prefetch(p + o, 0, 2);
 }
 
-/* Where LAYER's block B of ARR (kv->k or kv->v) has its element HOFF. */
-static const char *kv_slice(const struct llm_kv *kv, const void *arr, int layer, int32_t b, size_t hoff)
+/* Where LAYER's block B of ARR (kv->k or kv->v) has KV head KH's first
+ * row, from its column COL; the head's rows follow d_head elements apart. */
+static const char *kv_slice(const struct llm_kv *kv, const void *arr, int layer, int32_t b, int kh, int col)
 {
-	return (const char *)arr + (((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->block_size
-	                             * (size_t)kv->kv_dim + hoff) * kv->elt;
+	return (const char *)arr + (((((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->n_kv_head
+	                              + (size_t)kh) * (size_t)kv->block_size) * (size_t)kv->d_head + (size_t)col)
+	                           * kv->elt;
 }
 
-/* LAYER's block B: where the E4M3 scale of its first row, KV head KH, is. */
+/* LAYER's block B: where the E4M3 scale of KV head KH's first row is (the
+ * head's rows' scales follow, one apart). */
 static const float *kv_scales(const struct llm_kv *kv, const float *arr, int layer, int32_t b, int kh)
 {
-	return arr + ((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->block_size
-	             * (size_t)kv->n_kv_head + (size_t)kh;
+	return arr + (((size_t)layer * (size_t)kv->n_block + (size_t)b) * (size_t)kv->n_kv_head + (size_t)kh)
+	             * (size_t)kv->block_size;
 }
 
 /* Rows [p0, pe] of one block of a KV group as the helpers take them: in
@@ -648,13 +652,13 @@ struct kv_rows { const void *p; enum llm_dtype dt; int64_t stride; const float *
 static struct kv_rows kv_rows_of(const struct llm_kv *kv, enum llm_cpu_isa isa, const void *arr,
                                  const float *sarr, int layer, int32_t b, int kh, int n, float *buf, bool direct)
 {
-	const char *p = kv_slice(kv, arr, layer, b, (size_t)kh * (size_t)kv->d_head);
+	const char *p = kv_slice(kv, arr, layer, b, kh, 0);
 	if (kv->dtype != LLM_DTYPE_E4M3)
-		return (struct kv_rows){ p, kv->dtype, kv->kv_dim, NULL, 0 };
+		return (struct kv_rows){ p, kv->dtype, kv->d_head, NULL, 0 };
 	const float *sc = kv_scales(kv, sarr, layer, b, kh);
 	if (direct)
-		return (struct kv_rows){ p, LLM_DTYPE_E4M3, kv->kv_dim, sc, (size_t)kv->n_kv_head };
-	llm_cpu_e4m3_rows(isa, buf, (const uint8_t *)p, (size_t)kv->kv_dim, sc, (size_t)kv->n_kv_head, n, kv->d_head);
+		return (struct kv_rows){ p, LLM_DTYPE_E4M3, kv->d_head, sc, 1 };
+	llm_cpu_e4m3_rows(isa, buf, (const uint8_t *)p, (size_t)kv->d_head, sc, 1, n, kv->d_head);
 	return (struct kv_rows){ buf, LLM_DTYPE_F32, kv->d_head, NULL, 0 };
 }
 
@@ -691,19 +695,18 @@ static void attn_task(void *ctx, int ith, int nth)
 		int t0 = j->seg[sg], nr = j->seg[sg + 1] - t0;
 		int seq = j->b->seq[t0];
 		int32_t pos0 = j->b->pos[t0], pos = pos0 + nr - 1;   /* row r is at pos0 + r */
-		size_t hoff = (size_t)kh * (size_t)d;
 		bool direct = nr <= ATTN_DIRECT_ROWS && llm_cpu_attn_reads(isa, kv->dtype, d);
 		const int32_t *blk = kv->seq[seq].blk;
 		int bs = kv->block_size;
-		size_t lstride = (size_t)kv->kv_dim * kv->elt, lbytes = (size_t)d * kv->elt;
-		kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[0], hoff), lstride, pos + 1 < bs ? pos + 1 : bs, lbytes);
+		size_t lstride = (size_t)d * kv->elt, lbytes = lstride;
+		kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[0], kh, 0), lstride, pos + 1 < bs ? pos + 1 : bs, lbytes);
 		/* positions a block at a time: one table lookup per block */
 		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			if (pe < pos)
-				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], hoff), lstride,
+				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], kh, 0), lstride,
 				            pos - pe < bs ? pos - pe : bs, lbytes);
-			kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi], hoff), lstride, pe - p0 + 1, lbytes);
+			kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi], kh, 0), lstride, pe - p0 + 1, lbytes);
 			struct kv_rows kr = kv_rows_of(kv, isa, kv->k, kv->ks, j->layer, blk[bi], kh, pe - p0 + 1, kf, direct);
 			for (int r = p0 > pos0 ? p0 - pos0 : 0; r < nr; r++) {
 				const float *q = row(j->q, t0 + r) + (size_t)h0 * (size_t)d;
@@ -795,7 +798,7 @@ static void split_scores_task(void *ctx, int ith, int nth)
 	struct attn_job *j = x->j;
 	struct llm_kv *kv = j->kv;
 	int d = kv->d_head, bs = kv->block_size, per_seg = j->n_head / j->gs;
-	size_t as = (size_t)kv->max_ctx, lstride = (size_t)kv->kv_dim * kv->elt, lbytes = (size_t)d * kv->elt;
+	size_t as = (size_t)kv->max_ctx, lstride = (size_t)d * kv->elt, lbytes = lstride;
 	float scale = sqrtf((float)d);
 	int64_t b, e;
 	split((int64_t)j->n_seg * per_seg * x->n_run, ith, nth, 1, &b, &e);
@@ -808,13 +811,12 @@ static void split_scores_task(void *ctx, int ith, int nth)
 		const int32_t *blk = kv->seq[seq].blk;
 		const float *q = row(j->q, j->seg[sg]) + (size_t)h0 * (size_t)d;
 		float *ar = x->sc + ((size_t)sg * (size_t)j->n_head + (size_t)h0) * as;
-		size_t hoff = (size_t)kh * (size_t)d;
 		if (b0 < b1)
-			kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[b0], hoff), lstride, bs, lbytes);
+			kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[b0], kh, 0), lstride, bs, lbytes);
 		for (int bi = b0; bi < b1; bi++) {
 			int32_t p0 = bi * bs, pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			if (bi + 1 < b1)
-				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], hoff), lstride, bs, lbytes);
+				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], kh, 0), lstride, bs, lbytes);
 			struct kv_rows kr = kv_rows_of(kv, j->c->isa, kv->k, kv->ks, j->layer, blk[bi], kh, pe - p0 + 1, NULL, true);
 			llm_cpu_attn_scores(j->c->isa, ar + p0, as, q, j->gs, kr.p, kr.dt, kr.stride, kr.sc, kr.scs,
 			                    pe - p0 + 1, d, scale);
@@ -839,7 +841,7 @@ static void split_wsum_task(void *ctx, int ith, int nth)
 	struct attn_job *j = x->j;
 	struct llm_kv *kv = j->kv;
 	int d = kv->d_head, bs = kv->block_size, gs = j->gs, per_seg = j->n_head / gs;
-	size_t as = (size_t)kv->max_ctx, lstride = (size_t)kv->kv_dim * kv->elt;
+	size_t as = (size_t)kv->max_ctx, lstride = (size_t)d * kv->elt;
 	int64_t b, e;
 	split((int64_t)j->n_seg * per_seg * x->n_col, ith, nth, 1, &b, &e);
 	for (int64_t it = b; it < e; it++) {
@@ -854,14 +856,14 @@ static void split_wsum_task(void *ctx, int ith, int nth)
 		const int32_t *blk = kv->seq[seq].blk;
 		const float *ar = x->sc + ((size_t)sg * (size_t)j->n_head + (size_t)h0) * as;
 		float *o = row(j->out, t) + (size_t)h0 * (size_t)d;
-		size_t hoff = (size_t)kh * (size_t)d + (size_t)c0, lbytes = (size_t)(c1 - c0) * kv->elt;
+		size_t lbytes = (size_t)(c1 - c0) * kv->elt;
 		for (int h = 0; h < gs; h++)
 			memset(o + (size_t)h * (size_t)d + c0, 0, (size_t)(c1 - c0) * sizeof *o);
-		kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[0], hoff), lstride, bs, lbytes);
+		kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[0], kh, c0), lstride, bs, lbytes);
 		for (int bi = 0; bi < nb; bi++) {
 			int32_t p0 = bi * bs, pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			if (bi + 1 < nb)
-				kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi + 1], hoff), lstride, bs, lbytes);
+				kv_prefetch(kv_slice(kv, kv->v, j->layer, blk[bi + 1], kh, c0), lstride, bs, lbytes);
 			struct kv_rows vr = kv_rows_of(kv, j->c->isa, kv->v, kv->vs, j->layer, blk[bi], kh, pe - p0 + 1, NULL, true);
 			llm_cpu_attn_wsum(j->c->isa, o, gs, ar + p0, as, vr.p, vr.dt, vr.stride, vr.sc, vr.scs,
 			                  pe - p0 + 1, d, c0, c1);

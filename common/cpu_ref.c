@@ -245,14 +245,13 @@ enum llm_status llm_ref_rope(struct llm_view x, const int32_t *pos, int n_head, 
 	return LLM_OK;
 }
 
-/* Element index of (LAYER, SEQ, POS) in kv->k or kv->v (kvcache.h layout:
- * (n_layer, n_block, block_size, kv_dim)). */
-static size_t kv_index(const struct llm_kv *kv, int layer, int seq, int32_t pos)
+/* Element index of KV head KH's row at (LAYER, SEQ, POS) in kv->k or kv->v
+ * (kvcache.h layout: (n_layer, n_block, n_kv_head, block_size, d_head)). */
+static size_t kv_index(const struct llm_kv *kv, int layer, int seq, int32_t pos, int kh)
 {
 	int32_t blk = kv->seq[seq].blk[pos / kv->block_size];
-	size_t slot = (size_t)layer * (size_t)kv->n_block * (size_t)kv->block_size
-	              + (size_t)blk * (size_t)kv->block_size + (size_t)(pos % kv->block_size);
-	return slot * (size_t)kv->kv_dim;
+	size_t run = ((size_t)layer * (size_t)kv->n_block + (size_t)blk) * (size_t)kv->n_kv_head + (size_t)kh;
+	return (run * (size_t)kv->block_size + (size_t)(pos % kv->block_size)) * (size_t)kv->d_head;
 }
 
 static enum llm_status kv_check(const char *op, const struct llm_kv *kv, int layer, const struct llm_batch *b)
@@ -279,29 +278,25 @@ enum llm_status llm_ref_kv_store(struct llm_kv *kv, int layer, const struct llm_
 	LLM_TRY(need_shape("kv_store", k, b->n_tok, kv->kv_dim));
 	LLM_TRY(need_shape("kv_store", v, b->n_tok, kv->kv_dim));
 	LLM_TRY(kv_check("kv_store", kv, layer, b));
-	for (int t = 0; t < b->n_tok; t++) {
-		size_t at = kv_index(kv, layer, b->seq[t], b->pos[t]);
-		if (kv->dtype == LLM_DTYPE_E4M3) {   /* scales (..., n_kv_head): index at / d_head + head */
-			for (int h = 0; h < kv->n_kv_head; h++) {
-				size_t ho = (size_t)h * (size_t)kv->d_head;
-				e4m3_row((uint8_t *)kv->k + at + ho, kv->ks + at / (size_t)kv->d_head + (size_t)h,
-				         vrow(k, t) + ho, kv->d_head);
-				e4m3_row((uint8_t *)kv->v + at + ho, kv->vs + at / (size_t)kv->d_head + (size_t)h,
-				         vrow(v, t) + ho, kv->d_head);
+	for (int t = 0; t < b->n_tok; t++)
+		for (int h = 0; h < kv->n_kv_head; h++) {
+			size_t at = kv_index(kv, layer, b->seq[t], b->pos[t], h), ho = (size_t)h * (size_t)kv->d_head;
+			if (kv->dtype == LLM_DTYPE_E4M3) {   /* scales: one per row of d_head, index at / d_head */
+				e4m3_row((uint8_t *)kv->k + at, kv->ks + at / (size_t)kv->d_head, vrow(k, t) + ho, kv->d_head);
+				e4m3_row((uint8_t *)kv->v + at, kv->vs + at / (size_t)kv->d_head, vrow(v, t) + ho, kv->d_head);
+				continue;
 			}
-			continue;
-		}
-		for (int i = 0; i < kv->kv_dim; i++) {
-			float kf = vrow(k, t)[i], vf = vrow(v, t)[i];
-			if (kv->dtype == LLM_DTYPE_F32) {
-				((float *)kv->k)[at + (size_t)i] = kf;
-				((float *)kv->v)[at + (size_t)i] = vf;
-			} else {
-				((uint16_t *)kv->k)[at + (size_t)i] = bf16_bits(kf);
-				((uint16_t *)kv->v)[at + (size_t)i] = bf16_bits(vf);
+			for (int i = 0; i < kv->d_head; i++) {
+				float kf = vrow(k, t)[ho + (size_t)i], vf = vrow(v, t)[ho + (size_t)i];
+				if (kv->dtype == LLM_DTYPE_F32) {
+					((float *)kv->k)[at + (size_t)i] = kf;
+					((float *)kv->v)[at + (size_t)i] = vf;
+				} else {
+					((uint16_t *)kv->k)[at + (size_t)i] = bf16_bits(kf);
+					((uint16_t *)kv->v)[at + (size_t)i] = bf16_bits(vf);
+				}
 			}
 		}
-	}
 	return LLM_OK;
 }
 
@@ -330,7 +325,7 @@ static double kv_at(const struct llm_kv *kv, const void *arr, size_t at, int i)
 /* q . k_p / sqrt(d) for head QH (its query Q) over KV head KH. */
 static double score(const struct llm_kv *kv, int layer, int seq, int32_t p, int kh, const float *q)
 {
-	size_t at = kv_index(kv, layer, seq, p) + (size_t)kh * (size_t)kv->d_head;
+	size_t at = kv_index(kv, layer, seq, p, kh);
 	double s = 0;
 	for (int i = 0; i < kv->d_head; i++)
 		s += (double)q[i] * kv_at(kv, kv->k, at, i);
@@ -371,7 +366,7 @@ enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const 
 				acc[i] = 0;
 			for (int32_t p = 0; p <= pos; p++) {
 				double a = exp(score(kv, layer, seq, p, kh, qh) - mx) / sum;
-				size_t at = kv_index(kv, layer, seq, p) + (size_t)kh * (size_t)d;
+				size_t at = kv_index(kv, layer, seq, p, kh);
 				for (int i = 0; i < d; i++)
 					acc[i] += a * kv_at(kv, kv->v, at, i);
 			}

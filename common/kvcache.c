@@ -189,7 +189,7 @@ static enum llm_status block_copy(struct llm_kv *kv, int32_t dst, int32_t src)
 		size_t off_s = ((size_t)l * (size_t)kv->n_block + (size_t)src) * blk;
 		LLM_TRY(kv->be->ops->copy_in(kv->be, (char *)kv->k + off_d, (char *)kv->k + off_s, blk));
 		LLM_TRY(kv->be->ops->copy_in(kv->be, (char *)kv->v + off_d, (char *)kv->v + off_s, blk));
-		if (kv->ks) {             /* (block_size, n_kv_head) f32 per block; E4M3's elt is 1, so off / d_head indexes them */
+		if (kv->ks) {             /* (n_kv_head, block_size) f32 per block; E4M3's elt is 1, so off / d_head indexes them */
 			size_t sb = (size_t)kv->block_size * (size_t)kv->n_kv_head, od = off_d / (size_t)kv->d_head;
 			size_t os = off_s / (size_t)kv->d_head;
 			LLM_TRY(kv->be->ops->copy_in(kv->be, kv->ks + od, kv->ks + os, sb * sizeof(float)));

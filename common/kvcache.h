@@ -7,9 +7,16 @@
  * (llm_score, prefix caching) and a write into a shared block first copies
  * it (copy on write). Nothing is allocated after llm_kv_init().
  *
- * Layout: k, v each (n_layer, n_block, block_size, n_kv_head * d_head),
- * row-major, of dtype F32, BF16 or E4M3. An E4M3 cache also holds one f32
- * scale per (token, head): ks, vs (n_layer, n_block, block_size, n_kv_head);
+ * Layout: k, v each (n_layer, n_block, n_kv_head, block_size, d_head),
+ * row-major, of dtype F32, BF16 or E4M3: within a block, one KV head's rows
+ * lie together, so attention (which reads one KV head's positions in
+ * order) streams d_head * block_size contiguous elements a block. Measured
+ * (decode attention alone, SmolLM2-135M's 30 layers x 3 KV heads of 64,
+ * BF16, depth 1024, one AVX2 core): 4.0 ms a token against 6.4-8.5 ms with
+ * the token's heads side by side (a head's 128 bytes every 384), which
+ * neither the hardware nor software prefetch made sequential enough.
+ * An E4M3 cache also holds one f32 scale per (token, head): ks, vs
+ * (n_layer, n_block, n_kv_head, block_size);
  * element i of a head's row is e4m3(code_i) * scale (llm_kv_e4m3_row).
  * Why per (token, head) rather than per (block, head): a row is written
  * once, alone, and its scale depends on nothing else, so the cache is
@@ -65,8 +72,8 @@ struct llm_kv {
 	enum llm_dtype dtype;
 	size_t elt;               /* bytes per element */
 	struct llm_backend *be;   /* owns k, v */
-	void *k, *v;              /* (n_layer, n_block, block_size, kv_dim) */
-	float *ks, *vs;           /* (n_layer, n_block, block_size, n_kv_head) E4M3 scales; else NULL */
+	void *k, *v;              /* (n_layer, n_block, n_kv_head, block_size, d_head) */
+	float *ks, *vs;           /* (n_layer, n_block, n_kv_head, block_size) E4M3 scales; else NULL */
 	int32_t *ref;             /* (n_block) reference counts; 0: free */
 	int32_t *free_list;       /* (n_block) stack of free blocks */
 	int64_t n_free;
@@ -107,15 +114,16 @@ enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b);
  * to the position of its first token in B. */
 void llm_kv_unprepare(struct llm_kv *kv, const struct llm_batch *b);
 
-/* Address of position POS of SEQ in LAYER (K or V), as elements of kv->dtype. */
-static inline size_t llm_kv_offset(const struct llm_kv *kv, int layer, int seq, int32_t pos)
+/* Address of KV head H's row (d_head elements) at position POS of SEQ in
+ * LAYER (K or V), as elements of kv->dtype. */
+static inline size_t llm_kv_offset(const struct llm_kv *kv, int layer, int seq, int32_t pos, int h)
 {
 	int32_t blk = kv->seq[seq].blk[pos / kv->block_size];
-	return (((size_t)layer * (size_t)kv->n_block + (size_t)blk) * (size_t)kv->block_size
-	        + (size_t)(pos % kv->block_size)) * (size_t)kv->kv_dim;
+	return ((((size_t)layer * (size_t)kv->n_block + (size_t)blk) * (size_t)kv->n_kv_head + (size_t)h)
+	        * (size_t)kv->block_size + (size_t)(pos % kv->block_size)) * (size_t)kv->d_head;
 }
 
-/* Index in kv->ks / kv->vs of head 0's scale for the row at element
+/* Index in kv->ks / kv->vs of the scale of the head's row at element
  * offset OFF (llm_kv_offset's). */
 static inline size_t llm_kv_scale_index(const struct llm_kv *kv, size_t off)
 {

@@ -3,9 +3,9 @@
  * and prefill chunks alike; grouped-query heads).
  *
  * Reference: cpu_kv_store and cpu_attention (common/backend_cpu.c) and the
- * layout of common/kvcache.h: k, v (n_layer, n_block, block_size, kv_dim),
- * position p of a sequence in block tab[p / block_size], slot
- * p % block_size. BF16 caches round to nearest even (llm_f32_to_bf16), so
+ * layout of common/kvcache.h: k, v (n_layer, n_block, n_kv_head,
+ * block_size, d_head), position p of a sequence in block
+ * tab[p / block_size], slot p % block_size. BF16 caches round to nearest even (llm_f32_to_bf16), so
  * the stored bits equal the CPU's. FP8 (E4M3) caches store a head's row as
  * codes and one scale amax / 448 (llm_kv_e4m3_row: code = e4m3(x / scale),
  * nearest even, saturating), the CPU's bytes; an element reads as
@@ -19,11 +19,14 @@
 #define ATTN_WARPS 4
 #define ATTN_MAX_D 256
 
+/* The element index of KV head KH's row at position P (its d_head elements
+ * follow). */
 static __device__ __forceinline__ int64_t kv_row(const struct llm_cuda_kvgeom &g, int layer,
-                                                 const int32_t *tab, int32_t p)
+                                                 const int32_t *tab, int32_t p, int kh)
 {
 	int32_t blk = tab[p / g.block_size];
-	return (((int64_t)layer * g.n_block + blk) * g.block_size + p % g.block_size) * g.kv_dim;
+	return ((((int64_t)layer * g.n_block + blk) * g.n_kv_head + kh) * g.block_size + p % g.block_size)
+	       * g.d_head;
 }
 
 /* Element I of K (SC: ks) or V (vs): scales are one per d_head elements. */
@@ -73,7 +76,7 @@ __global__ void kv_store_e4m3_kernel(struct llm_cuda_kvgeom g, int layer, struct
 	for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < n; item += warps) {
 	for (int w = 0; w < 2; w++) {   /* k, then v */
 		const int t = (int)(item / g.n_kv_head), h = (int)(item % g.n_kv_head), d = g.d_head;
-		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t]) + (int64_t)h * d;
+		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t], h);
 		const float *x = (w ? v + (int64_t)t * vs : k + (int64_t)t * ks) + (int64_t)h * d;
 		kv_put_e4m3_row(g, w, off, x, lane);
 	}
@@ -87,7 +90,7 @@ __global__ void kv_store_kernel(struct llm_cuda_kvgeom g, int layer, struct llm_
 	int64_t n = (int64_t)m.n_tok * g.kv_dim;
 	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
 		int t = (int)(i / g.kv_dim), c = (int)(i % g.kv_dim);
-		int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t]) + c;
+		int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], m.pos[t], c / g.d_head) + c % g.d_head;
 		kv_put(g, g.k, off, k[(int64_t)t * ks + c]);
 		kv_put(g, g.v, off, v[(int64_t)t * vs + c]);
 	}
@@ -108,7 +111,7 @@ attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
 		return;                      /* whole warps leave; no block barrier below */
 	const int t = (int)(item / n_head), h = (int)(item % n_head);
 	const int d = g.d_head, group = n_head / g.n_kv_head;
-	const int64_t hoff = (int64_t)(h / group) * d;
+	const int kh = h / group;
 	const int32_t pos = m.pos[t];
 	const int32_t *tab = m.tab + m.tab_off[t];
 	const float scale = sqrtf((float)d);
@@ -126,7 +129,7 @@ attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
 		const int32_t p = c0 + lane;
 		float s = -INFINITY;
 		if (p <= pos) {
-			int64_t kr = kv_row(g, layer, tab, p) + hoff;
+			int64_t kr = kv_row(g, layer, tab, p, kh);
 			float dot = 0.0f;
 			for (int i = 0; i < d; i++)
 				dot = fmaf(qw[i], kv_at(g, g.k, g.ks, kr + i), dot);
@@ -142,7 +145,7 @@ attention_paged_f32_kernel(float *out, int64_t os, const float *q, int64_t qs,
 		const int nv = pos - c0 + 1 < 32 ? pos - c0 + 1 : 32;
 		for (int j = 0; j < nv; j++) {
 			float ej = __shfl_sync(0xffffffffu, e, j);
-			int64_t vr = kv_row(g, layer, tab, c0 + j) + hoff;
+			int64_t vr = kv_row(g, layer, tab, c0 + j, kh);
 #pragma unroll
 			for (int r = 0; r < ATTN_MAX_D / 32; r++) {
 				int i = lane + 32 * r;
@@ -182,7 +185,7 @@ __global__ void rope_store_kernel(struct llm_cuda_kvgeom g, int layer, struct ll
 		if (kh < 0)
 			continue;
 		__syncwarp();            /* every lane's rotated pairs, visible to the others */
-		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], pos) + (int64_t)kh * d;
+		const int64_t off = kv_row(g, layer, m.tab + m.tab_off[t], pos, kh);
 		const float *vr = v + (int64_t)t * vs + (int64_t)kh * d;
 		if (g.fp8) {
 			kv_put_e4m3_row(g, 0, off, x, lane);

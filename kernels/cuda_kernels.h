@@ -119,11 +119,11 @@ struct llm_cuda_kvmeta {
 	const int32_t *tab;          /* block ids */
 };
 
-/* The cache geometry (common/kvcache.h): k, v (n_layer, n_block, block_size,
- * kv_dim) of f32 (bf16 = 0) or bf16 (bf16 = 1). */
+/* The cache geometry (common/kvcache.h): k, v (n_layer, n_block, n_kv_head,
+ * block_size, d_head) of f32, bf16 (bf16 = 1) or E4M3 (fp8 = 1). */
 struct llm_cuda_kvgeom {
 	void *k, *v;
-	float *ks, *vs;           /* fp8: (n_layer, n_block, block_size, n_kv_head) scales; else NULL */
+	float *ks, *vs;           /* fp8: (n_layer, n_block, n_kv_head, block_size) scales; else NULL */
 	int64_t n_block;
 	int block_size, kv_dim, n_kv_head, d_head, bf16, fp8;
 };

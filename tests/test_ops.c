@@ -1102,13 +1102,13 @@ static void test_kv(void)
 	check(llm_kv_reserve(&kv, a, 6) == LLM_OK && kv.n_free == 4, "6 positions take 2 blocks");
 	kv.seq[a].len = 6;
 	/* mark the data of block 1 slot 1 (position 5) of layer 1 */
-	((float *)kv.k)[llm_kv_offset(&kv, 1, a, 5)] = 42.0f;
+	((float *)kv.k)[llm_kv_offset(&kv, 1, a, 5, 0)] = 42.0f;
 	check(llm_kv_seq_fork(&kv, a, 6, &b) == LLM_OK && kv.n_free == 4 && kv.ref[kv.seq[a].blk[1]] == 2,
 	      "fork shares both blocks (refcount 2, nothing allocated)");
 	check(llm_kv_blocks_needed(&kv, b, 1) == 1, "writing after a shared partial block needs one copy");
 	check(llm_kv_reserve(&kv, b, 1) == LLM_OK && kv.seq[b].blk[1] != kv.seq[a].blk[1] && kv.n_free == 3,
 	      "copy on write: the fork gets its own last block");
-	check(((float *)kv.k)[llm_kv_offset(&kv, 1, b, 5)] == 42.0f, "the copy holds the shared data");
+	check(((float *)kv.k)[llm_kv_offset(&kv, 1, b, 5, 0)] == 42.0f, "the copy holds the shared data");
 	check(kv.seq[b].blk[0] == kv.seq[a].blk[0], "full blocks stay shared");
 	llm_kv_seq_free(&kv, a);
 	check(kv.n_free == 4 && kv.ref[kv.seq[b].blk[0]] == 1, "free drops one reference");

@@ -207,6 +207,18 @@ T256 static INL float hsum8_256(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
+/* Four lane sums at once, each with hsum8_256's adds in its pairs: per
+ * vector y_i = x_i + x_(i+4), then (y_0 + y_2) + (y_1 + y_3). */
+T256 static INL __m128 hsum8x4_256(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+	__m256 y01 = _mm256_add_ps(_mm256_permute2f128_ps(a0, a1, 0x20), _mm256_permute2f128_ps(a0, a1, 0x31));
+	__m256 y23 = _mm256_add_ps(_mm256_permute2f128_ps(a2, a3, 0x20), _mm256_permute2f128_ps(a2, a3, 0x31));
+	/* lanes [y0_0 + y0_2, y0_1 + y0_3, y2_0 + y2_2, y2_1 + y2_3 | the same of y1, y3] */
+	__m256 h = _mm256_add_ps(_mm256_shuffle_ps(y01, y23, 0x44), _mm256_shuffle_ps(y01, y23, 0xee));
+	h = _mm256_hadd_ps(h, h);                      /* [s0, s2, s0, s2 | s1, s3, s1, s3] */
+	return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* NH heads over NP positions from P (both compile-time at each call) */
 T256 static INL void scores_256_np(float *att, size_t as, const float *q, const int nh, const void *k,
                                    const enum llm_dtype dt, int64_t ks, const float *sc, size_t ss, int p,
@@ -223,17 +235,26 @@ T256 static INL void scores_256_np(float *att, size_t as, const float *q, const 
 			a[j][u] = _mm256_setzero_ps();
 	size_t o = (size_t)p * (size_t)ks;
 	for (int c = 0; c < d; c += 8) {
-		__m256 kv[4];
+		__m256 qv[4];
 #pragma GCC unroll 4
-		for (int u = 0; u < np; u++)
-			kv[u] = kv_load_256(k, dt, o + (size_t)u * (size_t)ks + (size_t)c, s[u]);
+		for (int j = 0; j < nh; j++)
+			qv[j] = _mm256_loadu_ps(q + (size_t)j * (size_t)d + c);
+		/* one key row at a time: NH query vectors, one row and
+		 * NH * NP accumulators (3 heads: 3 + 1 + 12 registers) */
 #pragma GCC unroll 4
-		for (int j = 0; j < nh; j++) {
-			__m256 qv = _mm256_loadu_ps(q + (size_t)j * (size_t)d + c);
+		for (int u = 0; u < np; u++) {
+			__m256 kv = kv_load_256(k, dt, o + (size_t)u * (size_t)ks + (size_t)c, s[u]);
 #pragma GCC unroll 4
-			for (int u = 0; u < np; u++)
-				a[j][u] = _mm256_fmadd_ps(qv, kv[u], a[j][u]);
+			for (int j = 0; j < nh; j++)
+				a[j][u] = _mm256_fmadd_ps(qv[j], kv, a[j][u]);
 		}
+	}
+	if (np == 4) {
+#pragma GCC unroll 4
+		for (int j = 0; j < nh; j++)
+			_mm_storeu_ps(att + (size_t)j * as + (size_t)p,
+			              _mm_div_ps(hsum8x4_256(a[j][0], a[j][1], a[j][2], a[j][3]), _mm_set1_ps(scale)));
+		return;
 	}
 #pragma GCC unroll 4
 	for (int j = 0; j < nh; j++)
@@ -242,13 +263,14 @@ T256 static INL void scores_256_np(float *att, size_t as, const float *q, const 
 			att[(size_t)j * as + (size_t)(p + u)] = hsum8_256(a[j][u]) / scale;
 }
 
-/* four positions a step for 1 or 2 heads, two for 3 or 4 (the
- * accumulators stay in the 16 registers) */
+/* four positions a step for 1 to 3 heads (3: 12 accumulators, the 3 query
+ * vectors and one key row fill the 16 registers), two for 4 heads or E4M3
+ * rows at 3 (their scales take registers too) */
 T256 static INL void scores_256(float *att, size_t as, const float *q, const int nh, const void *k,
                                 const enum llm_dtype dt, int64_t ks, const float *sc, size_t ss, int n_pos,
                                 int d, float scale)
 {
-	const int np = nh <= 2 ? 4 : 2;
+	const int np = nh <= 2 || (nh == 3 && dt != LLM_DTYPE_E4M3) ? 4 : 2;
 	int p = 0;
 	for (; p + np <= n_pos; p += np)
 		scores_256_np(att, as, q, nh, k, dt, ks, sc, ss, p, np, d, scale);

@@ -623,112 +623,6 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
 	}
 }
 
-/* ---- AVX2 decode: one token ----------------------------------------------
- * A tile of rows, each output's operations those of tile_256 (acc = 0,
- * acc = fma(x[c..c+8), w[c..c+8) (times the block scale for E4M3), acc)
- * for c in order, then hsum_256), so the bits are the same; the code
- * differs: tile_256 hands its accumulators to block_256, and GCC kept them
- * on the stack (a store and reload in every FMA chain). Here the row
- * pointers and accumulators are locals of one loop, and the next tile's
- * rows are prefetched a line per chunk. Measured on one Zen 3 core (VM):
- * a 192 x 576 weight in L2, BF16 6.4 -> 16-20 G weights/s, E4M3 2-3 -> 6-7;
- * SmolLM2-135M's 211 decode weights from memory (alternating, medians of 8
- * to 10 runs): E4M3 with 8 rows a tile 30.5 -> 27.6 ms; BF16, bound by the
- * memory there, 36.5 ms as before with 4 rows a tile and 38.4 ms with 8
- * (eight row streams at once prefetch worse), so BF16, F16 and F32 take 4.
- * Whole 8-column chunks only (cols, and E4M3 block columns, multiples of
- * 8); tile_256 takes the rest. */
-#define ROW1_NR_MAX 8
-
-T256 static INL void row1_chunks(__m256 acc[ROW1_NR_MAX], const float *x, const char *const p[ROW1_NR_MAX],
-                                 const int nr, size_t ahead, const enum llm_dtype dt, int64_t c0, int64_t ce,
-                                 const __m256 sc[ROW1_NR_MAX], const int wide)
-{
-	size_t esz = llm_dtype_size(dt);
-	for (int64_t c = c0; c < ce; c += 8) {
-		__m256 xv = _mm256_loadu_ps(x + c);
-		size_t o = (size_t)c * esz;
-		int pf = (o & 63) == 0;
-#pragma GCC unroll 8
-		for (int i = 0; i < nr; i++) {
-			if (pf)
-				_mm_prefetch(p[i] + o + ahead, _MM_HINT_T0);
-			__m256 wv;
-			if (dt == LLM_DTYPE_F32)
-				wv = _mm256_loadu_ps((const float *)(p[i] + o));
-			else if (dt == LLM_DTYPE_E4M3)
-				wv = _mm256_mul_ps(e4m3x8_256(_mm_loadl_epi64((const __m128i *)(p[i] + o)), wide), sc[i]);
-			else {
-				__m128i h = _mm_loadu_si128((const __m128i *)(p[i] + o));
-				wv = dt == LLM_DTYPE_F16 ? _mm256_cvtph_ps(h)
-				                         : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-			}
-			acc[i] = _mm256_fmadd_ps(xv, wv, acc[i]);
-		}
-	}
-}
-
-T256 static INL void row1_256(float *y, const float *x, const struct llm_weight *w, int64_t r,
-                              const enum llm_dtype dt, const int nr)
-{
-	int64_t n = w->cols;
-	size_t rs = (size_t)n * llm_dtype_size(dt);
-	const char *p[ROW1_NR_MAX];
-	__m256 acc[ROW1_NR_MAX];
-#pragma GCC unroll 8
-	for (int i = 0; i < nr; i++) {
-		p[i] = (const char *)w->data + (size_t)(r + i) * rs;
-		acc[i] = _mm256_setzero_ps();
-	}
-	size_t ahead = (size_t)nr * rs;
-	if (dt != LLM_DTYPE_E4M3) {
-		row1_chunks(acc, x, p, nr, ahead, dt, 0, n, NULL, 1);
-	} else {
-		int64_t bk = w->block_cols;
-		const float *srow[ROW1_NR_MAX];
-#pragma GCC unroll 8
-		for (int i = 0; i < nr; i++)
-			srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
-		for (int64_t c0 = 0; c0 < n; c0 += bk) {
-			int64_t ce = c0 + bk < n ? c0 + bk : n;
-			__m256 sc[ROW1_NR_MAX];
-			int wide = 1;
-#pragma GCC unroll 8
-			for (int i = 0; i < nr; i++)
-				wide &= e4m3_wide(srow[i][c0 / bk]);
-#pragma GCC unroll 8
-			for (int i = 0; i < nr; i++)
-				sc[i] = _mm256_set1_ps(e4m3_scale_256(srow[i][c0 / bk], wide));
-			if (wide)
-				row1_chunks(acc, x, p, nr, ahead, dt, c0, ce, sc, 1);
-			else
-				row1_chunks(acc, x, p, nr, ahead, dt, c0, ce, sc, 0);
-		}
-	}
-#pragma GCC unroll 8
-	for (int i = 0; i < nr; i++)
-		y[r + i] = hsum_256(acc[i]);
-}
-
-/* rows [r0, r1) of one token by row1_256 where its chunks fit, else false */
-T256 static bool matmul_row1_256(float *y, const float *x, const struct llm_weight *w, int64_t r0, int64_t r1)
-{
-	if (w->cols % 8 || (w->dtype == LLM_DTYPE_E4M3 && w->block_cols % 8))
-		return false;
-	int64_t r = r0;
-	int nr = w->dtype == LLM_DTYPE_E4M3 ? 8 : 4;
-	for (; r + nr <= r1; r += nr)
-		switch (w->dtype) {
-		case LLM_DTYPE_E4M3: row1_256(y, x, w, r, LLM_DTYPE_E4M3, 8); break;
-		case LLM_DTYPE_BF16: row1_256(y, x, w, r, LLM_DTYPE_BF16, 4); break;
-		case LLM_DTYPE_F16: row1_256(y, x, w, r, LLM_DTYPE_F16, 4); break;
-		default: row1_256(y, x, w, r, LLM_DTYPE_F32, 4); break;
-		}
-	for (; r < r1; r++)
-		tile_256_dispatch(y, 0, x, 0, 1, 1, w, r);
-	return true;
-}
-
 /* ---- AVX2 prefill: many tokens ------------------------------------------
  * A step of n_tok >= PP_MIN_TOK tokens: the rows of a row block are
  * converted once (E4M3, BF16, F16 -> f32, E4M3 times its block scale: the
@@ -890,8 +784,6 @@ T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, i
 		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1);
 		return;
 	}
-	if (n_tok == 1 && matmul_row1_256(y, x, w, r0, r1))
-		return;
 	for (int64_t rb = r0; rb < r1; rb += RB) {
 		int64_t re = rb + RB < r1 ? rb + RB : r1;
 		for (int64_t t = 0; t < n_tok; ) {

@@ -569,6 +569,164 @@ static void test_argmax(void)
 	      (double)o2.logprob, (double)o.logprob, want);
 }
 
+/* llm_logprob (vectorised where the CPU allows) against log-softmax in
+ * double, on ragged lengths around the vector widths, with a -inf logit and
+ * a spread wide enough that most terms underflow f32's exp. */
+static void test_logprob(void)
+{
+	uint64_t g[4];
+	llm_rng_seed(g, 5);
+	static float w[50000];
+	double worst = 0;
+	int cases = 0;
+	for (int n = 1; n <= 50000; n = n < 40 ? n + 1 : n * 3 + 7) {
+		for (int kind = 0; kind < 3; kind++) {
+			for (int i = 0; i < n; i++)
+				w[i] = (float)((llm_rng_uniform(g) - 0.5) * (kind == 2 ? 300.0 : 12.0));
+			if (kind == 1 && n > 1)
+				w[n / 2] = -INFINITY;
+			int32_t id = (int32_t)(llm_rng_uniform(g) * n);
+			if (w[id] == -INFINITY)
+				id = 0;
+			double mx = w[0], sum = 0;
+			for (int i = 1; i < n; i++)
+				mx = w[i] > mx ? w[i] : mx;
+			for (int i = 0; i < n; i++)
+				sum += exp((double)w[i] - mx);
+			double want = (double)w[id] - mx - log(sum), d = fabs(llm_logprob(w, n, id) - want);
+			worst = d > worst ? d : worst;
+			cases++;
+		}
+	}
+	check(worst < 1e-6, "llm_logprob within 1e-6 of log-softmax in double in %d cases (lengths 1..50000): worst %.2g",
+	      cases, worst);
+}
+
+/* ---- the candidates' order: the sampler against a plain reference -------- */
+
+static const float *ref_key;
+static int ref_cmp(const void *a, const void *b)
+{
+	int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+	float x = ref_key[i], y = ref_key[j];
+	if (x != y)
+		return x > y ? -1 : 1;
+	return i < j ? -1 : i > j;
+}
+
+/* sampler.h's rules written plainly (qsort for the order, no penalties or
+ * biases): the token for draw U. */
+static int32_t ref_sample(const float *w, int n, const struct llm_sample_params *p, double u)
+{
+	float mx = w[0];
+	for (int i = 1; i < n; i++)
+		mx = w[i] > mx ? w[i] : mx;
+	float cut = mx - 40.0f * p->temperature;
+	int32_t *idx = malloc((size_t)n * sizeof *idx);
+	double *pr = malloc((size_t)n * sizeof *pr);
+	int m = 0;
+	for (int i = 0; i < n; i++)
+		if (w[i] >= cut)
+			idx[m++] = i;
+	ref_key = w;
+	qsort(idx, (size_t)m, sizeof *idx, ref_cmp);
+	if (p->top_k > 0 && p->top_k < m)
+		m = p->top_k;
+	double sum = 0;
+	for (int i = 0; i < m; i++) {
+		pr[i] = exp(((double)w[idx[i]] - mx) / p->temperature);
+		sum += pr[i];
+	}
+	if (p->top_p < 1.0f) {
+		double c = 0;
+		int k = 0;
+		while (k < m) {
+			c += pr[k++] / sum;
+			if (c >= p->top_p)
+				break;
+		}
+		m = k;
+	}
+	if (p->min_p > 0) {
+		int k = 1;
+		while (k < m && pr[k] >= p->min_p * pr[0])
+			k++;
+		m = k;
+	}
+	sum = 0;
+	for (int i = 0; i < m; i++)
+		sum += pr[i];
+	double r = u * sum, c = 0;
+	int32_t tok = idx[m - 1];
+	for (int i = 0; i < m; i++) {
+		c += pr[i];
+		if (r < c) {
+			tok = idx[i];
+			break;
+		}
+	}
+	free(idx);
+	free(pr);
+	return tok;
+}
+
+/* Vocabularies past the size where the sampler sorts by radix, logits with
+ * many ties, -0 beside +0, and a spread wider than the 40 T cut, at
+ * several temperatures with top-k, top-p and min-p: every draw's token
+ * equals the reference's for the same random number. */
+static void test_order(void)
+{
+	int sizes[] = { 255, 256, 1000, 4099, 49152 };
+	int bad = 0, cases = 0;
+	uint64_t g[4];
+	llm_rng_seed(g, 11);
+	for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+		int n = sizes[si];
+		float *w = malloc((size_t)n * sizeof *w);
+		for (int kind = 0; kind < 4; kind++) {
+			for (int i = 0; i < n; i++) {
+				double v = llm_rng_uniform(g);
+				if (kind == 0)          /* a few levels: ties everywhere */
+					w[i] = (float)(int)(v * 6) - 3.0f;
+				else if (kind == 1)     /* zeros of both signs among ties */
+					w[i] = v < 0.3 ? 0.0f : v < 0.6 ? -0.0f : (float)(int)(v * 4) * 0.5f;
+				else if (kind == 2)     /* a spread past the cut, some far below */
+					w[i] = v < 0.05 ? -1e30f : (float)((v - 0.5) * 200.0);
+				else                    /* fine values: distinct keys in every digit */
+					w[i] = (float)(sin(i * 0.37 + v) * 4.0 + v * 1e-3);
+			}
+			float temps[] = { 0.3f, 1.0f, 2.5f };
+			for (int ti = 0; ti < 3; ti++)
+				for (int cfg = 0; cfg < 4; cfg++) {
+					struct llm_sample_params p = params(temps[ti], 1000 + (uint64_t)cases);
+					p.skip_logprob = 1;
+					if (cfg == 1)
+						p.top_k = 50;
+					if (cfg == 2)
+						p.top_p = 0.9f;
+					if (cfg == 3)
+						p.min_p = 0.05f, p.top_p = 0.97f;
+					struct llm_sampler s;
+					if (llm_sampler_init(&s, &p, n))
+						continue;
+					uint64_t st[4];
+					llm_rng_seed(st, p.seed);
+					for (int d = 0; d < 8; d++) {
+						double u = llm_rng_uniform(st);
+						int32_t ta = draw(&s, w), tb = ref_sample(w, n, &p, u);
+						if (ta != tb && bad < 5) check_diag("n %d kind %d T %g cfg %d: %d vs %d", n, kind, (double)temps[ti], cfg, ta, tb);
+						bad += ta != tb;
+						cases++;
+					}
+					llm_sampler_free(&s);
+				}
+		}
+		free(w);
+	}
+	check(bad == 0, "sampled tokens equal a qsort reference in %d draws (vocabularies 255..49152; ties, +-0, far tails; "
+	      "top-k, top-p, min-p): %d differ", cases, bad);
+}
+
 /* The request forms of logit_bias and stop_token_ids (sample_json.c). */
 static void test_forms(void)
 {
@@ -728,6 +886,8 @@ int main(void)
 	test_nonfinite();
 	test_forms();
 	test_argmax();
+	test_order();
+	test_logprob();
 	test_rules();
 	test_seeds();
 	test_engine();

@@ -173,6 +173,11 @@ struct llm_backend_ops {
 	 * finishes the backend's queued work (sync) before each call. */
 	enum llm_status (*comm_open)(struct llm_backend *be, struct llm_comm *boot, struct llm_comm **out);
 	enum llm_status (*sync)(struct llm_backend *be);   /* NULL: always synchronous */
+	/* Optional (NULL: the caller's loop). Run FN(CTX, i, N) once for every
+	 * i < N on the host threads the backend owns (the CPU backend's pool),
+	 * as llm_pool_run does: host work of a step that splits by rows, such
+	 * as sampling the logits that came back. */
+	void (*host_for)(struct llm_backend *be, int n, void (*fn)(void *ctx, int i, int n), void *ctx);
 };
 
 struct llm_backend {

@@ -1077,6 +1077,11 @@ static enum llm_status cpu_init(struct llm_backend *be, const struct llm_backend
 	return LLM_OK;
 }
 
+static void cpu_host_for(struct llm_backend *be, int n, void (*fn)(void *, int, int), void *ctx)
+{
+	llm_pool_run(cpu(be)->pool, n, fn, ctx);
+}
+
 static void cpu_fini(struct llm_backend *be)
 {
 	struct cpu_be *c = cpu(be);
@@ -1117,4 +1122,5 @@ const struct llm_backend_ops llm_cpu_ops = {
 	.gather = cpu_gather,
 	.chain = cpu_chain,
 	.sync = NULL,
+	.host_for = cpu_host_for,
 };

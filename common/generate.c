@@ -663,6 +663,16 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
 	return LLM_OK;
 }
 
+void llm_engine_host_for(struct llm_engine *e, int n, void (*fn)(void *ctx, int i, int n), void *ctx)
+{
+	if (e->be->ops->host_for && n > 1) {
+		e->be->ops->host_for(e->be, n, fn, ctx);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		fn(ctx, i, n);
+}
+
 int llm_engine_can_sample(const struct llm_engine *e)
 {
 	return e->dlogits != NULL && !e->serving;

@@ -208,6 +208,11 @@ enum llm_status llm_engine_forward(struct llm_engine *e, const struct llm_batch 
  * started (a server, idle before its first request), and with WAIT waits
  * for it and moves to it (a benchmark, so no timed step runs beside it). */
 void llm_engine_weights_settle(struct llm_engine *e, int wait);
+/* Run FN(CTX, i, N) for every i < N on the backend's host threads (the
+ * CPU backend's pool; elsewhere a loop on the caller): work that splits by
+ * rows between forwards, such as sampling. FN's result for i must not
+ * depend on which thread runs it. */
+void llm_engine_host_for(struct llm_engine *e, int n, void (*fn)(void *ctx, int i, int n), void *ctx);
 /* Whether the engine can sample where the logits are: its backend has a
  * sample op (backend.h; the CUDA backend), the run is one process and
  * $LLM_CUDA_SAMPLE is not 0. */

@@ -307,6 +307,22 @@ enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, con
 	return handle(o, &so, tok, fin);
 }
 
+int llm_reqout_drawable(const struct llm_reqout *o)
+{
+	return o->g == NULL;
+}
+
+enum llm_status llm_reqout_draw(struct llm_reqout *o, const float *logits, struct llm_sample_out *so)
+{
+	return llm_sampler_sample(&o->smp, logits, so);
+}
+
+enum llm_status llm_reqout_drawn(struct llm_reqout *o, const struct llm_sample_out *so, int32_t *tok,
+                                 enum llm_finish *fin)
+{
+	return handle(o, so, tok, fin);
+}
+
 int llm_reqout_row_ok(const struct llm_reqout *o)
 {
 	return llm_sampler_row_ok(&o->smp);

@@ -70,6 +70,18 @@ enum llm_status llm_reqout_take(struct llm_reqout *o, const float *logits, int32
 enum llm_status llm_reqout_verify(struct llm_reqout *o, const float *logits, const float *q, int32_t x, int32_t *tok,
                                   enum llm_finish *fin);
 
+/* The same in two halves, so that the draws of a step's requests can run
+ * in parallel (each on its own request; llm_reqout_draw touches nothing
+ * else): whether O's next draw can be made apart (no grammar: its mask
+ * follows the state the previous token left); the draw from LOGITS into
+ * *SO (llm_sampler_sample's statuses; on failure nothing changed, and
+ * llm_reqout_take on the same logits reports it as its own); then the
+ * token handled as llm_reqout_take handles its own. */
+int llm_reqout_drawable(const struct llm_reqout *o);
+enum llm_status llm_reqout_draw(struct llm_reqout *o, const float *logits, struct llm_sample_out *so);
+enum llm_status llm_reqout_drawn(struct llm_reqout *o, const struct llm_sample_out *so, int32_t *tok,
+                                 enum llm_finish *fin);
+
 /* Sampling elsewhere (a backend's sample op, backend.h): whether it can
  * make O's next draw (no grammar, no top log-probs); ROW for that draw
  * (llm_sampler_row: takes the request's random number when it samples);

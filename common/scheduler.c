@@ -32,6 +32,7 @@
 #include "scheduler.h"
 #include "reqout.h"
 #include "buf.h"
+#include "pool.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -91,6 +92,9 @@ struct llm_sched {
 	struct llm_sample_row *b_srow;   /* (max_rows) each row's draw, when the backend samples */
 	int32_t *b_sid;             /* (max_rows) the ids it chose */
 	float *b_slp;               /* (max_rows) and their log-probs */
+	struct llm_sample_out *b_so;   /* (max_rows) the host's draws made before the rows are handled */
+	int8_t *b_drawn;            /* (max_rows) 1: b_so holds row's draw; 0: none made */
+	int32_t *b_plain;           /* (max_rows) the rows drawn apart this step */
 	struct sreq **pf;           /* (max_running) a step's prefilling requests */
 	int32_t *d_tok, *d_pos, *d_seq, *d_adapter;   /* (d_budget) the draft engine's batch */
 	int8_t *d_logits;
@@ -160,11 +164,14 @@ enum llm_status llm_sched_open(struct llm_sched **out, struct llm_engine *e, con
 	s->b_srow = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_srow);
 	s->b_sid = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_sid);
 	s->b_slp = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_slp);
+	s->b_so = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_so);
+	s->b_drawn = malloc((size_t)s->max_rows + 1);
+	s->b_plain = malloc(((size_t)s->max_rows + 1) * sizeof *s->b_plain);
 	s->pf = malloc((size_t)s->o.max_running * sizeof *s->pf);
 	s->pc = calloc((size_t)o->prefix_entries + 1, sizeof *s->pc);
 	s->cnt = calloc((size_t)s->kv->n_block, sizeof *s->cnt);
 	if (!s->b_tok || !s->b_pos || !s->b_seq || !s->b_adapter || !s->b_logits || !s->b_req || !s->b_rowpos || !s->pf || !s->pc
-	    || !s->cnt || !s->b_srow || !s->b_sid || !s->b_slp) {
+	    || !s->cnt || !s->b_srow || !s->b_sid || !s->b_slp || !s->b_so || !s->b_drawn || !s->b_plain) {
 		llm_sched_close(s);
 		return llm_fail(LLM_ERR_NOMEM, "scheduler: out of memory");
 	}
@@ -259,6 +266,9 @@ void llm_sched_close(struct llm_sched *s)
 	free(s->b_srow);
 	free(s->b_sid);
 	free(s->b_slp);
+	free(s->b_so);
+	free(s->b_drawn);
+	free(s->b_plain);
 	free(s->pf);
 	free(s->d_tok);
 	free(s->d_pos);
@@ -609,6 +619,63 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 	else
 		r->ids[r->n_ids++] = tok;
 	return LLM_OK;
+}
+
+/* R's next token from a draw made apart (SO: draw_rows), handled as
+ * take_token handles its own (no draft: see draw_rows). */
+static enum llm_status drawn_token(struct llm_sched *s, struct sreq *r, const struct llm_sample_out *so)
+{
+	int32_t tok;
+	enum llm_finish fin;
+	LLM_TRY(llm_reqout_drawn(&r->out, so, &tok, &fin));
+	s->st.gen_tokens += tok >= 0;
+	if (fin)
+		finish(s, r);
+	else
+		r->ids[r->n_ids++] = tok;
+	return LLM_OK;
+}
+
+struct draw_job {
+	struct llm_sched *s;
+	const float *logits;
+	int n;                      /* rows in s->b_plain */
+};
+
+static void draw_task(void *ctx, int c, int nc)
+{
+	struct draw_job *j = ctx;
+	struct llm_sched *s = j->s;
+	for (int k = c; k < j->n; k += nc) {
+		int i = s->b_plain[k];
+		const float *l = j->logits + (size_t)i * (size_t)s->n_vocab;
+		s->b_drawn[i] = llm_reqout_draw(&s->b_req[i]->out, l, &s->b_so[i]) == LLM_OK;
+	}
+}
+
+/* The plain draws of this step's ROWS (host logits LOGITS), made before
+ * the rows are handled and in parallel on the engine's host threads: a
+ * row that is its request's one draw this step (no drafts to verify, not
+ * a prompt row) and whose request has no grammar. Each draw touches only
+ * its request's sampler (its own random stream), so the tokens are those
+ * of the rows drawn one after another; the handling that follows (stops,
+ * text, events) stays in row order on this thread. A sampling step costs
+ * a sort of the candidates per row (~2 ms on a 49152-token vocabulary at
+ * temperature 1), which on one thread left the other cores idle between
+ * forwards. A draw that fails (non-finite logits) is left to take_token,
+ * which fails the same way and reports it. */
+static void draw_rows(struct llm_sched *s, int rows, const float *logits)
+{
+	int n = 0;
+	for (int i = 0; i < rows; i++) {
+		struct sreq *r = s->b_req[i];
+		s->b_drawn[i] = 0;
+		if (r->state == SREQ_RUNNING && !r->prefill_only && s->b_rowpos[i] == r->n_ids - 1 && r->n_draft == 0
+		    && !r->spec_stop && llm_reqout_drawable(&r->out))
+			s->b_plain[n++] = i;
+	}
+	struct draw_job j = { s, logits, n };
+	llm_engine_host_for(s->e, n < LLM_POOL_MAX_CHUNKS ? n : LLM_POOL_MAX_CHUNKS, draw_task, &j);
 }
 
 /* R's next token as the backend's sample op chose it (ID, LOGPROB), handled
@@ -1050,6 +1117,8 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 				pc_register(s, r);
 		}
 		size_t nv = (size_t)s->n_vocab;
+		if (!dev)
+			draw_rows(s, rows, logits);
 		for (int i = 0; i < rows; i++) {
 			struct sreq *r = s->b_req[i];
 			if (r->state == SREQ_DONE)
@@ -1061,6 +1130,8 @@ enum llm_status llm_sched_step(struct llm_sched *s, int *n_pending)
 			const float *l = logits + (size_t)i * nv;
 			if (r->prefill_only || s->b_rowpos[i] < r->n_prompt - 1)
 				score_row(s, r, s->b_rowpos[i], l);
+			else if (s->b_drawn[i])
+				LLM_TRY(drawn_token(s, r, &s->b_so[i]));
 			else if (s->b_rowpos[i] == r->n_ids - 1 && !r->spec_stop)
 				LLM_TRY(take_token(s, r, l));
 		}

@@ -231,8 +231,9 @@ static size_t on_sse(char *b, size_t size, size_t nmemb, void *user)
 /* Send Q on client C (NULL: no client could be made, the request fails). */
 static void run_req(struct req *q, struct http *c)
 {
-	json_t *b = json_pack("{s:s, s:i, s:f, s:b, s:b}", "model", q->model, "max_tokens", q->p->output_len,
-	                      "temperature", 0.0, "stream", 1, "ignore_eos", 1);
+	json_t *b = json_pack("{s:s, s:i, s:f, s:f, s:b, s:b}", "model", q->model, "max_tokens", q->p->output_len,
+	                      "temperature", q->o->temperature, "top_p", q->o->top_p > 0 ? q->o->top_p : 1.0, "stream", 1,
+	                      "ignore_eos", 1);
 	if (q->p->text) {
 		json_object_set_new(b, "prompt", json_string(q->p->text));
 	} else {

@@ -46,6 +46,7 @@ struct llm_bench_serve_opts {
 	int n_prompts;             /* used round robin */
 	double timeout;            /* per request, seconds */
 	struct llm_progress *progress;  /* NULL, or requests done of the run (progress.h) */
+	double temperature, top_p; /* sent with every request (temperature 0: greedy; top_p 0 is sent as 1) */
 };
 
 struct llm_bench_serve_result {

@@ -19,6 +19,7 @@ static const char *weight_pages = "auto", *kv_dtype = "bf16";
 static int64_t input_len = 128, output_len = 64, requests = 64, seed = 1, shared_prefix = 0, id_range = 500;
 static int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3, threads = 0;
 static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min_tok_s = 0;
+static double temperature = 0, top_p = 1;
 static struct llm_progress pg;   /* progress and the summary on stderr; -q: none */
 
 static const struct llm_opt opts[] = {
@@ -34,6 +35,8 @@ static const struct llm_opt opts[] = {
 	LLM_FLOAT(0, "slo-ttft", "MS", &slo_ttft, "serve: goodput counts requests with TTFT at most this", 0, 1e9),
 	LLM_FLOAT(0, "slo-itl", "MS", &slo_itl, "serve: ... and TPOT at most this", 0, 1e9),
 	LLM_FLOAT(0, "timeout", "SECONDS", &timeout_s, "serve: per-request timeout", 0.001, 1e7),
+	LLM_FLOAT(0, "temperature", "T", &temperature, "serve: sampling temperature sent with every request (0: greedy)", 0, 100),
+	LLM_FLOAT(0, "top-p", "P", &top_p, "serve: top_p sent with every request", 1e-6, 1),
 	LLM_STR(0, "model", "NAME", &model, "serve: model name to send (default: the server's /v1/models)"),
 	LLM_STR(0, "api-key", "KEY", &api_key, "serve: send Authorization: Bearer KEY"),
 	LLM_INT(0, "seed", "N", &seed, "serve: seed of the arrivals and synthetic prompts", 0, INT64_MAX),
@@ -206,18 +209,23 @@ static int run_serve(const char *url, enum llm_bench_format fmt)
 	struct llm_bench_serve_opts o = {
 		.url = url, .model = model, .api_key = api_key, .n_requests = (int)requests, .duration = duration,
 		.slo_ttft_ms = slo_ttft, .slo_itl_ms = slo_itl, .seed = (uint64_t)seed, .prompts = pr, .n_prompts = n_pr,
-		.timeout = timeout_s, .progress = &pg,
+		.timeout = timeout_s, .progress = &pg, .temperature = temperature, .top_p = top_p,
 	};
 	char *name = NULL;
 	if (llm_bench_serve_model(&o, &name))
 		llm_die("%s", llm_errmsg());
 	header("serve", url);
 	if (trace)
-		printf("# config: model %s, trace %s (%d prompts), %lld requests per run\n", name, trace, n_pr, (long long)requests);
+		printf("# config: model %s, trace %s (%d prompts), %lld requests per run", name, trace, n_pr, (long long)requests);
 	else
-		printf("# config: model %s, input %lld tokens (%lld shared), output %lld tokens, %lld requests per run%s\n",
+		printf("# config: model %s, input %lld tokens (%lld shared), output %lld tokens, %lld requests per run%s",
 		       name, (long long)input_len, (long long)shared_prefix, (long long)output_len, (long long)requests,
 		       duration > 0 ? ", duration-bounded" : "");
+	if (temperature > 0)
+		printf(", temperature %g, top_p %g", temperature, top_p);
+	else
+		printf(", greedy");
+	printf("\n");
 	printf("# definitions: TTFT = send to first streamed token; ITL = gaps between streamed tokens (pooled); "
 	       "TPOT = (e2e - TTFT)/(tokens - 1) per request; e2e = send to end; tokens counted from the server's "
 	       "token_ids; goodput = req/s with TTFT <= %g ms and TPOT <= %g ms; #wrong = not 200/429, no [DONE] or "

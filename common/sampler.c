@@ -536,9 +536,10 @@ static enum llm_status adjust(struct llm_sampler *s, const float *logits, const 
 			pw[p->bias[i].id] += p->bias[i].bias;
 		for (int i = 0; hold && i < s->n_hold; i++)
 			pw[s->hold[i]] = -INFINITY;
-		if (penalized(p))
-			for (int i = 0; i < n; i++) {
-				if (s->seen[i] && p->repetition_penalty != 1.0f)
+		if (penalized(p))              /* only seen ids are penalised: their list, not the vocabulary */
+			for (int k = 0; k < s->n_seen; k++) {
+				int32_t i = s->seen_id[k];
+				if (p->repetition_penalty != 1.0f)
 					pw[i] = pw[i] > 0 ? pw[i] / p->repetition_penalty : pw[i] * p->repetition_penalty;
 				if (s->count[i])
 					pw[i] -= p->frequency_penalty * (float)s->count[i] + p->presence_penalty;

@@ -486,10 +486,7 @@ T512 static void silu_mul_512(float *o, const float *g, const float *u, int64_t 
 	}
 }
 
-/* The portable loop silu_mul_1 is inlined twice: as it is, and in a T256
- * function where each fmaf is one FMA instruction instead of a call into
- * libm: the same operations, so the same bits (softmax_1 has an AVX2 twin,
- * softmax_256, written out in vectors). */
+/* The portable loop; silu_mul_256 below is its AVX2 twin. */
 static INL void silu_mul_1(float *o, const float *g, const float *u, int64_t n)
 {
 	for (int64_t i = 0; i < n; i++) {
@@ -499,7 +496,7 @@ static INL void silu_mul_1(float *o, const float *g, const float *u, int64_t n)
 	}
 }
 
-T256 static void silu_mul_256(float *o, const float *g, const float *u, int64_t n) { silu_mul_1(o, g, u, n); }
+T256 static void silu_mul_256(float *o, const float *g, const float *u, int64_t n);
 
 void llm_cpu_silu_mul(enum llm_cpu_isa isa, float *o, const float *g, const float *u, int64_t n)
 {
@@ -590,6 +587,23 @@ T256 static INL __m256 exp_256(__m256 x)
 	p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
 	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(t), _mm256_set1_epi32(127)), 23);
 	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* silu_mul_1 eight lanes at a time: exp_256 for exp_1, -v by the sign
+ * bit, and the same divide and products (nothing fused: FP contraction is
+ * off), so the same bits. The loop left to the compiler stayed scalar (4%
+ * of a 16-sequence decode step on this VM). */
+T256 static void silu_mul_256(float *o, const float *g, const float *u, int64_t n)
+{
+	const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_loadu_ps(g + i);
+		__m256 e = exp_256(_mm256_xor_ps(v, sign));
+		v = _mm256_mul_ps(v, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+		_mm256_storeu_ps(o + i, _mm256_mul_ps(v, _mm256_loadu_ps(u + i)));
+	}
+	silu_mul_1(o + i, g + i, u + i, n - i);
 }
 
 /* softmax_1 in vectors: the max as its comparisons take it (max_ps keeps

@@ -456,12 +456,14 @@ static void sort_idx(int32_t *idx, int32_t *tmp, int n, const float *key)
 }
 
 /* The same order for many candidates: a stable LSD radix sort of 32-bit
- * keys, three passes of 11 bits (a pass whose digit is the same for all is
+ * keys, four passes of 8 bits (a pass whose digit is the same for all is
  * skipped). A key orders the values largest first (-0 keyed as +0, so the
  * two tie as they compare), and stability keeps IDX's ascending ids within
  * a value: the ties by id, hence exactly sort_idx's order. KEYS holds 2 N
  * words of scratch. On a 49152-token vocabulary the merge sort took ~8 ms a
- * draw, most of a decode step. */
+ * draw, most of a decode step; this sort ~1 ms (on this VM 3 passes of 11
+ * bits, keys and ids packed in 64 bits, were 20% faster; a bucket sort by
+ * value, then each bucket in cache, was not faster at all). */
 static void radix_idx(int32_t *idx, int32_t *tmp, uint32_t *keys, int n, const float *key)
 {
 	uint32_t *ka = keys, *kb = keys + n;

@@ -127,7 +127,8 @@ void llm_from_f32(void *dst, enum llm_dtype t, const float *src, size_t n)
 
 /* An element is NaN or infinite when its exponent field is all ones (E4M3:
  * only S.1111.111, it has no infinities). Each 4096-element block ORs the
- * test (a loop the compiler vectorizes); the index is looked for only in
+ * test (a loop of a fixed count, which the compiler vectorizes at -O2;
+ * a count it does not know kept it scalar); the index is looked for only in
  * a block that has one. The words are read through may_alias types: the
  * logits are floats. */
 typedef uint16_t __attribute__((may_alias)) u16_alias;
@@ -138,9 +139,13 @@ typedef uint64_t __attribute__((may_alias)) u64_alias;
 		const type *u_ = p;                                                    \
 		for (size_t b = 0; b < n; b += 4096) {                                 \
 			size_t e = n - b < 4096 ? n : b + 4096;                            \
-			unsigned any = 0;                                                  \
-			for (size_t i = b; i < e; i++)                                     \
-				any |= (u_[i] & (mask)) == (bad_of);                           \
+			type any = 0;                                                      \
+			if (e - b == 4096)      /* a fixed count: vectorized at -O2 */     \
+				for (size_t i = 0; i < 4096; i++)                              \
+					any |= (type)((u_[b + i] & (mask)) == (bad_of));           \
+			else                                                               \
+				for (size_t i = b; i < e; i++)                                 \
+					any |= (type)((u_[i] & (mask)) == (bad_of));               \
 			for (size_t i = b; any && i < e; i++)                              \
 				if ((u_[i] & (mask)) == (bad_of))                              \
 					return (int64_t)i;                                         \

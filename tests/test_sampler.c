@@ -832,6 +832,9 @@ static void test_nonfinite(void)
 	      llm_first_nonfinite(h, LLM_DTYPE_F16, 9000) == 5000 && llm_first_nonfinite(bh, LLM_DTYPE_BF16, 9000) == 17 &&
 	      llm_first_nonfinite(e, LLM_DTYPE_E4M3, 9000) == 4097,
 	      "llm_first_nonfinite: the first NaN/Inf in f32, f16, bf16 and e4m3, across blocks");
+	f[4095] = -INFINITY;          /* the last of a whole block */
+	check(llm_first_nonfinite(f, LLM_DTYPE_F32, 9000) == 4095 && llm_first_nonfinite(f, LLM_DTYPE_F32, 4095) < 0,
+	      "llm_first_nonfinite: f32 -inf at the end of a whole 4096-element block");
 }
 
 /* A grammar's mask: refused tokens get no probability before every other

@@ -63,6 +63,8 @@ TEST_BINS = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 FUZZ_BINS = $(patsubst tests/fuzz/%.c,$(B)/tests/fuzz/%,$(wildcard tests/fuzz/*.c))
 # the GPU bench drivers bench/gpu.sh runs (the tile sweep, the bandwidth probe): CUDA builds only
 BENCH_BINS = $(if $(filter 1,$(CUDA)),$(B)/bench/gemm_sweep $(B)/bench/gpu_bandwidth)
+# CPU bench programs, built with everything: one draw of the host sampler
+CPU_BENCH_BINS = $(B)/bench/sampler_bench
 
 ifeq ($(CUDA),1)
 override CFLAGS += -DLLM_CUDA -I$(CUDA_HOME)/include
@@ -107,7 +109,7 @@ $(B)/common/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 endif
 $(info mpi: $(if $(filter 1,$(MPI)),yes ($(MPICC)),no))
 
-all: $(TOOL_BINS) $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(B)/tests/mpi_check
+all: $(TOOL_BINS) $(TEST_BINS) $(FUZZ_BINS) $(BENCH_BINS) $(CPU_BENCH_BINS) $(B)/tests/mpi_check
 
 # bin/ follows the default trees only (make asan and make fuzz name their own)
 ifeq ($(origin B),file)

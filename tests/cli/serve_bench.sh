@@ -13,6 +13,15 @@ check_fails "--rate with --concurrency is a usage error" 2 $B --rate 1 --concurr
 check_fails "a bad rate list is a usage error" 2 $B --rate 1,x serve http://127.0.0.1:1
 check_fails "a server that is not there is a runtime error" 1 $B serve http://127.0.0.1:1
 check_fails "an https URL is refused" 1 $B serve https://127.0.0.1:1
+# bench/sampler_bench (built beside the tools): one table row per draw kind,
+# the same tokens run to run
+SB=$(dirname "$(readlink -f "$(command -v llm-bench)")")/../bench/sampler_bench
+"$SB" 1000 >"$T/sb1" && "$SB" 1000 >"$T/sb2"
+awk '{print $NF}' "$T/sb1" >"$T/sb1.sum"
+awk '{print $NF}' "$T/sb2" >"$T/sb2.sum"
+check "sampler_bench 1000: a header and 5 rows, the same token sums twice" sh -c \
+	"[ \$(wc -l <'$T/sb1') = 6 ] && head -n 1 '$T/sb1' | grep -q '^draw ' && cmp -s '$T/sb1.sum' '$T/sb2.sum'"
+check_fails "sampler_bench: a bad size is a usage error" 2 "$SB" x
 if ! have_stories; then skip "llm-bench against stories260K" "no stories260K in \$LLM_TEST_MODELS"; tap_done; fi
 llm-serve -m "$(stories)" --port 0 --port-file "$T/port" -t 1 2>"$T/server.log" & SP=$!
 URL=$(serve_url "$T/port")
@@ -90,6 +99,12 @@ r=$(wrong_row 200 --timeout 0.001)
 check "--timeout 0.001: every request cut and wrong, open loop" [ "$r" = 3,0,0,3 ]
 r=$(wrong_row 200 --timeout 0.001 --concurrency 2)
 check "--timeout 0.001: every request cut and wrong, reused clients" [ "$r" = 3,0,0,3 ]
+# sampling sent with every request: the server samples, every request right
+$B serve "$URL" --concurrency 2 --requests 4 --output-len 6 --temperature 0.8 --top-p 0.95 --format csv >"$T/temp.csv"
+check "--temperature 0.8 --top-p 0.95: said on the config line, every request right" sh -c \
+	"grep -q '^# config: .*, temperature 0.8, top_p 0.95\$' '$T/temp.csv' && grep -v '^#' '$T/temp.csv' | tail -n 1 | cut -d, -f3-6 | grep -qx '4,4,0,0'"
+check "greedy (no --temperature): said on the config line" sh -c "grep -q '^# config: .*, greedy\$' '$T/csv'"
+check_fails "--temperature -1 is a usage error" 2 $B serve "$URL" --temperature -1
 kill -TERM $SP; wait $SP
 llm-serve -m "$(stories)" --port 0 --port-file "$T/port2" -t 1 --api-key sekret 2>"$T/server2.log" & SP=$!
 URL=$(serve_url "$T/port2")

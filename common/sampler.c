@@ -228,7 +228,8 @@ __attribute__((target("avx512f"))) static double lse_512(const float *x, int n, 
 }
 
 /* The same with AVX2 and FMA, eight lanes: 2^t built in the exponent bits
- * (t in [-126, 0] since v in [-87, 0]), the tail masked by a blend. */
+ * (t in [-126, 0] since v in [-87, 0]); the tail is padded with -inf, and
+ * a -inf lane (the padding's or a logit's) adds 0. */
 __attribute__((target("avx2,fma"))) static double lse_256(const float *x, int n, float *pmx)
 {
 	__m256 vm = _mm256_set1_ps(-INFINITY);
@@ -269,7 +270,7 @@ __attribute__((target("avx2,fma"))) static double lse_256(const float *x, int n,
 		p = _mm256_fmadd_ps(p, r, p5);
 		p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));
 		__m256 two_t = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(t), bias), 23));
-		/* the tail's -inf lanes: v clamped to -87 gives e^-87, not 0 */
+		/* -inf lanes: v clamped to -87 would give e^-87, not 0 */
 		__m256 e = _mm256_and_ps(_mm256_mul_ps(p, two_t), _mm256_cmp_ps(xv, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
 		s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
 		s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));

@@ -597,6 +597,16 @@ static void pc_register(struct llm_sched *s, struct sreq *r)
 	slot->last_use = ++s->clock;
 }
 
+/* R took TOK (-1: none), ending with FIN (LLM_FINISH_NONE: it goes on). */
+static void took(struct llm_sched *s, struct sreq *r, int32_t tok, enum llm_finish fin)
+{
+	s->st.gen_tokens += tok >= 0;
+	if (fin)
+		finish(s, r);
+	else
+		r->ids[r->n_ids++] = tok;
+}
+
 /* Sample R's next token from LOGITS; with a draft in ids[n_ids], the draft
  * is accepted when the token equals it (its row is then the next one's),
  * else the drafts left are void. */
@@ -608,16 +618,12 @@ static enum llm_status take_token(struct llm_sched *s, struct sreq *r, const flo
 	 * drafts verified so far this step index it) */
 	const float *q = r->n_draft > 0 && r->n_dq > 0 ? r->q + (size_t)(r->n_dq - r->n_draft) * (size_t)s->n_vocab : NULL;
 	LLM_TRY(llm_reqout_verify(&r->out, logits, q, draft, &tok, &fin));
-	s->st.gen_tokens += tok >= 0;
 	if (r->n_draft > 0) {
 		s->st.spec_accepted_tokens += tok == draft;
 		r->n_draft = tok == draft && !fin ? r->n_draft - 1 : 0;
 		r->spec_stop = r->n_draft == 0;
 	}
-	if (fin)
-		finish(s, r);
-	else
-		r->ids[r->n_ids++] = tok;
+	took(s, r, tok, fin);
 	return LLM_OK;
 }
 
@@ -628,11 +634,7 @@ static enum llm_status drawn_token(struct llm_sched *s, struct sreq *r, const st
 	int32_t tok;
 	enum llm_finish fin;
 	LLM_TRY(llm_reqout_drawn(&r->out, so, &tok, &fin));
-	s->st.gen_tokens += tok >= 0;
-	if (fin)
-		finish(s, r);
-	else
-		r->ids[r->n_ids++] = tok;
+	took(s, r, tok, fin);
 	return LLM_OK;
 }
 
@@ -685,11 +687,7 @@ static enum llm_status put_token(struct llm_sched *s, struct sreq *r, int32_t id
 	int32_t tok;
 	enum llm_finish fin;
 	LLM_TRY(llm_reqout_put(&r->out, id, logprob, &tok, &fin));
-	s->st.gen_tokens += tok >= 0;
-	if (fin)
-		finish(s, r);
-	else
-		r->ids[r->n_ids++] = tok;
+	took(s, r, tok, fin);
 	return LLM_OK;
 }
 

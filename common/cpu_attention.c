@@ -608,8 +608,9 @@ T256 static void silu_mul_256(float *o, const float *g, const float *u, int64_t 
 
 /* softmax_1 in vectors: the max as its comparisons take it (max_ps keeps
  * the running max when an element is NaN, and a NaN a[0]; -0 and +0 give
- * the same e^x), lanes 0-7 and 8-15 of its sum in two accumulators (the
- * elements past n masked to +0, which adds nothing), the same tree. */
+ * the same e^x), lanes 0-7 and 8-15 of its sum in two accumulators kept in
+ * registers (sixteen elements a pass; the last 1..15 masked, the elements
+ * past n as +0, which adds nothing), the same tree. */
 T256 static float softmax_256(float *a, int64_t n)
 {
 	__m256 vm = _mm256_set1_ps(a[0]);
@@ -626,16 +627,27 @@ T256 static float softmax_256(float *a, int64_t n)
 	if (a[0] != a[0])
 		mx = a[0];
 	const __m256 m = _mm256_set1_ps(mx);
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	for (i = 0; i + 16 <= n; i += 16) {
+		__m256 e0 = exp_256(_mm256_sub_ps(_mm256_loadu_ps(a + i), m));
+		__m256 e1 = exp_256(_mm256_sub_ps(_mm256_loadu_ps(a + i + 8), m));
+		_mm256_storeu_ps(a + i, e0);
+		_mm256_storeu_ps(a + i + 8, e1);
+		acc0 = _mm256_add_ps(acc0, e0);
+		acc1 = _mm256_add_ps(acc1, e1);
+	}
 	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
-	for (i = 0; i < n; i += 8) {
+	for (int half = 0; i < n; i += 8, half++) {
 		int64_t left = n - i;
 		__m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left >= 8 ? 8 : (int)left), lane);
 		__m256 e = _mm256_and_ps(exp_256(_mm256_sub_ps(_mm256_maskload_ps(a + i, k), m)), _mm256_castsi256_ps(k));
 		_mm256_maskstore_ps(a + i, k, e);
-		acc[(i >> 3) & 1] = _mm256_add_ps(acc[(i >> 3) & 1], e);
+		if (half)
+			acc1 = _mm256_add_ps(acc1, e);
+		else
+			acc0 = _mm256_add_ps(acc0, e);
 	}
-	__m256 s8 = _mm256_add_ps(acc[0], acc[1]);
+	__m256 s8 = _mm256_add_ps(acc0, acc1);
 	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
 	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
 	float sum = _mm_cvtss_f32(s2) + _mm_cvtss_f32(_mm_shuffle_ps(s2, s2, 1));

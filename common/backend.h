@@ -272,4 +272,7 @@ bool llm_cpu_attn_wsum(enum llm_cpu_isa isa, float *out, int nh, const float *at
 void llm_cpu_e4m3_rows(enum llm_cpu_isa isa, float *dst, const uint8_t *src, size_t src_stride,
                        const float *scale, size_t scale_stride, int n_rows, int d);
 
+/* N BF16 elements to f32 DST (exact: each widened and shifted up 16) */
+void llm_cpu_bf16_rows(enum llm_cpu_isa isa, float *dst, const uint16_t *src, size_t n);
+
 #endif

@@ -601,8 +601,9 @@ static enum llm_status cpu_rope_store(struct llm_backend *be, struct llm_view q,
 
 /* heads of one KV group that an attention item takes together (at most) */
 #define ATTN_GS 4
-/* query rows up to which an item reads E4M3 blocks in place (each row
- * decodes the codes it reads) rather than decoding each block to f32 once */
+/* query rows up to which an item reads E4M3 and BF16 blocks in place (each
+ * row converts the elements it reads) rather than converting each block to
+ * f32 once */
 #define ATTN_DIRECT_ROWS 1
 
 struct attn_job {
@@ -645,14 +646,21 @@ static const float *kv_scales(const struct llm_kv *kv, const float *arr, int lay
 }
 
 /* Rows [p0, pe] of one block of a KV group as the helpers take them: in
- * place (F32, BF16, and E4M3 with its scales when DIRECT) or, for E4M3,
- * decoded to f32 into BUF (block_size, d). */
+ * place (F32; BF16, and E4M3 with its scales, when DIRECT) or, for E4M3 and
+ * BF16, decoded to f32 into BUF (block_size, d): exactly (BF16 widens; see
+ * llm_cpu_e4m3_rows for E4M3), so the scores and sums are the same bits
+ * either way, and a run of rows converts each element once instead of once
+ * a row. */
 struct kv_rows { const void *p; enum llm_dtype dt; int64_t stride; const float *sc; size_t scs; };
 
 static struct kv_rows kv_rows_of(const struct llm_kv *kv, enum llm_cpu_isa isa, const void *arr,
                                  const float *sarr, int layer, int32_t b, int kh, int n, float *buf, bool direct)
 {
 	const char *p = kv_slice(kv, arr, layer, b, kh, 0);
+	if (kv->dtype == LLM_DTYPE_BF16 && !direct) {
+		llm_cpu_bf16_rows(isa, buf, (const uint16_t *)p, (size_t)n * (size_t)kv->d_head);
+		return (struct kv_rows){ buf, LLM_DTYPE_F32, kv->d_head, NULL, 0 };
+	}
 	if (kv->dtype != LLM_DTYPE_E4M3)
 		return (struct kv_rows){ p, kv->dtype, kv->d_head, NULL, 0 };
 	const float *sc = kv_scales(kv, sarr, layer, b, kh);

@@ -422,6 +422,27 @@ void llm_cpu_e4m3_rows(enum llm_cpu_isa isa, float *dst, const uint8_t *src, siz
 			                                         * scale[(size_t)r * scale_stride];
 }
 
+T256 static void bf16_rows_256(float *dst, const uint16_t *src, size_t n)
+{
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
+		__m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+		__m256i hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+		_mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+		_mm256_storeu_ps(dst + i + 8, _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+	}
+	llm_to_f32(dst + i, src + i, LLM_DTYPE_BF16, n - i);
+}
+
+void llm_cpu_bf16_rows(enum llm_cpu_isa isa, float *dst, const uint16_t *src, size_t n)
+{
+	if (isa >= LLM_ISA_AVX2)
+		bf16_rows_256(dst, src, n);
+	else
+		llm_to_f32(dst, src, LLM_DTYPE_BF16, n);
+}
+
 /* ---- e^x for the softmax and SiLU ---------------------------------------
  * One sequence of f32 operations, run a lane at a time (fmaf), eight (AVX2) or sixteen
  * (AVX-512) with the same bits: range reduction by ln 2 in two parts

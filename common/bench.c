@@ -756,16 +756,20 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	if (o->kv_dtype)
 		eo.kv_dtype = (enum llm_dtype)o->kv_dtype;
 	int d = o->n_depth > 0 ? o->n_depth : 0;
-	eo.max_seqs = b;
+	eo.max_seqs = d ? 2 * b : b;
 	eo.max_batch_tokens = o->n_prompt > b ? o->n_prompt : b;
 	if (d > eo.max_batch_tokens)
 		eo.max_batch_tokens = d;
 	eo.max_logits = b;
 	eo.n_ctx = d + (o->n_prompt > o->n_gen + 1 ? o->n_prompt : o->n_gen + 1) + 1;
 	/* every sequence holds a whole context: the default pool (4096
-	 * positions a sequence) is too small past that depth */
+	 * positions a sequence) is too small past that depth; with a depth,
+	 * B context sequences and B forks of them, each fork's own blocks
+	 * its test's positions and a copy of a shared last block */
 	int bs = eo.kv_block_size > 0 ? eo.kv_block_size : 16;
 	eo.kv_blocks = (int64_t)b * ((eo.n_ctx + bs - 1) / bs + 1);
+	if (d)
+		eo.kv_blocks += (int64_t)b * ((eo.n_ctx - d + bs - 1) / bs + 2);
 	struct llm_engine *e;
 	LLM_TRY(llm_engine_open(&e, ckpt, &eo));
 	llm_engine_weights_settle(e, 1);   /* no timed step beside the huge-page copy */
@@ -780,15 +784,39 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	int nmax = eo.max_batch_tokens;
 	int32_t *tok = malloc((size_t)nmax * sizeof *tok), *pos = malloc((size_t)nmax * sizeof *pos);
 	int32_t *seq = malloc((size_t)nmax * sizeof *seq), *seqs = malloc((size_t)b * sizeof *seqs);
+	int32_t *ctx = malloc((size_t)b * sizeof *ctx);
 	int8_t *want = malloc((size_t)nmax);
 	double *t = malloc((size_t)reps * sizeof *t);
 	enum llm_status st = LLM_OK;
 	uint64_t x = 88172645463325252ull;
-	if (!tok || !pos || !seq || !seqs || !want || !t) {
+	int n_ctx_seq = 0;
+	if (!tok || !pos || !seq || !seqs || !ctx || !want || !t) {
 		st = llm_fail(LLM_ERR_NOMEM, "bench: out of memory");
 		goto out;
 	}
 #define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, (int32_t)(x % (uint64_t)nv))
+	/* the context the tests start after: one untimed prefill of D random
+	 * tokens per sequence, once; every run forks these (llm_kv_seq_fork:
+	 * the blocks are shared, its first write copies a shared last block)
+	 * rather than prefilling again, so -r N at a deep context costs one
+	 * prefill, not 2 (N + 1) */
+	for (int i = 0; i < b && d && !st; i++) {
+		st = llm_kv_seq_new(kv, &ctx[i]);
+		if (st)
+			break;
+		n_ctx_seq++;
+		for (int j = 0; j < d; j++) {
+			tok[j] = RND();
+			pos[j] = j;
+			seq[j] = ctx[i];
+			want[j] = 0;
+		}
+		want[d - 1] = 1;
+		const float *lg;
+		int n_out;
+		struct llm_batch bt = { d, tok, pos, seq, want, NULL };
+		st = llm_engine_forward(e, &bt, &lg, &n_out);
+	}
 	struct llm_progress *pg = o->progress;
 	if (pg) {             /* runs of this call: a warm-up and the repetitions of each test */
 		pg->items = 0;
@@ -812,27 +840,19 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 		if (pg)
 			snprintf(pg->note, sizeof pg->note, "%s %s", o->backend ? o->backend : "auto", res->test);
 		for (int k = 0; k < reps + 1 && !st; k++) {     /* one warm-up run */
-			int ns = test == 0 ? 1 : b;
-			for (int i = 0; i < ns && !st; i++)
-				st = llm_kv_seq_new(kv, &seqs[i]);
-			if (st)
+			int ns = test == 0 ? 1 : b, made;
+			for (made = 0; made < ns; made++) {
+				st = d ? llm_kv_seq_fork(kv, ctx[made], d, &seqs[made]) : llm_kv_seq_new(kv, &seqs[made]);
+				if (st)
+					break;
+			}
+			if (st) {
+				for (int i = 0; i < made; i++)
+					llm_kv_seq_free(kv, seqs[i]);
 				break;
+			}
 			const float *lg;
 			int n_out;
-			/* the context the test starts after: one untimed prefill per sequence */
-			for (int i = 0; i < ns && d && !st; i++) {
-				for (int j = 0; j < d; j++) {
-					tok[j] = RND();
-					pos[j] = j;
-					seq[j] = seqs[i];
-					want[j] = 0;
-				}
-				want[d - 1] = 1;
-				struct llm_batch bt = { d, tok, pos, seq, want, NULL };
-				st = llm_engine_forward(e, &bt, &lg, &n_out);
-			}
-			if (st)
-				break;
 			double t0 = llm_now();
 			if (test == 0) {
 				for (int i = 0; i < n; i++) {
@@ -877,6 +897,9 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	}
 #undef RND
 out:
+	for (int i = 0; i < n_ctx_seq; i++)
+		llm_kv_seq_free(kv, ctx[i]);
+	free(ctx);
 	free(tok);
 	free(pos);
 	free(seq);

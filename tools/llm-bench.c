@@ -44,7 +44,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "title", "TEXT", &title, "serve: title of the plot"),
 	LLM_INT('p', "n-prompt", "N", &n_prompt, "model: prompt tokens of the pp test (0: skip)", 0, 1 << 20),
 	LLM_INT('n', "n-gen", "N", &n_gen, "model: generated tokens of the tg test (0: skip)", 0, 1 << 20),
-	LLM_INT('d', "depth", "N", &n_depth, "model: context each test starts after (an untimed prefill per sequence)", 0, 1 << 20),
+	LLM_INT('d', "depth", "N", &n_depth, "model: context each test starts after (one untimed prefill per sequence, shared by every run)", 0, 1 << 20),
 	LLM_STR('b', "batch", "LIST", &batches, "model: sequences decoding together in the tg test, e.g. 1,4,16"),
 	LLM_INT('r', "repetitions", "N", &reps, "model: repetitions (after one warm-up)", 1, 1000),
 	LLM_STR(0, "backend", "LIST", &backends, "model: backends to measure, e.g. cpu,cuda"),

@@ -396,6 +396,14 @@ DOT_TARGET static void DOT_NAME(tile_codes_any)(float *y, int64_t ys, const uint
 {
 	if (nt == 4 && nr == 4)
 		DOT_NAME(tile_codes)(y, ys, xb, xbs, 4, 4, w, stride, n, ts, ia, ib, pf);
+	else if (nt == 3 && nr == 4)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 3, 4, w, stride, n, ts, ia, ib, pf);
+	else if (nt == 2 && nr == 4)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 2, 4, w, stride, n, ts, ia, ib, pf);
+	else if (nt == 3)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 3, 1, w, stride, n, ts, ia, ib, pf);
+	else if (nt == 2)
+		DOT_NAME(tile_codes)(y, ys, xb, xbs, 2, 1, w, stride, n, ts, ia, ib, pf);
 	else if (nt == 4)
 		DOT_NAME(tile_codes)(y, ys, xb, xbs, 4, 1, w, stride, n, ts, ia, ib, pf);
 	else if (nr == 4)
@@ -444,6 +452,9 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	 * TinyLlama BF16 decode 14.8 -> 19.4 tok/s, 2 and 3 sequences
 	 * 23.4 -> 37.2 and 28.0 -> 49.4 (the rows were read once per token). */
 	int streams = !fp8 && n_tok < 4;
+	/* E4M3 codes in registers for 2 or 3 tokens: all of them in one tile
+	 * of 4 rows, each code converted once a step (it was once a token) */
+	int codes = fp8 && !copy && n_tok < 4;
 	int64_t sr_lo = 0, sr_hi = 0;        /* the rows of the scale row TS holds */
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
@@ -478,7 +489,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 				                    (const uint8_t *)w->data + (size_t)r * (size_t)n, n, &ts, ia, ib);
 			}
 		for (int64_t t = 0; t < n_tok; ) {
-			int nt = n_tok - t >= 4 ? 4 : streams ? (int)n_tok : 1;
+			int nt = n_tok - t >= 4 ? 4 : (streams || codes) ? (int)n_tok : 1;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 && !streams ? 4 : 1;
 				if (fp8 && (!copy || (fuse && t == 0))) {   /* the rows of a tile share a scale row */

@@ -287,6 +287,52 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
 }
 
+/* One token over 4 rows of E4M3 codes whose scale rows differ (a (d_out, 1)
+ * scale: the FP8 embedding as lm_head; 1xK blocks), each row through its
+ * own table: the operations of tile_codes at 1 token x 1 row for each row,
+ * in the same order, so the same bits; four accumulator chains instead of
+ * one, whose dot-product latency bounded the 1-row tile. SROW: each
+ * row's scale row; blocks of BK columns, a multiple of DOT_STEP or the
+ * whole row. */
+DOT_TARGET static void DOT_NAME(tile_codes_rows4)(float *y, const uint16_t *xb, const uint8_t *w, int64_t n,
+                                                 const float *const srow[4], int64_t bk,
+                                                 __m512i ia, __m512i ib, size_t pf)
+{
+	__m512 acc[4][4];
+	DOT_NAME(tile_zero)(acc, 1, 4);
+	for (int64_t c0 = 0, b = 0; c0 < n; c0 += bk, b++) {
+		int64_t ce = c0 + bk < n ? c0 + bk : n;
+		struct e4m3_tab tb[4];
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++)
+			DOT_NAME(tab_build)(srow[i][b], &tb[i]);
+		for (int64_t c = c0; c < ce; c += DOT_STEP) {
+			int64_t k = ce - c < DOT_STEP ? ce - c : DOT_STEP;
+			__mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1);
+			__m512bh x0 = (__m512bh)_mm512_maskz_loadu_epi16(m0, xb + c);
+#if DOT_VBMI
+			int two = k > 32;
+			__mmask32 m1 = k >= 64 ? (__mmask32)0xffffffffu : two ? (__mmask32)((1u << (k - 32)) - 1) : 0;
+			__m512bh x1 = (__m512bh)_mm512_maskz_loadu_epi16(m1, xb + c + 32);
+#endif
+#pragma GCC unroll 4
+			for (int i = 0; i < 4; i++) {
+				const uint8_t *wp = w + (size_t)i * (size_t)n + (size_t)c;
+				if (pf)
+					_mm_prefetch((const char *)(wp + pf), _MM_HINT_T1);
+				__m512i wv[2];
+				DOT_NAME(conv)(&tb[i], ia, ib, wp, k, wv);
+				acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x0, (__m512bh)wv[0]);
+#if DOT_VBMI
+				if (two)
+					acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x1, (__m512bh)wv[1]);
+#endif
+			}
+		}
+	}
+	DOT_NAME(tile_store)(y, 1, acc, 1, 4);
+}
+
 /* The 4x4 tile over bf16 rows when n is a multiple of 64: the operations of
  * tile_w16 in the same order (two 32-column chunks a step), without masks
  * or branches in the loop. PF: prefetch distance in elements (0: none, the
@@ -501,6 +547,18 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 					}
 					if (nr == 4 && r + 3 >= sr_hi)
 						nr = 1;
+				}
+				if (fp8 && !copy && nt == 1 && nr == 1 && re - r >= 4 &&
+				    (w->block_cols % DOT_STEP == 0 || w->block_cols >= n)) {
+					/* 4 rows across scale rows, a table each */
+					const float *srow[4];
+					for (int i = 0; i < 4; i++)
+						srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
+					DOT_NAME(tile_codes_rows4)(y + t * ys + r, xb + t * xbs,
+					                           (const uint8_t *)w->data + (size_t)r * (size_t)n, n,
+					                           srow, w->block_cols, ia, ib, pf);
+					r += 4;
+					continue;
 				}
 				for (size_t q = 0; q < per && nx < ne; q += 64, nx += 64)
 					_mm_prefetch(nx, _MM_HINT_T1);

@@ -8,7 +8,8 @@
 #   bench/engine.sh [WORKDIR] [CONFIG...]
 #
 # Environment (defaults in brackets):
-#   DEPTHS [0 1024 4096]   context each pp/tg starts after (untimed prefill)
+#   DEPTHS [0 1024 4096]   context each pp/tg starts after (untimed prefill);
+#                          a depth + 512 past a model's context is skipped
 #   THREADS [1 2]          CPU threads of both engines
 #   ROUNDS [3]             rounds; each runs every row once, the engines
 #                          alternating; the table shows the median round
@@ -132,8 +133,14 @@ for round in $(seq "$ROUNDS"); do
 	bandwidth "$round"
 	for cfg in "${CONFIGS[@]}"; do
 		name=$(basename "$cfg" .json)
+		# the model's context: depths that leave no room for pp512 are skipped
+		ctx=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1])).get("max_position_embeddings", 1 << 30))' "$cfg")
 		for t in $THREADS; do
 			for depth in $DEPTHS; do
+				if [ $((depth + 512)) -gt "$ctx" ]; then
+					[ "$round" = 1 ] && [ "$t" = "${THREADS%% *}" ] && echo "# $name: depth $depth skipped (context $ctx)" >&2
+					continue
+				fi
 				# alternate: each round starts with the other engine
 				order=$ENGINES
 				[ $((round % 2)) = 0 ] && order=$(printf '%s\n' $ENGINES | tac | tr '\n' ' ')

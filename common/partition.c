@@ -523,7 +523,9 @@ static char *record_json(const struct plan *pl)
 /* tp x pp > 1: OUT is a directory, written under OUT.tmp.PID and renamed. */
 static enum llm_status write_partitioned(struct plan *pl, const char *out_arg, uint8_t *buf)
 {
-	char tmp[4096], old[4096] = "", out[4096];
+	char tmp[4096 + 32], old[4096 + 32] = "", out[4096];   /* room for out's ".tmp.PID" */
+	if (strlen(out_arg) >= sizeof out)
+		return llm_fail(LLM_ERR_USAGE, "%.64s...: output path longer than %zu bytes", out_arg, sizeof out - 1);
 	snprintf(out, sizeof out, "%s", out_arg);
 	for (size_t n = strlen(out); n > 1 && out[n - 1] == '/';)
 		out[--n] = 0;            /* "out/" names the directory out */

@@ -774,10 +774,9 @@ static void attn_task(void *ctx, int ith, int nth)
 
 /* ---- decode rows across positions ----------------------------------------
  * When every row of a step is a decode row (one token of its sequence) and
- * the items of attn_task (a sequence and a KV group's heads) are too few to
- * keep the threads busy (one sequence of SmolLM2 on 2 threads: 3 items, so
- * one thread does two), the same attention runs as three jobs that split
- * it finer: the scores of (row, heads, a run of blocks), the softmax of
+ * the items of attn_task (a sequence and a KV group's heads) are fewer than
+ * the threads (one sequence with 1 KV group on 2 threads, or 2 groups on 3),
+ * the same attention runs as three jobs that split it finer: the scores of (row, heads, a run of blocks), the softmax of
  * (row, head), the weighted sum of (row, heads, a run of columns). Every
  * score, softmax and output column comes from the same helper calls on the
  * same data in the same order as in attn_task (the rows read in place, the
@@ -883,15 +882,21 @@ static void split_wsum_task(void *ctx, int ith, int nth)
 
 /* Whether J runs as attn_split (above) and, if so, X set up for it. Every
  * row a decode row, the helpers reading the cache's rows in place (so no
- * item needs a decoding buffer), fewer attn_task items than 2 per thread,
- * the scores of all rows in the scratch. Runs of blocks: about 4 items a
- * thread; runs of columns: 2 a thread, whole groups of 8 (AVX2's unit). */
+ * item needs a decoding buffer), fewer attn_task items than threads, the
+ * scores of all rows in the scratch. Runs of blocks: about 4 items a
+ * thread; runs of columns: 2 a thread, whole groups of 8 (AVX2's unit).
+ * As many items as threads or more run as attn_task even when one thread
+ * takes two (SmolLM2, one sequence, 2 threads: 3 items): on a Zen 5 the
+ * split's three jobs (the scores written by one core and read by the
+ * other, two more hand-offs a layer) cost more than that imbalance, BF16
+ * and FP8 weights, depth 1024 and 4096: 15 of 16 alternating pairs faster
+ * without the split, by 13-40% (bench/results/attn-split-zen5-2026-11-27). */
 static bool split_plan(struct attn_job *j, int nt, struct attn_split *x)
 {
 	struct cpu_be *c = j->c;
 	struct llm_kv *kv = j->kv;
 	int base = j->n_seg * (j->n_head / j->gs), d = kv->d_head;
-	if (nt < 2 || base >= 2 * nt || !llm_cpu_attn_reads(c->isa, kv->dtype, d) || d % 8
+	if (nt < 2 || base >= nt || !llm_cpu_attn_reads(c->isa, kv->dtype, d) || d % 8
 	    || (size_t)j->n_seg * (size_t)j->n_head * (size_t)kv->max_ctx
 	       > (size_t)(CHUNKS_PER_THREAD * nt) * c->scratch_per)
 		return false;

@@ -776,8 +776,9 @@ static void attn_task(void *ctx, int ith, int nth)
  * When every row of a step is a decode row (one token of its sequence) and
  * the items of attn_task (a sequence and a KV group's heads) are fewer than
  * the threads (one sequence with 1 KV group on 2 threads, or 2 groups on 3),
- * the same attention runs as three jobs that split it finer: the scores of (row, heads, a run of blocks), the softmax of
- * (row, head), the weighted sum of (row, heads, a run of columns). Every
+ * the same attention runs as three jobs that split it finer: the scores of
+ * (row, heads, a run of blocks), the softmax of (row, head), the weighted
+ * sum of (row, heads, a run of columns). Every
  * score, softmax and output column comes from the same helper calls on the
  * same data in the same order as in attn_task (the rows read in place, the
  * scores one max_ctx run per row and head in the chunks' scratch), so the

@@ -203,10 +203,11 @@ DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16
 }
 
 /* One step of tile_codes: the K codes at column C of each row (through
- * table TB, or across blocks when SPAN) into the accumulators. */
+ * table TB, TB[i] for row i when EACH, or across blocks when SPAN) into the
+ * accumulators. */
 DOT_TARGET static INL void DOT_NAME(step)(__m512 acc[4][4], const uint16_t *xb, int64_t xbs, const int nt,
                                          const int nr, const uint8_t *w, int64_t stride, int64_t c, int64_t k,
-                                         const struct e4m3_tab *tb, int span, struct tabs *ts,
+                                         const struct e4m3_tab *tb, const int each, int span, struct tabs *ts,
                                          __m512i ia, __m512i ib, size_t pf)
 {
 	__mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1);
@@ -231,7 +232,7 @@ DOT_TARGET static INL void DOT_NAME(step)(__m512 acc[4][4], const uint16_t *xb, 
 			_mm_prefetch((const char *)(wp + c + pf), _MM_HINT_T1);
 		__m512i wv[2];
 		if (!span)
-			DOT_NAME(conv)(tb, ia, ib, wp + c, k, wv);
+			DOT_NAME(conv)(tb + (each ? i : 0), ia, ib, wp + c, k, wv);
 		else
 			DOT_NAME(conv_span)(ts, ia, ib, wp, c, c + k, wv);
 #pragma GCC unroll 4
@@ -264,7 +265,7 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 			tb = *DOT_NAME(tab_at)(ts, b);
 			for (int64_t c = c0; c < ce; c += DOT_STEP)
 				DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, ce - c < DOT_STEP ? ce - c : DOT_STEP,
-				               &tb, 0, ts, ia, ib, pf);
+				               &tb, 0, 0, ts, ia, ib, pf);
 		}
 	} else {
 		int64_t b = 0, bend = bk, cur = -1;
@@ -281,7 +282,7 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 				tb = *DOT_NAME(tab_at)(ts, b);
 				cur = b;
 			}
-			DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, e - c, &tb, span, ts, ia, ib, pf);
+			DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, e - c, &tb, 0, span, ts, ia, ib, pf);
 		}
 	}
 	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
@@ -289,10 +290,10 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 
 /* One token over 4 rows of E4M3 codes whose scale rows differ (a (d_out, 1)
  * scale: the FP8 embedding as lm_head; 1xK blocks), each row through its
- * own table: the operations of tile_codes at 1 token x 1 row for each row,
- * in the same order, so the same bits; four accumulator chains instead of
- * one, whose dot-product latency bounded the 1-row tile. SROW: each
- * row's scale row; blocks of BK columns, a multiple of DOT_STEP or the
+ * own table: tile_codes' steps, so each row gets the operations of a 1 x 1
+ * tile in the same order and the same bits; four accumulator chains
+ * instead of one, whose dot-product latency bounded the 1-row tile. SROW:
+ * each row's scale row; blocks of BK columns, a multiple of DOT_STEP or the
  * whole row. */
 DOT_TARGET static void DOT_NAME(tile_codes_rows4)(float *y, const uint16_t *xb, const uint8_t *w, int64_t n,
                                                  const float *const srow[4], int64_t bk,
@@ -306,29 +307,9 @@ DOT_TARGET static void DOT_NAME(tile_codes_rows4)(float *y, const uint16_t *xb, 
 #pragma GCC unroll 4
 		for (int i = 0; i < 4; i++)
 			DOT_NAME(tab_build)(srow[i][b], &tb[i]);
-		for (int64_t c = c0; c < ce; c += DOT_STEP) {
-			int64_t k = ce - c < DOT_STEP ? ce - c : DOT_STEP;
-			__mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << k) - 1);
-			__m512bh x0 = (__m512bh)_mm512_maskz_loadu_epi16(m0, xb + c);
-#if DOT_VBMI
-			int two = k > 32;
-			__mmask32 m1 = k >= 64 ? (__mmask32)0xffffffffu : two ? (__mmask32)((1u << (k - 32)) - 1) : 0;
-			__m512bh x1 = (__m512bh)_mm512_maskz_loadu_epi16(m1, xb + c + 32);
-#endif
-#pragma GCC unroll 4
-			for (int i = 0; i < 4; i++) {
-				const uint8_t *wp = w + (size_t)i * (size_t)n + (size_t)c;
-				if (pf)
-					_mm_prefetch((const char *)(wp + pf), _MM_HINT_T1);
-				__m512i wv[2];
-				DOT_NAME(conv)(&tb[i], ia, ib, wp, k, wv);
-				acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x0, (__m512bh)wv[0]);
-#if DOT_VBMI
-				if (two)
-					acc[i][0] = _mm512_dpbf16_ps(acc[i][0], x1, (__m512bh)wv[1]);
-#endif
-			}
-		}
+		for (int64_t c = c0; c < ce; c += DOT_STEP)
+			DOT_NAME(step)(acc, xb, 0, 1, 4, w, n, c, ce - c < DOT_STEP ? ce - c : DOT_STEP,
+			               tb, 1, 0, NULL, ia, ib, pf);
 	}
 	DOT_NAME(tile_store)(y, 1, acc, 1, 4);
 }
@@ -491,16 +472,15 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	/* several token tiles: the next row block is prefetched while this one
 	 * is reused from cache (BF16 rows in place, or E4M3 copied to bf16) */
 	int spread = copy || (!fp8 && n_tok > 4);
-	/* BF16 rows for 1 to 3 tokens: a row at a time, every token of the
-	 * step in one tile, so the weights are read once, in one stream. Four
-	 * rows at once (four streams a row apart, 4 KiB for d_model 2048) ran
-	 * at 72% of the read bandwidth on one Zen 5 core, one row at 95%:
-	 * TinyLlama BF16 decode 14.8 -> 19.4 tok/s, 2 and 3 sequences
-	 * 23.4 -> 37.2 and 28.0 -> 49.4 (the rows were read once per token). */
-	int streams = !fp8 && n_tok < 4;
-	/* E4M3 codes in registers for 2 or 3 tokens: all of them in one tile
-	 * of 4 rows, each code converted once a step (it was once a token) */
-	int codes = fp8 && !copy && n_tok < 4;
+	/* 1 to 3 tokens read from the weights (no bf16 copy): every token of
+	 * the step in one tile, so a row is read (and an E4M3 code converted)
+	 * once a step, not once a token. BF16 rows then go one at a time, in
+	 * one stream: four rows at once (four streams a row apart, 4 KiB for
+	 * d_model 2048) ran at 72% of the read bandwidth on one Zen 5 core,
+	 * one row at 95%: TinyLlama BF16 decode 14.8 -> 19.4 tok/s, 2 and 3
+	 * sequences 23.4 -> 37.2 and 28.0 -> 49.4. E4M3 keeps 4-row tiles
+	 * (the conversion, not the stream, bounds them). */
+	int few = !copy && n_tok < 4, streams = few && !fp8;
 	int64_t sr_lo = 0, sr_hi = 0;        /* the rows of the scale row TS holds */
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
@@ -535,7 +515,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 				                    (const uint8_t *)w->data + (size_t)r * (size_t)n, n, &ts, ia, ib);
 			}
 		for (int64_t t = 0; t < n_tok; ) {
-			int nt = n_tok - t >= 4 ? 4 : (streams || codes) ? (int)n_tok : 1;
+			int nt = n_tok - t >= 4 ? 4 : few ? (int)n_tok : 1;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 && !streams ? 4 : 1;
 				if (fp8 && (!copy || (fuse && t == 0))) {   /* the rows of a tile share a scale row */

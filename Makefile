@@ -64,7 +64,7 @@ FUZZ_BINS = $(patsubst tests/fuzz/%.c,$(B)/tests/fuzz/%,$(wildcard tests/fuzz/*.
 # the GPU bench drivers bench/gpu.sh runs (the tile sweep, the bandwidth probe): CUDA builds only
 BENCH_BINS = $(if $(filter 1,$(CUDA)),$(B)/bench/gemm_sweep $(B)/bench/gpu_bandwidth)
 # CPU bench programs, built with everything: one draw of the host sampler
-CPU_BENCH_BINS = $(B)/bench/sampler_bench
+CPU_BENCH_BINS = $(B)/bench/sampler_bench $(B)/bench/matmul_bench
 
 ifeq ($(CUDA),1)
 override CFLAGS += -DLLM_CUDA -I$(CUDA_HOME)/include

@@ -319,6 +319,8 @@ struct tabs {
 
 /* bf16 copy of an E4M3 row block, on the stack of the thread (64 KiB) */
 #define WBUF_ELEMS 32768
+/* the fewest tokens for which E4M3 rows are copied to bf16 (matmul_dot) */
+#define COPY_MIN_TOK 8
 
 #define TVB __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi,avx2,fma,f16c")))
 

@@ -288,19 +288,21 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
 }
 
-/* One token over 4 rows of E4M3 codes whose scale rows differ (a (d_out, 1)
- * scale: the FP8 embedding as lm_head; 1xK blocks), each row through its
- * own table: tile_codes' steps, so each row gets the operations of a 1 x 1
- * tile in the same order and the same bits; four accumulator chains
- * instead of one, whose dot-product latency bounded the 1-row tile. SROW:
- * each row's scale row; blocks of BK columns, a multiple of DOT_STEP or the
- * whole row. */
-DOT_TARGET static void DOT_NAME(tile_codes_rows4)(float *y, const uint16_t *xb, const uint8_t *w, int64_t n,
-                                                 const float *const srow[4], int64_t bk,
-                                                 __m512i ia, __m512i ib, size_t pf)
+/* NT tokens (1 to 4) over 4 rows of E4M3 codes whose scale rows differ (a
+ * (d_out, 1) scale: the FP8 embedding as lm_head; 1xK blocks), each row
+ * through its own table: tile_codes' steps, so each row gets the
+ * operations of an NT x 1 tile in the same order and the same bits; four
+ * rows' accumulator chains instead of one, whose dot-product latency
+ * bounded the 1-row tile, and a row's codes converted once for the NT
+ * tokens. SROW: each row's scale row; blocks of BK columns, a multiple of
+ * DOT_STEP or the whole row. */
+DOT_TARGET static INL void DOT_NAME(tile_codes_rows4)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                                     const int nt, const uint8_t *w, int64_t n,
+                                                     const float *const srow[4], int64_t bk,
+                                                     __m512i ia, __m512i ib, size_t pf)
 {
 	__m512 acc[4][4];
-	DOT_NAME(tile_zero)(acc, 1, 4);
+	DOT_NAME(tile_zero)(acc, nt, 4);
 	for (int64_t c0 = 0, b = 0; c0 < n; c0 += bk, b++) {
 		int64_t ce = c0 + bk < n ? c0 + bk : n;
 		struct e4m3_tab tb[4];
@@ -308,10 +310,25 @@ DOT_TARGET static void DOT_NAME(tile_codes_rows4)(float *y, const uint16_t *xb, 
 		for (int i = 0; i < 4; i++)
 			DOT_NAME(tab_build)(srow[i][b], &tb[i]);
 		for (int64_t c = c0; c < ce; c += DOT_STEP)
-			DOT_NAME(step)(acc, xb, 0, 1, 4, w, n, c, ce - c < DOT_STEP ? ce - c : DOT_STEP,
+			DOT_NAME(step)(acc, xb, xbs, nt, 4, w, n, c, ce - c < DOT_STEP ? ce - c : DOT_STEP,
 			               tb, 1, 0, NULL, ia, ib, pf);
 	}
-	DOT_NAME(tile_store)(y, 1, acc, 1, 4);
+	DOT_NAME(tile_store)(y, ys, acc, nt, 4);
+}
+
+DOT_TARGET static void DOT_NAME(tile_codes_rows4_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
+                                                     int nt, const uint8_t *w, int64_t n,
+                                                     const float *const srow[4], int64_t bk,
+                                                     __m512i ia, __m512i ib, size_t pf)
+{
+	if (nt == 1)
+		DOT_NAME(tile_codes_rows4)(y, ys, xb, xbs, 1, w, n, srow, bk, ia, ib, pf);
+	else if (nt == 2)
+		DOT_NAME(tile_codes_rows4)(y, ys, xb, xbs, 2, w, n, srow, bk, ia, ib, pf);
+	else if (nt == 3)
+		DOT_NAME(tile_codes_rows4)(y, ys, xb, xbs, 3, w, n, srow, bk, ia, ib, pf);
+	else
+		DOT_NAME(tile_codes_rows4)(y, ys, xb, xbs, 4, w, n, srow, bk, ia, ib, pf);
 }
 
 /* The 4x4 tile over bf16 rows when n is a multiple of 64: the operations of
@@ -405,6 +422,10 @@ DOT_TARGET static void DOT_NAME(tile_w16_any)(float *y, int64_t ys, const uint16
 {
 	if (nt == 4 && nr == 4)
 		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 4, w, stride, n, pf);
+	else if (nt == 3 && nr == 4)
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 3, 4, w, stride, n, pf);
+	else if (nt == 2 && nr == 4)
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 2, 4, w, stride, n, pf);
 	else if (nt == 4)
 		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 1, w, stride, n, pf);
 	else if (nt == 3)
@@ -452,15 +473,18 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	struct e4m3_tab tabv[TAB_MAX];
 	struct tabs ts = { .scale = w->scale, .scale_cols = w->scale_cols, .bk = w->block_cols,
 	                   .br = w->block_rows, .row = -1, .spare_b = -1, .t = tabv };
-	/* E4M3 with more than one token tile: convert a row block once. So
-	 * too for 2 to 4 tokens with scale rows under 4 rows (1x128, 1xK): in
-	 * registers a tile could not take 4 rows, which would each need their
-	 * own tables, and 1-row tiles reduce every row alone (1xK, 2 tokens:
-	 * 126 -> 158 tok/s). One token stays in registers: the copy's store
-	 * and reload cost it more than the 4-row tiles save. */
+	/* E4M3 for COPY_MIN_TOK tokens or more: convert a row block to bf16
+	 * once, for all the token tiles. Fewer stay in registers, each token
+	 * tile converting the codes again: from memory (a decode step) that
+	 * beat the copy's store and reload (one thread, Zen 5, 5 to 7 tokens:
+	 * 2048 x 2048 128x128 blocks 378-470 -> 317-376 us; 49152 x 576, a
+	 * scale a row, 2402-3216 -> 2049-2416 us). Rows whose scale rows
+	 * differ take tile_codes_rows4 (a table a row) for any token count
+	 * (49152 x 576, 2 to 4 tokens: 2318-2767 -> 1273-1370 us, copied
+	 * before). */
 	int64_t rbn = RB;
 	int copy = 0;
-	if (fp8 && (n_tok > 4 || (w->block_rows < 4 && n_tok > 1)) && n * 4 <= WBUF_ELEMS) {
+	if (fp8 && n_tok >= COPY_MIN_TOK && n * 4 <= WBUF_ELEMS) {
 		copy = 1;
 		rbn = WBUF_ELEMS / n / 4 * 4;
 		if (rbn > RB)
@@ -494,7 +518,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 		if (spread) {
 			/* past r1 too: the pool hands a thread neighbouring chunks */
 			int64_t nre = re + rbn < w->rows ? re + rbn : w->rows;
-			int64_t tiles = (n_tok / 4 + n_tok % 4) * ((re - rb) / 4 + (re - rb) % 4);
+			int64_t tiles = (n_tok + 3) / 4 * ((re - rb) / 4 + (re - rb) % 4);
 			nx = (const char *)w->data + (size_t)re * row_bytes;
 			ne = (const char *)w->data + (size_t)nre * row_bytes;
 			per = ne > nx ? ((size_t)(ne - nx) / 64 + (size_t)tiles) / (size_t)tiles * 64 : 0;
@@ -515,9 +539,24 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 				                    (const uint8_t *)w->data + (size_t)r * (size_t)n, n, &ts, ia, ib);
 			}
 		for (int64_t t = 0; t < n_tok; ) {
-			int nt = n_tok - t >= 4 ? 4 : few ? (int)n_tok : 1;
+			/* tiles of 4 tokens, then one of the rest (BF16 from
+			 * memory, one thread, 2048 x 2048, 6 and 7 tokens as
+			 * 4 + 1 + 1 (+ 1): 575-632 us; as 4 + 2, 4 + 3: 469-522) */
+			int nt = n_tok - t < 4 ? (int)(n_tok - t) : 4;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 && !streams ? 4 : 1;
+				if (fp8 && !copy && nr == 4 && (r + 3) / w->block_rows != r / w->block_rows &&
+				    (w->block_cols % DOT_STEP == 0 || w->block_cols >= n)) {
+					/* 4 rows across scale rows, a table each */
+					const float *srow[4];
+					for (int i = 0; i < 4; i++)
+						srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
+					DOT_NAME(tile_codes_rows4_any)(y + t * ys + r, ys, xb + t * xbs, xbs, nt,
+					                               (const uint8_t *)w->data + (size_t)r * (size_t)n, n,
+					                               srow, w->block_cols, ia, ib, pf);
+					r += 4;
+					continue;
+				}
 				if (fp8 && (!copy || (fuse && t == 0))) {   /* the rows of a tile share a scale row */
 					if (r < sr_lo || r >= sr_hi) {
 						int64_t sr = r / w->block_rows;
@@ -527,18 +566,6 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 					}
 					if (nr == 4 && r + 3 >= sr_hi)
 						nr = 1;
-				}
-				if (fp8 && !copy && nt == 1 && nr == 1 && re - r >= 4 &&
-				    (w->block_cols % DOT_STEP == 0 || w->block_cols >= n)) {
-					/* 4 rows across scale rows, a table each */
-					const float *srow[4];
-					for (int i = 0; i < 4; i++)
-						srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
-					DOT_NAME(tile_codes_rows4)(y + t * ys + r, xb + t * xbs,
-					                           (const uint8_t *)w->data + (size_t)r * (size_t)n, n,
-					                           srow, w->block_cols, ia, ib, pf);
-					r += 4;
-					continue;
 				}
 				for (size_t q = 0; q < per && nx < ne; q += 64, nx += 64)
 					_mm_prefetch(nx, _MM_HINT_T1);

@@ -1,0 +1,205 @@
+/* bench/matmul_bench.c: the CPU matmul of one weight against a few tokens,
+ * on one thread, without the rest of a forward: the kernel's own GFLOP/s,
+ * the number the engine's step time is made of.
+ *
+ *   matmul_bench [--dtype e4m3|bf16] [--rows R] [--cols C]
+ *                [--block BRxBC] [--tokens LIST] [--copies N] [--reps N]
+ *
+ * Defaults: e4m3, 576 x 576 (SmolLM2's q_proj), blocks 128x128, tokens
+ * 1,2,4,8,16,32,256, 1 copy, 9 repetitions. --copies N cycles through N
+ * copies of the weight, so with enough of them (their bytes past the last
+ * level cache) every call reads its weight from memory, as a decode step
+ * does; with 1 it is in cache and the arithmetic alone is timed. One line
+ * a token count: the best of the repetitions (each a pass over the copies,
+ * at least 50 ms), as microseconds a call, GFLOP/s (2 * rows * cols *
+ * tokens a call) and GB/s of weight bytes, and a checksum of the first
+ * token's outputs: the same on every line (a token's result does not depend
+ * on the tokens beside it) and in every build at the same CPU level. The
+ * weights and x are random from a fixed seed. The CPU
+ * level is the best this machine has (LLM_CPU_ISA caps it, as in the
+ * engine). Built with the tools: build/<tree>/bench/matmul_bench. Exit
+ * status: 0 ok, 1 out of memory, 2 usage. */
+#include "backend.h"
+#include "ckpt.h"
+#include "dtype.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next_u32(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)(rng >> 11);
+}
+static float next_f(void)       /* uniform in [-1, 1) */
+{
+	return (float)(next_u32() >> 8) / 8388608.0f - 1.0f;
+}
+
+static int usage(const char *why)
+{
+	fprintf(stderr, "matmul_bench: %s\nusage: matmul_bench [--dtype e4m3|bf16] [--rows R] [--cols C] "
+	        "[--block BRxBC] [--tokens LIST] [--copies N] [--reps N]\n", why);
+	return 2;
+}
+
+static int pos_arg(const char *s, int64_t *v)
+{
+	char *e;
+	long long x = strtoll(s, &e, 10);
+	if (e == s || *e || x <= 0 || x > (1ll << 30))
+		return -1;
+	*v = x;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int64_t rows = 576, cols = 576, br = 128, bc = 128, copies = 1, reps = 9;
+	int fp8 = 1;
+	const char *toks = "1,2,4,8,16,32,256";
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!v)
+			return usage("an option without its value");
+		i++;
+		if (!strcmp(a, "--dtype")) {
+			if (strcmp(v, "e4m3") && strcmp(v, "bf16"))
+				return usage("--dtype: e4m3 or bf16");
+			fp8 = !strcmp(v, "e4m3");
+		} else if (!strcmp(a, "--rows")) {
+			if (pos_arg(v, &rows))
+				return usage("--rows: a positive count");
+		} else if (!strcmp(a, "--cols")) {
+			if (pos_arg(v, &cols))
+				return usage("--cols: a positive count");
+		} else if (!strcmp(a, "--block")) {
+			if (sscanf(v, "%lldx%lld", (long long *)&br, (long long *)&bc) != 2 || br <= 0 || bc <= 0)
+				return usage("--block: BRxBC, e.g. 128x128");
+		} else if (!strcmp(a, "--tokens")) {
+			toks = v;
+		} else if (!strcmp(a, "--copies")) {
+			if (pos_arg(v, &copies))
+				return usage("--copies: a positive count");
+		} else if (!strcmp(a, "--reps")) {
+			if (pos_arg(v, &reps))
+				return usage("--reps: a positive count");
+		} else {
+			return usage("an unknown option");
+		}
+	}
+	int64_t ntok[64];
+	int nn = 0;
+	for (const char *p = toks; *p && nn < 64; ) {
+		char *e;
+		long long t = strtoll(p, &e, 10);
+		if (e == p || t <= 0 || t > 4096 || (*e && *e != ','))
+			return usage("--tokens: a comma-separated list of counts 1..4096");
+		ntok[nn++] = t;
+		p = *e ? e + 1 : e;
+	}
+	if (br > rows)
+		br = rows;
+	if (bc > cols)
+		bc = cols;
+	int64_t srows = (rows + br - 1) / br, scols = (cols + bc - 1) / bc, tmax = 0;
+	for (int i = 0; i < nn; i++)
+		tmax = ntok[i] > tmax ? ntok[i] : tmax;
+
+	size_t el = fp8 ? 1 : 2, wbytes = (size_t)(rows * cols) * el;
+	struct llm_weight *w = calloc((size_t)copies, sizeof *w);
+	uint8_t *data = malloc(wbytes * (size_t)copies);
+	float *scale = malloc((size_t)(srows * scols) * sizeof *scale);
+	float *x = malloc((size_t)(tmax * cols) * sizeof *x);
+	uint16_t *xb = malloc((size_t)(tmax * cols) * sizeof *xb);
+	float *y = malloc((size_t)(tmax * rows) * sizeof *y);
+	if (!w || !data || !scale || !x || !xb || !y) {
+		fprintf(stderr, "matmul_bench: out of memory\n");
+		return 1;
+	}
+	for (int64_t i = 0; i < srows * scols; i++)
+		scale[i] = 0.01f * (1.0f + (float)(next_u32() % 100) / 100.0f);
+	for (size_t i = 0; i < wbytes * (size_t)copies; i += el) {
+		if (fp8) {
+			uint8_t c = (uint8_t)next_u32();
+			data[i] = (c & 0x7f) == 0x7f ? 0 : c;   /* no NaN codes */
+		} else {
+			uint16_t h = llm_f32_to_bf16(next_f());
+			memcpy(data + i, &h, 2);
+		}
+	}
+	for (int64_t i = 0; i < tmax * cols; i++)
+		x[i] = next_f();
+	for (int64_t c = 0; c < copies; c++)
+		w[c] = (struct llm_weight){ .name = "w", .dtype = fp8 ? LLM_DTYPE_E4M3 : LLM_DTYPE_BF16,
+		                            .rows = rows, .cols = cols, .data = data + (size_t)c * wbytes,
+		                            .scale = fp8 ? scale : NULL, .scale_rows = fp8 ? srows : 0,
+		                            .scale_cols = fp8 ? scols : 0, .block_rows = fp8 ? br : 0,
+		                            .block_cols = fp8 ? bc : 0 };
+	enum llm_cpu_isa isa = llm_cpu_isa_detect();
+	const char *cap = getenv("LLM_CPU_ISA");
+	if (cap && *cap) {
+		int v = llm_cpu_isa_parse(cap);
+		if (v < -1)
+			return usage("LLM_CPU_ISA: scalar, avx2, avx512 or avx512bf16");
+		if (v >= 0 && (enum llm_cpu_isa)v < isa)
+			isa = (enum llm_cpu_isa)v;
+	}
+	isa = llm_cpu_matmul_isa(isa, w[0].dtype);
+	int bfx = isa == LLM_ISA_AVX512BF16;
+	if (bfx)
+		llm_cpu_x_to_bf16(xb, cols, x, cols, tmax, cols);
+	printf("# matmul_bench: %s %lld x %lld, %lld cop%s (%.1f MB), CPU level %s, one thread\n",
+	       fp8 ? "E4M3" : "BF16", (long long)rows, (long long)cols, (long long)copies, copies == 1 ? "y" : "ies",
+	       (double)wbytes * (double)copies / 1e6, llm_cpu_isa_name(isa));
+	if (fp8)
+		printf("# scale blocks %lldx%lld\n", (long long)br, (long long)bc);
+	printf("%6s %12s %10s %10s %18s\n", "tokens", "us/call", "GFLOP/s", "GB/s", "token 0 sum");
+	for (int k = 0; k < nn; k++) {
+		int64_t t = ntok[k];
+		double best = 1e30;
+		for (int64_t r = 0; r < reps; r++) {
+			int64_t calls = 0;
+			double t0 = now_s(), el_s;
+			do {
+				for (int64_t c = 0; c < copies; c++, calls++) {
+					if (bfx)
+						llm_cpu_matmul_rows_bf16x(y, rows, xb, cols, t, &w[c], 0, rows);
+					else
+						llm_cpu_matmul_rows(isa, y, rows, x, cols, t, &w[c], 0, rows);
+				}
+				el_s = now_s() - t0;
+			} while (el_s < 0.05);
+			if (el_s / (double)calls < best)
+				best = el_s / (double)calls;
+		}
+		uint64_t sum = 0;
+		for (int64_t i = 0; i < rows; i++) {
+			uint32_t b;
+			memcpy(&b, &y[i], 4);
+			sum = sum * 1000003u + b;
+		}
+		double flop = 2.0 * (double)rows * (double)cols * (double)t;
+		printf("%6lld %12.2f %10.1f %10.2f %18llx\n", (long long)t, best * 1e6, flop / best / 1e9,
+		       (double)wbytes / best / 1e9, (unsigned long long)sum);
+	}
+	free(w);
+	free(data);
+	free(scale);
+	free(x);
+	free(xb);
+	free(y);
+	return 0;
+}

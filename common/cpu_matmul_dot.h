@@ -476,12 +476,13 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	/* E4M3 for COPY_MIN_TOK tokens or more: convert a row block to bf16
 	 * once, for all the token tiles. Fewer stay in registers, each token
 	 * tile converting the codes again: from memory (a decode step) that
-	 * beat the copy's store and reload (one thread, Zen 5, 5 to 7 tokens:
-	 * 2048 x 2048 128x128 blocks 378-470 -> 317-376 us; 49152 x 576, a
-	 * scale a row, 2402-3216 -> 2049-2416 us). Rows whose scale rows
-	 * differ take tile_codes_rows4 (a table a row) for any token count
-	 * (49152 x 576, 2 to 4 tokens: 2318-2767 -> 1273-1370 us, copied
-	 * before). */
+	 * was as fast as the copy's store and reload or faster (matmul_bench,
+	 * one thread, Zen 5, 5 to 7 tokens: 2048 x 2048 in 128x128 blocks
+	 * 338-438 -> 337-401 us; 49152 x 576 with a scale a row 2467-3232 ->
+	 * 1966-2295 us); at 8 the copy is as fast from memory and faster from
+	 * cache. Rows whose scale rows differ take tile_codes_rows4 (a table a
+	 * row) for every token count below it (49152 x 576, 2 to 4 tokens:
+	 * 2240-2738 -> 1198-1377 us; they were copied). */
 	int64_t rbn = RB;
 	int copy = 0;
 	if (fp8 && n_tok >= COPY_MIN_TOK && n * 4 <= WBUF_ELEMS) {
@@ -541,7 +542,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 		for (int64_t t = 0; t < n_tok; ) {
 			/* tiles of 4 tokens, then one of the rest (BF16 from
 			 * memory, one thread, 2048 x 2048, 6 and 7 tokens as
-			 * 4 + 1 + 1 (+ 1): 575-632 us; as 4 + 2, 4 + 3: 469-522) */
+			 * 4 + 1 + 1 (+ 1): 515-537 us; as 4 + 2, 4 + 3: 415-437) */
 			int nt = n_tok - t < 4 ? (int)(n_tok - t) : 4;
 			for (int64_t r = rb; r < re; ) {
 				int nr = re - r >= 4 && !streams ? 4 : 1;

@@ -4,6 +4,7 @@
  *
  *   matmul_bench [--dtype e4m3|bf16] [--rows R] [--cols C]
  *                [--block BRxBC] [--tokens LIST] [--copies N] [--reps N]
+ *   (options parsed by common/args.c: --help lists them)
  *
  * Defaults: e4m3, 576 x 576 (SmolLM2's q_proj), blocks 128x128, tokens
  * 1,2,4,8,16,32,256, 1 copy, 9 repetitions. --copies N cycles through N
@@ -15,13 +16,14 @@
  * tokens a call) and GB/s of weight bytes, and a checksum of the first
  * token's outputs: the same on every line (a token's result does not depend
  * on the tokens beside it) and in every build at the same CPU level. The
- * weights and x are random from a fixed seed. The CPU
- * level is the best this machine has (LLM_CPU_ISA caps it, as in the
- * engine). Built with the tools: build/<tree>/bench/matmul_bench. Exit
+ * weights and x are random from a fixed seed (llm_rng). The CPU level
+ * is the best this machine has (LLM_CPU_ISA caps it, as in the engine). Built with the tools: build/<tree>/bench/matmul_bench. Exit
  * status: 0 ok, 1 out of memory, 2 usage. */
+#include "args.h"
 #include "backend.h"
 #include "ckpt.h"
 #include "dtype.h"
+#include "sampler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,81 +37,57 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static uint64_t rng = 88172645463325252ull;
-static uint32_t next_u32(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 11);
-}
+static uint64_t rng[4];
 static float next_f(void)       /* uniform in [-1, 1) */
 {
-	return (float)(next_u32() >> 8) / 8388608.0f - 1.0f;
-}
-
-static int usage(const char *why)
-{
-	fprintf(stderr, "matmul_bench: %s\nusage: matmul_bench [--dtype e4m3|bf16] [--rows R] [--cols C] "
-	        "[--block BRxBC] [--tokens LIST] [--copies N] [--reps N]\n", why);
-	return 2;
-}
-
-static int pos_arg(const char *s, int64_t *v)
-{
-	char *e;
-	long long x = strtoll(s, &e, 10);
-	if (e == s || *e || x <= 0 || x > (1ll << 30))
-		return -1;
-	*v = x;
-	return 0;
+	return (float)(2.0 * llm_rng_uniform(rng) - 1.0);
 }
 
 int main(int argc, char **argv)
 {
-	int64_t rows = 576, cols = 576, br = 128, bc = 128, copies = 1, reps = 9;
-	int fp8 = 1;
-	const char *toks = "1,2,4,8,16,32,256";
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!v)
-			return usage("an option without its value");
-		i++;
-		if (!strcmp(a, "--dtype")) {
-			if (strcmp(v, "e4m3") && strcmp(v, "bf16"))
-				return usage("--dtype: e4m3 or bf16");
-			fp8 = !strcmp(v, "e4m3");
-		} else if (!strcmp(a, "--rows")) {
-			if (pos_arg(v, &rows))
-				return usage("--rows: a positive count");
-		} else if (!strcmp(a, "--cols")) {
-			if (pos_arg(v, &cols))
-				return usage("--cols: a positive count");
-		} else if (!strcmp(a, "--block")) {
-			if (sscanf(v, "%lldx%lld", (long long *)&br, (long long *)&bc) != 2 || br <= 0 || bc <= 0)
-				return usage("--block: BRxBC, e.g. 128x128");
-		} else if (!strcmp(a, "--tokens")) {
-			toks = v;
-		} else if (!strcmp(a, "--copies")) {
-			if (pos_arg(v, &copies))
-				return usage("--copies: a positive count");
-		} else if (!strcmp(a, "--reps")) {
-			if (pos_arg(v, &reps))
-				return usage("--reps: a positive count");
-		} else {
-			return usage("an unknown option");
-		}
-	}
+	int64_t rows = 576, cols = 576, copies = 1, reps = 9, br = 128, bc = 128;
+	const char *dtype = "e4m3", *block = "128x128", *toks = "1,2,4,8,16,32,256";
+	const struct llm_opt opts[] = {
+		LLM_STR(0, "dtype", "T", &dtype, "weight type: e4m3 or bf16"),
+		LLM_INT(0, "rows", "R", &rows, "weight rows", 1, 1 << 30),
+		LLM_INT(0, "cols", "C", &cols, "weight columns", 1, 1 << 30),
+		LLM_STR(0, "block", "BRxBC", &block, "E4M3 scale blocks"),
+		LLM_STR(0, "tokens", "LIST", &toks, "token counts, comma-separated, 1..4096 each"),
+		LLM_INT(0, "copies", "N", &copies, "copies of the weight cycled through (past the cache: from memory)", 1, 1 << 20),
+		LLM_INT(0, "reps", "N", &reps, "repetitions, the best one shown", 1, 1 << 20),
+	};
+	const struct llm_cli cli = {
+		.usage = "matmul_bench [options]",
+		.summary = "The CPU matmul of one weight against 1..N tokens on one thread: time, GFLOP/s, GB/s, "
+		           "and the first token's output checksum.",
+		.example = "matmul_bench --rows 2048 --cols 2048 --copies 24 --tokens 1,2,4,16",
+		.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts),
+	};
+	int np, rc = llm_args_parse(argc, argv, &cli, NULL, &np);
+	if (rc)
+		return rc == LLM_ARGS_EXIT ? 0 : 2;
+	if (strcmp(dtype, "e4m3") && strcmp(dtype, "bf16"))
+		return llm_args_usage_error(&cli, "--dtype: '%s' is not e4m3 or bf16", dtype);
+	int fp8 = !strcmp(dtype, "e4m3");
+	char *e;
+	br = strtoll(block, &e, 10);
+	bc = *e == 'x' ? strtoll(e + 1, &e, 10) : 0;
+	if (br <= 0 || bc <= 0 || *e)
+		return llm_args_usage_error(&cli, "--block: '%s' is not BRxBC, e.g. 128x128", block);
 	int64_t ntok[64];
 	int nn = 0;
 	for (const char *p = toks; *p && nn < 64; ) {
-		char *e;
-		long long t = strtoll(p, &e, 10);
-		if (e == p || t <= 0 || t > 4096 || (*e && *e != ','))
-			return usage("--tokens: a comma-separated list of counts 1..4096");
-		ntok[nn++] = t;
-		p = *e ? e + 1 : e;
+		char one[16];
+		size_t len = strcspn(p, ",");
+		if (len == 0 || len >= sizeof one)
+			return llm_args_usage_error(&cli, "--tokens: '%s' is not a list of counts 1..4096", toks);
+		memcpy(one, p, len);
+		one[len] = 0;
+		if (llm_parse_int(one, 1, 4096, &ntok[nn++]))
+			return llm_args_usage_error(&cli, "--tokens: '%s' is not a list of counts 1..4096", toks);
+		p += len + (p[len] == ',');
 	}
+	llm_rng_seed(rng, 1);
 	if (br > rows)
 		br = rows;
 	if (bc > cols)
@@ -130,10 +108,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	for (int64_t i = 0; i < srows * scols; i++)
-		scale[i] = 0.01f * (1.0f + (float)(next_u32() % 100) / 100.0f);
+		scale[i] = 0.01f * (1.0f + (float)llm_rng_uniform(rng));
 	for (size_t i = 0; i < wbytes * (size_t)copies; i += el) {
 		if (fp8) {
-			uint8_t c = (uint8_t)next_u32();
+			uint8_t c = (uint8_t)(llm_rng_uniform(rng) * 256.0);
 			data[i] = (c & 0x7f) == 0x7f ? 0 : c;   /* no NaN codes */
 		} else {
 			uint16_t h = llm_f32_to_bf16(next_f());
@@ -153,7 +131,7 @@ int main(int argc, char **argv)
 	if (cap && *cap) {
 		int v = llm_cpu_isa_parse(cap);
 		if (v < -1)
-			return usage("LLM_CPU_ISA: scalar, avx2, avx512 or avx512bf16");
+			return llm_args_usage_error(&cli, "LLM_CPU_ISA: '%s' is not scalar, avx2, avx512 or avx512bf16", cap);
 		if (v >= 0 && (enum llm_cpu_isa)v < isa)
 			isa = (enum llm_cpu_isa)v;
 	}

@@ -17,25 +17,19 @@
  * token's outputs: the same on every line (a token's result does not depend
  * on the tokens beside it) and in every build at the same CPU level. The
  * weights and x are random from a fixed seed (llm_rng). The CPU level
- * is the best this machine has (LLM_CPU_ISA caps it, as in the engine). Built with the tools: build/<tree>/bench/matmul_bench. Exit
- * status: 0 ok, 1 out of memory, 2 usage. */
+ * is the best this machine has (LLM_CPU_ISA caps it, as in the engine).
+ * Built with the tools: build/<tree>/bench/matmul_bench. Exit status: 0
+ * ok, 1 out of memory, 2 usage. */
 #include "args.h"
 #include "backend.h"
 #include "ckpt.h"
 #include "dtype.h"
 #include "sampler.h"
+#include "status.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static uint64_t rng[4];
 static float next_f(void)       /* uniform in [-1, 1) */
@@ -126,15 +120,11 @@ int main(int argc, char **argv)
 		                            .scale = fp8 ? scale : NULL, .scale_rows = fp8 ? srows : 0,
 		                            .scale_cols = fp8 ? scols : 0, .block_rows = fp8 ? br : 0,
 		                            .block_cols = fp8 ? bc : 0 };
-	enum llm_cpu_isa isa = llm_cpu_isa_detect();
-	const char *cap = getenv("LLM_CPU_ISA");
-	if (cap && *cap) {
-		int v = llm_cpu_isa_parse(cap);
-		if (v < -1)
-			return llm_args_usage_error(&cli, "LLM_CPU_ISA: '%s' is not scalar, avx2, avx512 or avx512bf16", cap);
-		if (v >= 0 && (enum llm_cpu_isa)v < isa)
-			isa = (enum llm_cpu_isa)v;
-	}
+	int bad;
+	enum llm_cpu_isa isa = llm_cpu_isa_capped(&bad);
+	if (bad)
+		return llm_args_usage_error(&cli, "LLM_CPU_ISA: '%s' is not scalar, avx2, avx512 or avx512bf16",
+		                            getenv("LLM_CPU_ISA"));
 	isa = llm_cpu_matmul_isa(isa, w[0].dtype);
 	int bfx = isa == LLM_ISA_AVX512BF16;
 	if (bfx)
@@ -150,7 +140,7 @@ int main(int argc, char **argv)
 		double best = 1e30;
 		for (int64_t r = 0; r < reps; r++) {
 			int64_t calls = 0;
-			double t0 = now_s(), el_s;
+			double t0 = llm_now(), el_s;
 			do {
 				for (int64_t c = 0; c < copies; c++, calls++) {
 					if (bfx)
@@ -158,7 +148,7 @@ int main(int argc, char **argv)
 					else
 						llm_cpu_matmul_rows(isa, y, rows, x, cols, t, &w[c], 0, rows);
 				}
-				el_s = now_s() - t0;
+				el_s = llm_now() - t0;
 			} while (el_s < 0.05);
 			if (el_s / (double)calls < best)
 				best = el_s / (double)calls;

@@ -178,6 +178,18 @@ enum llm_cpu_isa llm_cpu_isa_detect(void)
 	return LLM_ISA_SCALAR;
 }
 
+enum llm_cpu_isa llm_cpu_isa_capped(int *bad)
+{
+	enum llm_cpu_isa isa = llm_cpu_isa_detect();
+	const char *env = getenv("LLM_CPU_ISA");
+	int v = env && *env ? llm_cpu_isa_parse(env) : LLM_ISA_AUTO;
+	if (bad)
+		*bad = v == -2;
+	if (v >= 0 && v < (int)isa)
+		isa = (enum llm_cpu_isa)v;
+	return isa;
+}
+
 const char *llm_op_name(enum llm_op op)
 {
 	static const char *n[LLM_OP_COUNT] = {

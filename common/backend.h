@@ -62,6 +62,9 @@ const char *llm_cpu_isa_name(enum llm_cpu_isa isa);
 int llm_cpu_isa_parse(const char *s);
 /* The best level this CPU runs. */
 enum llm_cpu_isa llm_cpu_isa_detect(void);
+/* The best level this CPU runs, capped by $LLM_CPU_ISA where it names a
+ * lower one; *BAD (may be NULL) set to 1 when it names no level. */
+enum llm_cpu_isa llm_cpu_isa_capped(int *bad);
 
 struct llm_backend_opts {
 	int n_threads;            /* 0: every online CPU */

@@ -301,11 +301,7 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	t->o = *o;
 	if (src)
 		t->src = *src;
-	t->isa = llm_cpu_isa_detect();
-	const char *isa_env = getenv("LLM_CPU_ISA");      /* caps the level, as the backend does */
-	int isa_cap = isa_env ? llm_cpu_isa_parse(isa_env) : -1;
-	if (isa_cap >= 0 && isa_cap < (int)t->isa)
-		t->isa = (enum llm_cpu_isa)isa_cap;
+	t->isa = llm_cpu_isa_capped(NULL);               /* $LLM_CPU_ISA caps the level, as in the backend */
 	t->nth = o->f64 ? 1 : o->n_threads > 0 ? o->n_threads : online_cpus();
 	t->chunk = o->logit_chunk > 0 ? o->logit_chunk : DEFAULT_CHUNK;
 	double thr = (double)lo->dropout * 4294967296.0;

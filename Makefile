@@ -26,8 +26,13 @@ MANDIR   ?= $(PREFIX)/share/man
 CC       ?= cc
 CFLAGS   ?= -O2 -g
 # mandatory flags are appended even when CFLAGS is given on the command line
-# (make asan, make fuzz); -iquote keeps common/ out of <...> lookups
-override CFLAGS += -std=c11 -Wall -Wextra -pthread -MMD -MP -iquote common -iquote tests/lib
+# (make asan, make fuzz); -iquote keeps common/ out of <...> lookups. The
+# engine's headers are included by name (#include "ckpt.h"): each layer's
+# folder is on the quote path, and tests/cli/layers.sh checks that a file
+# includes only its own folder and the folders below it (common/README)
+LAYERS   := base text checkpoint engine train serve jobs
+IQUOTE   := -iquote common $(LAYERS:%=-iquote common/%)
+override CFLAGS += -std=c11 -Wall -Wextra -pthread -MMD -MP $(IQUOTE) -iquote tests/lib
 override LDFLAGS += -pthread
 LDLIBS   += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm
 LDLIBS   += -lcurl
@@ -47,12 +52,12 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -Wall,-Wextra
 
 TOOLS     = llm-quantize llm-repartition llm-generate llm-serve llm-finetune llm-bench
-LIB_SRC   = $(wildcard common/*.c)
+LIB_SRC   = $(wildcard $(LAYERS:%=common/%/*.c))
 CU_SRC    = $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu))
 CUC_SRC   = $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.c))
 LIB_OBJ   = $(LIB_SRC:%.c=$(B)/%.o)
 # the CUDA backend: a shared library of its own, loaded by the programs when
-# asked for (common/backend.c), so that the CPU backend never maps cuBLAS
+# asked for (common/engine/backend.c), so that the CPU backend never maps cuBLAS
 CUDA_OBJ  = $(CUC_SRC:%.c=$(B)/%.o) $(CU_SRC:%.cu=$(B)/%.cu.o)
 CUDA_SO   = $(if $(filter 1,$(CUDA)),$(B)/lib/libllm_cuda.so)
 TOOL_BINS = $(patsubst tools/%.c,$(BIN)/%,$(wildcard tools/llm-*.c))
@@ -77,7 +82,7 @@ endif
 $(info cuda: $(if $(filter 1,$(CUDA)),yes ($(NVCC)),no))
 
 # NCCL (the CUDA toolkit's, or Debian's libnccl-dev) in CUDA builds: the
-# communicator of GPU ranks, common/comm_nccl.c (-DLLM_NCCL); make NCCL=0
+# communicator of GPU ranks, common/engine/comm_nccl.c (-DLLM_NCCL); make NCCL=0
 # leaves it out.
 ifeq ($(CUDA),1)
 NCCL_H   ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
@@ -89,8 +94,8 @@ ifeq ($(NCCL),1)
 override CFLAGS += -DLLM_NCCL
 # comm_nccl.c goes into libllm_cuda.so (the backend's comm_open), so only
 # a program that loads the CUDA backend loads NCCL and the CUDA runtime
-LIB_SRC  := $(filter-out common/comm_nccl.c,$(LIB_SRC))
-CUDA_OBJ += $(B)/common/comm_nccl.o
+LIB_SRC  := $(filter-out common/engine/comm_nccl.c,$(LIB_SRC))
+CUDA_OBJ += $(B)/common/engine/comm_nccl.o
 CUDA_LIBS += -lnccl
 endif
 $(info nccl: $(if $(filter 1,$(NCCL)),yes ($(NCCL_H)),no))
@@ -105,7 +110,7 @@ MPI_CFLAGS := $(shell $(MPICC) --showme:compile)
 MPI_LIBS   := $(shell $(MPICC) --showme:link)
 override CFLAGS += -DLLM_MPI
 LDLIBS   += $(MPI_LIBS)
-$(B)/common/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
+$(B)/common/engine/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 endif
 $(info mpi: $(if $(filter 1,$(MPI)),yes ($(MPICC)),no))
 
@@ -199,7 +204,7 @@ fuzz:
 	  CFLAGS="-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" build/fuzz/libllm.a
 	@for f in tests/fuzz/*.c; do n=$$(basename $$f .c); \
 	  echo "clang $$f -> build/fuzz/$$n"; \
-	  clang -std=c11 -O1 -g -iquote common -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -o build/fuzz/$$n $$f build/fuzz/libllm.a $(LDLIBS) || exit 1; done
+	  clang -std=c11 -O1 -g $(IQUOTE) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -o build/fuzz/$$n $$f build/fuzz/libllm.a $(LDLIBS) || exit 1; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5

@@ -33,7 +33,7 @@
 #include <string.h>
 #include "llama.h"
 #include "ggml-backend.h"
-#include "../common/banned.h"
+#include "../common/base/banned.h"
 
 #define TOP 10
 #define CHUNK 512	/* tokens per llama_decode call */

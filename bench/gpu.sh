@@ -18,7 +18,7 @@
 # test_cuda (every CUDA op against the CPU backend, the fused rope_store
 # against the GPU's separate ops, replayed CUDA graphs against op-by-op
 # decode steps, and the device sampler,
-# the sample op, against common/sampler.c: greedy and sampled ids with the
+# the sample op, against common/engine/sampler.c: greedy and sampled ids with the
 # same draws, log-probs, non-finite rows); nccl (test_cuda's NCCL checks,
 # alone and under mpirun -np 1);
 # compute-sanitizer memcheck and racecheck on test_cuda;

@@ -4,7 +4,7 @@
  *
  *   matmul_bench [--dtype e4m3|bf16] [--rows R] [--cols C]
  *                [--block BRxBC] [--tokens LIST] [--copies N] [--reps N]
- *   (options parsed by common/args.c: --help lists them)
+ *   (options parsed by common/base/args.c: --help lists them)
  *
  * Defaults: e4m3, 576 x 576 (SmolLM2's q_proj), blocks 128x128, tokens
  * 1,2,4,8,16,32,256, 1 copy, 9 repetitions. --copies N cycles through N

@@ -1,5 +1,5 @@
 /* kernels/add.cu: the CUDA add op, x += y on f32 rows with a row stride.
- * Reference: cpu_add in common/backend_cpu.c; exact. */
+ * Reference: cpu_add in common/engine/backend_cpu.c; exact. */
 #include "cuda_device.h"
 
 __global__ void add_f32_kernel(float *x, int64_t xs, const float *y, int64_t ys, int64_t rows, int64_t cols)

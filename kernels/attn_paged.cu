@@ -2,8 +2,8 @@
  * batch, and causal attention over each token's own sequence (decode tokens
  * and prefill chunks alike; grouped-query heads).
  *
- * Reference: cpu_kv_store and cpu_attention (common/backend_cpu.c) and the
- * layout of common/kvcache.h: k, v (n_layer, n_block, n_kv_head,
+ * Reference: cpu_kv_store and cpu_attention (common/engine/backend_cpu.c) and the
+ * layout of common/engine/kvcache.h: k, v (n_layer, n_block, n_kv_head,
  * block_size, d_head), position p of a sequence in block
  * tab[p / block_size], slot p % block_size. BF16 caches round to nearest even (llm_f32_to_bf16), so
  * the stored bits equal the CPU's. FP8 (E4M3) caches store a head's row as

@@ -1,8 +1,8 @@
 /* kernels/cuda_device.h: device helpers shared by the .cu files of kernels/
  * (CUDA C++ only): E4M3 decode and weight element access.
  *
- * Reference: common/dtype.h (E4M3 = OCP FP8 E4M3, bias 7, subnormals m/8 *
- * 2^-6) and llm_weight_row_f32() in common/cpu_matmul.c (code * block
+ * Reference: common/base/dtype.h (E4M3 = OCP FP8 E4M3, bias 7, subnormals m/8 *
+ * 2^-6) and llm_weight_row_f32() in common/engine/cpu_matmul.c (code * block
  * scale, one f32 rounding). */
 #ifndef LLM_CUDA_DEVICE_H
 #define LLM_CUDA_DEVICE_H
@@ -12,7 +12,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include "cuda_kernels.h"
-#include "../common/dtype.h"
+#include "../common/base/dtype.h"
 
 /* Two E4M3 codes in bits 0-7 and 16-23 of V -> their values * 2^-8 as f32,
  * exactly: sign to bit 15, exponent and mantissa to bits 13-7 of an IEEE
@@ -61,7 +61,7 @@ static __device__ __forceinline__ float warp_max(float v)
 /* RoPE on pair (j, j + half) of the head row P, in place: the angle
  * pos * inv_freq[j] in f32, CUDA's cosf/sinf of it (within 2 ulp; glibc's
  * within 1), then the CPU's products and sums (rope_row in
- * common/backend_cpu.c), each rounded: __f*_rn, so nvcc fuses nothing the
+ * common/engine/backend_cpu.c), each rounded: __f*_rn, so nvcc fuses nothing the
  * CPU's -std=c11 build does not. The rope op and the fused rope_store
  * both rotate through this one function: the same bits. */
 static __device__ __forceinline__ void rope_pair(float *p, int j, int half, int32_t pos, const float *inv_freq)

@@ -4,13 +4,13 @@
  * STREAM and returns the launch status (cudaGetLastError()); nothing here
  * synchronizes. Pointers are device pointers unless a comment says otherwise.
  * Shapes and semantics are those of the op of the same name in
- * common/backend.h; the CPU backend (common/backend_cpu.c, cpu_matmul.c,
+ * common/engine/backend.h; the CPU backend (common/engine/backend_cpu.c, cpu_matmul.c,
  * cpu_attention.c) is the reference each one is tested against
  * (tests/test_cuda.c).
  *
  * Activations on the interface are f32 row-major with a row stride in
  * elements (>= cols), as struct llm_view. Weights are struct llm_cuda_mat:
- * the device copy of a struct llm_weight (common/ckpt.h). */
+ * the device copy of a struct llm_weight (common/checkpoint/ckpt.h). */
 #ifndef LLM_CUDA_KERNELS_H
 #define LLM_CUDA_KERNELS_H
 
@@ -119,7 +119,7 @@ struct llm_cuda_kvmeta {
 	const int32_t *tab;          /* block ids */
 };
 
-/* The cache geometry (common/kvcache.h): k, v (n_layer, n_block, n_kv_head,
+/* The cache geometry (common/engine/kvcache.h): k, v (n_layer, n_block, n_kv_head,
  * block_size, d_head) of f32, bf16 (bf16 = 1) or E4M3 (fp8 = 1). */
 struct llm_cuda_kvgeom {
 	void *k, *v;
@@ -155,7 +155,7 @@ cudaError_t llm_cuda_argmax_f32(int32_t *ids, const float *logits, int64_t ls, i
                             int64_t n_vocab, const uint8_t *seen, float rep_penalty,
                             cudaStream_t stream);
 
-/* The sampler (sample.cu): llm_sampler_sample of common/sampler.c per row,
+/* The sampler (sample.cu): llm_sampler_sample of common/engine/sampler.c per row,
  * on the device (backend.h's sample op). Per-row parameters, with the
  * lists of struct llm_sample_row packed in AUX (int32 device array) at
  * the offsets given: bias ids then their values as f32 bits (2 n_bias),

@@ -2,7 +2,7 @@
  * (STYLE.md section 3) over the launchers in the .cu files beside it.
  *
  * Every op has the semantics of the CPU op of the same name
- * (common/backend_cpu.c, the reference; tests/test_cuda.c compares them op
+ * (common/engine/backend_cpu.c, the reference; tests/test_cuda.c compares them op
  * by op with a tolerance table). What this file adds (llm_cuda.h):
  * - state: one device, one non-blocking stream for compute, one for weight
  *   uploads, a cuBLAS handle (BF16 weights), device scratch that grows to
@@ -32,7 +32,7 @@
  *   $LLM_CUDA_GRAPHS=0 turns graphs off.
  * matmul_add (backend.h) adds into the residual from the GEMM's epilogue.
  * comm_open: the NCCL communicator of distributed GPU ranks (builds with
- * NCCL: common/comm_nccl.c is linked into this library, not libllm.a).
+ * NCCL: common/engine/comm_nccl.c is linked into this library, not libllm.a).
  * Matmul: E4M3 weights through the fused FP8 GEMM with the configuration of
  * kernels/tune_table.h, BF16 weights through cublasGemmEx (bf16 x bf16,
  * f32 accumulation and output), F32/F16 through the generic kernel. */
@@ -158,7 +158,7 @@ int llm_cuda_device_count(void)
 }
 
 /* The free memory of device DEV (cudaMemGetInfo), for sizing the KV cache
- * before the engine opens (common/memplan.c); 0 on success. */
+ * before the engine opens (common/serve/memplan.c); 0 on success. */
 int llm_cuda_mem_free(int dev, size_t *free_bytes)
 {
 	size_t total = 0;
@@ -1221,7 +1221,7 @@ void llm_cuda_graph_stats(struct llm_backend *be, long *captured, long *replayed
 
 #ifdef LLM_NCCL
 /* comm_open (backend.h): NCCL over BOOT's ranks on this backend's device
- * (common/comm_nccl.c, built into this library with it). */
+ * (common/engine/comm_nccl.c, built into this library with it). */
 static enum llm_status cuda_comm_open(struct llm_backend *be, struct llm_comm *boot, struct llm_comm **out)
 {
 	return llm_comm_nccl_open(boot, cu(be)->dev, out);

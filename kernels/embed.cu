@@ -1,6 +1,6 @@
 /* kernels/embed.cu: the CUDA embed op, out row i = row tok[i] of the
  * embedding (any dtype, dequantized to f32). Reference: cpu_embed in
- * common/backend_cpu.c; exact (the same f32 element as the CPU's). */
+ * common/engine/backend_cpu.c; exact (the same f32 element as the CPU's). */
 #include "cuda_device.h"
 
 __global__ void embed_f32_kernel(float *out, int64_t os, const int32_t *tok, int64_t rows,

@@ -1,5 +1,5 @@
 /* kernels/gather.cu: the CUDA gather op, out row i = x row idx[i], on f32
- * rows with a row stride. Reference: cpu_gather in common/backend_cpu.c;
+ * rows with a row stride. Reference: cpu_gather in common/engine/backend_cpu.c;
  * exact. */
 #include "cuda_device.h"
 

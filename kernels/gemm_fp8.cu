@@ -3,7 +3,7 @@
  * matmul_add (y += x . W^T from every kernel's epilogue: the same f32 sum,
  * then the add op's one f32 add, so the same bits as matmul then add).
  *
- * Reference: llm_cpu_matmul_rows() (common/cpu_matmul.c): W element (r, c)
+ * Reference: llm_cpu_matmul_rows() (common/engine/cpu_matmul.c): W element (r, c)
  * is e4m3(code) * scale[(r / block_rows) * scale_cols + c / block_cols], f32
  * accumulation. Kernels:
  * - gemm_e4m3_bf16_mma_kernel<BM, BN, WM, WN>: tensor cores (mma.sync

@@ -1,5 +1,5 @@
 /* kernels/llm_cuda.h: what the CUDA backend offers beyond struct
- * llm_backend_ops (common/backend.h). Only in builds with LLM_CUDA.
+ * llm_backend_ops (common/engine/backend.h). Only in builds with LLM_CUDA.
  *
  * The backend ("cuda", "cuda:N") keeps everything on one device and one
  * stream: alloc/release are cudaMalloc/cudaFree (zeroed, like the CPU's),
@@ -56,7 +56,7 @@ enum llm_status llm_cuda_add_rmsnorm(struct llm_backend *be, struct llm_view out
 /* Greedy sampling on the device: ids[r] (host, logits.rows) = argmax of
  * device row r of LOGITS after the repetition penalty over the ids with
  * SEEN[r * cols + i] != 0 (device bytes, or NULL); ties to the lowest id,
- * as common/sampler.c at temperature 0. */
+ * as common/engine/sampler.c at temperature 0. */
 enum llm_status llm_cuda_argmax(struct llm_backend *be, int32_t *ids, struct llm_view logits,
                                 const uint8_t *seen, float repetition_penalty);
 

@@ -2,7 +2,7 @@
  * RMSNorm fused with the residual add), on f32 rows with a row stride, as
  * struct llm_view; the weight in any dtype.
  *
- * Reference: cpu_rmsnorm and cpu_add_rmsnorm in common/backend_cpu.c, with
+ * Reference: cpu_rmsnorm and cpu_add_rmsnorm in common/engine/backend_cpu.c, with
  * llama2.c run.c's numerics: w * (x * (1 / sqrtf(mean(x^2) + eps))) (IEEE
  * sqrt and division: nvcc's defaults -prec-sqrt=true -prec-div=true; only
  * the order of the sum of squares differs, a tree here). */

@@ -1,7 +1,7 @@
 /* kernels/rope.cu: the CUDA rope op, in place on f32 rows with a row
  * stride (HF rotate_half pairs).
  *
- * Reference: cpu_rope in common/backend_cpu.c: the angle pos * inv_freq in
+ * Reference: cpu_rope in common/engine/backend_cpu.c: the angle pos * inv_freq in
  * f32, then cosf/sinf (CUDA's are within 2 ulp, glibc's within 1), then
  * the same rounded products and sums (rope_pair, cuda_device.h). The
  * fused rope_store (attn_paged.cu) rotates with the same function. */

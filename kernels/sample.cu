@@ -1,7 +1,7 @@
 /* kernels/sample.cu: sampling on the GPU, so that only token ids (and the
  * log-probs asked for) cross to the host.
  *
- * Reference: llm_sampler_sample in common/sampler.c, step by step, in its
+ * Reference: llm_sampler_sample in common/engine/sampler.c, step by step, in its
  * order: logit biases (added in list order), the min_tokens hold (-inf),
  * penalties (repetition over the ids seen, frequency and presence over the
  * output counts), then at temperature 0 the argmax (ties: the lowest id),

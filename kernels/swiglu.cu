@@ -1,7 +1,7 @@
 /* kernels/swiglu.cu: the CUDA swiglu op, out = silu(gate) * up on f32
  * rows with a row stride.
  *
- * Reference: cpu_swiglu in common/backend_cpu.c: SiLU g / (1 + expf(-g))
+ * Reference: cpu_swiglu in common/engine/backend_cpu.c: SiLU g / (1 + expf(-g))
  * (CUDA expf within 2 ulp), then times up. */
 #include "cuda_device.h"
 

@@ -16,7 +16,7 @@
  *   (decode batches);
  * - M <= 512: 64 x 128 tiles (4 warps of 32 x 64);
  * - larger: 128 x 128 tiles (8 warps of 64 x 32), the most reuse per byte.
- * Batch invariance (common/backend.h): a token's output must not depend on
+ * Batch invariance (common/engine/backend.h): a token's output must not depend on
  * the batch it came in. The three MMA tiles give the same bits for a row
  * (each output is one accumulator fed the same mma.sync k-steps in the same
  * order), so the table may switch among them with M. GEMV (f32 activations

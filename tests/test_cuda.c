@@ -1,5 +1,5 @@
 /* tests/test_cuda.c: every op of the CUDA backend against the CPU backend
- * and against the plain reference (common/cpu_ref.h: each definition in
+ * and against the plain reference (common/engine/cpu_ref.h: each definition in
  * double, rounded once), on the same seeded random inputs and on crafted
  * inputs whose result is exact; plus the registry's behaviour without a
  * device.
@@ -37,7 +37,7 @@
  * - CUDA graphs: a replayed decode step against the same step op by op on
  *   a backend with graphs off: exact (the same kernels, launched by the
  *   graph), and the graph backend's counts show captures and replays.
- * - sample (the backend's sample op against common/sampler.c, each row's
+ * - sample (the backend's sample op against common/engine/sampler.c, each row's
  *   sampler state built twice from one seed, one copy drawing through
  *   llm_sampler_row, the other through llm_sampler_sample): greedy, the
  *   same ids (exact); sampled, the same ids too, since both use the same
@@ -53,7 +53,7 @@
  * (llm_ref_matmul BF16_IN 0): the bf16 rounding of the tensor-core and
  * cuBLAS paths is inside their 2^-7 bound.
  *
- * The NCCL communicator (common/comm_nccl.c, builds with NCCL): one rank on
+ * The NCCL communicator (common/engine/comm_nccl.c, builds with NCCL): one rank on
  * device 0 (NCCL takes a communicator of one; two ranks on one GPU it
  * refuses), its id made here, or passed over MPI under mpirun -np 1; every
  * collective on device buffers gives the bytes the CPU communicator gives

@@ -1,4 +1,4 @@
-/* tests/test_eval.c: the evaluation job (common/eval.c).
+/* tests/test_eval.c: the evaluation job (common/jobs/eval.c).
  *
  * - llm_eval_plan's dynamic program against brute force over every way
  *   to cut small random lists, and on hand-checked cases;

@@ -1,4 +1,4 @@
-/* tests/test_grammar.c: the grammar engine (common/grammar.c): sentences
+/* tests/test_grammar.c: the grammar engine (common/text/grammar.c): sentences
  * accepted and refused, compile errors, UTF-8 classes, token masks against
  * a brute force over a small vocabulary, and the mask cache. */
 #include "check.h"

@@ -1,5 +1,5 @@
 /* tests/test_ops.c: every op of the CPU backend, at every level this CPU
- * runs, against the plain reference (common/cpu_ref.h); every SIMD path
+ * runs, against the plain reference (common/engine/cpu_ref.h); every SIMD path
  * against the scalar one; plus the KV cache bookkeeping.
  *
  * Against the reference (test_ref; u = 2^-24, the reference being the
@@ -1129,7 +1129,7 @@ static void test_kv(void)
 	llm_backend_close(be);
 }
 
-/* ---- every op against the plain reference (common/cpu_ref.h) -------------
+/* ---- every op against the plain reference (common/engine/cpu_ref.h) -------------
  * The backend at each level this CPU runs (scalar included: it is the
  * optimised code too, threads, tables and all), 2 threads, against
  * llm_ref_*, which computes each definition in double and rounds once; so

@@ -1,4 +1,4 @@
-/* tests/test_sched.c: the one scheduler (common/scheduler.c) on stories260K.
+/* tests/test_sched.c: the one scheduler (common/serve/scheduler.c) on stories260K.
  *
  * The reference is each prompt generated alone (one sequence, no prefix
  * cache, no preemption). Under the scheduler, with many

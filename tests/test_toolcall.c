@@ -1,5 +1,5 @@
 /* tests/test_toolcall.c: tool calls parsed from chat answers
- * (common/toolcall.c): the formats a template teaches, whole and partial
+ * (common/text/toolcall.c): the formats a template teaches, whole and partial
  * calls, unknown names and malformed JSON left as content, the content
  * around calls, and the prefix a stream may send before the end. */
 #include "check.h"

@@ -1,4 +1,4 @@
-/* common/args.c: table-driven option parsing, --help, strict numbers, the
+/* common/base/args.c: table-driven option parsing, --help, strict numbers, the
  * tools' interrupt flag. */
 #define _GNU_SOURCE
 #include "args.h"

@@ -1,4 +1,4 @@
-/* common/args.h: table-driven command-line parsing for the tools.
+/* common/base/args.h: table-driven command-line parsing for the tools.
  *
  * One table per tool drives getopt_long, --help and the defaults shown.
  * Values are validated, never clamped: "-n 12x" or "-n -1" (min 0) is a

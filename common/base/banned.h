@@ -1,4 +1,4 @@
-/* common/banned.h: functions that overflow buffers or silently accept junk.
+/* common/base/banned.h: functions that overflow buffers or silently accept junk.
  * Included last by every library and tool source (through llm.h). */
 #ifndef LLM_BANNED_H
 #define LLM_BANNED_H

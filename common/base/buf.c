@@ -1,4 +1,4 @@
-/* common/buf.c: the growable buffer and array growth (see buf.h). */
+/* common/base/buf.c: the growable buffer and array growth (see buf.h). */
 #include "buf.h"
 
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* common/buf.h: the engine's one growable buffer, and the same growth for
+/* common/base/buf.h: the engine's one growable buffer, and the same growth for
  * a typed array.
  *
  * Capacity at least doubles each time it grows (at least 64 bytes, or 16

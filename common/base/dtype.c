@@ -1,4 +1,4 @@
-/* common/dtype.c: dtype names, sizes and bulk conversions. */
+/* common/base/dtype.c: dtype names, sizes and bulk conversions. */
 #include "dtype.h"
 #include <math.h>
 

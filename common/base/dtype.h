@@ -1,4 +1,4 @@
-/* common/dtype.h: element types and scalar conversions.
+/* common/base/dtype.h: element types and scalar conversions.
  *
  * E4M3 is the OCP 8-bit floating point format (OCP 8-bit Floating Point
  * Specification, "E4M3"): 1 sign bit, 4 exponent bits with bias 7, 3 mantissa

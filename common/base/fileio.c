@@ -1,4 +1,4 @@
-/* common/fileio.c: whole-file reads, atomic writes, tree removal. */
+/* common/base/fileio.c: whole-file reads, atomic writes, tree removal. */
 #define _GNU_SOURCE
 #include "fileio.h"
 #include "buf.h"

@@ -1,4 +1,4 @@
-/* common/fileio.h: small file helpers shared by the readers and writers.
+/* common/base/fileio.h: small file helpers shared by the readers and writers.
  * Every output is written under a temporary name, fsync'd and renamed. */
 #ifndef LLM_FILEIO_H
 #define LLM_FILEIO_H

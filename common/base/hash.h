@@ -1,4 +1,4 @@
-/* common/hash.h: the engine's one non-cryptographic hash and its one
+/* common/base/hash.h: the engine's one non-cryptographic hash and its one
  * seeding PRNG, as static inline functions.
  *
  *   llm_hash_fnv1a   FNV-1a 64 (Fowler, Noll, Vo): offset basis

@@ -1,4 +1,4 @@
-/* common/pool.c: the thread pool (see pool.h).
+/* common/base/pool.c: the thread pool (see pool.h).
  *
  * A job is N chunks, fn(ctx, chunk, N), dealt in contiguous parts, one per
  * thread (the caller is thread 0): a thread takes the chunks of its own

@@ -1,4 +1,4 @@
-/* common/pool.h: the thread pool the engine's parallel loops run on (the
+/* common/base/pool.h: the thread pool the engine's parallel loops run on (the
  * CPU backend's ops and the LoRA trainer).
  *
  * A job is N chunks: fn(ctx, chunk, N) runs once for every chunk < N, on

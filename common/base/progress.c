@@ -1,4 +1,4 @@
-/* common/progress.c: progress lines and summaries on the tool's stream
+/* common/base/progress.c: progress lines and summaries on the tool's stream
  * (progress.h). Every function is a no-op without a stream. */
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"

@@ -1,4 +1,4 @@
-/* common/progress.h: progress and the closing summary of long work
+/* common/base/progress.h: progress and the closing summary of long work
  * (writing checkpoints, benchmark runs), on a stream the tool gives.
  *
  * The library never prints on its own: a tool that wants progress fills a

@@ -1,4 +1,4 @@
-/* common/status.c: per-thread error messages, logging, program name. */
+/* common/base/status.c: per-thread error messages, logging, program name. */
 #define _POSIX_C_SOURCE 200809L
 #include "status.h"
 

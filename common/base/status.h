@@ -1,4 +1,4 @@
-/* common/status.h: status codes, the per-thread error message, logging.
+/* common/base/status.h: status codes, the per-thread error message, logging.
  *
  * The library never prints to stdout and never exits: a failing function
  * records a one-line message with llm_fail() and returns its status; a tool

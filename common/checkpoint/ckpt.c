@@ -1,4 +1,4 @@
-/* common/ckpt.c: open a checkpoint (directory, file or stdin) and write one.
+/* common/checkpoint/ckpt.c: open a checkpoint (directory, file or stdin) and write one.
  *
  * A file's side files are those its __metadata__ carries, else those of
  * its directory when that holds config.json (model.safetensors named

@@ -1,4 +1,4 @@
-/* common/ckpt.h: the llm-tools checkpoint (see man/llm-checkpoint.5).
+/* common/checkpoint/ckpt.h: the llm-tools checkpoint (see man/llm-checkpoint.5).
  *
  * A checkpoint is a Hugging Face model directory (config.json, tokenizer
  * files, model.safetensors or model-0000i-of-0000n.safetensors with

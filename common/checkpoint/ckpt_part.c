@@ -1,4 +1,4 @@
-/* common/ckpt_part.c: reading partitioned checkpoints (written by
+/* common/checkpoint/ckpt_part.c: reading partitioned checkpoints (written by
  * llm-repartition, partition.c): the record (partition.json, or one rank
  * file's metadata) and the merged view of the rank files. Part of the
  * checkpoint layer, declared in ckpt.h: llm_ckpt_open opens a partitioned

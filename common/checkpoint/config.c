@@ -1,4 +1,4 @@
-/* common/config.c: parse and check a Llama-family config.json (Hugging Face
+/* common/checkpoint/config.c: parse and check a Llama-family config.json (Hugging Face
  * LlamaConfig / MistralConfig fields) into struct llm_config. Anything the
  * engine does not support is refused here, with the field named (config.h). */
 #include "config.h"

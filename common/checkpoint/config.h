@@ -1,4 +1,4 @@
-/* common/config.h: the model configuration, parsed from a Hugging Face
+/* common/checkpoint/config.h: the model configuration, parsed from a Hugging Face
  * config.json (config.c). Below the model: the checkpoint tools
  * (partition.c, lora.c) read it without the forward pass.
  *

@@ -1,4 +1,4 @@
-/* common/partition.c: plan a tensor x pipeline partition and write it one
+/* common/checkpoint/partition.c: plan a tensor x pipeline partition and write it one
  * rank file at a time (llm-repartition). Partitioned checkpoints are read
  * back (the merged view every tool sees, and the pieces streamed from here)
  * by ckpt_part.c, in the checkpoint layer.

@@ -1,4 +1,4 @@
-/* common/partition.h: tensor x pipeline partitioning of a Llama checkpoint:
+/* common/checkpoint/partition.h: tensor x pipeline partitioning of a Llama checkpoint:
  * the plan (which rank holds which slice of which tensor), the partitioned
  * checkpoint on disk (written here by llm-repartition, read by every tool
  * through ckpt.h, ckpt_part.c), and the split the distributed forward pass computes with.

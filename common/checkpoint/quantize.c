@@ -1,4 +1,4 @@
-/* common/quantize.c: checkpoint quantization, dequantization and random
+/* common/checkpoint/quantize.c: checkpoint quantization, dequantization and random
  * checkpoints, streamed one band of rows at a time.
  *
  * Every output tensor is produced in bands of block_rows rows converted to

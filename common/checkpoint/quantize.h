@@ -1,4 +1,4 @@
-/* common/quantize.h: FP8 E4M3 block quantization of checkpoints, and back.
+/* common/checkpoint/quantize.h: FP8 E4M3 block quantization of checkpoints, and back.
  *
  * Group-wise scales: a weight (d_out, d_in) is cut into blocks of
  * block_rows x block_cols (the last ones partial); each block stores

@@ -1,4 +1,4 @@
-/* common/safetensors.c: mmap and validate one safetensors file.
+/* common/checkpoint/safetensors.c: mmap and validate one safetensors file.
  *
  * Defined by the safetensors format: 8-byte little-endian header length,
  * a JSON header, a data region. Every check in safetensors.h is enforced

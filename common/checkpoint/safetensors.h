@@ -1,4 +1,4 @@
-/* common/safetensors.h: one safetensors file, read through mmap with strict
+/* common/checkpoint/safetensors.h: one safetensors file, read through mmap with strict
  * validation, and the tensor descriptor shared by readers and writers.
  *
  * Format (safetensors spec): u64 little-endian header length N, N bytes of

@@ -1,4 +1,4 @@
-/* common/tokenizer_ckpt.c: opening the tokenizer of a checkpoint, shared by
+/* common/checkpoint/tokenizer_ckpt.c: opening the tokenizer of a checkpoint, shared by
  * every tool (kept apart from tokenizer.c, which knows nothing of checkpoints). */
 #define _POSIX_C_SOURCE 200809L
 #include "tokenizer.h"

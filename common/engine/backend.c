@@ -1,4 +1,4 @@
-/* common/backend.c: the backend registry ("auto", "cpu", "cuda[:N]") and CPU
+/* common/engine/backend.c: the backend registry ("auto", "cpu", "cuda[:N]") and CPU
  * feature detection.
  *
  * A spec names one backend; nothing falls back silently: "cuda" in a build

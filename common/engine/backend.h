@@ -1,4 +1,4 @@
-/* common/backend.h: the compute interface the forward pass is written in.
+/* common/engine/backend.h: the compute interface the forward pass is written in.
  *
  * One table of ops per backend (STYLE.md section 3). The CPU backend
  * (backend_cpu.c) is the reference: every other backend is tested against it
@@ -135,7 +135,7 @@ struct llm_backend_ops {
 	enum llm_status (*gather)(struct llm_backend *be, struct llm_view out, struct llm_view x,
 	                          const int32_t *idx);
 	/* Optional (NULL: the caller copies the logits back and samples them
-	 * with common/sampler.c). Sampling where the logits are: ids[r] (host,
+	 * with common/engine/sampler.c). Sampling where the logits are: ids[r] (host,
 	 * logits.rows) = the token llm_sampler_sample would choose from row r
 	 * of LOGITS (this backend's memory, (rows, n_vocab) f32) with the
 	 * parameters, state and draw of ROWS[r] (sampler.h); logprob[r] (host)

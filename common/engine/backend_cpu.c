@@ -1,4 +1,4 @@
-/* common/backend_cpu.c: the CPU backend, the reference implementation of
+/* common/engine/backend_cpu.c: the CPU backend, the reference implementation of
  * every op in backend.h.
  *
  * Numerics follow llama2.c run.c (the reference the model tests compare

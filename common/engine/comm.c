@@ -1,4 +1,4 @@
-/* common/comm.c: the communication layer's front (argument checks, byte
+/* common/engine/comm.c: the communication layer's front (argument checks, byte
  * counters, messages that name the rank), the single-process
  * implementation, and the tensor x pipeline grid. MPI lives in comm_mpi.c
  * (built when the Makefile finds mpicc: -DLLM_MPI). */

@@ -1,4 +1,4 @@
-/* common/comm.h: the communication layer of distributed runs: one interface,
+/* common/engine/comm.h: the communication layer of distributed runs: one interface,
  * three implementations (single process, MPI for CPU ranks, NCCL for GPU
  * ranks bootstrapped over MPI: comm_nccl.c), never a home-made transport.
  *
@@ -137,7 +137,7 @@ extern const struct llm_comm_ops llm_comm_mpi_ops;        /* comm_mpi.c */
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv);
 #endif
 #ifdef LLM_NCCL
-/* common/comm_nccl.c (CUDA builds with NCCL; linked into libllm_cuda.so,
+/* common/engine/comm_nccl.c (CUDA builds with NCCL; linked into libllm_cuda.so,
  * reached through the CUDA backend's comm_open): a NCCL communicator over the
  * ranks of BOOT (MPI under mpirun: rank 0's ncclUniqueId is broadcast over
  * it), or, with BOOT NULL, a one-rank communicator with its own id; on

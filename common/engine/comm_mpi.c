@@ -1,4 +1,4 @@
-/* common/comm_mpi.c: the communication layer over MPI (OpenMPI from Debian),
+/* common/engine/comm_mpi.c: the communication layer over MPI (OpenMPI from Debian),
  * for CPU ranks. Built only with -DLLM_MPI (the Makefile adds it, with
  * mpicc --showme:compile / --showme:link, when mpicc is found).
  *

@@ -1,4 +1,4 @@
-/* common/comm_nccl.c: the communication layer over NCCL, for GPU ranks:
+/* common/engine/comm_nccl.c: the communication layer over NCCL, for GPU ranks:
  * every buffer is device memory of the communicator's CUDA device. Built
  * only in CUDA builds where the Makefile finds nccl.h (the CUDA toolkit's,
  * or Debian's libnccl-dev): -DLLM_NCCL.

@@ -1,4 +1,4 @@
-/* common/cpu_attention.c: the CPU backend's attention over one KV block
+/* common/engine/cpu_attention.c: the CPU backend's attention over one KV block
  * (scores q . k / scale and the weighted sum of values, AVX-512 and AVX2,
  * for 1 to 4 heads sharing a KV head), E4M3 cache rows to f32, and the e^x
  * they and SwiGLU use: llm_cpu_exp,

@@ -1,4 +1,4 @@
-/* common/cpu_matmul.c: CPU matrix kernels y = x . W^T for F32, F16, BF16 and
+/* common/engine/cpu_matmul.c: CPU matrix kernels y = x . W^T for F32, F16, BF16 and
  * E4M3 (FP8, block scales) weights with F32 activations.
  *
  * Levels: scalar (the reference), AVX2+FMA+F16C, AVX-512 (F/BW/VL), and for

@@ -1,4 +1,4 @@
-/* common/cpu_matmul_dot.h: the AVX512_BF16 tile kernels of cpu_matmul.c,
+/* common/engine/cpu_matmul_dot.h: the AVX512_BF16 tile kernels of cpu_matmul.c,
  * included there twice: DOT_VBMI 0 converts E4M3 codes 32 at a time through
  * 16-bit word permutes; DOT_VBMI 1 (CPUs with AVX512_VBMI) converts 64 at a
  * time with byte permutes (two table lookups, the sign, two interleaves:

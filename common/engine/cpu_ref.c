@@ -1,4 +1,4 @@
-/* common/cpu_ref.c: the plain reference of every backend op (cpu_ref.h).
+/* common/engine/cpu_ref.c: the plain reference of every backend op (cpu_ref.h).
  *
  * Written to be read, not run fast: one loop nest per definition, double
  * for every reduction, one rounding to f32 per output element. It shares

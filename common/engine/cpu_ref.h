@@ -1,4 +1,4 @@
-/* common/cpu_ref.h: a plain reference of every op of struct llm_backend_ops
+/* common/engine/cpu_ref.h: a plain reference of every op of struct llm_backend_ops
  * (backend.h), for the op tests.
  *
  * The optimised CPU backend (backend_cpu.c, cpu_matmul.c) and the CUDA

@@ -1,4 +1,4 @@
-/* common/cpu_simd.h: what the CPU kernel files (cpu_matmul.c,
+/* common/engine/cpu_simd.h: what the CPU kernel files (cpu_matmul.c,
  * cpu_attention.c) share: the target attributes of their AVX2 and AVX-512
  * levels and the forced-inline marker. A function marked T256 or T512 is
  * only called after the caller's ISA check (llm_cpu_isa >= LLM_ISA_AVX2 or

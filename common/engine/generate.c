@@ -1,4 +1,4 @@
-/* common/generate.c: the engine (see generate.h): the model, its backend,
+/* common/engine/generate.c: the engine (see generate.h): the model, its backend,
  * the paged KV cache and the activations, one forward step at a time, and
  * the step protocol of a distributed run (rank 0 plans and broadcasts, the
  * other ranks replay). Requests, their scheduling and sampling are the

@@ -1,4 +1,4 @@
-/* common/generate.h: the inference engine every tool drives: the model
+/* common/engine/generate.h: the inference engine every tool drives: the model
  * (mmap'd checkpoint), a backend with its thread pool, the paged KV cache
  * and the activation buffers, all sized at open (llm_engine_plan() reports
  * the sizes), and one forward step at a time (llm_engine_forward()).

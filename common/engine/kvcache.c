@@ -1,4 +1,4 @@
-/* common/kvcache.c: paged KV cache (see kvcache.h).
+/* common/engine/kvcache.c: paged KV cache (see kvcache.h).
  *
  * Block bookkeeping is host-side and O(blocks touched); the pool itself is
  * allocated through the backend so a device backend can hold it. */

@@ -1,4 +1,4 @@
-/* common/kvcache.h: the paged KV cache and the forward batch that addresses it.
+/* common/engine/kvcache.h: the paged KV cache and the forward batch that addresses it.
  *
  * The pool holds n_block blocks, allocated once at start-up; a block holds
  * block_size token positions of K and V for every layer. A sequence owns a

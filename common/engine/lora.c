@@ -1,4 +1,4 @@
-/* common/lora.c: LoRA adapter layout, initialization, the inference hook,
+/* common/engine/lora.c: LoRA adapter layout, initialization, the inference hook,
  * PEFT adapter files and merging into a checkpoint (see lora.h). */
 #define _GNU_SOURCE
 #include "lora.h"

@@ -1,4 +1,4 @@
-/* common/lora.h: LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation
+/* common/engine/lora.h: LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation
  * of Large Language Models") on the linear layers of a Llama decoder, and
  * their files in the layout Hugging Face PEFT writes and loads.
  *

@@ -1,4 +1,4 @@
-/* common/model.c: Llama-family weight resolution and the forward pass,
+/* common/engine/model.c: Llama-family weight resolution and the forward pass,
  * written once in terms of the backend ops (backend.h); config.json is
  * parsed by config.c.
  *

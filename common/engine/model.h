@@ -1,4 +1,4 @@
-/* common/model.h: the Llama-family model: config.json (config.h), weights,
+/* common/engine/model.h: the Llama-family model: config.json (config.h), weights,
  * forward pass.
  *
  * Supported (anything else is refused at load with the field named):

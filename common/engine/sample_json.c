@@ -1,4 +1,4 @@
-/* common/sample_json.c: the request forms of per-request sampling fields
+/* common/engine/sample_json.c: the request forms of per-request sampling fields
  * that llm-serve's OpenAI endpoints and llm-generate's JSONL and flags share
  * (see sampler.h). */
 #include "sampler.h"

@@ -1,4 +1,4 @@
-/* common/sampler.c: sampling (see sampler.h for the order and guarantees). */
+/* common/engine/sampler.c: sampling (see sampler.h for the order and guarantees). */
 #include "sampler.h"
 #include "hash.h"
 #include "dtype.h"

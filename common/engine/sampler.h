@@ -1,4 +1,4 @@
-/* common/sampler.h: per-request token sampling.
+/* common/engine/sampler.h: per-request token sampling.
  *
  * Order (as vLLM/Hugging Face): the tokens a grammar's mask refuses
  * (struct llm_sampler's mask, set by the caller before each draw) set to
@@ -61,7 +61,7 @@ struct llm_sample_params {
 enum llm_status llm_sample_params_check(const struct llm_sample_params *p);
 
 /* The request forms of two fields, shared by llm-serve (OpenAI bodies) and
- * llm-generate (JSONL lines and flags); common/sample_json.c. V is the
+ * llm-generate (JSONL lines and flags); common/engine/sample_json.c. V is the
  * field's JSON value (a jansson json_t, not null). Token ids must lie in
  * [0, N_VOCAB) when N_VOCAB > 0 (else llm_sampler_init checks the biases).
  * On bad input LLM_ERR_USAGE with a message that does not name the field:

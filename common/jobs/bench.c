@@ -1,4 +1,4 @@
-/* common/bench.c: llm-bench's load generator and model throughput test
+/* common/jobs/bench.c: llm-bench's load generator and model throughput test
  * (see bench.h). HTTP goes through libcurl: one easy handle per client,
  * reused across that client's requests so its connection is kept alive.
  * The streamed body is split into SSE events in the write callback, so a

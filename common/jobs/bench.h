@@ -1,4 +1,4 @@
-/* common/bench.h: llm-bench's engine: a load generator for an OpenAI-style
+/* common/jobs/bench.h: llm-bench's engine: a load generator for an OpenAI-style
  * server (open-loop Poisson arrivals or fixed concurrency, streamed
  * completions, latency percentiles, goodput under an SLO) and a
  * llama-bench style prompt/generation throughput measurement of a model.

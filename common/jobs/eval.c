@@ -1,4 +1,4 @@
-/* common/eval.c: the evaluation job (eval.h): items read and tokenised in
+/* common/jobs/eval.c: the evaluation job (eval.h): items read and tokenised in
  * threads while the caller loads the model, sorted and cut into batches by
  * a dynamic program, scored through the scheduler (a context once, its
  * endings forked), written in input order, and summarised with accuracy,

@@ -1,4 +1,4 @@
-/* common/eval.h: the evaluation job of llm-generate --eval and --score:
+/* common/jobs/eval.h: the evaluation job of llm-generate --eval and --score:
  * multiple-choice items (a context and its endings) scored by
  * log-likelihood through the one scheduler, as lm-eval's HellaSwag task
  * scores them, with accuracy and the whole time measured (eval.c).

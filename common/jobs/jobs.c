@@ -1,4 +1,4 @@
-/* common/jobs.c: offline generation jobs (see jobs.h). */
+/* common/jobs/jobs.c: offline generation jobs (see jobs.h). */
 #include "jobs.h"
 #include "lora.h"
 #include "tokenizer.h"

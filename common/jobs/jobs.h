@@ -1,4 +1,4 @@
-/* common/jobs.h: offline generation jobs, llm-generate's work: prompts
+/* common/jobs/jobs.h: offline generation jobs, llm-generate's work: prompts
  * read from text or JSONL lines (each through the request parser,
  * request.h, over the flags' defaults), run together through the one
  * scheduler, and their results collected and written as JSON.

@@ -1,4 +1,4 @@
-/* common/score.c: log-likelihood scoring and perplexity as requests of the
+/* common/jobs/score.c: log-likelihood scoring and perplexity as requests of the
  * one scheduler (scheduler.h): prefill-only requests that score their
  * prompt tokens, so scoring shares steps with everything else, runs many
  * items at once and, distributed, is followed by the other ranks like any

@@ -1,4 +1,4 @@
-/* common/score.h: log-likelihood scoring (lm-eval style multiple choice)
+/* common/jobs/score.h: log-likelihood scoring (lm-eval style multiple choice)
  * and perplexity, as prefill-only requests of the scheduler (score.c).
  *
  * A context is computed once: its continuations fork its KV blocks (the

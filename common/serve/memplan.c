@@ -1,4 +1,4 @@
-/* common/memplan.c: KV cache sizing and the printed memory plan, and the
+/* common/serve/memplan.c: KV cache sizing and the printed memory plan, and the
  * checks of -m and --ctx-size before a model is loaded (see memplan.h). */
 #define _GNU_SOURCE
 #include "memplan.h"

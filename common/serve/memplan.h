@@ -1,4 +1,4 @@
-/* common/memplan.h: how big the KV cache of a serving engine is, and the
+/* common/serve/memplan.h: how big the KV cache of a serving engine is, and the
  * memory plan as the tools print it (llm-serve --plan).
  *
  * The engine itself takes a block count (llm_engine_opts.kv_blocks); this

@@ -1,4 +1,4 @@
-/* common/reqout.c: a request's output (see reqout.h for the order). */
+/* common/serve/reqout.c: a request's output (see reqout.h for the order). */
 #include "reqout.h"
 #include "buf.h"
 #include "grammar.h"

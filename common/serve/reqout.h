@@ -1,4 +1,4 @@
-/* common/reqout.h: a request's output, as the scheduler (scheduler.c)
+/* common/serve/reqout.h: a request's output, as the scheduler (scheduler.c)
  * handles it: sampling, the conditions that end a request, the decoded
  * text and the events handed to the request's callback.
  *

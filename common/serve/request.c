@@ -1,4 +1,4 @@
-/* common/request.c: API request bodies to generation requests (see
+/* common/serve/request.c: API request bodies to generation requests (see
  * request.h), one set of value rules for llm-serve's three APIs and
  * llm-generate's JSONL lines.
  *

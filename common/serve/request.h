@@ -1,4 +1,4 @@
-/* common/request.h: one parser from API request bodies to a generation
+/* common/serve/request.h: one parser from API request bodies to a generation
  * request, shared by llm-serve (OpenAI /v1/completions and
  * /v1/chat/completions, Hugging Face TGI /generate) and llm-generate (its
  * JSONL lines and flags).

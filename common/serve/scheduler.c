@@ -1,4 +1,4 @@
-/* common/scheduler.c: Dynamic SplitFuse continuous batching with preemption
+/* common/serve/scheduler.c: Dynamic SplitFuse continuous batching with preemption
  * (recompute) and prefix caching over llm_engine_forward() (see scheduler.h).
  *
  * Invariants: live requests are kept in arrival order (ids increase);

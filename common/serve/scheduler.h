@@ -1,4 +1,4 @@
-/* common/scheduler.h: the one scheduler of requests: continuous batching with
+/* common/serve/scheduler.h: the one scheduler of requests: continuous batching with
  * Dynamic SplitFuse over the engine's paged KV cache, with preemption and
  * prefix caching. llm-serve's engine thread and llm-generate's batches both
  * drive it; it drives llm_engine_forward().

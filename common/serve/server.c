@@ -1,4 +1,4 @@
-/* common/server.c: llm-serve's HTTP layer (see server.h; the engine thread
+/* common/serve/server.c: llm-serve's HTTP layer (see server.h; the engine thread
  * and the response bodies are server_engine.c and server_format.c, their
  * shared state server_impl.h): routing, request bodies parsed by
  * request.c, admission and the queue limit, waiting for or streaming a

@@ -1,4 +1,4 @@
-/* common/server.h: the HTTP server of llm-serve: OpenAI and TGI wire
+/* common/serve/server.h: the HTTP server of llm-serve: OpenAI and TGI wire
  * formats over the continuous-batching scheduler (scheduler.h), Prometheus
  * metrics, admission control and draining.
  *

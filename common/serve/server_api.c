@@ -1,4 +1,4 @@
-/* common/server_api.c: llm-serve's endpoints that answer without the
+/* common/serve/server_api.c: llm-serve's endpoints that answer without the
  * engine (server_impl.h): /tokenize and /detokenize in the shapes vLLM's
  * server gives them, TGI's /info, the refusal of /v1/embeddings, the
  * metrics under the names vLLM documents (with a model_name label) that

@@ -1,4 +1,4 @@
-/* common/server_engine.c: llm-serve's engine thread (see server_impl.h).
+/* common/serve/server_engine.c: llm-serve's engine thread (see server_impl.h).
  *
  * It takes submitted jobs into the scheduler (one scheduler request per
  * choice), steps it, and publishes the token events each step produced to

@@ -1,4 +1,4 @@
-/* common/server_format.c: llm-serve's response bodies (see server_impl.h):
+/* common/serve/server_format.c: llm-serve's response bodies (see server_impl.h):
  * OpenAI completions and chat completions (JSON, or server-sent event
  * chunks ending in "data: [DONE]") with the generated ids as an extra
  * "token_ids" field of each choice, and Hugging Face TGI /generate and

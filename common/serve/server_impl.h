@@ -1,4 +1,4 @@
-/* common/server_impl.h: what the three parts of llm-serve's server share;
+/* common/serve/server_impl.h: what the three parts of llm-serve's server share;
  * not a public header (server.c, server_engine.c and server_format.c
  * include it).
  *

@@ -1,4 +1,4 @@
-/* common/spec.c: speculative decoding's options and the prompt-lookup
+/* common/serve/spec.c: speculative decoding's options and the prompt-lookup
  * drafter (see spec.h). */
 #include "spec.h"
 

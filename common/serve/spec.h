@@ -1,4 +1,4 @@
-/* common/spec.h: speculative decoding's options and its prompt-lookup
+/* common/serve/spec.h: speculative decoding's options and its prompt-lookup
  * (n-gram) drafter. The scheduler (scheduler.c) feeds a decoding request's
  * last token and up to n_draft drafted ones as one chunk, one logit row
  * each, and samples the rows in order while the sampled token equals the

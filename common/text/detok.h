@@ -1,4 +1,4 @@
-/* common/detok.h: the engine's streaming detokenizer interface. Declared
+/* common/text/detok.h: the engine's streaming detokenizer interface. Declared
  * below the engine so that the tokenizer can fill it (llm_tokenizer_detok,
  * tokenizer.h) without including the engine; generate.h uses it for stop
  * strings and event text. */

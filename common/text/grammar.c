@@ -1,4 +1,4 @@
-/* common/grammar.c: the grammar engine (see grammar.h for the text and the
+/* common/text/grammar.c: the grammar engine (see grammar.h for the text and the
  * guarantees).
  *
  * Compiled form: a flat array of elements, each alternative of a rule a run

@@ -1,4 +1,4 @@
-/* common/grammar.h: the grammar engine of constrained decoding (structured
+/* common/text/grammar.h: the grammar engine of constrained decoding (structured
  * output): a grammar in the EBNF below compiled to a pushdown recogniser
  * over bytes, its states, and per state the mask of the vocabulary's
  * tokens that may come next.

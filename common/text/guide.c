@@ -1,4 +1,4 @@
-/* common/guide.c: JSON, JSON Schema, regular expressions and choices as
+/* common/text/guide.c: JSON, JSON Schema, regular expressions and choices as
  * grammar text (see guide.h for what each accepts and guarantees).
  *
  * The JSON rules are the grammar of RFC 8259 written compact: strings of

@@ -1,4 +1,4 @@
-/* common/guide.h: the front ends of structured output, each written as
+/* common/text/guide.h: the front ends of structured output, each written as
  * grammar text for the grammar engine (grammar.h): any JSON object
  * (response_format json_object), a JSON Schema subset (json_schema,
  * guided_json), a regular expression subset (guided_regex), a list of

@@ -1,4 +1,4 @@
-/* common/jinja.h: a small Jinja2 interpreter for chat templates.
+/* common/text/jinja.h: a small Jinja2 interpreter for chat templates.
  *
  * Renders a model's chat_template exactly as Hugging Face transformers does:
  * Jinja2 in an ImmutableSandboxedEnvironment with trim_blocks and

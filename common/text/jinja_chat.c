@@ -1,4 +1,4 @@
-/* common/jinja_chat.c: llm_chat_render, the variables transformers'
+/* common/text/jinja_chat.c: llm_chat_render, the variables transformers'
  * apply_chat_template(tokenize=False) gives a chat template (the config's
  * special tokens, messages, tools, documents, add_generation_prompt, the
  * template arguments), rendered through llm_jinja_parse/llm_jinja_render.

@@ -1,4 +1,4 @@
-/* common/jinja_eval.c: the chat-template evaluator: scopes, operators
+/* common/text/jinja_eval.c: the chat-template evaluator: scopes, operators
  * (Python semantics: 64-bit ints that refuse to overflow, float % and //
  * as CPython's), attribute and item access, slicing, macro and global
  * function calls (raise_exception, namespace, dict, range, strftime_now,

@@ -1,4 +1,4 @@
-/* common/jinja_filters.c: the chat-template filters, tests and str/dict/
+/* common/text/jinja_filters.c: the chat-template filters, tests and str/dict/
  * list methods, and tojson, as Jinja2 3.1 and Python define them (tojson
  * is json.dumps(ensure_ascii=False) with indent, separators and sort_keys;
  * case mapping and whitespace by Unicode through utf8proc). The name lists

@@ -1,4 +1,4 @@
-/* common/jinja_impl.h: the private interface between the parts of the
+/* common/text/jinja_impl.h: the private interface between the parts of the
  * chat-template interpreter: jinja_value.c (arena, errors, values),
  * jinja_parse.c (lexer and parser to the AST), jinja_eval.c (the evaluator)
  * and jinja_filters.c (filters, tests, methods, tojson). It holds the types

@@ -1,4 +1,4 @@
-/* common/jinja_parse.c: the chat-template lexer (text, {{ }}, {% %} and
+/* common/text/jinja_parse.c: the chat-template lexer (text, {{ }}, {% %} and
  * {# #} chunks with whitespace control, then expression tokens) and the
  * recursive-descent parser to the AST of jinja_impl.h, plus
  * llm_jinja_parse/llm_jinja_free. Guarantees: a construct Jinja2 would

@@ -1,4 +1,4 @@
-/* common/jinja_value.c: the chat-template interpreter's runtime base: the
+/* common/text/jinja_value.c: the chat-template interpreter's runtime base: the
  * arena every parse and render allocates from, the error exit (llm_fail,
  * then longjmp to the entry), the growable string, and Python-like values
  * with their equality, truthiness, str() and repr(). See jinja.h for what

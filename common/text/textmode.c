@@ -1,4 +1,4 @@
-/* common/textmode.c: llm-generate's modes that need only the tokenizer
+/* common/text/textmode.c: llm-generate's modes that need only the tokenizer
  * files (textmode.h): text to a JSON array of ids, such an array to text,
  * a chat request to its prompt. */
 #include "textmode.h"

@@ -1,4 +1,4 @@
-/* common/textmode.h: the modes of llm-generate that need only the
+/* common/text/textmode.h: the modes of llm-generate that need only the
  * tokenizer files of a model (textmode.c). */
 #ifndef LLM_TEXTMODE_H
 #define LLM_TEXTMODE_H

@@ -1,4 +1,4 @@
-/* common/tokenizer.c: Hugging Face tokenizer.json BPE, encode and decode,
+/* common/text/tokenizer.c: Hugging Face tokenizer.json BPE, encode and decode,
  * and the streaming detokenizer; tokenizer_load.c reads the tokenizer.
  *
  * Guarantees: the ids and text of the Rust `tokenizers` library for the

@@ -1,4 +1,4 @@
-/* common/tokenizer.h: Hugging Face tokenizers (tokenizer.json), exactly.
+/* common/text/tokenizer.h: Hugging Face tokenizers (tokenizer.json), exactly.
  *
  * Reads tokenizer.json + tokenizer_config.json (+ special_tokens_map.json,
  * generation_config.json) and encodes/decodes as the Hugging Face

@@ -1,4 +1,4 @@
-/* common/tokenizer_impl.h: the private interface between tokenizer_load.c
+/* common/text/tokenizer_impl.h: the private interface between tokenizer_load.c
  * (reading tokenizer.json and its side files into struct llm_tokenizer) and
  * tokenizer.c (encode, decode, the streaming detokenizer): the tokenizer's
  * layout, its component types, the growable buffer, the hash maps of the

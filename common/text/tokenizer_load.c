@@ -1,4 +1,4 @@
-/* common/tokenizer_load.c: reading a Hugging Face tokenizer: tokenizer.json
+/* common/text/tokenizer_load.c: reading a Hugging Face tokenizer: tokenizer.json
  * (model vocab and merges, added tokens, normalizer, pre-tokenizer,
  * decoder, post-processor) plus tokenizer_config.json,
  * special_tokens_map.json and generation_config.json (special ids, chat

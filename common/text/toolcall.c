@@ -1,4 +1,4 @@
-/* common/toolcall.c: tool calls in a chat answer (toolcall.h). The parse
+/* common/text/toolcall.c: tool calls in a chat answer (toolcall.h). The parse
  * is all or nothing: either every call-shaped part of the answer is a
  * whole, known call and the rest is content, or the answer is content. */
 #include "toolcall.h"

@@ -1,4 +1,4 @@
-/* common/toolcall.h: tool calls in a chat answer (toolcall.c): which
+/* common/text/toolcall.h: tool calls in a chat answer (toolcall.c): which
  * format the chat template teaches the model, and the answer parsed into
  * the calls of OpenAI's tool_calls and the content around them.
  *

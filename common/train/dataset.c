@@ -1,4 +1,4 @@
-/* common/dataset.c: instruction-tuning data in JSONL (see train.h): the
+/* common/train/dataset.c: instruction-tuning data in JSONL (see train.h): the
  * instruction format (Alpaca's fields: instruction, input, output) and the
  * chat format (messages, rendered with the model's chat template as
  * transformers' apply_chat_template does), tokenized with a loss mask on

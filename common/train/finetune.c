@@ -1,4 +1,4 @@
-/* common/finetune.c: a LoRA fine-tuning run (see train.h): data, steps with
+/* common/train/finetune.c: a LoRA fine-tuning run (see train.h): data, steps with
  * gradient accumulation, AdamW, progress, the loss log, the training state
  * and resuming, the adapter files.
  *

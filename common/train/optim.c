@@ -1,4 +1,4 @@
-/* common/optim.c: AdamW (Loshchilov & Hutter, "Decoupled Weight Decay
+/* common/train/optim.c: AdamW (Loshchilov & Hutter, "Decoupled Weight Decay
  * Regularization") with bias correction as torch.optim.AdamW, a linear
  * warmup then cosine learning-rate schedule, and global-norm gradient
  * clipping as torch.nn.utils.clip_grad_norm_ (scale clip / (norm + 1e-6)).

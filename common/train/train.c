@@ -1,4 +1,4 @@
-/* common/train.c: the LoRA trainer (see train.h): the helpers the kernels
+/* common/train/train.c: the LoRA trainer (see train.h): the helpers the kernels
  * share (their loops run on the engine's thread pool, pool.h), and the
  * forward/backward pass of train_impl.h instantiated for float (training)
  * and double (the gradient check). */

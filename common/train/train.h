@@ -1,4 +1,4 @@
-/* common/train.h: LoRA fine-tuning on a frozen base: the training forward
+/* common/train/train.h: LoRA fine-tuning on a frozen base: the training forward
  * and backward pass (train.c), the optimizer (optim.c) and the training data
  * (dataset.c).
  *

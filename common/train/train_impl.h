@@ -1,4 +1,4 @@
-/* common/train_impl.h: the training forward and backward pass, written once
+/* common/train/train_impl.h: the training forward and backward pass, written once
  * for a scalar type and included twice by train.c (a template by macro, so
  * the gradient check runs the very code that trains):
  *   REAL       float or double

@@ -18,7 +18,7 @@ M=$(stories)
 REF=$LLM_TEST_REF/stories260K/greedy.jsonl
 
 # The CUDA backend is libllm_cuda.so, loaded only when asked for
-# (common/backend.c): the CPU backend of a CUDA build maps no CUDA library,
+# (common/engine/backend.c): the CPU backend of a CUDA build maps no CUDA library,
 # and without the library --backend cuda is an error naming it.
 LIB=$LLM_BIN/../lib/libllm_cuda.so
 dl_checks="a CUDA build's llm-generate needs no CUDA library at start (readelf)

@@ -1,5 +1,5 @@
 # tests/cli/eval.sh: llm-generate --eval, the multiple-choice evaluation job
-# (common/eval.c), on stories260K: accuracy on items whose answers are known
+# (common/jobs/eval.c), on stories260K: accuracy on items whose answers are known
 # by construction and recomputed here from the per-item numbers, the
 # normalised score per code point as Python's len() counts them, each context
 # computed once, HellaSwag's fields and lm-eval's preprocessing, bad items,

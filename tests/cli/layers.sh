@@ -1,11 +1,13 @@
-# tests/cli/layers.sh: the engine's include layers hold. The table of floors
-# is common/README (one unit per line: a header and the sources that
+# tests/cli/layers.sh: the engine's include layers hold. The table is
+# common/README: folders from the bottom up ("folder NAME"), and in each,
+# units on floors (one unit per line: a header and the sources that
 # implement it, grouped under "floor N"). For every #include "x.h" in
-# common/*.c and common/*.h: the includer's floor is above x.h's, or x.h is
-# of its own unit, or the pair is in ALLOW below; there is no include cycle
-# between units or between files; every file has a floor and every file the
+# common/*/*.c, *.h (and common/*.h): x.h is in a lower folder, or in the
+# includer's folder on a lower floor, or of the includer's own unit, or the
+# pair is in ALLOW below; there is no include cycle between units or between
+# files; every file sits in the folder the table gives it, and every file the
 # table names exists.
-#   tests/cli/layers.sh [DIR]   check the sources in DIR (default common)
+#   tests/cli/layers.sh [DIR]   check the sources under DIR (default common)
 #                               against the table of common/README
 . tests/lib/tap.sh
 dir=${1:-common}
@@ -14,9 +16,11 @@ table=common/README
 ALLOW=""
 
 [ -f "$table" ] || { notok "$table exists"; tap_done; }
-ls "$dir"/*.c "$dir"/*.h 2>/dev/null | sed 's|.*/||' >"$TMPD/files"
-grep -H -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$dir"/*.c "$dir"/*.h |
-	sed -E 's|^.*/([^/:]*):[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]*)".*$|\1 \2|' >"$TMPD/includes"
+# "FOLDER FILE" for each source ("." for the top of DIR)
+(cd "$dir" && ls *.c *.h */*.c */*.h 2>/dev/null) |
+	awk -F/ '{ if (NF == 1) print ". " $1; else print $1 " " $2 }' >"$TMPD/files"
+(cd "$dir" && grep -H -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' *.c *.h */*.c */*.h 2>/dev/null) |
+	sed -E 's|^([^:]*/)?([^/:]*):[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]*)".*$|\2 \3|' >"$TMPD/includes"
 [ -s "$TMPD/files" ] || { notok "$dir holds sources"; tap_done; }
 
 awk -v allow="$ALLOW" -v table="$table" -v dir="$dir" '
@@ -42,23 +46,35 @@ function edge(g, a, b) {
 	if (!(g SUBSEP a in isnode)) { isnode[g, a] = 1; nodes[g, ++nn[g]] = a }
 	if (!(g SUBSEP b in isnode)) { isnode[g, b] = 1; nodes[g, ++nn[g]] = b }
 }
+FILENAME == table && /^folder [^ \t]+/ { fo = $2; rank[fo] = ++nfolder; fl = ""; next }
 FILENAME == table && /^floor [0-9]+$/ { fl = $2; next }
 FILENAME == table && /^\t/ {
 	u = ""
+	if (fo == "" || fl == "") { fail(table ": a unit outside a folder and floor: " $1); next }
 	for (i = 1; i <= NF && $i ~ /\.[ch]$/; i++) {
 		if ($i in floor) fail(table ": " $i " is placed twice")
 		if (u == "") { u = $i; sub(/\.[ch]$/, "", u) }
-		floor[$i] = fl; unit[$i] = u; named[$i] = 1
+		floor[$i] = fl; unit[$i] = u; named[$i] = 1; folder[$i] = fo
 	}
 	next
 }
 FILENAME == table { next }
-FILENAME ~ /files$/ { have[$1] = 1; nfile++; next }
+FILENAME ~ /files$/ {
+	have[$2] = 1; nfile++; where[$2] = $1
+	if ($2 in seenfile) fail(dir ": " $2 " is in two folders")
+	seenfile[$2] = 1
+	next
+}
 { inc[++ninc] = $1 " " $2 }
 END {
 	n = 0
-	for (f in have) if (!(f in floor)) { fail(dir "/" f " has no floor in " table); n++ }
-	if (!n) print "ok - every " dir "/*.c and *.h has a floor in " table " (" nfile " files)"
+	for (f in have) if (!(f in floor)) { fail(dir "/" where[f] "/" f " has no floor in " table); n++ }
+	if (!n) print "ok - every " dir "/*/*.c and *.h has a floor in " table " (" nfile " files, " nfolder " folders)"
+	n = 0
+	for (f in have) if ((f in folder) && folder[f] != where[f]) {
+		fail(dir "/" where[f] "/" f " is in folder " folder[f] " in " table); n++
+	}
+	if (!n) print "ok - every file sits in the folder " table " gives it"
 	n = 0
 	for (f in named) if (!(f in have)) { fail(table " names " f ", which is not in " dir "/"); n++ }
 	if (!n) print "ok - every file " table " names is in " dir "/"
@@ -77,12 +93,18 @@ END {
 		ua = unit[a]; ub = unit[b]
 		if (ua == ub) continue
 		edge("u", ua, ub)
+		if (rank[folder[a]] > rank[folder[b]]) continue
+		if (rank[folder[a]] < rank[folder[b]]) {
+			fail(a " (folder " folder[a] ") includes " b " (folder " folder[b] ", a higher one)")
+			n++
+			continue
+		}
 		if (floor[a] > floor[b]) continue
 		if (floor[a] == floor[b] && ((ua ":" ub) in allowed)) continue
 		fail(a " (floor " floor[a] ") includes " b " (floor " floor[b] (floor[a] == floor[b] ? ", another unit" : "") ")")
 		n++
 	}
-	if (!n) print "ok - every include goes down a floor or stays in its unit (" ninc " includes)"
+	if (!n) print "ok - every include goes down a folder, or down a floor of its folder, or stays in its unit (" ninc " includes)"
 	for (g = 0; g < 2; g++) {
 		gg = g ? "f" : "u"
 		bad_before = bad; bad = 0

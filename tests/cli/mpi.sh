@@ -1,4 +1,4 @@
-# tests/cli/mpi.sh: the communication layer (common/comm.h) under a real
+# tests/cli/mpi.sh: the communication layer (common/engine/comm.h) under a real
 # launcher: mpirun -np 2 and 4 run $LLM_TESTBIN/mpi_check (build/cpu/tests or build/cuda/tests), whose rank 0
 # prints one TAP line per check (failed if any rank failed it); a failing
 # rank (llm_comm_die, exit, SIGKILL) must end the job naming it, never hang;

@@ -1,5 +1,5 @@
 # tests/cli/serve_api.sh: llm-serve's endpoints beside generation
-# (common/server_api.c): /tokenize and /detokenize in vLLM's shapes against
+# (common/serve/server_api.c): /tokenize and /detokenize in vLLM's shapes against
 # llm-generate's tokenizer modes, TGI's /info, the refusal of
 # /v1/embeddings, and the metrics under vLLM's names: their values against
 # the requests sent and the project's own counters, and every metric the

@@ -1,4 +1,4 @@
-# tests/cli/serve_tools.sh: tool calls (common/toolcall.c, request.c's
+# tests/cli/serve_tools.sh: tool calls (common/text/toolcall.c, request.c's
 # tool_choice): llm-serve and llm-generate parse answers into OpenAI
 # tool_calls in the format the chat template teaches (hermes <tool_call>
 # blocks, Llama 3 JSON), tool_choice "required" or a named function forces

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_grammar.c: libFuzzer harness for structured output's
- * compilers (common/grammar.c, common/guide.c), which llm-serve runs on
+ * compilers (common/text/grammar.c, common/text/guide.c), which llm-serve runs on
  * every body with response_format or a guided_* field. Byte 0 picks what
  * the rest is:
  *   0: grammar text (guided_grammar);

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_request.c: libFuzzer harness for the request parser
- * (common/request.c), which llm-serve runs on every body of
+ * (common/serve/request.c), which llm-serve runs on every body of
  * /v1/completions, /v1/chat/completions and /generate, and llm-generate on
  * every JSONL line. Byte 0 picks the kind (its value mod 4: completion,
  * chat, TGI, JSONL); the rest is the body, parsed as JSON the way the

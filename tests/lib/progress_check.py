@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # tests/lib/progress_check.py: checks the stderr of a tool run against the
-# progress and summary lines of common/progress.c, counting from the files.
+# progress and summary lines of common/base/progress.c, counting from the files.
 #
 #   progress_check.py write ERR PROG IN OUT [--progress]
 #       ERR ends with "PROG: read SIZE (N tensors), wrote SIZE (M tensors,

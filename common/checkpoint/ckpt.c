@@ -417,14 +417,7 @@ const struct llm_aux *llm_ckpt_aux(const struct llm_ckpt *ck, const char *name)
 
 void llm_ckpt_release(const struct llm_ckpt *ck, const struct llm_tensor *t)
 {
-	const struct llm_st_file *f = &ck->files[t->file];
-	const uint8_t *p = t->data;
-	if (f->mapped != 1 || p < f->base || p >= f->base + f->size)
-		return;              /* not in a mapping (stdin, an aligned copy) */
-	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-	uintptr_t b = ((uintptr_t)p + pg - 1) & ~(pg - 1), e = ((uintptr_t)p + t->nbytes) & ~(pg - 1);
-	if (e > b)
-		madvise((void *)b, e - b, MADV_DONTNEED);
+	llm_st_release(&ck->files[t->file], t);
 }
 
 enum llm_status llm_ckpt_check_finite(const struct llm_ckpt *ck, size_t *n_values)

@@ -2,8 +2,9 @@
  * llm-repartition, partition.c): the record (partition.json, or one rank
  * file's metadata) and the merged view of the rank files. Part of the
  * checkpoint layer, declared in ckpt.h: llm_ckpt_open opens a partitioned
- * directory through llm_partition_open_view, which opens each rank file
- * with llm_ckpt_open. Slices are byte copies, so the merged view shows the
+ * directory through llm_partition_open_view, which opens each rank file as
+ * one safetensors file (llm_st_open) and reads its record from the
+ * metadata. Calls go one way: ckpt.c calls this file, never the reverse. Slices are byte copies, so the merged view shows the
  * original tensor bytes. Layout: man/llm-checkpoint.5. */
 #define _GNU_SOURCE
 #include "ckpt.h"
@@ -325,16 +326,20 @@ struct whole {
 
 struct llm_part_src {
 	int n_rk;
-	struct llm_ckpt *rk;          /* (n_rk) rank files */
+	struct llm_st_file *rk;       /* (n_rk) rank files */
+	struct llm_partition **rec;   /* (n_rk) each rank file's record, from its metadata */
 	struct whole *w;              /* (n_tensor) parallel to the view's tensors */
 	size_t n_w;
 };
 
 static void src_free(struct llm_part_src *src)
 {
-	for (int i = 0; src->rk && i < src->n_rk; i++)
-		llm_ckpt_close(&src->rk[i]);
+	for (int i = 0; src->rk && i < src->n_rk; i++) {
+		llm_st_close(&src->rk[i]);
+		llm_partition_free(src->rec[i]);
+	}
 	free(src->rk);
+	free(src->rec);
 	for (size_t i = 0; src->w && i < src->n_w; i++)
 		free(src->w[i].pc);
 	free(src->w);
@@ -388,10 +393,10 @@ static enum llm_status find_pieces(struct llm_part_src *src, const struct llm_te
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	out->pc = pc;
 	for (int r = 0; r < src->n_rk; r++) {
-		const struct llm_tensor *t = llm_ckpt_find(&src->rk[r], w->name);
+		const struct llm_tensor *t = llm_st_find(&src->rk[r], w->name);
 		if (!t)
 			continue;
-		const struct llm_slice *sl = llm_partition_slice(src->rk[r].part, w->name);
+		const struct llm_slice *sl = llm_partition_slice(src->rec[r], w->name);
 		const char *what = NULL;
 		if (t->dtype != w->dtype)
 			what = "dtype";
@@ -504,11 +509,11 @@ void llm_partition_release(const struct llm_ckpt *ck, const struct llm_tensor *t
 {
 	const struct whole *wh = whole_of(ck, t);
 	if (!wh) {
-		llm_ckpt_release(ck, t);
+		llm_st_release(&ck->files[t->file], t);
 		return;
 	}
 	for (size_t i = 0; i < wh->n_pc; i++)
-		llm_ckpt_release(&ck->part->src->rk[wh->pc[i].rk], wh->pc[i].t);
+		llm_st_release(&ck->part->src->rk[wh->pc[i].rk], wh->pc[i].t);
 }
 
 enum llm_status llm_partition_open_view(struct llm_ckpt *ck, const char *dir, int assemble)
@@ -521,20 +526,24 @@ enum llm_status llm_partition_open_view(struct llm_ckpt *ck, const char *dir, in
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	p->src = src;
 	src->rk = calloc((size_t)p->n_rank, sizeof *src->rk);
+	src->rec = calloc((size_t)p->n_rank, sizeof *src->rec);
 	src->w = calloc(p->n_tensor + 1, sizeof *src->w);
 	ck->files = calloc(1, sizeof *ck->files);
-	if (!src->rk || !src->w || !ck->files)
+	if (!src->rk || !src->rec || !src->w || !ck->files)
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	src->n_w = p->n_tensor;
 	for (int r = 0; r < p->n_rank; r++) {
 		char *path = llm_path_join(dir, p->ranks[r].file);
-		enum llm_status s = llm_ckpt_open(&src->rk[r], path);
+		enum llm_status s = llm_st_open(&src->rk[r], path);
 		src->n_rk = r + 1;
-		if (!s && !src->rk[r].part)
+		if (!s && !llm_st_meta(&src->rk[r], LLM_PART_META))
 			s = llm_fail(LLM_ERR_FORMAT, "%s: no %s record in the metadata", path, LLM_PART_META);
-		else if (!s && (src->rk[r].part->rank != r || src->rk[r].part->tp != p->tp || src->rk[r].part->pp != p->pp))
+		else if (!s)
+			s = llm_partition_from_meta(&src->rec[r], &src->rk[r]);
+		const struct llm_partition *rec = src->rec[r];
+		if (!s && (rec->rank != r || rec->tp != p->tp || rec->pp != p->pp))
 			s = llm_fail(LLM_ERR_FORMAT, "%s: its record says rank %d of tp %d x pp %d; %s says rank %d of tp %d x pp %d",
-			             path, src->rk[r].part->rank, src->rk[r].part->tp, src->rk[r].part->pp, LLM_PART_FILE,
+			             path, rec->rank, rec->tp, rec->pp, LLM_PART_FILE,
 			             r, p->tp, p->pp);
 		free(path);
 		if (s)
@@ -543,7 +552,7 @@ enum llm_status llm_partition_open_view(struct llm_ckpt *ck, const char *dir, in
 	/* every tensor of every rank file belongs to the record */
 	for (int r = 0; r < p->n_rank; r++)
 		for (size_t i = 0; i < src->rk[r].n_tensor; i++) {
-			const char *nm = src->rk[r].tensors[i]->name;
+			const char *nm = src->rk[r].tensors[i].name;
 			size_t j = 0;
 			while (j < p->n_tensor && strcmp(p->tensors[j].name, nm))
 				j++;

@@ -315,3 +315,14 @@ const struct llm_tensor *llm_st_find(const struct llm_st_file *f, const char *na
 			return &f->tensors[i];
 	return NULL;
 }
+
+void llm_st_release(const struct llm_st_file *f, const struct llm_tensor *t)
+{
+	const uint8_t *p = t->data;
+	if (f->mapped != 1 || p < f->base || p >= f->base + f->size)
+		return;              /* not in a mapping (stdin, an aligned copy) */
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t b = ((uintptr_t)p + pg - 1) & ~(pg - 1), e = ((uintptr_t)p + t->nbytes) & ~(pg - 1);
+	if (e > b)
+		madvise((void *)b, e - b, MADV_DONTNEED);
+}

@@ -62,5 +62,9 @@ enum llm_status llm_st_parse(struct llm_st_file *f, const char *path,
 void llm_st_close(struct llm_st_file *f);
 const char *llm_st_meta(const struct llm_st_file *f, const char *key);
 const struct llm_tensor *llm_st_find(const struct llm_st_file *f, const char *name);
+/* Drop the pages that hold only tensor T of F from this process's
+ * resident set (MADV_DONTNEED) once it is no longer needed; the page cache
+ * keeps them. Nothing when F is not a mapping (stdin, a copy). */
+void llm_st_release(const struct llm_st_file *f, const struct llm_tensor *t);
 
 #endif

@@ -9,7 +9,7 @@
  * an extra "token_ids" field of each choice; Hugging Face TGI /generate and
  * /generate_stream. Errors are JSON with the offending field named. */
 #define _GNU_SOURCE
-#include "server_impl.h"
+#include "server_http.h"
 #include "fileio.h"
 #include "tokenizer.h"
 #include "args.h"

@@ -16,7 +16,7 @@
  *   never ignored.
  * - The metrics are read under the server lock, one consistent snapshot. */
 #define _GNU_SOURCE
-#include "server_impl.h"
+#include "server_http.h"
 #include "args.h"
 #include "tokenizer.h"
 #include "jinja.h"

@@ -5,7 +5,7 @@
  * /generate_stream; log-probs in each API's form. Text that is not valid
  * UTF-8 is sent with U+FFFD in its place. */
 #define _GNU_SOURCE
-#include "server_impl.h"
+#include "server_http.h"
 #include "fileio.h"
 #include "tokenizer.h"
 #include "buf.h"

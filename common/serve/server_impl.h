@@ -1,6 +1,10 @@
-/* common/serve/server_impl.h: what the three parts of llm-serve's server share;
- * not a public header (server.c, server_engine.c and server_format.c
- * include it).
+/* common/serve/server_impl.h: llm-serve's jobs and its engine thread: the
+ * server's state, the jobs with their choices and events, the metrics'
+ * histograms, and the functions of server_engine.c. Not a public header:
+ * server_engine.c implements it, and the HTTP side (server_http.h: server.c,
+ * server_format.c, server_api.c) includes it. Calls go one way: the HTTP
+ * side submits jobs, reads their events and calls the engine thread's
+ * functions; the engine thread calls nothing of the HTTP side.
  *
  *   server_engine.c  the engine thread: jobs submitted to the scheduler,
  *                    its token events published to the jobs, the job
@@ -175,29 +179,5 @@ void llm_srv_job_unref_locked(struct job *j);
 /* The engine thread: loads the engine, then runs the scheduler over the
  * submitted jobs until srv->stop (pthread_create's ARG: the server). */
 void *llm_srv_engine_main(void *arg);
-
-/* server_format.c (under srv->mu: they read the jobs' events) */
-json_t *llm_srv_openai_full(struct llm_server *s, struct job *j);
-json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens);
-json_t *llm_srv_tgi_generated(struct job *j);
-/* Append to j->out the SSE events of J's new events (and the end). */
-void llm_srv_stream_format(struct llm_server *s, struct job *j);
-/* server_api.c: vLLM's /tokenize and /detokenize bodies (O) to *OUT, or a
- * usage error with *PARAM the field (NULL: none); TGI's /info; the metrics
- * under vLLM's names (under srv->mu) */
-enum llm_status llm_srv_tokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
-enum llm_status llm_srv_detokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
-json_t *llm_srv_info(struct llm_server *s);
-void llm_srv_metrics_vllm(struct llm_server *s, FILE *f);
-/* A histogram's Prometheus lines, with the label L ("": none). */
-void llm_srv_histo_text(FILE *f, const char *name, const char *help, const struct histo *h, const char *l);
-/* POST /v1/load_lora_adapter (LOAD) or /v1/unload_lora_adapter: body O
- * checked, the operation queued for the engine thread and waited for;
- * *STATUS and *MSG (N bytes) the answer, *PARAM the field at fault. */
-void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status, char *msg, size_t n,
-                     const char **param);
-/* /v1/models's data: the model, then each adapter with "parent" the model
- * (under srv->mu). */
-json_t *llm_srv_models(struct llm_server *s);
 
 #endif

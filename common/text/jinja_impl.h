@@ -1,7 +1,9 @@
 /* common/text/jinja_impl.h: the private interface between the parts of the
  * chat-template interpreter: jinja_value.c (arena, errors, values),
- * jinja_parse.c (lexer and parser to the AST), jinja_eval.c (the evaluator)
- * and jinja_filters.c (filters, tests, methods, tojson). It holds the types
+ * jinja_parse.c (lexer and parser to the AST), jinja_ops.c (operations on
+ * values), jinja_filters.c (filters, tests, methods, tojson) and
+ * jinja_eval.c (the evaluator). Calls go one way: the evaluator calls the
+ * filters and the operations, the filters call the operations. It holds the types
  * they share and the jinja_-prefixed functions one part calls in another.
  * Not a public header: only those files include it; jinja.h is the API.
  *
@@ -141,10 +143,11 @@ struct llm_jinja {
 	char *src;
 };
 
+/* Whether S is in the NULL-terminated list L (jinja_value.c). */
 bool jinja_in_list(const char **l, const char *s);
 extern const char *jinja_filter_names[], *jinja_test_names[];   /* jinja_filters.c: NULL-terminated */
 
-/* ---------------------------------------------------------------- evaluation (jinja_eval.c) */
+/* ---------------------------------------------------------------- a render's context */
 
 struct scope { struct dict vars; struct scope *up; };
 
@@ -155,8 +158,11 @@ struct rctx {
 	int loop_ctl;                /* 1 break, 2 continue */
 };
 
+/* jinja_ops.c: operations on values, with Python's semantics */
 _Noreturn void jinja_rdie(struct rctx *r, int line, enum llm_status st, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* The error of an int operation OP that would pass 64 bits. */
+_Noreturn void jinja_int_overflow(struct rctx *r, const char *op, int line);
 size_t jinja_u8count(const char *s, size_t n);
 int64_t jinja_length_of(struct rctx *r, struct val v, int line);
 struct val jinja_to_list(struct rctx *r, struct val v, int line);
@@ -167,6 +173,7 @@ struct val jinja_binop(struct rctx *r, const char *op, struct val a, struct val 
 struct val jinja_get_attr(struct rctx *r, struct val obj, const char *name, int line);
 struct val jinja_get_item(struct rctx *r, struct val obj, struct val key, int line);
 struct val jinja_slice(struct rctx *r, struct val obj, struct val lo, struct val hi, struct val step, int line);
+/* jinja_eval.c */
 struct val jinja_call_value(struct rctx *r, struct val fn, struct args *a, int line);
 
 /* The longest string one operation may build (repetition, indent) */

@@ -408,14 +408,6 @@ static const char *expect_ident(struct parser *P)
 static struct node *parse_expr(struct parser *P);
 static struct node *parse_or(struct parser *P);
 
-bool jinja_in_list(const char **l, const char *s)
-{
-	for (; *l; l++)
-		if (!strcmp(*l, s))
-			return true;
-	return false;
-}
-
 /* Call arguments after '(' up to ')': positional then name=value. */
 static void parse_args(struct parser *P, struct node *n)
 {

@@ -5,7 +5,7 @@
  * the interpreter covers and jinja_impl.h for the memory rules.
  *
  * Values are Python's: strings are UTF-8 but length, indexing and slicing
- * count code points (jinja_eval.c), str() of a float is Python's repr,
+ * count code points (jinja_ops.c), str() of a float is Python's repr,
  * tojson is json.dumps(ensure_ascii=False) (jinja_filters.c). */
 #define _GNU_SOURCE
 #include "jinja_impl.h"
@@ -351,4 +351,12 @@ static void put_repr(struct sb *b, struct val v)
 	case V_UNDEF: jinja_sb_puts(b, "Undefined"); break;    /* its repr: [u] prints [Undefined] */
 	default: jinja_put_str(b, v); break;
 	}
+}
+
+bool jinja_in_list(const char **l, const char *s)
+{
+	for (; *l; l++)
+		if (!strcmp(*l, s))
+			return true;
+	return false;
 }

@@ -6,7 +6,10 @@
 # includer's folder on a lower floor, or of the includer's own unit, or the
 # pair is in ALLOW below; there is no include cycle between units or between
 # files; every file sits in the folder the table gives it, and every file the
-# table names exists.
+# table names exists. Then, on the built library (libllm.a beside the
+# tools under test), no two of its files call each other both ways: two
+# such files are one unit split in two, whose second direction the include
+# table cannot show.
 #   tests/cli/layers.sh [DIR]   check the sources under DIR (default common)
 #                               against the table of common/README
 . tests/lib/tap.sh
@@ -114,4 +117,37 @@ END {
 	}
 	exit bad
 }' "$table" "$TMPD/files" "$TMPD/includes" || tap_fail=1
+
+# calls between the library's objects, from its symbol table: "A B" when A
+# uses a function or datum B defines
+lib=${LLM_TESTBIN:+$LLM_TESTBIN/../libllm.a}
+if [ -z "$lib" ] || [ ! -f "$lib" ] || ! command -v nm >/dev/null; then
+	skip "no two files of libllm.a call each other both ways" "no libllm.a beside \$LLM_TESTBIN (or no nm)"
+else
+	nm -A "$lib" 2>/dev/null | awk '{
+		n = split($1, a, ":"); obj = a[n - 1]
+		if ($2 == "U") use[++nu] = obj " " $3
+		else if (NF == 3 && $2 ~ /^[TDRBVWC]$/) def[$3] = obj
+	} END {
+		for (i = 1; i <= nu; i++) {
+			split(use[i], x, " ")
+			if ((x[2] in def) && def[x[2]] != x[1] && !seen[x[1], def[x[2]], x[2]]++)
+				print x[1], def[x[2]], x[2]
+		}
+	}' >"$TMPD/calls"
+	awk '{ k = $1 " " $2; e[k] = e[k] (e[k] == "" ? "" : ",") $3 }
+	END {
+		n = 0
+		for (k in e) {
+			split(k, x, " ")
+			r = x[2] " " x[1]
+			if ((r in e) && x[1] < x[2]) {
+				print "not ok - " x[1] " and " x[2] " call each other: " x[1] " uses " e[k] "; " x[2] " uses " e[r]
+				n++
+			}
+		}
+		if (!n) print "ok - no two files of libllm.a call each other both ways"
+		exit n > 0
+	}' "$TMPD/calls" || tap_fail=1
+fi
 tap_done

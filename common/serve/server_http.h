@@ -1,0 +1,39 @@
+/* common/serve/server_http.h: the HTTP side of llm-serve: what server.c
+ * (routing, admission, waiting and streaming, metrics text, start and stop)
+ * calls in server_format.c (response bodies and SSE events) and
+ * server_api.c (the smaller endpoints). Not a public header. It sits above
+ * the jobs and the engine thread (server_impl.h), which know nothing of
+ * it. */
+#ifndef LLM_SERVER_HTTP_H
+#define LLM_SERVER_HTTP_H
+
+#include "server_impl.h"
+
+#include <jansson.h>
+#include <stdio.h>
+
+/* server_format.c (under srv->mu: they read the jobs' events) */
+json_t *llm_srv_openai_full(struct llm_server *s, struct job *j);
+json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens);
+json_t *llm_srv_tgi_generated(struct job *j);
+/* Append to j->out the SSE events of J's new events (and the end). */
+void llm_srv_stream_format(struct llm_server *s, struct job *j);
+/* server_api.c: vLLM's /tokenize and /detokenize bodies (O) to *OUT, or a
+ * usage error with *PARAM the field (NULL: none); TGI's /info; the metrics
+ * under vLLM's names (under srv->mu) */
+enum llm_status llm_srv_tokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
+enum llm_status llm_srv_detokenize(struct llm_server *s, json_t *o, json_t **out, const char **param);
+json_t *llm_srv_info(struct llm_server *s);
+void llm_srv_metrics_vllm(struct llm_server *s, FILE *f);
+/* A histogram's Prometheus lines, with the label L ("": none). */
+void llm_srv_histo_text(FILE *f, const char *name, const char *help, const struct histo *h, const char *l);
+/* POST /v1/load_lora_adapter (LOAD) or /v1/unload_lora_adapter: body O
+ * checked, the operation queued for the engine thread and waited for;
+ * *STATUS and *MSG (N bytes) the answer, *PARAM the field at fault. */
+void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status, char *msg, size_t n,
+                     const char **param);
+/* /v1/models's data: the model, then each adapter with "parent" the model
+ * (under srv->mu). */
+json_t *llm_srv_models(struct llm_server *s);
+
+#endif

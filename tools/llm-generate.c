@@ -176,22 +176,7 @@ static char *template_src;   /* --chat-template FILE, read by main */
 /* --tokenize, --detokenize, --apply-template: stdin to stdout */
 static enum llm_status text_mode(struct llm_tokenizer *tk, enum llm_text_mode m, int flag)
 {
-	char *in;
-	size_t len;
-	const char *warning;
-	struct llm_buf out = { 0 };
-	LLM_TRY(llm_read_file("-", &in, &len));
-	enum llm_status s = llm_text_mode(m, tk, template_src, flag, in, len, &out, &warning);
-	if (warning)
-		llm_warn("%s", warning);
-	if (s && m != LLM_TEXT_TEMPLATE)
-		llm_fail_prefix(s, "stdin");
-	else if (s && cfg.chat_template)
-		llm_fail_prefix(s, "%s", cfg.chat_template);
-	if (!s && (fwrite(out.p ? out.p : "", 1, out.len, stdout) != out.len || fflush(stdout)))
-		s = llm_fail(LLM_ERR_IO, "stdout: write failed");
-	llm_buf_free(&out), free(in);
-	return s;
+	return llm_text_mode_stdin(m, tk, template_src, cfg.chat_template, flag, stdout);
 }
 static enum llm_status run_tokenize(struct llm_tokenizer *tk) { return text_mode(tk, LLM_TEXT_TOKENIZE, !cfg.no_special); }
 static enum llm_status run_detokenize(struct llm_tokenizer *tk) { return text_mode(tk, LLM_TEXT_DETOKENIZE, cfg.skip_special); }

@@ -4,6 +4,7 @@
 #include "textmode.h"
 #include "jinja.h"
 #include "buf.h"
+#include "fileio.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -88,5 +89,27 @@ enum llm_status llm_text_mode(enum llm_text_mode m, const struct llm_tokenizer *
 	if (!s)
 		s = llm_buf_append(out, text, n);
 	free(text);
+	return s;
+}
+
+enum llm_status llm_text_mode_stdin(enum llm_text_mode m, const struct llm_tokenizer *tk, const char *template_src,
+                                    const char *template_path, int flag, FILE *out)
+{
+	char *in;
+	size_t len;
+	const char *warning;
+	struct llm_buf buf = { 0 };
+	LLM_TRY(llm_read_file("-", &in, &len));
+	enum llm_status s = llm_text_mode(m, tk, template_src, flag, in, len, &buf, &warning);
+	if (warning)
+		llm_warn("%s", warning);
+	if (s && m != LLM_TEXT_TEMPLATE)
+		llm_fail_prefix(s, "stdin");
+	else if (s && template_path)
+		llm_fail_prefix(s, "%s", template_path);
+	if (!s && (fwrite(buf.p ? buf.p : "", 1, buf.len, out) != buf.len || fflush(out)))
+		s = llm_fail(LLM_ERR_IO, "stdout: write failed");
+	llm_buf_free(&buf);
+	free(in);
 	return s;
 }

@@ -5,6 +5,8 @@
 
 #include "tokenizer.h"
 
+#include <stdio.h>
+
 struct llm_buf;
 
 enum llm_text_mode {
@@ -19,5 +21,10 @@ enum llm_text_mode {
  * NULL. Bad input is LLM_ERR_USAGE naming the line or element. */
 enum llm_status llm_text_mode(enum llm_text_mode m, const struct llm_tokenizer *tk, const char *template_src,
                               int flag, const char *in, size_t len, struct llm_buf *out, const char **warning);
+/* llm_text_mode from standard input to OUT (the tool's stdout), the
+ * warning through llm_warn. Errors name stdin, or TEMPLATE_PATH (the file
+ * TEMPLATE_SRC came from; NULL: the tokenizer's) for a template's. */
+enum llm_status llm_text_mode_stdin(enum llm_text_mode m, const struct llm_tokenizer *tk, const char *template_src,
+                                    const char *template_path, int flag, FILE *out);
 
 #endif

@@ -453,8 +453,13 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 	           "llm_kv_blocks_used %lld\n", (long long)st.kv_blocks_used);
 	fprintf(f, "# HELP llm_kv_blocks_cached KV blocks held only by the prefix cache.\n# TYPE llm_kv_blocks_cached gauge\n"
 	           "llm_kv_blocks_cached %lld\n", (long long)st.kv_blocks_cached);
-	fprintf(f, "# HELP llm_kv_blocks_total KV blocks in the pool.\n# TYPE llm_kv_blocks_total gauge\n"
-	           "llm_kv_blocks_total %lld\n", (long long)st.kv_blocks_total);
+	/* a gauge: llm_kv_blocks (a name ending in _total is a counter's, as
+	 * promtool says); llm_kv_blocks_total, its name before, is kept for one
+	 * release (llm-serve(1), METRICS) */
+	fprintf(f, "# HELP llm_kv_blocks KV blocks in the pool.\n# TYPE llm_kv_blocks gauge\n"
+	           "llm_kv_blocks %lld\n", (long long)st.kv_blocks_total);
+	fprintf(f, "# HELP llm_kv_blocks_total Deprecated: llm_kv_blocks (this name goes in the next release).\n"
+	           "# TYPE llm_kv_blocks_total gauge\nllm_kv_blocks_total %lld\n", (long long)st.kv_blocks_total);
 	fprintf(f, "# HELP llm_prompt_tokens_total Prompt tokens of accepted requests.\n# TYPE llm_prompt_tokens_total counter\n"
 	           "llm_prompt_tokens_total %llu\n", (unsigned long long)s->prompt_tokens);
 	fprintf(f, "# HELP llm_generation_tokens_total Generated tokens.\n# TYPE llm_generation_tokens_total counter\n"

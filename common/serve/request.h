@@ -106,6 +106,13 @@ enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_
                                         const char *text, size_t len, int special);
 void llm_api_req_free(struct llm_api_req *r);
 
+/* MSGS (a chat request's "messages") checked, and *OUT (a new reference)
+ * the messages as the chat template sees them: a content that is null, or
+ * absent from an assistant turn (one that made tool calls), becomes "".
+ * Content parts must be text. Errors (LLM_ERR_USAGE, LLM_ERR_NOMEM) start
+ * with "messages: " and name the message. */
+enum llm_status llm_api_chat_messages(struct json_t *msgs, struct json_t **out);
+
 /* llm-generate's flags: ENV->gvocab from ENV->tk (when it is set), and as
  * the default grammar of every request the schema in file JSON_SCHEMA or
  * the grammar text in file GRAMMAR (NULL: none; not both). Errors name the

@@ -13,6 +13,7 @@
 #include "buf.h"
 #include "guide.h"
 #include "toolcall.h"
+#include "reasoning.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -784,6 +785,8 @@ static int chat(struct parse *c, json_t *o)
 	free(rs);
 	if (s)
 		return bad_st(c, usage(s), k, "chat template: %s", llm_errmsg());
+	if (llm_reasoning_of(c->env->chat_template ? c->env->chat_template : llm_tokenizer_chat_template(c->env->tk)))
+		c->r->reasoning = llm_reasoning_prompt_open(text, len) ? 2 : 1;
 	int r = tokenize(c, k, text, len, 0, 1);
 	free(text);
 	return r;

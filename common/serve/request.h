@@ -83,6 +83,8 @@ struct llm_api_req {
 	int tool_format;            /* chat with tools: enum llm_tool_format of the template, the
 	                             * answer parsed into tool calls; 0: not parsed (no tools,
 	                             * tool_choice "none") */
+	int reasoning;              /* chat: 0 the template has no <think> markers; 1 the answer
+	                             * may open a block; 2 the prompt opened it (reasoning.h) */
 	char **tool_names;          /* (n_tools) the functions a call may name, owned */
 	int n_tools;
 	int prefill_details;        /* TGI decoder_input_details: details.prefill */

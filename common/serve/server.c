@@ -302,6 +302,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->full_text = rq.full_text;
 	j->echo = rq.echo;
 	j->tool_fmt = rq.tool_format;
+	j->reasoning = rq.reasoning;
 	j->tool_names = rq.tool_names;
 	j->n_tools = rq.n_tools;
 	j->prompt_lp = rq.prompt_logprobs;

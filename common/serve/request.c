@@ -342,8 +342,16 @@ static int guided(struct parse *c, json_t *o)
 			s = schema_text(json_object_get(js, "schema"), &b);
 		else if (!strcmp(ts, "json_schema"))
 			return bad(c, k, "expected \"json_schema\": {\"name\": ..., \"schema\": {...}}");
+		else if (!strcmp(ts, "json") && json_object_get(v, "value"))   /* TGI's chat form */
+			s = schema_text(json_object_get(v, "value"), &b);
+		else if (!strcmp(ts, "regex") && json_is_string(json_object_get(v, "value")))
+			s = llm_guide_regex(json_string_value(json_object_get(v, "value")),
+			                    json_string_length(json_object_get(v, "value")), &b);
+		else if (!strcmp(ts, "json") || !strcmp(ts, "regex"))
+			return bad(c, k, "expected {\"type\": \"%s\", \"value\": %s} (TGI's form)", ts,
+			           ts[0] == 'j' ? "a JSON Schema" : "a regular expression");
 		else
-			return bad(c, k, "type '%s' is not supported (text, json_object or json_schema)", ts);
+			return bad(c, k, "type '%s' is not supported (text, json_object, json_schema; TGI's json and regex)", ts);
 	} else if (!strcmp(k, "guided_json")) {
 		s = schema_text(v, &b);
 	} else if (!strcmp(k, "guided_regex")) {
@@ -409,7 +417,9 @@ static int model(struct parse *c, json_t *o, const char *k)
 			return 0;
 		}
 	int tgi = !strcmp(k, "adapter_id");   /* names an adapter, whatever model_name is */
-	if (env->model_name ? !strcmp(name, env->model_name) : !tgi) {
+	int base = tgi ? env->model_name && !strcmp(name, env->model_name)
+	               : !env->model_name || env->any_model || !strcmp(name, env->model_name);
+	if (base) {
 		c->r->adapter = 0;
 		return 0;
 	}

@@ -16,7 +16,8 @@
  *
  * Structured output (guide.h, grammar.h): at most one of response_format
  * {"type": "json_object"} or {"type": "json_schema", "json_schema":
- * {"schema": {...}}}, guided_json (a schema, or its JSON text),
+ * {"schema": {...}}} or TGI's {"type": "json", "value": schema} and
+ * {"type": "regex", "value": "..."}, guided_json (a schema, or its JSON text),
  * guided_regex, guided_choice (strings), guided_grammar (grammar text);
  * TGI: parameters.grammar {"type": "json" or "regex", "value": ...}. It is
  * compiled here into p.grammar (the request's reference); a schema keyword
@@ -46,6 +47,9 @@ struct llm_api_env {
 	struct llm_tokenizer *tk;   /* NULL: only token-id prompts */
 	const char *chat_template;  /* template source; NULL: the tokenizer's */
 	const char *model_name;     /* "model" must name it (or an adapter); NULL: any string */
+	int any_model;              /* 1: a "model" that names no adapter is the base, whatever it
+	                             * says (llm-serve without adapters, as TGI and llama.cpp's
+	                             * server take any name; llm-serve(1) says why) */
 	/* LoRA adapters by slot - 1 (NULL: a free slot): "model" (OpenAI,
 	 * JSONL) or "adapter_id" (TGI) naming one sets R->adapter to its slot;
 	 * model_name (or, when it is NULL, any other string) the base. */

@@ -267,6 +267,10 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	pthread_mutex_lock(&s->mu);
 	env.n_ctx = s->n_ctx;
 	env.n_vocab = s->n_vocab;
+	/* a server that can have no adapter serves every name with its one
+	 * model; one that can (--lora, --allow-runtime-lora) refuses a name it
+	 * does not know, so a misspelt adapter never gets the base model */
+	env.any_model = !s->n_lora && !s->o.allow_runtime_lora;
 	if (s->n_lora) {
 		memcpy(lnames, s->lora_name, sizeof lnames);
 		for (int i = 0; i < LLM_LORA_SLOTS; i++)

@@ -4,7 +4,8 @@
 # and on Qwen3's own template; Hugging Face's InferenceClient with
 # endpointUrl and no model (tests/js/hf.mjs), TGI's chat response_format;
 # reasoning split from the answer (tests/js/reasoning.mjs) on Qwen3's
-# reference tokenizer and template with random weights; and with curl, the
+# reference tokenizer and template with random weights, and on a template
+# that opens the block in the prompt (DeepSeek-R1's way); and with curl, the
 # wire shapes: TGI's POST /, SageMaker's GET /ping and POST /invocations,
 # the model-name rule, null and absent content, reasoning_content. The JS
 # parts skip without node or tests/js/node_modules (npm ci --prefix tests/js).
@@ -92,6 +93,24 @@ llm-serve -m "$M" --port 0 --port-file "$T/portl" -t 1 --allow-runtime-lora 2>"$
 U=$(serve_url "$T/portl")
 c=$(code lora.out "$U/v1/completions" -d '{"model": "http://127.0.0.1:8080", "prompt": "a", "max_tokens": 1}')
 check "--allow-runtime-lora: an unknown model name is 404 naming it" sh -c "[ $c = 404 ] && grep -q '\"param\":\"model\"' '$T/lora.out'"
+kill -TERM $SP; wait $SP
+
+# --- a template that opens the <think> block in the prompt (DeepSeek-R1's way):
+# the answer starts in the reasoning
+llm-serve -m "$M" --port 0 --port-file "$T/portr" -t 1 --chat-template tests/data/chat-template-think-open.jinja 2>"$T/serverr.log" & SP=$!
+U=$(serve_url "$T/portr")
+q='{"messages": [{"role": "user", "content": "Why?"}], "temperature": 0, "max_tokens": 60, "guided_regex": "[a-z]{2,5} [a-z]{2,5}\\n</think>\\n\\nDone\\."'
+code open1.out "$U/v1/chat/completions" -d "$q}" >/dev/null
+curl -sN -m 120 "$U/v1/chat/completions" -d "$q, \"stream\": true}" >"$T/open1.sse"
+check "a prompt that ends in an open <think>: the answer's text up to </think> is reasoning_content, streamed the same" $PY - "$T" <<'PY'
+import json, re, sys
+t = sys.argv[1]
+m = json.load(open(t + "/open1.out"))["choices"][0]["message"]
+assert re.fullmatch(r"[a-z]{2,5} [a-z]{2,5}", m["reasoning_content"]) and m["content"] == "Done.", m
+ev = [json.loads(l[6:])["choices"][0]["delta"] for l in open(t + "/open1.sse") if l.startswith("data: {")]
+assert "".join(d.get("reasoning_content") or "" for d in ev) == m["reasoning_content"], ev
+assert "".join(d.get("content") or "" for d in ev) == "Done.", ev
+PY
 kill -TERM $SP; wait $SP
 
 # --- llama3 JSON (tests/data/chat-template-llama3-tools.jinja): tool loops

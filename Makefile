@@ -4,7 +4,7 @@
 #   make test         dependencies, build, then the whole suite (TAP, ends "N passed, N failed, N skipped")
 #   make              build the library and the tools (CUDA when nvcc is found)
 #   make CUDA=0       CPU-only build
-#   make deps         install the missing Debian packages and the npm test client
+#   make deps         install the missing Debian packages and the npm test clients
 #   make asan         the suite under AddressSanitizer + UBSan (separate build tree)
 #   make fuzz         build the libFuzzer harnesses (clang)
 #   make install PREFIX=/usr/local    tools and man pages
@@ -176,7 +176,8 @@ $(BENCH_BINS): $(B)/bench/%: $(B)/bench/%.o $(CUDA_SO) $(B)/libllm.a
 endif
 
 # The missing Debian packages (apt-get as root, or through sudo) and the npm
-# client tests/cli/serve_openai.sh drives; quick when everything is there.
+# clients tests/cli/serve_openai.sh and serve_clients.sh drive; quick when
+# everything is there.
 deps:
 	@tools/deps.sh
 

@@ -26,6 +26,7 @@
 #include "request.h"
 #include "guide.h"
 #include "toolcall.h"
+#include "reasoning.h"
 #include "partition.h"
 #include "comm.h"
 #include "lora.h"

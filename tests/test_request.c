@@ -458,6 +458,15 @@ static void openai_fields(void)
 	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"stories\"}", &e, &r);
 	check(!s, "the server's model is taken");
 	llm_api_req_free(&r);
+	/* any_model (llm-serve without adapters): any name is the base; an
+	 * adapter_id still has to name an adapter */
+	e.any_model = 1;
+	s = parse_env(LLM_API_COMPLETION, "{\"prompt\": \"a\", \"model\": \"http://127.0.0.1:8000\"}", &e, &r);
+	check(!s && r.adapter == 0, "any_model: a URL as the model (InferenceClient with endpointUrl) is the base");
+	llm_api_req_free(&r);
+	s = parse_env(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"adapter_id\": \"x\"}}", &e, &r);
+	check(s == LLM_ERR_UNSUPPORTED && !strcmp(r.param, "adapter_id"), "any_model: an unknown adapter_id is still 404");
+	e.any_model = 0;
 	/* LoRA adapters by slot - 1 (slot 2 free): "model" or TGI "adapter_id" picks one */
 	refused_st(LLM_API_TGI, "{\"inputs\": \"a\", \"parameters\": {\"adapter_id\": \"x\"}}", LLM_ERR_UNSUPPORTED,
 	           "adapter_id", "adapter_id: the adapter 'x' does not exist (this server has no LoRA adapters)");
@@ -703,6 +712,10 @@ static void structured(void)
 		{ "\"guided_regex\": \"(ab|c)+\\\\d{2}\"", "abcab12", "ab1" },
 		{ "\"guided_choice\": [\"yes\", \"no\"]", "no", "yes!" },
 		{ "\"guided_grammar\": \"root ::= [a-c]{2}\"", "ca", "cad" },
+		/* TGI's chat response_format */
+		{ "\"response_format\": {\"type\": \"json\", \"value\": {\"type\": \"object\", \"properties\": "
+		  "{\"b\": {\"type\": \"boolean\"}}, \"required\": [\"b\"]}}", "{\"b\":true}", "{\"b\":1}" },
+		{ "\"response_format\": {\"type\": \"regex\", \"value\": \"[0-9]{3}\"}", "123", "12" },
 	};
 	char body[800];
 	for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
@@ -725,7 +738,9 @@ static void structured(void)
 		{ LLM_API_JSONL, "\"response_format\": {\"type\": \"json_schema\"}", "response_format",
 		  "response_format: expected \"json_schema\": {\"name\": ..., \"schema\": {...}}" },
 		{ LLM_API_JSONL, "\"response_format\": {\"type\": \"xml\"}", "response_format",
-		  "response_format: type 'xml' is not supported (text, json_object or json_schema)" },
+		  "response_format: type 'xml' is not supported (text, json_object, json_schema; TGI's json and regex)" },
+		{ LLM_API_CHAT, "\"response_format\": {\"type\": \"regex\", \"value\": 3}", "response_format",
+		  "response_format: expected {\"type\": \"regex\", \"value\": a regular expression} (TGI's form)" },
 		{ LLM_API_JSONL, "\"guided_regex\": \"(a\"", "guided_regex", "guided_regex: at offset 2: expected ')'" },
 		{ LLM_API_JSONL, "\"guided_regex\": \"a\\\\1\"", "guided_regex", "guided_regex: at offset 2: back-references are not supported" },
 		{ LLM_API_JSONL, "\"guided_choice\": []", "guided_choice", "guided_choice: expected a non-empty array of strings" },

@@ -1,9 +1,13 @@
 /* tests/test_toolcall.c: tool calls parsed from chat answers
  * (common/text/toolcall.c): the formats a template teaches, whole and partial
  * calls, unknown names and malformed JSON left as content, the content
- * around calls, and the prefix a stream may send before the end. */
+ * around calls, and the prefix a stream may send before the end; and the
+ * reasoning split (common/text/reasoning.c): <think> blocks the answer opens
+ * or the prompt left open, unclosed blocks, and a stream whose pieces are
+ * always prefixes of the whole answer's split. */
 #include "check.h"
 #include "toolcall.h"
+#include "reasoning.h"
 
 #include <string.h>
 
@@ -30,6 +34,31 @@ static void safe(enum llm_tool_format f, const char *text, size_t want)
 	check(got == want, "%s safe prefix of '%s': %zu (got %zu)", llm_tool_format_name(f), text, want, got);
 }
 
+/* TEXT split (STARTS_OPEN: the prompt opened the block): REASONING (NULL:
+ * none) and CONTENT; and every prefix of TEXT, split as a stream, gives a
+ * reasoning and a content that are prefixes of those. */
+static void split(const char *text, int starts_open, const char *reasoning, const char *content)
+{
+	size_t n = strlen(text);
+	struct llm_reasoning_split sp;
+	llm_reasoning_split(text, n, starts_open, 1, &sp);
+	size_t rl = sp.r_end - sp.r_begin, cl = sp.c_end - sp.c_begin;
+	int ok = sp.has_reasoning == (reasoning != NULL) && (!reasoning || (rl == strlen(reasoning) &&
+	         !memcmp(text + sp.r_begin, reasoning, rl))) && cl == strlen(content) && !memcmp(text + sp.c_begin, content, cl);
+	check(ok, "split '%s'%s: reasoning '%s', content '%s' (got %s'%.*s', '%.*s')", text, starts_open ? " (open)" : "",
+	      reasoning ? reasoning : "(none)", content, sp.has_reasoning ? "" : "(none) ", (int)rl, text + sp.r_begin,
+	      (int)cl, text + sp.c_begin);
+	size_t bad = 0;
+	for (size_t k = 0; k <= n; k++) {
+		struct llm_reasoning_split p;
+		llm_reasoning_split(text, k, starts_open, 0, &p);
+		size_t prl = p.r_end - p.r_begin, pcl = p.c_end - p.c_begin;
+		if ((prl && (p.r_begin != sp.r_begin || prl > rl)) || (pcl && (p.c_begin != sp.c_begin || pcl > cl)))
+			bad = k ? k : n + 1;
+	}
+	check(!bad, "split '%s': each streamed prefix's pieces are prefixes of the whole's (first bad at %zu)", text, bad);
+}
+
 int main(void)
 {
 	enum llm_tool_format H = LLM_TOOL_HERMES, L = LLM_TOOL_LLAMA3;
@@ -37,6 +66,22 @@ int main(void)
 	check(llm_tool_format_of("{{- '<|python_tag|>' }}") == L, "a template with <|python_tag|>: llama3");
 	check(llm_tool_format_of("{% for m in messages %}{{ m.content }}{% endfor %}") == LLM_TOOL_NONE &&
 	      llm_tool_format_of(NULL) == LLM_TOOL_NONE, "a template without tools: none");
+
+	check(llm_reasoning_of("{{ '<think>\\n' }}{% if x %}</think>{% endif %}") &&
+	      !llm_reasoning_of("{{ '<think>' }}") && !llm_reasoning_of(NULL), "a template with <think> and </think> reasons");
+	check(llm_reasoning_prompt_open("<|Assistant|><think>\n", 21) &&
+	      !llm_reasoning_prompt_open("assistant\n<think>\n\n</think>\n\n", 29) &&
+	      !llm_reasoning_prompt_open("<think>x", 8), "a prompt that ends in an open <think> starts in the reasoning");
+	split("<think>\nLet me see.\n</think>\n\nHello.", 0, "Let me see.", "Hello.");
+	split("  <think>a</think>b", 0, "a", "b");
+	split("<think>\n\n</think>\n\nHi", 0, "", "Hi");
+	split("Hello <think>x</think>", 0, NULL, "Hello <think>x</think>");   /* only a block the answer opens with */
+	split("<think>still thinking\n", 0, "still thinking", "");           /* cut by max_tokens: all reasoning */
+	split("plan</think>answer", 1, "plan", "answer");                     /* the prompt opened it (DeepSeek-R1) */
+	split("plan without end", 1, "plan without end", "");
+	split("<thi", 0, NULL, "<thi");                                       /* a whole answer that only looks like one */
+	split("<think>a</thi", 0, "a</thi", "");
+	split("<think>r</think><tool_call>{}</tool_call>", 0, "r", "<tool_call>{}</tool_call>");
 
 	parsed(H, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"München\"}}\n</tool_call>", 1,
 	       "get_weather", "{\"city\":\"München\"}", "");

@@ -4,8 +4,10 @@
 # make demo and make test.
 #   Debian packages: apt-get update + install -y as root, through sudo
 #     otherwise; without either, one line naming the command to run, exit 1.
-#   tests/js: the openai npm client (lockfile pinned, no install scripts) for
-#     tests/cli/serve_openai.sh, when npm is present (that test skips without).
+#   tests/js: the npm clients (openai, the AI SDK, Hugging Face's
+#     @huggingface/inference; lockfile pinned, no install scripts) for
+#     tests/cli/serve_openai.sh, serve_tools.sh and serve_clients.sh, when npm
+#     is present (those tests skip without).
 # LLM_NO_DEPS=1 skips it all (an offline machine set up by hand).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +40,7 @@ else
 	echo "deps: not a Debian system: install the equivalents of: $(echo $PACKAGES)" >&2
 fi
 
-# the npm client, again only when its lockfile changed since the last install
+# the npm clients, again only when its lockfile changed since the last install
 if command -v npm >/dev/null; then
 	stamp=tests/js/node_modules/.package-lock.json
 	if [ ! -f "$stamp" ] || [ tests/js/package-lock.json -nt "$stamp" ]; then
@@ -46,5 +48,5 @@ if command -v npm >/dev/null; then
 		npm ci --prefix tests/js --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null
 	fi
 else
-	echo "deps: no npm: tests/cli/serve_openai.sh will skip" >&2
+	echo "deps: no npm: tests/cli/serve_openai.sh and serve_clients.sh will skip their client parts" >&2
 fi

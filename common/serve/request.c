@@ -13,6 +13,7 @@
 #include "buf.h"
 #include "guide.h"
 #include "toolcall.h"
+#include "reasoning.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -341,8 +342,16 @@ static int guided(struct parse *c, json_t *o)
 			s = schema_text(json_object_get(js, "schema"), &b);
 		else if (!strcmp(ts, "json_schema"))
 			return bad(c, k, "expected \"json_schema\": {\"name\": ..., \"schema\": {...}}");
+		else if (!strcmp(ts, "json") && json_object_get(v, "value"))   /* TGI's chat form */
+			s = schema_text(json_object_get(v, "value"), &b);
+		else if (!strcmp(ts, "regex") && json_is_string(json_object_get(v, "value")))
+			s = llm_guide_regex(json_string_value(json_object_get(v, "value")),
+			                    json_string_length(json_object_get(v, "value")), &b);
+		else if (!strcmp(ts, "json") || !strcmp(ts, "regex"))
+			return bad(c, k, "expected {\"type\": \"%s\", \"value\": %s} (TGI's form)", ts,
+			           ts[0] == 'j' ? "a JSON Schema" : "a regular expression");
 		else
-			return bad(c, k, "type '%s' is not supported (text, json_object or json_schema)", ts);
+			return bad(c, k, "type '%s' is not supported (text, json_object, json_schema; TGI's json and regex)", ts);
 	} else if (!strcmp(k, "guided_json")) {
 		s = schema_text(v, &b);
 	} else if (!strcmp(k, "guided_regex")) {
@@ -408,7 +417,9 @@ static int model(struct parse *c, json_t *o, const char *k)
 			return 0;
 		}
 	int tgi = !strcmp(k, "adapter_id");   /* names an adapter, whatever model_name is */
-	if (env->model_name ? !strcmp(name, env->model_name) : !tgi) {
+	int base = tgi ? env->model_name && !strcmp(name, env->model_name)
+	               : !env->model_name || env->any_model || !strcmp(name, env->model_name);
+	if (base) {
 		c->r->adapter = 0;
 		return 0;
 	}
@@ -695,45 +706,81 @@ static int tool_choice(struct parse *c, json_t *o, json_t *tools)
 	return rv;
 }
 
+/* One message's content: a string, null, absent (an assistant turn that
+ * made tool calls: the openai client's runTools and the AI SDK send null,
+ * others leave it out) or text parts. */
+enum llm_status llm_api_chat_messages(json_t *msgs, json_t **out)
+{
+	*out = NULL;
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return llm_fail(LLM_ERR_USAGE, "messages: expected a non-empty array of messages");
+	json_t *a = json_array();
+	if (!a)
+		return llm_fail(LLM_ERR_NOMEM, "messages: out of memory");
+	for (size_t i = 0; i < json_array_size(msgs); i++) {
+		json_t *m = json_array_get(msgs, i), *ct = json_object_get(m, "content"), *role = json_object_get(m, "role");
+		int assistant = json_is_string(role) && !strcmp(json_string_value(role), "assistant");
+		if (!json_is_object(m) || !json_is_string(role) ||
+		    !(json_is_string(ct) || json_is_array(ct) || json_is_null(ct) || (!ct && assistant))) {
+			json_decref(a);
+			return llm_fail(LLM_ERR_USAGE, "messages: message %zu: expected {\"role\": string, \"content\": string}", i);
+		}
+		/* content parts: text only (an image or audio part would be
+		 * dropped by the template, changing the question) */
+		for (size_t j = 0; json_is_array(ct) && j < json_array_size(ct); j++) {
+			json_t *part = json_array_get(ct, j), *ty = json_object_get(part, "type");
+			const char *why = NULL;
+			if (!json_is_object(part) || !json_is_string(ty) ||
+			    (!strcmp(json_string_value(ty), "text") && !json_is_string(json_object_get(part, "text"))))
+				why = "expected {\"type\": \"text\", \"text\": string}";
+			else if (strcmp(json_string_value(ty), "text")) {
+				json_decref(a);
+				return llm_fail(LLM_ERR_USAGE, "messages: message %zu: content part %zu: type '%s' is not supported "
+				                "(text only)", i, j, json_string_value(ty));
+			}
+			if (why) {
+				json_decref(a);
+				return llm_fail(LLM_ERR_USAGE, "messages: message %zu: content part %zu: %s", i, j, why);
+			}
+		}
+		/* null or absent content is rendered as "", as vLLM and llama.cpp's
+		 * server do: a template may test it as a string ('</think>' in
+		 * content), and "" is what the turn said besides its calls */
+		json_t *c = ct && !json_is_null(ct) ? json_incref(m) : json_copy(m);
+		if (c && (!ct || json_is_null(ct)) && json_object_set_new(c, "content", json_string(""))) {
+			json_decref(c);
+			c = NULL;
+		}
+		if (!c || json_array_append_new(a, c)) {
+			json_decref(a);
+			return llm_fail(LLM_ERR_NOMEM, "messages: out of memory");
+		}
+	}
+	*out = a;
+	return LLM_OK;
+}
+
 /* messages through the chat template (with chat_template_kwargs, and tools
  * in llm-generate's lines), then tokenized without special tokens: the
  * template places BOS itself. */
 static int chat(struct parse *c, json_t *o)
 {
 	const char *k = "messages";
-	json_t *msgs = field(o, k);
-	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-		return bad(c, k, "expected a non-empty array of messages");
-	for (size_t i = 0; i < json_array_size(msgs); i++) {
-		json_t *m = json_array_get(msgs, i), *ct = json_object_get(m, "content");
-		if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")) ||
-		    !(json_is_string(ct) || json_is_array(ct) || json_is_null(ct)))
-			return bad(c, k, "message %zu: expected {\"role\": string, \"content\": string}", i);
-		/* content parts: text only (an image or audio part would be
-		 * dropped by the template, changing the question) */
-		for (size_t j = 0; json_is_array(ct) && j < json_array_size(ct); j++) {
-			json_t *part = json_array_get(ct, j), *ty = json_object_get(part, "type");
-			if (!json_is_object(part) || !json_is_string(ty))
-				return bad(c, k, "message %zu: content part %zu: expected {\"type\": \"text\", \"text\": string}", i, j);
-			if (strcmp(json_string_value(ty), "text"))
-				return bad(c, k, "message %zu: content part %zu: type '%s' is not supported (text only)", i, j,
-				           json_string_value(ty));
-			if (!json_is_string(json_object_get(part, "text")))
-				return bad(c, k, "message %zu: content part %zu: expected {\"type\": \"text\", \"text\": string}", i, j);
-		}
-	}
+	json_t *msgs = NULL;
+	enum llm_status ms = llm_api_chat_messages(field(o, k), &msgs);
+	if (ms)   /* the message starts with "messages: " */
+		return bad_st(c, ms, k, "%s", llm_errmsg() + strlen("messages: "));
 	json_t *kw = field(o, "chat_template_kwargs"), *tools = field(o, "tools");
-	if (kw && !json_is_object(kw))
-		return bad(c, "chat_template_kwargs", "expected an object");
-	if (tools && !json_is_array(tools))
-		return bad(c, "tools", "expected an array");
-	if (!c->env->tk)
-		return bad(c, k, "the model has no tokenizer files");
-	if (!c->env->chat_template && !llm_tokenizer_chat_template(c->env->tk))
-		return bad(c, k, "this model has no chat template (give one with --chat-template FILE)");
-	if (tool_choice(c, o, tools) < 0)
+	int rv = kw && !json_is_object(kw) ? bad(c, "chat_template_kwargs", "expected an object") :
+	         tools && !json_is_array(tools) ? bad(c, "tools", "expected an array") :
+	         !c->env->tk ? bad(c, k, "the model has no tokenizer files") :
+	         !c->env->chat_template && !llm_tokenizer_chat_template(c->env->tk) ?
+	         bad(c, k, "this model has no chat template (give one with --chat-template FILE)") : tool_choice(c, o, tools);
+	if (rv < 0) {
+		json_decref(msgs);
 		return -1;
-	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", 1);
+	}
+	json_t *req = json_pack("{s:o, s:b}", "messages", msgs, "add_generation_prompt", 1);   /* takes msgs */
 	if (req && kw)
 		json_object_set(req, "chat_template_kwargs", kw);
 	if (req && tools && json_array_size(tools))
@@ -748,6 +795,8 @@ static int chat(struct parse *c, json_t *o)
 	free(rs);
 	if (s)
 		return bad_st(c, usage(s), k, "chat template: %s", llm_errmsg());
+	if (llm_reasoning_of(c->env->chat_template ? c->env->chat_template : llm_tokenizer_chat_template(c->env->tk)))
+		c->r->reasoning = llm_reasoning_prompt_open(text, len) ? 2 : 1;
 	int r = tokenize(c, k, text, len, 0, 1);
 	free(text);
 	return r;

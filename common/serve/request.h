@@ -16,7 +16,8 @@
  *
  * Structured output (guide.h, grammar.h): at most one of response_format
  * {"type": "json_object"} or {"type": "json_schema", "json_schema":
- * {"schema": {...}}}, guided_json (a schema, or its JSON text),
+ * {"schema": {...}}} or TGI's {"type": "json", "value": schema} and
+ * {"type": "regex", "value": "..."}, guided_json (a schema, or its JSON text),
  * guided_regex, guided_choice (strings), guided_grammar (grammar text);
  * TGI: parameters.grammar {"type": "json" or "regex", "value": ...}. It is
  * compiled here into p.grammar (the request's reference); a schema keyword
@@ -46,6 +47,9 @@ struct llm_api_env {
 	struct llm_tokenizer *tk;   /* NULL: only token-id prompts */
 	const char *chat_template;  /* template source; NULL: the tokenizer's */
 	const char *model_name;     /* "model" must name it (or an adapter); NULL: any string */
+	int any_model;              /* 1: a "model" that names no adapter is the base, whatever it
+	                             * says (llm-serve without adapters, as TGI and llama.cpp's
+	                             * server take any name; llm-serve(1) says why) */
 	/* LoRA adapters by slot - 1 (NULL: a free slot): "model" (OpenAI,
 	 * JSONL) or "adapter_id" (TGI) naming one sets R->adapter to its slot;
 	 * model_name (or, when it is NULL, any other string) the base. */
@@ -83,6 +87,8 @@ struct llm_api_req {
 	int tool_format;            /* chat with tools: enum llm_tool_format of the template, the
 	                             * answer parsed into tool calls; 0: not parsed (no tools,
 	                             * tool_choice "none") */
+	int reasoning;              /* chat: 0 the template has no <think> markers; 1 the answer
+	                             * may open a block; 2 the prompt opened it (reasoning.h) */
 	char **tool_names;          /* (n_tools) the functions a call may name, owned */
 	int n_tools;
 	int prefill_details;        /* TGI decoder_input_details: details.prefill */
@@ -105,6 +111,13 @@ enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind,
 enum llm_status llm_api_req_prompt_text(struct llm_api_req *r, const struct llm_api_env *env, const char *field,
                                         const char *text, size_t len, int special);
 void llm_api_req_free(struct llm_api_req *r);
+
+/* MSGS (a chat request's "messages") checked, and *OUT (a new reference)
+ * the messages as the chat template sees them: a content that is null, or
+ * absent from an assistant turn (one that made tool calls), becomes "".
+ * Content parts must be text. Errors (LLM_ERR_USAGE, LLM_ERR_NOMEM) start
+ * with "messages: " and name the message. */
+enum llm_status llm_api_chat_messages(struct json_t *msgs, struct json_t **out);
 
 /* llm-generate's flags: ENV->gvocab from ENV->tk (when it is set), and as
  * the default grammar of every request the schema in file JSON_SCHEMA or

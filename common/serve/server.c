@@ -236,7 +236,7 @@ static void stream_free(void *cls)
 /* ---- endpoints --------------------------------------------------------- */
 
 static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *conn, enum kind k,
-                                   int tgi_stream, const char *body, size_t len)
+                                   int tgi_stream, int tgi_array, const char *body, size_t len)
 {
 	json_error_t je;
 	json_t *o = json_loadb(body, len, 0, &je);
@@ -267,6 +267,10 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	pthread_mutex_lock(&s->mu);
 	env.n_ctx = s->n_ctx;
 	env.n_vocab = s->n_vocab;
+	/* a server that can have no adapter serves every name with its one
+	 * model; one that can (--lora, --allow-runtime-lora) refuses a name it
+	 * does not know, so a misspelt adapter never gets the base model */
+	env.any_model = !s->n_lora && !s->o.allow_runtime_lora;
 	if (s->n_lora) {
 		memcpy(lnames, s->lora_name, sizeof lnames);
 		for (int i = 0; i < LLM_LORA_SLOTS; i++)
@@ -302,6 +306,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->full_text = rq.full_text;
 	j->echo = rq.echo;
 	j->tool_fmt = rq.tool_format;
+	j->reasoning = rq.reasoning;
 	j->tool_names = rq.tool_names;
 	j->n_tools = rq.n_tools;
 	j->prompt_lp = rq.prompt_logprobs;
@@ -422,6 +427,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		resp = json_pack("{s:o}", "generated_text", llm_srv_tgi_generated(j));
 		if (j->details)
 			json_object_set_new(resp, "details", llm_srv_tgi_details(j, s, 1));
+		if (tgi_array)           /* TGI's POST / and /invocations: a list of one, as api-inference answers */
+			resp = json_pack("[o]", resp);
 	} else {
 		resp = llm_srv_openai_full(s, j);
 	}
@@ -453,8 +460,13 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 	           "llm_kv_blocks_used %lld\n", (long long)st.kv_blocks_used);
 	fprintf(f, "# HELP llm_kv_blocks_cached KV blocks held only by the prefix cache.\n# TYPE llm_kv_blocks_cached gauge\n"
 	           "llm_kv_blocks_cached %lld\n", (long long)st.kv_blocks_cached);
-	fprintf(f, "# HELP llm_kv_blocks_total KV blocks in the pool.\n# TYPE llm_kv_blocks_total gauge\n"
-	           "llm_kv_blocks_total %lld\n", (long long)st.kv_blocks_total);
+	/* a gauge: llm_kv_blocks (a name ending in _total is a counter's, as
+	 * promtool says); llm_kv_blocks_total, its name before, is kept for one
+	 * release (llm-serve(1), METRICS) */
+	fprintf(f, "# HELP llm_kv_blocks KV blocks in the pool.\n# TYPE llm_kv_blocks gauge\n"
+	           "llm_kv_blocks %lld\n", (long long)st.kv_blocks_total);
+	fprintf(f, "# HELP llm_kv_blocks_total Deprecated: llm_kv_blocks (this name goes in the next release).\n"
+	           "# TYPE llm_kv_blocks_total gauge\nllm_kv_blocks_total %lld\n", (long long)st.kv_blocks_total);
 	fprintf(f, "# HELP llm_prompt_tokens_total Prompt tokens of accepted requests.\n# TYPE llm_prompt_tokens_total counter\n"
 	           "llm_prompt_tokens_total %llu\n", (unsigned long long)s->prompt_tokens);
 	fprintf(f, "# HELP llm_generation_tokens_total Generated tokens.\n# TYPE llm_generation_tokens_total counter\n"
@@ -575,10 +587,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		*upload_size = 0;
 		return MHD_YES;
 	}
-	enum kind tgi_k = strncmp(url, "/generate", 9) ? K_COMPLETION : K_TGI;
+	enum kind tgi_k = strncmp(url, "/generate", 9) && strcmp(url, "/") ? K_COMPLETION : K_TGI;
 	if (cc->too_large)
 		return send_error(s, conn, tgi_k, 413, NULL, "the body exceeds --max-body %zu bytes", s->o.max_body);
-	if (!strcmp(url, "/health")) {
+	if (!strcmp(url, "/health") || !strcmp(url, "/ping")) {   /* /ping: SageMaker's health check */
 		if (!method_ok(method, "GET"))
 			return send_error_allow(s, conn, tgi_k, 405, allow_of("GET"), NULL, "%s takes GET or HEAD, not %s", url, method);
 		pthread_mutex_lock(&s->mu);
@@ -600,6 +612,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		{ "/tokenize", "POST", 6 }, { "/detokenize", "POST", 7 }, { "/info", "GET", 8 },
 		{ "/v1/embeddings", "POST", 9 },
 		{ "/v1/load_lora_adapter", "POST", 10 }, { "/v1/unload_lora_adapter", "POST", 11 },
+		{ "/", "POST", 12 }, { "/invocations", "POST", 13 },
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
 		if (strcmp(url, routes[i].url))
@@ -609,10 +622,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			                        allow_of(routes[i].method), method);
 		const char *body = cc->body.p ? cc->body.p : "";
 		switch (routes[i].what) {
-		case 0: return do_generate(s, conn, K_COMPLETION, 0, body, cc->body.len);
-		case 1: return do_generate(s, conn, K_CHAT, 0, body, cc->body.len);
-		case 2: return do_generate(s, conn, K_TGI, 0, body, cc->body.len);
-		case 3: return do_generate(s, conn, K_TGI, 1, body, cc->body.len);
+		case 0: return do_generate(s, conn, K_COMPLETION, 0, 0, body, cc->body.len);
+		case 1: return do_generate(s, conn, K_CHAT, 0, 0, body, cc->body.len);
+		case 2: return do_generate(s, conn, K_TGI, 0, 0, body, cc->body.len);
+		case 3: return do_generate(s, conn, K_TGI, 1, 0, body, cc->body.len);
 		case 4: {
 			pthread_mutex_lock(&s->mu);
 			json_t *m = llm_srv_models(s);
@@ -620,6 +633,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			return send_json(conn, 200, m, NULL, NULL);
 		}
 		case 10: case 11: return do_lora(s, conn, routes[i].what == 10, body, cc->body.len);
+		case 12: case 13: {
+			/* TGI's POST / (generate, or generate_stream by "stream"); SageMaker's
+			 * /invocations: that TGI body, or an OpenAI chat body when it has
+			 * "messages" (a completions one when it has "prompt"), as TGI's
+			 * SageMaker route takes them */
+			json_t *o = json_loadb(body, cc->body.len, 0, NULL);
+			enum kind k = routes[i].what == 12 ? K_TGI : json_object_get(o, "messages") ? K_CHAT :
+			              json_object_get(o, "prompt") ? K_COMPLETION : K_TGI;
+			int stream = k == K_TGI && json_is_true(json_object_get(o, "stream"));
+			json_decref(o);
+			return do_generate(s, conn, k, stream, k == K_TGI, body, cc->body.len);
+		}
 		case 5: return do_metrics(s, conn);
 		case 6: case 7: return do_tokens(s, conn, routes[i].what == 6, body, cc->body.len);
 		case 8: return send_json(conn, 200, llm_srv_info(s), NULL, NULL);

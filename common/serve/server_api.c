@@ -69,15 +69,15 @@ static enum llm_status chat_text(struct llm_server *s, json_t *o, int gen, char 
 	json_t *msgs = json_object_get(o, "messages"), *kw = json_object_get(o, "chat_template_kwargs");
 	json_t *tools = json_object_get(o, "tools");
 	*param = "messages";
-	if (!json_is_array(msgs) || !json_array_size(msgs))
-		return llm_fail(LLM_ERR_USAGE, "messages: expected a non-empty array of messages");
 	if (!s->template_src && !llm_tokenizer_chat_template(s->tk))
 		return llm_fail(LLM_ERR_USAGE, "messages: this model has no chat template (give one with --chat-template FILE)");
 	if (kw && !json_is_object(kw))
 		return *param = "chat_template_kwargs", llm_fail(LLM_ERR_USAGE, "chat_template_kwargs: expected an object");
 	if (tools && !json_is_array(tools))
 		return *param = "tools", llm_fail(LLM_ERR_USAGE, "tools: expected an array");
-	json_t *req = json_pack("{s:O, s:b}", "messages", msgs, "add_generation_prompt", gen);
+	json_t *ms = NULL;
+	LLM_TRY(llm_api_chat_messages(msgs, &ms));
+	json_t *req = json_pack("{s:o, s:b}", "messages", ms, "add_generation_prompt", gen);   /* takes ms */
 	if (req && kw)
 		json_object_set(req, "chat_template_kwargs", kw);
 	if (req && tools)

@@ -10,6 +10,7 @@
 #include "tokenizer.h"
 #include "buf.h"
 #include "toolcall.h"
+#include "reasoning.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -309,17 +310,55 @@ static json_t *tool_calls_json(const struct job *j, int choice, const struct llm
 	return arr;
 }
 
-/* Chat with tools: C's answer parsed; 0 when it holds no call. */
-static int parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a)
+/* Chat with tools: the content T (LEN bytes) parsed; 0 when it holds no call. */
+static int parse_tools(const struct job *j, const char *t, size_t len, struct llm_tool_answer *a)
 {
-	size_t len;
-	char *t = j->tool_fmt ? raw_text(c, 0, c->n_ev, &len) : NULL;
-	int got = t && !llm_tool_parse((enum llm_tool_format)j->tool_fmt, t, len, (const char *const *)j->tool_names,
-	                               j->n_tools, a) && a->n > 0;
+	int got = j->tool_fmt && !llm_tool_parse((enum llm_tool_format)j->tool_fmt, t, len,
+	                                         (const char *const *)j->tool_names, j->n_tools, a) && a->n > 0;
 	if (!got)
 		llm_tool_answer_free(a);
-	free(t);
 	return got;
+}
+
+/* T (LEN bytes, the answer so far; DONE: whole) split into reasoning and
+ * content when the job's template reasons; otherwise all content. */
+static void split_answer(const struct job *j, const char *t, size_t len, int done, struct llm_reasoning_split *sp)
+{
+	if (j->reasoning)
+		llm_reasoning_split(t, len, j->reasoning == 2, done, sp);
+	else
+		*sp = (struct llm_reasoning_split){ .c_end = len };
+}
+
+/* Choice C's chat message (role, content, reasoning_content when the
+ * template reasons, tool_calls when the content holds calls) and its
+ * finish_reason in *FINISH. NULL: out of memory. */
+static json_t *chat_message(const struct job *j, int c, const struct choice *ch, const char **finish)
+{
+	size_t len;
+	char *t = raw_text(ch, 0, ch->n_ev, &len);
+	if (!t)
+		return NULL;
+	struct llm_reasoning_split sp;
+	split_answer(j, t, len, 1, &sp);
+	const char *ct = t + sp.c_begin;
+	size_t clen = sp.c_end - sp.c_begin;
+	struct llm_tool_answer ta = { 0 };
+	json_t *m = json_pack("{s:s}", "role", "assistant");
+	*finish = openai_finish(ch->finish);
+	if (parse_tools(j, ct, clen, &ta)) {   /* the answer is tool calls */
+		json_object_set_new(m, "content", ta.content_len ? jstr(ta.content, ta.content_len) : json_null());
+		json_object_set_new(m, "tool_calls", tool_calls_json(j, c, &ta, 0));
+		*finish = ch->finish == LLM_FINISH_LENGTH ? "length" : "tool_calls";
+		llm_tool_answer_free(&ta);
+	} else {   /* a block that never closed leaves no content: null, as for calls */
+		json_object_set_new(m, "content", sp.has_reasoning && !clen ? json_null() : jstr(ct, clen));
+	}
+	if (j->reasoning)
+		json_object_set_new(m, "reasoning_content", sp.has_reasoning ? jstr(t + sp.r_begin, sp.r_end - sp.r_begin)
+		                                                             : json_null());
+	free(t);
+	return m;
 }
 
 /* The cumulative log-prob of choice C's tokens (best_of's ranking). */
@@ -354,23 +393,18 @@ json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 		struct choice *ch = &j->ch[order[c]];
 		size_t off = 0;
 		json_t *o;
-		struct llm_tool_answer ta = { 0 };
-		if (j->kind == K_CHAT && parse_tools(j, ch, &ta)) {   /* the answer is tool calls */
-			o = json_pack("{s:i, s:{s:s, s:o, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
-			              "content", ta.content_len ? jstr(ta.content, ta.content_len) : json_null(),
-			              "tool_calls", tool_calls_json(j, c, &ta, 0), "logprobs",
+		if (j->kind == K_CHAT) {
+			const char *finish = NULL;
+			json_t *m = chat_message(j, c, ch, &finish);
+			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "message", m ? m : json_object(), "logprobs",
 			              logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0), "finish_reason",
-			              ch->finish == LLM_FINISH_LENGTH ? "length" : "tool_calls", "token_ids", ids_of(ch, 0, ch->n_ev));
-			llm_tool_answer_free(&ta);
-		} else if (j->kind == K_CHAT)
-			o = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c, "message", "role", "assistant",
-			              "content", text_of(ch, 0, ch->n_ev), "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0),
-			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		else
+			              finish ? finish : openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
+		} else {
 			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c,
 			              "text", j->echo ? echo_text(s, j, ch) : text_of(ch, 0, ch->n_ev),
 			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, j->echo),
 			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
+		}
 		json_t *pl = j->kind == K_CHAT ? NULL : prompt_logprobs_json(s, j);
 		if (pl)
 			json_object_set_new(o, "prompt_logprobs", pl);
@@ -472,10 +506,12 @@ static void out_event(struct job *j, json_t *o, int tgi)
 	free(b);
 }
 
-/* Chat with tools, streamed: event I of choice C as a chunk whose content
- * is the text that can no longer become part of a call; at the end the
- * calls (or the text held back, when there were none). NULL: out of memory. */
-static json_t *tool_stream_chunk(struct llm_server *s, struct job *j, int c, int i)
+/* Chat with tools or reasoning, streamed: event I of choice C as a chunk
+ * whose delta holds the reasoning and the content that the answer so far
+ * settles (content only as far as it can no longer become part of a call);
+ * at the end the calls (or the text held back, when there were none).
+ * NULL: out of memory. */
+static json_t *chat_stream_chunk(struct llm_server *s, struct job *j, int c, int i)
 {
 	struct choice *ch = &j->ch[c];
 	struct ev *v = &ch->ev[i];
@@ -485,18 +521,31 @@ static json_t *tool_stream_chunk(struct llm_server *s, struct job *j, int c, int
 		return NULL;
 	json_t *delta = json_object();
 	const char *finish = v->finish ? openai_finish(v->finish) : NULL;
+	struct llm_reasoning_split sp;
+	split_answer(j, t, len, v->finish != 0, &sp);
+	if (ch->reason_sent < sp.r_begin)
+		ch->reason_sent = sp.r_begin;
+	if (sp.r_end > ch->reason_sent) {
+		json_object_set_new(delta, "reasoning_content", jstr(t + ch->reason_sent, sp.r_end - ch->reason_sent));
+		ch->reason_sent = sp.r_end;
+	}
+	const char *ct = t + sp.c_begin;
+	size_t clen = sp.c_end - sp.c_begin;
+	if (ch->tool_sent < sp.c_begin)
+		ch->tool_sent = sp.c_begin;
 	struct llm_tool_answer ta = { 0 };
-	if (v->finish && parse_tools(j, ch, &ta)) {
+	if (v->finish && parse_tools(j, ct, clen, &ta)) {
 		json_object_set_new(delta, "tool_calls", tool_calls_json(j, c, &ta, 1));
 		finish = v->finish == LLM_FINISH_LENGTH ? "length" : "tool_calls";
 		llm_tool_answer_free(&ta);
 		ch->tool_sent = len;
 	} else {
-		size_t safe = v->finish ? len : llm_tool_safe_prefix((enum llm_tool_format)j->tool_fmt, t, len);
-		if (safe < ch->tool_sent)
-			safe = ch->tool_sent;
-		json_object_set_new(delta, "content", jstr(t + ch->tool_sent, safe - ch->tool_sent));
-		ch->tool_sent = safe;
+		size_t safe = sp.c_begin + (v->finish || !j->tool_fmt ? clen :
+		              llm_tool_safe_prefix((enum llm_tool_format)j->tool_fmt, ct, clen));
+		if (safe > ch->tool_sent || !json_object_size(delta))
+			json_object_set_new(delta, "content", jstr(t + ch->tool_sent, safe > ch->tool_sent ? safe - ch->tool_sent : 0));
+		if (safe > ch->tool_sent)
+			ch->tool_sent = safe;
 	}
 	free(t);
 	return json_pack("{s:i, s:o, s:o, s:o, s:o}", "index", c, "delta", delta, "logprobs",
@@ -558,8 +607,8 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 			}
 			size_t off = 0;
 			json_t *ch_o;
-			if (j->kind == K_CHAT && j->tool_fmt) {
-				ch_o = tool_stream_chunk(s, j, c, i);
+			if (j->kind == K_CHAT && (j->tool_fmt || j->reasoning)) {
+				ch_o = chat_stream_chunk(s, j, c, i);
 				if (!ch_o)
 					continue;
 			} else if (j->kind == K_CHAT)

@@ -66,7 +66,9 @@ struct choice {
 	int n_ev;
 	size_t cap_ev;
 	double t_last, t_first;
-	size_t tool_sent;            /* stream with tools: bytes of the text sent as content */
+	size_t tool_sent;            /* stream with tools or reasoning: where the content not yet sent
+	                              * starts in the text */
+	size_t reason_sent;          /* stream with reasoning: where the reasoning not yet sent starts */
 	int n_tok;                   /* tokens generated */
 	/* the engine thread's own: events of this step not yet published */
 	struct ev *pend;
@@ -89,6 +91,7 @@ struct job {
 	int plp_top;                 /* best tokens per prompt position */
 	int plp_ready;               /* choice 0 has an event (its prompt is scored) */
 	int tool_fmt;                /* chat with tools: enum llm_tool_format; 0: answers not parsed */
+	int reasoning;               /* chat: llm_api_req.reasoning (0: no <think> split) */
 	char **tool_names;           /* (n_tools) owned */
 	int n_tools;
 	int32_t *prompt;

@@ -43,6 +43,9 @@ else
 	skip "fuzz_request corpus" "no stories260K in \$LLM_TEST_MODELS"
 fi
 
+replay fuzz_reasoning "kept corpus: chat answers split into reasoning and content, whole and as streamed" \
+	tests/data/fuzz-reasoning
+
 replay fuzz_grammar "kept corpus: grammars, JSON Schemas, regular expressions and choices through the compilers" \
 	tests/data/fuzz-grammar
 

@@ -93,8 +93,8 @@ check "--min-tok-s turns the run into a gate: exit 3" [ $? = 3 ]
 # errors are counted per request, the run goes on: an HTTP error status, and
 # a request cut by --timeout (the whole request, not an idle gap)
 wrong_row() { $B serve "$URL" --requests 3 --output-len "$@" --format csv | grep -v '^#' | tail -n 1 | cut -d, -f3-6; }
-r=$(wrong_row 4 --model nosuch)
-check "a model the server lacks (HTTP 404): every request wrong" [ "$r" = 3,0,0,3 ]
+r=$(wrong_row 4 --input-len 5000)
+check "prompts longer than the context (HTTP 400): every request wrong" [ "$r" = 3,0,0,3 ]
 r=$(wrong_row 200 --timeout 0.001)
 check "--timeout 0.001: every request cut and wrong, open loop" [ "$r" = 3,0,0,3 ]
 r=$(wrong_row 200 --timeout 0.001 --concurrency 2)

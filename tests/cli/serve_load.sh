@@ -83,7 +83,7 @@ diag "preemptions under load: $(metric llm_preemptions_total), prefix-cache hit 
 # served) and each needs blocks for its 5 + 240 positions as it decodes; 4
 # of them need more blocks than the cache has, so the youngest running ones
 # must be preempted and recomputed, on any machine at any speed
-blocks=$(metric llm_kv_blocks_total) p0=$(metric llm_preemptions_total)
+blocks=$(metric llm_kv_blocks) p0=$(metric llm_preemptions_total)
 python3 -c "
 import json
 o = [o for o in map(json.loads, open('$REF')) if o['id'] == 's02'][0]

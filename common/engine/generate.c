@@ -125,6 +125,16 @@ int llm_weight_pages_parse(const char *s)
 	       : !strcmp(s, "huge") ? LLM_WEIGHTS_HUGE : -1;
 }
 
+enum llm_status llm_lm_head_parse(const char *s, enum llm_lm_head *h)
+{
+	int v = !strcmp(s, "auto") ? LLM_HEAD_AUTO : !strcmp(s, "file") ? LLM_HEAD_FILE
+	        : !strcmp(s, "fp8") ? LLM_HEAD_FP8 : -1;
+	if (v < 0)
+		return llm_fail(LLM_ERR_USAGE, "--lm-head: '%s' is not auto, file or fp8", s);
+	*h = (enum llm_lm_head)v;
+	return LLM_OK;
+}
+
 enum llm_status llm_engine_flags_parse(const char *kv_dtype, const char *weight_pages, enum llm_dtype *kv,
                                        enum llm_weight_pages *wp)
 {
@@ -195,6 +205,14 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	if (e->world && !strcmp(e->o.backend, "cuda"))
 		bo.device = local_device();
 	if ((s = llm_backend_open(e->o.backend, &bo, &e->be)))
+		goto fail;
+	/* An FP8 model's plain lm_head (the layout the peers load) is quantized
+	 * on the CPU as llm-quantize --fp8-vocab would write it: decode reads a
+	 * byte per weight of the head, not two (SmolLM2-135M shape, tied head
+	 * a fifth of the weights: bench/results/2026-11-28-lm-head.md). */
+	int hq = e->o.lm_head == LLM_HEAD_FP8 ||
+	         (e->o.lm_head == LLM_HEAD_AUTO && !strcmp(e->be->ops->name, "cpu") && e->model.wdtype == LLM_DTYPE_E4M3);
+	if (hq && (s = llm_model_fp8_head(&e->model, NULL)))
 		goto fail;
 	for (int i = 0; i < e->o.n_lora; i++) {
 		char name[LLM_LORA_NAME_MAX];

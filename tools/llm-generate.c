@@ -80,7 +80,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend, the copy read in the background)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
 	LLM_LIST(0, "lora", "[NAME=]DIR", &cfg.lora, "load the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend) as NAME (default: DIR's base name; repeatable); lines run with the first unless their \"model\" names another or the model"),
-	LLM_STR(0, "lm-head", "MODE", &cfg.lm_head, "the lm_head in memory: fp8 (a BF16, F16 or F32 head quantized to FP8 E4M3 at load, one scale per row), file (as the checkpoint stores it) or auto (fp8 on the cpu backend when the decoder linears are FP8)"),
+	LLM_STR(0, "lm-head", "MODE", &cfg.lm_head, "the lm_head in memory: fp8 (a BF16, F16 or F32 head quantized to FP8 E4M3 at load, one scale per row), file (as the checkpoint stores it) or auto (fp8 on the cpu backend when the checkpoint holds FP8 weights)"),
 	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before generating; refuse to load if one holds any"),
 };
 

@@ -82,7 +82,7 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "allow-runtime-lora", &cfg.runtime_lora, "take POST /v1/load_lora_adapter and /v1/unload_lora_adapter (cpu backend)"),
 	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
 	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
-	LLM_STR(0, "lm-head", "MODE", &cfg.lm_head, "the lm_head in memory: fp8 (a BF16, F16 or F32 head quantized to FP8 E4M3 at load, one scale per row), file (as the checkpoint stores it) or auto (fp8 on the cpu backend when the decoder linears are FP8)"),
+	LLM_STR(0, "lm-head", "MODE", &cfg.lm_head, "the lm_head in memory: fp8 (a BF16, F16 or F32 head quantized to FP8 E4M3 at load, one scale per row), file (as the checkpoint stores it) or auto (fp8 on the cpu backend when the checkpoint holds FP8 weights)"),
 	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before serving; refuse to load if one holds any"),
 };
 

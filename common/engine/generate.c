@@ -211,7 +211,7 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	 * byte per weight of the head, not two (SmolLM2-135M shape, tied head
 	 * a fifth of the weights: bench/results/2026-11-28-lm-head.md). */
 	int hq = e->o.lm_head == LLM_HEAD_FP8 ||
-	         (e->o.lm_head == LLM_HEAD_AUTO && !strcmp(e->be->ops->name, "cpu") && e->model.wdtype == LLM_DTYPE_E4M3);
+	         (e->o.lm_head == LLM_HEAD_AUTO && !strcmp(e->be->ops->name, "cpu") && llm_ckpt_is_fp8(&e->model.ck));
 	if (hq && (s = llm_model_fp8_head(&e->model, NULL)))
 		goto fail;
 	for (int i = 0; i < e->o.n_lora; i++) {

@@ -51,8 +51,8 @@ enum llm_weight_pages {
 int llm_weight_pages_parse(const char *s);
 /* The lm_head's dtype in memory (llm_model_fp8_head). */
 enum llm_lm_head {
-	LLM_HEAD_AUTO,              /* FP8 on the cpu backend when the decoder linears are FP8 (a BF16
-	                               head of an FP8 file, as the peers write it), else FILE */
+	LLM_HEAD_AUTO,              /* FP8 on the cpu backend when the checkpoint holds FP8 weights (a
+	                               BF16 head of an FP8 file, as the peers write it), else FILE */
 	LLM_HEAD_FILE,              /* as the checkpoint stores it */
 	LLM_HEAD_FP8,               /* FP8 E4M3, one scale per row, quantized at load when plain */
 };

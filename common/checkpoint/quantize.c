@@ -636,11 +636,13 @@ static enum llm_status compile_re(regex_t *re, const char *pat, const char *flag
 
 static enum llm_status check_block(const struct llm_quant_opts *o, struct job *j)
 {
-	j->bn = o->block_rows > 0 ? o->block_rows : 128;
+	/* block_rows 0: 128, or 1 for a whole row (bk 0: per channel); when
+	 * dequantizing, bn is only the band of rows converted at a time */
+	j->bn = o->block_rows > 0 ? o->block_rows : o->block_cols == 0 && !o->dequantize ? 1 : 128;
 	j->bk = o->block_cols;          /* 0: per channel (whole row) */
 	if (j->bk < 0)
 		return llm_fail(LLM_ERR_USAGE, "--block: columns must be positive");
-	if (j->bk == 0 && j->bn != 1)
+	if (j->bk == 0 && j->bn != 1 && !o->dequantize)
 		return llm_fail(LLM_ERR_USAGE, "--block: a block of whole rows (K) is one row high (1xK)");
 	j->ct = j->bk == 0;
 	j->skip = json_array();

@@ -3,14 +3,20 @@
  * Group-wise scales: a weight (d_out, d_in) is cut into blocks of
  * block_rows x block_cols (the last ones partial); each block stores
  * scale = amax / 448 and codes e4m3(x / scale) (round to nearest even,
- * saturating); an all-zero block stores scale 0 and zero codes. */
+ * saturating); an all-zero block stores scale 0 and zero codes.
+ *
+ * The output is in a layout the peers load (llm-checkpoint(5)): blocks as
+ * the "fp8" method ("<name>.weight_scale_inv", weight_block_size), per
+ * channel (block_cols 0) as "compressed-tensors" ("<name>.weight_scale"
+ * (d_out, 1), strategy "channel"); quantization_config lists the linear
+ * modules left plain. */
 #ifndef LLM_QUANTIZE_H
 #define LLM_QUANTIZE_H
 
 #include "ckpt.h"
 
 struct llm_quant_opts {
-	int64_t block_rows, block_cols;  /* block shape; block_cols 0: whole row (1xK) */
+	int64_t block_rows, block_cols;  /* block shape; block_cols 0: whole row (1xK, block_rows 1 or 0) */
 	int dequantize;                  /* FP8 -> out_dtype instead */
 	enum llm_dtype out_dtype;        /* dequantize/random: F32, F16 or BF16 (E4M3 for random fp8) */
 	const char *include;             /* regex of tensor names to quantize (NULL: decoder linears) */

@@ -209,7 +209,7 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	/* An FP8 model's plain lm_head (the layout the peers load) is quantized
 	 * on the CPU as llm-quantize --fp8-vocab would write it: decode reads a
 	 * byte per weight of the head, not two (SmolLM2-135M shape, tied head
-	 * a fifth of the weights: bench/results/2026-11-28-lm-head.md). */
+	 * a third of the weights: bench/results/lm-head-2026-11-28.txt). */
 	int hq = e->o.lm_head == LLM_HEAD_FP8 ||
 	         (e->o.lm_head == LLM_HEAD_AUTO && !strcmp(e->be->ops->name, "cpu") && llm_ckpt_is_fp8(&e->model.ck));
 	if (hq && (s = llm_model_fp8_head(&e->model, NULL)))

@@ -106,6 +106,10 @@ check "--lm-head file: the BF16 head gives other log-probs" sh -c "[ -s '$T/o-fi
 gen "$T/g16" >"$T/p-auto"
 gen "$T/g16" --lm-head file >"$T/p-file"
 check "--lm-head auto on a BF16 model keeps its head as stored" sh -c "[ -s '$T/p-auto' ] && cmp -s '$T/p-auto' '$T/p-file'"
+wb() { llm-serve -m "$1" --plan "${@:2}" 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['weight_bytes'])"; }
+a=$(wb "$T/g8") f=$(wb "$T/g8" --lm-head file)
+check "--plan counts the head quantized at load: 512 x 128 codes and 512 scales in place of the BF16 head ($a, $f)" \
+	sh -c "[ -n '$a' ] && [ -n '$f' ] && [ \$(($f - $a)) = \$((512 * 128 * 2 - 512 * 128 - 512 * 4)) ]"
 $Q -q --fp8-vocab "$T/g16" "$T/g8v"
 check "llm-generate loads the --fp8-vocab file (ours alone)" sh -c "llm-generate -t 1 -m '$T/g8v' -p 'Once' -n 4 --temp 0 >/dev/null 2>&1"
 tap_done

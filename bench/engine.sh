@@ -28,10 +28,12 @@
 #
 # The weights come from ../shared/tools/mkrandom.py (one seeded random model
 # as Hugging Face BF16 safetensors and GGUF BF16/Q8_0; needs python3-numpy),
-# our FP8 checkpoints from llm-quantize of the same BF16 weights: "fp8" (the
-# default: decoder projections, embedding and lm_head in FP8, the tensors
-# llama.cpp's Q8_0 quantizes) and "fp8-dec" (the decoder projections only,
-# embedding and lm_head BF16: llm-quantize's default before 2026-11-25).
+# our FP8 checkpoints from llm-quantize of the same BF16 weights: "fp8"
+# (--fp8-vocab: decoder projections, embedding and lm_head in FP8, the
+# tensors llama.cpp's Q8_0 quantizes; llm-quantize's default from 2026-11-25
+# to 2026-11-28) and "fp8-dec" (the default: the decoder projections only,
+# embedding and lm_head BF16 as the peers load them; llm-bench's --lm-head
+# auto quantizes the head to FP8 at load, the embedding stays BF16).
 # llama.cpp is timed by ../shared/tools/lbench.c (llama-bench's method:
 # warm-up, persistent thread pool, flash attention on, f16 KV), compiled
 # with bench/lbench_depth.h for the depth; ours by llm-bench model (one
@@ -96,8 +98,8 @@ for cfg in "${CONFIGS[@]}"; do
 sys.exit("model.embed_tokens.weight_scale_inv" not in json.loads(f.read(n)))' "$d/fp8/model.safetensors"; then
 		rm -rf "$d/fp8"
 	fi
-	[ -d "$d/fp8" ] || $B/llm-quantize -q "$d/hf-bf16" "$d/fp8"
-	[ -d "$d/fp8-dec" ] || $B/llm-quantize -q --include 'proj\.weight$' "$d/hf-bf16" "$d/fp8-dec"
+	[ -d "$d/fp8" ] || $B/llm-quantize -q --fp8-vocab "$d/hf-bf16" "$d/fp8"
+	[ -d "$d/fp8-dec" ] || $B/llm-quantize -q "$d/hf-bf16" "$d/fp8-dec"
 done
 LLAMA_BACKEND=$(LB_DEBUG=1 "$LBENCH" "$LBENCH_LIB" "$W/$(basename "${CONFIGS[0]}" .json)/model-q8_0.gguf" 1 0 1 1 1 1 2>&1 |
 	sed -n 's/.*loaded CPU backend from .*\/\(libggml-cpu-[a-z0-9]*\)\.so.*/\1/p' | head -1)

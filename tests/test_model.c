@@ -148,9 +148,11 @@ static int compare(const struct prompt *p, const struct collect *c, double *max_
 	return ok;
 }
 
-static struct llm_engine *open_engine(const char *path, enum llm_dtype kv, int threads, int max_seqs)
+static struct llm_engine *open_engine_head(const char *path, enum llm_dtype kv, int threads, int max_seqs,
+                                          enum llm_lm_head head)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
+	o.lm_head = head;
 	o.kv_dtype = kv;
 	o.n_threads = threads;
 	o.max_seqs = max_seqs;
@@ -160,6 +162,11 @@ static struct llm_engine *open_engine(const char *path, enum llm_dtype kv, int t
 		return NULL;
 	}
 	return e;
+}
+
+static struct llm_engine *open_engine(const char *path, enum llm_dtype kv, int threads, int max_seqs)
+{
+	return open_engine_head(path, kv, threads, max_seqs, LLM_HEAD_AUTO);
 }
 
 /* Run prompts [first, first + n) queued together; C[k] gets prompt first + k. */
@@ -571,7 +578,8 @@ static void test_bf16(void)
 /* At the avx512bf16 level an E4M3 element is bf16(code * scale), the value
  * llm-quantize --dequantize --dtype bf16 writes: the FP8 checkpoint and its
  * dequantized BF16 form give the same tokens and log-probabilities, bit for
- * bit (C: the FP8 runs of every prompt). */
+ * bit (C: the FP8 runs of every prompt, whose plain lm_head --lm-head auto
+ * quantized at load; the BF16 form's is quantized so too). */
 static void same_as_dequantized(const char *fp8, const char *name, const struct collect *c)
 {
 	if (llm_cpu_isa_detect() < LLM_ISA_AVX512BF16) {
@@ -585,7 +593,7 @@ static void same_as_dequantized(const char *fp8, const char *name, const struct 
 	         bin && *bin ? bin : "bin", fp8, deq);
 	if (!check(system(cmd) == 0, "llm-quantize --dequantize --dtype bf16 %s", name))
 		return;
-	struct llm_engine *e = open_engine(deq, LLM_DTYPE_F32, 0, 1);
+	struct llm_engine *e = open_engine_head(deq, LLM_DTYPE_F32, 0, 1, LLM_HEAD_FP8);
 	if (!check(e != NULL, "open %s dequantized", name))
 		return;
 	struct collect *d = calloc((size_t)n_P, sizeof *d);
@@ -635,7 +643,8 @@ static void same_with_pages(const char *path, const char *name)
 		if (k == 0)
 			placed = !m->wmap;
 		else if (k == 1)
-			placed = placed && in == n && (!m->cfg.tied || m->lm_head.data == m->embed.data);
+			placed = placed && in == n && (!m->cfg.tied || m->lm_head.data == m->embed.data ||
+			                               (m->lm_head.dtype == LLM_DTYPE_E4M3 && m->embed.dtype != LLM_DTYPE_E4M3));
 		if (k < 2) {
 			ok = run_greedy(e, 0, n_P, c[k]);
 		} else {
@@ -676,16 +685,16 @@ static void test_quantized(void)
 		check_skip("no llm-quantize built", "FP8 checkpoints");
 		return;
 	}
-	/* the first three: the decoder projections only, so that their
-	 * dequantized BF16 form is the same model at avx512bf16 (the embedding
-	 * lookup of an FP8 table gives the f32 code * scale, its BF16 form the
-	 * bf16 of it); the last: llm-quantize's default, the tied embedding
-	 * (so the lm_head) in FP8 as well */
+	/* the first three: llm-quantize's default set, the decoder projections
+	 * only, so that their dequantized BF16 form is the same model at
+	 * avx512bf16 (the embedding lookup of an FP8 table gives the f32 code *
+	 * scale, its BF16 form the bf16 of it); the last: --fp8-vocab, the tied
+	 * embedding (so the lm_head) in FP8 as well */
 	static const struct { const char *args, *name; } v[] = {
-		{ "--block 128x128 --include 'proj[.]weight$'", "fp8-128x128" },
-		{ "--block 1x128 --include 'proj[.]weight$'", "fp8-1x128" },
-		{ "--block 1xK --include 'proj[.]weight$'", "fp8-1xK" },
-		{ "--block 128x128", "fp8-128x128+emb" },
+		{ "--block 128x128", "fp8-128x128" },
+		{ "--block 1x128", "fp8-1x128" },
+		{ "--block 1xK", "fp8-1xK" },
+		{ "--block 128x128 --fp8-vocab", "fp8-128x128+emb" },
 	};
 	for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
 		char out[1300];

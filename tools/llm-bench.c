@@ -15,7 +15,7 @@
 
 static const char *rates = NULL, *concs = NULL, *trace = NULL, *format = "table", *plot = NULL;
 static const char *api_key = NULL, *model = NULL, *backends = "auto", *batches = "1", *title = NULL;
-static const char *weight_pages = "auto", *kv_dtype = "bf16";
+static const char *weight_pages = "auto", *kv_dtype = "bf16", *lm_head = "auto";
 static int64_t input_len = 128, output_len = 64, requests = 64, seed = 1, shared_prefix = 0, id_range = 500;
 static int64_t n_prompt = 512, n_gen = 128, n_depth = 0, reps = 3, threads = 0;
 static double duration = 0, slo_ttft = 2000, slo_itl = 250, timeout_s = 600, min_tok_s = 0;
@@ -51,6 +51,7 @@ static const struct llm_opt opts[] = {
 	LLM_INT('t', "threads", "N", &threads, "model: CPU threads (0: every CPU)", 0, 4096),
 	LLM_STR(0, "kv-dtype", "TYPE", &kv_dtype, "model: KV cache dtype: bf16, f32 or fp8 (E4M3, a scale per token and head)"),
 	LLM_STR(0, "weight-pages", "MODE", &weight_pages, "model: where the CPU reads the weights: huge, map or auto (llm-generate(1))"),
+	LLM_STR(0, "lm-head", "MODE", &lm_head, "model: the lm_head in memory: fp8, file or auto (llm-generate(1))"),
 	LLM_STR(0, "format", "FMT", &format, "table, csv or jsonl"),
 	LLM_FLOAT(0, "min-tok-s", "X", &min_tok_s, "gate: exit 3 when the best output tok/s is below X", 0, 1e12),
 };
@@ -315,14 +316,15 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 		return llm_args_usage_error(&cli, "--batch: expected a comma-separated list of positive integers");
 	enum llm_dtype kvd;
 	enum llm_weight_pages wp;
-	if (llm_engine_flags_parse(kv_dtype, weight_pages, &kvd, &wp))
+	enum llm_lm_head head;
+	if (llm_engine_flags_parse(kv_dtype, weight_pages, &kvd, &wp) || llm_lm_head_parse(lm_head, &head))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	char bbuf[256];
 	snprintf(bbuf, sizeof bbuf, "%s", backends);
 	header("model", ckpt);
-	printf("# config: -p %lld -n %lld -d %lld -b %s -r %lld -t %lld --kv-dtype %s --weight-pages %s; tokens/s as mean and sample deviation over the repetitions\n",
+	printf("# config: -p %lld -n %lld -d %lld -b %s -r %lld -t %lld --kv-dtype %s --weight-pages %s --lm-head %s; tokens/s as mean and sample deviation over the repetitions\n",
 	       (long long)n_prompt, (long long)n_gen, (long long)n_depth, batches, (long long)reps, (long long)threads, kv_dtype,
-	       weight_pages);
+	       weight_pages, lm_head);
 	if (fmt == LLM_BENCH_TABLE)
 		printf("%-10s %-8s %8s %-18s %12s %10s %7s\n%-10s %-8s %8s %-18s %12s %10s %7s\n", "backend", "threads",
 		       "batch", "test", "tok/s", "sd", "#wrong", "", "", "", "", "(tok/s)", "(tok/s)", "");
@@ -334,7 +336,7 @@ static int run_model(const char *ckpt, enum llm_bench_format fmt)
 		for (int i = 0; i < nb; i++) {
 			struct llm_bench_model_opts o = { .backend = be, .n_threads = (int)threads, .n_prompt = i ? 0 : (int)n_prompt,
 			                                  .n_gen = (int)n_gen, .batch = (int)bl[i], .reps = (int)reps,
-			                                  .n_depth = (int)n_depth, .kv_dtype = kvd, .weight_pages = wp,
+			                                  .n_depth = (int)n_depth, .kv_dtype = kvd, .weight_pages = wp, .lm_head = (int)head,
 			                                  .progress = &pg };
 			struct llm_bench_model_result r[2];
 			int n_r;

@@ -18,7 +18,7 @@
 struct generate_cfg {
 	const char *model, *chat_template;   /* -m DIR; a template FILE overriding the model's */
 	int tokenize, detokenize, apply_template, no_special, skip_special;   /* the tokenizer modes */
-	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *json_schema, *grammar, *speculate, *draft;
+	const char *prompt, *prompt_file, *perplexity, *system, *backend, *kv_dtype, *weight_pages, *lm_head, *json_schema, *grammar, *speculate, *draft;
 	struct llm_strlist stop, logit_bias, lora;
 	int64_t n_predict, min_tokens, n_ctx, threads, top_k, seed, parallel, batch_tokens, n_logprobs, prefix_cache, eval_tokens, max_kv_tokens, spec_tokens, spec_ngram;
 	size_t kv_memory;
@@ -28,7 +28,7 @@ struct generate_cfg {
 
 static struct generate_cfg cfg = {
 	.n_predict = 128, .spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM, .temp = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05, .repeat_penalty = 1.0,
-	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto", .eval_tokens = 2048,
+	.seed = -1, .parallel = 8, .batch_tokens = 512, .prefix_cache = 8, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto", .lm_head = "auto", .eval_tokens = 2048,
 };
 
 static const struct llm_opt opts[] = {
@@ -80,6 +80,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend, the copy read in the background)"),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "compute backend: cpu, cuda or auto"),
 	LLM_LIST(0, "lora", "[NAME=]DIR", &cfg.lora, "load the PEFT LoRA adapter in DIR (llm-finetune's output; cpu backend) as NAME (default: DIR's base name; repeatable); lines run with the first unless their \"model\" names another or the model"),
+	LLM_STR(0, "lm-head", "MODE", &cfg.lm_head, "the lm_head in memory: fp8 (a BF16, F16 or F32 head quantized to FP8 E4M3 at load, one scale per row), file (as the checkpoint stores it) or auto (fp8 on the cpu backend when the checkpoint holds FP8 weights)"),
 	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before generating; refuse to load if one holds any"),
 };
 
@@ -111,6 +112,7 @@ static struct llm_engine_opts engine_opts(int max_seqs, int kv_seqs)
 {
 	struct llm_engine_opts o = LLM_ENGINE_OPTS_DEFAULT;
 	llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &o.kv_dtype, &o.weight_pages);   /* main checked */
+	llm_lm_head_parse(cfg.lm_head, &o.lm_head);
 	o.max_logits = cfg.score || cfg.eval || cfg.perplexity ? (int)cfg.batch_tokens : spec.mode ? (int)cfg.parallel * (1 + spec.n_draft) : 0;   /* the flags': the same on every rank */
 	o.backend = cfg.backend, o.lora = cfg.lora.v, o.n_lora = cfg.lora.n, o.n_threads = (int)cfg.threads, o.n_ctx = (int)cfg.n_ctx;
 	o.max_seqs = max_seqs, o.kv_seqs = kv_seqs, o.max_batch_tokens = (int)cfg.batch_tokens, o.check_weights = cfg.check_weights;
@@ -358,7 +360,8 @@ int main(int argc, char **argv)
 		if (rules[i].bad)
 			return llm_args_usage_error(&cli, "%s", rules[i].msg);
 	struct llm_engine_opts eo;
-	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &eo.kv_dtype, &eo.weight_pages))
+	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &eo.kv_dtype, &eo.weight_pages) ||
+	    llm_lm_head_parse(cfg.lm_head, &eo.lm_head))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft)) return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	for (int i = 0; i < cfg.logit_bias.n; i++)

@@ -37,10 +37,11 @@ int main(int argc, char **argv)
 	int dequant = 0, stats = 0, json = 0, force = 0, check = 0;
 	size_t max_shard = 5000000000u;
 	const struct llm_opt opts[] = {
-		LLM_STR('b', "block", "RxC", &block, "scale group of the decoder linears: 128x128, 1x128 (row groups) or 1xK (per channel); the embedding and lm_head take one scale per row"),
+		LLM_STR('b', "block", "RxC", &block, "scale group of the decoder linears: 128x128, 1x128 (row groups), any RxC, or 1xK (per channel, written in the compressed-tensors layout)"),
 		LLM_FLAG('d', "dequantize", &dequant, "FP8 back to a plain checkpoint"),
 		LLM_STR(0, "dtype", "TYPE", &dtype, "output dtype: bf16, f16 or f32 (--dequantize); also fp8 (--random; default bf16)"),
-		LLM_STR(0, "include", "REGEX", &q.include, "quantize the tensors whose names match (default: decoder linear weights, embedding, lm_head)"),
+		LLM_STR(0, "include", "REGEX", &q.include, "quantize the tensors whose names match (default: the decoder linear weights)"),
+		LLM_FLAG(0, "fp8-vocab", &q.fp8_vocab, "the embedding and lm_head in FP8 too, one scale per row: a smaller file that only llm-tools load"),
 		LLM_STR(0, "exclude", "REGEX", &q.exclude, "never quantize the tensors whose names match"),
 		LLM_FLAG('s', "stats", &stats, "per-tensor relative RMS and max abs error of the quantization (table on stderr)"),
 		LLM_FLAG(0, "json", &json, "with --stats: JSONL on stdout"),

@@ -24,7 +24,7 @@
 #include "server.h"
 
 struct serve_cfg {
-	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *speculate, *draft;
+	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *lm_head, *speculate, *draft;
 	struct llm_strlist lora;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache, spec_tokens, spec_ngram;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
@@ -34,7 +34,7 @@ struct serve_cfg {
 };
 
 static struct serve_cfg cfg = {
-	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto",
+	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto", .lm_head = "auto",
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
 	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256,
@@ -82,6 +82,7 @@ static const struct llm_opt opts[] = {
 	LLM_FLAG(0, "allow-runtime-lora", &cfg.runtime_lora, "take POST /v1/load_lora_adapter and /v1/unload_lora_adapter (cpu backend)"),
 	LLM_INT('t', "threads", "N", &cfg.threads, "CPU threads (0: every CPU)", 0, 4096),
 	LLM_FLAG(0, "plan", &cfg.plan, "print the memory plan as JSON without loading the weights, and exit"),
+	LLM_STR(0, "lm-head", "MODE", &cfg.lm_head, "the lm_head in memory: fp8 (a BF16, F16 or F32 head quantized to FP8 E4M3 at load, one scale per row), file (as the checkpoint stores it) or auto (fp8 on the cpu backend when the checkpoint holds FP8 weights)"),
 	LLM_FLAG(0, "check-weights", &cfg.check_weights, "scan every weight for NaN or Inf before serving; refuse to load if one holds any"),
 };
 
@@ -210,7 +211,8 @@ int main(int argc, char **argv)
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	enum llm_dtype kvd;
 	enum llm_weight_pages wp;
-	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &kvd, &wp))
+	enum llm_lm_head head;
+	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &kvd, &wp) || llm_lm_head_parse(cfg.lm_head, &head))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
@@ -245,6 +247,7 @@ int main(int argc, char **argv)
 	eo.n_threads = (int)cfg.threads;
 	eo.kv_dtype = kvd;
 	eo.weight_pages = wp;
+	eo.lm_head = head;
 	eo.check_weights = cfg.check_weights;
 	eo.kv_block_size = (int)cfg.kv_block_size;
 	eo.max_seqs = (int)(cfg.max_running + cfg.prefix_cache);

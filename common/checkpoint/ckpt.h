@@ -10,8 +10,9 @@
  * "<name>.weight_scale_inv" F32 (ceil(d_out/bn), ceil(d_in/bk)): the block
  * multiplier, value = code * scale; config.json carries quantization_config
  * {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
- * weight_block_size: [bn, bk]}. Compressed-tensors checkpoints
- * ("<name>.weight_scale", per tensor or per output channel) are read too. */
+ * weight_block_size: [bn, bk], modules_to_not_convert}. Checkpoints with
+ * "<name>.weight_scale" per tensor or per output channel (compressed-tensors,
+ * fbgemm_fp8) are read too; input_scale tensors are not used. */
 #ifndef LLM_CKPT_H
 #define LLM_CKPT_H
 

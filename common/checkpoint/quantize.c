@@ -214,6 +214,9 @@ struct job {
 	struct item *items;
 	size_t n;
 	int64_t bn, bk;                /* effective block rows, cols (0: K) */
+	int ct;                        /* per channel (bk 0): the compressed-tensors layout */
+	json_t *skip;                  /* linear modules left plain (modules_to_not_convert) */
+	json_t *ours;                  /* modules in FP8 that the peers keep plain */
 	struct llm_ckpt_writer *w;
 	float *band;                   /* bn x max_cols f32 */
 	uint8_t *codes, *conv;
@@ -416,6 +419,8 @@ static enum llm_status run_job(struct job *j, const char *out, const struct llm_
 
 static void job_free(struct job *j)
 {
+	json_decref(j->skip);
+	json_decref(j->ours);
 	for (size_t i = 0; i < j->n; i++)
 		free(j->items[i].out.name);
 	free(j->items);
@@ -455,6 +460,82 @@ static int per_row_tensor(const char *name)
 	return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "lm_head.weight");
 }
 
+/* The module of weight NAME ("lm_head" of "lm_head.weight") appended to
+ * the JSON array A, once. */
+static void add_module(json_t *a, const char *name)
+{
+	size_t n = strlen(name);
+	if (n > 7 && !strcmp(name + n - 7, ".weight"))
+		n -= 7;
+	size_t i;
+	json_t *v;
+	json_array_foreach(a, i, v)
+		if (strlen(json_string_value(v)) == n && !strncmp(json_string_value(v), name, n))
+			return;
+	json_array_append_new(a, json_stringn(name, n));
+}
+
+/* Which tensors are quantized: INC (the default: the decoder linears, the
+ * peers' set) or, with fp8_vocab, the embedding and lm_head, and never EXC.
+ * PEER matches the linear weights the peers quantize (the decoder linears
+ * and lm_head, which their fp8 loaders keep plain unless told). */
+struct select {
+	regex_t inc, exc, vocab, peer;
+	int have_exc, fp8_vocab, n_re;
+};
+
+static enum llm_status compile_re(regex_t *re, const char *pat, const char *flag);
+
+static enum llm_status select_init(struct select *sel, const struct llm_quant_opts *o)
+{
+	memset(sel, 0, sizeof *sel);
+	sel->fp8_vocab = o->fp8_vocab;
+	LLM_TRY(compile_re(&sel->inc, o->include ? o->include : LLM_QUANT_DEFAULT_INCLUDE, "--include"));
+	sel->n_re = 1;
+	LLM_TRY(compile_re(&sel->vocab, LLM_QUANT_VOCAB_INCLUDE, "vocabulary"));
+	sel->n_re = 2;
+	LLM_TRY(compile_re(&sel->peer, LLM_QUANT_DEFAULT_INCLUDE "|^lm_head\\.weight$", "peer"));
+	sel->n_re = 3;
+	if (o->exclude) {
+		LLM_TRY(compile_re(&sel->exc, o->exclude, "--exclude"));
+		sel->have_exc = 1;
+	}
+	return LLM_OK;
+}
+
+static void select_free(struct select *sel)
+{
+	regex_t *re[3] = { &sel->inc, &sel->vocab, &sel->peer };
+	for (int i = 0; i < sel->n_re; i++)
+		regfree(re[i]);
+	if (sel->have_exc)
+		regfree(&sel->exc);
+	sel->n_re = sel->have_exc = 0;
+}
+
+static int select_want(const struct select *sel, const char *name)
+{
+	int in = regexec(&sel->inc, name, 0, NULL, 0) == 0 ||
+	         (sel->fp8_vocab && regexec(&sel->vocab, name, 0, NULL, 0) == 0);
+	return in && !(sel->have_exc && regexec(&sel->exc, name, 0, NULL, 0) == 0);
+}
+
+/* Note what the output's quantization_config says of tensor NAME: a linear
+ * weight of the peers' set left plain goes to modules_to_not_convert, an
+ * embedding or lm_head in FP8 to llm_tools_fp8_vocab (a tied embedding in
+ * FP8 is the lm_head too). */
+static void note_module(struct job *j, const struct select *sel, const char *name, int quantized, int tied)
+{
+	int vocab = regexec(&sel->vocab, name, 0, NULL, 0) == 0;
+	if (quantized && vocab) {
+		add_module(j->ours, name);
+		if (tied)
+			add_module(j->ours, "lm_head.weight");
+	} else if (!quantized && regexec(&sel->peer, name, 0, NULL, 0) == 0) {
+		add_module(j->skip, name);
+	}
+}
+
 /* A quantized weight: the codes, then its scales (computed while the codes
  * are written, so they follow them in the file). */
 static enum llm_status add_quant(struct job *j, const struct llm_tensor *in)
@@ -466,13 +547,44 @@ static enum llm_status add_quant(struct job *j, const struct llm_tensor *in)
 	LLM_TRY(add_item(j, A_QUANT, in, in->name, NULL, LLM_DTYPE_E4M3, 2, in->shape));
 	j->items[j->n - 1].bn = bn;
 	j->items[j->n - 1].bk = bk0;
-	return add_item(j, A_SCALE, in, in->name, "_scale_inv", LLM_DTYPE_F32, 2, sshape);
+	return add_item(j, A_SCALE, in, in->name, j->ct ? "_scale" : "_scale_inv", LLM_DTYPE_F32, 2, sshape);
 }
 
-/* config.json with quantization_config added or removed. Per-channel
- * scales (bk 0: one block per row, whatever its width) are written with
- * "weight_block_size": null; readers take the block from the scale shape. */
-static enum llm_status edit_config(const struct llm_aux *a, int64_t bn, int64_t bk, int add,
+/* quantization_config as the peers' loaders read it (llm-checkpoint(5)).
+ * Blocks: transformers' and vLLM's "fp8" method, weight_block_size [bn, bk]
+ * and "<name>.weight_scale_inv"; per channel (bk 0): the compressed-tensors
+ * layout of llm-compressor's FP8_DYNAMIC scheme, a (d_out, 1)
+ * "<name>.weight_scale" with strategy "channel" and dynamic per-token
+ * activations. Both list the linear modules left plain (lm_head), and
+ * "llm_tools_fp8_vocab" the embedding and lm_head when they are FP8. */
+static json_t *quant_config(const struct job *j)
+{
+	json_t *q;
+	if (j->ct) {
+		json_t *w = json_pack("{s:i, s:s, s:b, s:s, s:b, s:n, s:n, s:n, s:s, s:{}}", "num_bits", 8,
+		                      "type", "float", "symmetric", 1, "strategy", "channel", "dynamic", 0,
+		                      "group_size", "block_structure", "actorder", "observer", "minmax",
+		                      "observer_kwargs");
+		json_t *in = json_pack("{s:i, s:s, s:b, s:s, s:b, s:n, s:n, s:n, s:n, s:{}}", "num_bits", 8,
+		                       "type", "float", "symmetric", 1, "strategy", "token", "dynamic", 1,
+		                       "group_size", "block_structure", "actorder", "observer", "observer_kwargs");
+		q = json_pack("{s:s, s:s, s:s, s:{s:{s:[s], s:o, s:o, s:n}}, s:O, s:n}",
+		              "quant_method", "compressed-tensors", "format", "float-quantized",
+		              "quantization_status", "compressed", "config_groups", "group_0", "targets", "Linear",
+		              "weights", w, "input_activations", in, "output_activations", "ignore", j->skip,
+		              "kv_cache_scheme");
+	} else {
+		q = json_pack("{s:s, s:s, s:s, s:[I, I], s:O}", "quant_method", "fp8", "fmt", "e4m3",
+		              "activation_scheme", "dynamic", "weight_block_size", (json_int_t)j->bn,
+		              (json_int_t)j->bk, "modules_to_not_convert", j->skip);
+	}
+	if (q && json_array_size(j->ours))
+		json_object_set(q, "llm_tools_fp8_vocab", j->ours);
+	return q;
+}
+
+/* config.json with quantization_config added (J given) or removed. */
+static enum llm_status edit_config(const struct llm_aux *a, const struct job *j,
                                    const char *torch_dtype, struct llm_aux *outa)
 {
 	json_error_t err;
@@ -481,11 +593,12 @@ static enum llm_status edit_config(const struct llm_aux *a, int64_t bn, int64_t 
 		json_decref(root);
 		return llm_fail(LLM_ERR_FORMAT, "config.json: %s", root ? "not a JSON object" : err.text);
 	}
-	if (add) {
-		json_t *q = json_pack("{s:s, s:s, s:s}", "quant_method", "fp8", "fmt", "e4m3",
-		                      "activation_scheme", "dynamic");
-		json_object_set_new(q, "weight_block_size",
-		                    bk ? json_pack("[I, I]", (json_int_t)bn, (json_int_t)bk) : json_null());
+	if (j) {
+		json_t *q = quant_config(j);
+		if (!q) {
+			json_decref(root);
+			return llm_fail(LLM_ERR_NOMEM, "out of memory");
+		}
 		json_object_set_new(root, "quantization_config", q);
 	} else {
 		json_object_del(root, "quantization_config");
@@ -523,10 +636,19 @@ static enum llm_status compile_re(regex_t *re, const char *pat, const char *flag
 
 static enum llm_status check_block(const struct llm_quant_opts *o, struct job *j)
 {
-	j->bn = o->block_rows > 0 ? o->block_rows : 128;
+	/* block_rows 0: 128, or 1 for a whole row (bk 0: per channel); when
+	 * dequantizing, bn is only the band of rows converted at a time */
+	j->bn = o->block_rows > 0 ? o->block_rows : o->block_cols == 0 && !o->dequantize ? 1 : 128;
 	j->bk = o->block_cols;          /* 0: per channel (whole row) */
 	if (j->bk < 0)
 		return llm_fail(LLM_ERR_USAGE, "--block: columns must be positive");
+	if (j->bk == 0 && j->bn != 1 && !o->dequantize)
+		return llm_fail(LLM_ERR_USAGE, "--block: a block of whole rows (K) is one row high (1xK)");
+	j->ct = j->bk == 0;
+	j->skip = json_array();
+	j->ours = json_array();
+	if (!j->skip || !j->ours)
+		return llm_fail(LLM_ERR_NOMEM, "out of memory");
 	return LLM_OK;
 }
 
@@ -534,21 +656,19 @@ enum llm_status llm_quantize(const char *in, const char *out, const struct llm_q
 {
 	struct llm_ckpt ck;
 	struct job j = { .o = o };
-	regex_t inc, exc;
-	int have_exc = 0;
+	struct select sel;
 	struct llm_aux *aux = NULL;
 	size_t n_aux = 0;
-	LLM_TRY(check_block(o, &j));
-	if (strcmp(out, "-") && llm_exists(out) && !o->write.force)
-		return llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
-	LLM_TRY(compile_re(&inc, o->include ? o->include : LLM_QUANT_DEFAULT_INCLUDE, "--include"));
-	enum llm_status s = o->exclude ? compile_re(&exc, o->exclude, "--exclude") : LLM_OK;
+	enum llm_status s = check_block(o, &j);
+	if (!s && strcmp(out, "-") && llm_exists(out) && !o->write.force)
+		s = llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
 	if (s) {
-		regfree(&inc);
+		job_free(&j);
 		return s;
 	}
-	have_exc = o->exclude != NULL;
-	s = llm_ckpt_open(&ck, in);
+	s = select_init(&sel, o);
+	if (!s)
+		s = llm_ckpt_open(&ck, in);
 	if (s)
 		goto out_re;
 	j.src.ck = &ck;
@@ -591,16 +711,19 @@ enum llm_status llm_quantize(const char *in, const char *out, const struct llm_q
 				s = add_item(&j, A_COPY, t, t->name, NULL, t->dtype, t->n_dim, t->shape);
 				continue;
 			}
-			int want = regexec(&inc, t->name, 0, NULL, 0) == 0 &&
-			           !(have_exc && regexec(&exc, t->name, 0, NULL, 0) == 0);
 			int floaty = t->dtype == LLM_DTYPE_F32 || t->dtype == LLM_DTYPE_F16 || t->dtype == LLM_DTYPE_BF16;
-			if (want && floaty && t->n_dim == 2 && t->shape[0] > 0 && t->shape[1] > 0)
+			int q = select_want(&sel, t->name) && floaty && t->n_dim == 2 && t->shape[0] > 0 && t->shape[1] > 0;
+			note_module(&j, &sel, t->name, q, !llm_ckpt_find(&ck, "lm_head.weight"));
+			if (q)
 				s = add_quant(&j, t);
 			else
 				s = add_item(&j, A_COPY, t, t->name, NULL, t->dtype, t->n_dim, t->shape);
 		}
 	if (s)
 		goto out;
+	/* a tied lm_head (no tensor of its own) is the embedding */
+	if (!o->dequantize && !llm_ckpt_find(&ck, "lm_head.weight") && !json_array_size(j.ours))
+		add_module(j.skip, "lm_head.weight");
 	/* side files: config.json edited, the rest carried unchanged */
 	aux = calloc(ck.n_aux + 1, sizeof *aux);
 	if (!aux) {
@@ -609,7 +732,7 @@ enum llm_status llm_quantize(const char *in, const char *out, const struct llm_q
 	}
 	for (size_t i = 0; !s && i < ck.n_aux; i++) {
 		if (!strcmp(ck.aux[i].name, "config.json")) {
-			s = edit_config(&ck.aux[i], j.bn, j.bk, !o->dequantize,
+			s = edit_config(&ck.aux[i], o->dequantize ? NULL : &j,
 			                o->dequantize ? torch_name(o->out_dtype) : NULL, &aux[n_aux]);
 			if (s)
 				s = llm_fail_prefix(s, "%s", in);
@@ -631,12 +754,10 @@ out:
 		free(aux[i].data);
 	}
 	free(aux);
-	job_free(&j);
 	llm_ckpt_close(&ck);
 out_re:
-	regfree(&inc);
-	if (have_exc)
-		regfree(&exc);
+	job_free(&j);
+	select_free(&sel);
 	return s;
 }
 
@@ -659,14 +780,18 @@ static int64_t cfg_int(json_t *root, const char *key, int64_t def, enum llm_stat
 enum llm_status llm_quantize_random(const char *config, const char *out, const struct llm_quant_opts *o)
 {
 	struct job j = { .o = o };
-	LLM_TRY(check_block(o, &j));
-	if (strcmp(out, "-") && llm_exists(out) && !o->write.force)
-		return llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
 	struct llm_aux cfg = { 0 };
-	LLM_TRY(llm_read_file(config, &cfg.data, &cfg.len));
+	enum llm_status s = check_block(o, &j);
+	if (!s && strcmp(out, "-") && llm_exists(out) && !o->write.force)
+		s = llm_fail(LLM_ERR_EXISTS, "%s: exists (use --force to replace it)", out);
+	if (!s)
+		s = llm_read_file(config, &cfg.data, &cfg.len);
+	if (s) {
+		job_free(&j);
+		return s;
+	}
 	json_error_t err;
 	json_t *root = json_loadb(cfg.data, cfg.len, 0, &err);
-	enum llm_status s = LLM_OK;
 	struct llm_aux aux[16] = { { 0 } };
 	size_t n_aux = 0;
 	struct llm_tensor *descs = NULL;
@@ -718,18 +843,20 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 	if (!tied)
 		DESC("lm_head.weight", nv, d);
 #undef DESC
-	regex_t inc;
-	s = compile_re(&inc, o->include ? o->include : LLM_QUANT_DEFAULT_INCLUDE, "--include");
-	if (s)
-		goto out;
+	struct select sel;
+	s = select_init(&sel, o);
 	for (size_t i = 0; !s && i < k; i++) {
 		descs[i].nbytes = (size_t)llm_tensor_numel(&descs[i]) * llm_dtype_size(plain);
-		if (fp8 && descs[i].n_dim == 2 && regexec(&inc, descs[i].name, 0, NULL, 0) == 0)
+		int q = fp8 && descs[i].n_dim == 2 && select_want(&sel, descs[i].name);
+		note_module(&j, &sel, descs[i].name, q, tied);
+		if (q)
 			s = add_quant(&j, &descs[i]);
 		else
 			s = add_item(&j, A_CONVERT, &descs[i], descs[i].name, NULL, plain, descs[i].n_dim, descs[i].shape);
 	}
-	regfree(&inc);
+	if (tied && !json_array_size(j.ours))
+		add_module(j.skip, "lm_head.weight");
+	select_free(&sel);
 	if (s)
 		goto out;
 	j.src.seed = o->seed;
@@ -747,7 +874,7 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 		}
 	}
 	if (!s)
-		s = edit_config(&cfg, j.bn, j.bk, fp8, torch_name(plain), &aux[n_aux++]);
+		s = edit_config(&cfg, fp8 ? &j : NULL, torch_name(plain), &aux[n_aux++]);
 	if (!s)
 		s = run_job(&j, out, aux, n_aux);
 out:

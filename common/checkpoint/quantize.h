@@ -3,17 +3,24 @@
  * Group-wise scales: a weight (d_out, d_in) is cut into blocks of
  * block_rows x block_cols (the last ones partial); each block stores
  * scale = amax / 448 and codes e4m3(x / scale) (round to nearest even,
- * saturating); an all-zero block stores scale 0 and zero codes. */
+ * saturating); an all-zero block stores scale 0 and zero codes.
+ *
+ * The output is in a layout the peers load (llm-checkpoint(5)): blocks as
+ * the "fp8" method ("<name>.weight_scale_inv", weight_block_size), per
+ * channel (block_cols 0) as "compressed-tensors" ("<name>.weight_scale"
+ * (d_out, 1), strategy "channel"); quantization_config lists the linear
+ * modules left plain. */
 #ifndef LLM_QUANTIZE_H
 #define LLM_QUANTIZE_H
 
 #include "ckpt.h"
 
 struct llm_quant_opts {
-	int64_t block_rows, block_cols;  /* block shape; block_cols 0: whole row (1xK) */
+	int64_t block_rows, block_cols;  /* block shape; block_cols 0: whole row (1xK, block_rows 1 or 0) */
 	int dequantize;                  /* FP8 -> out_dtype instead */
 	enum llm_dtype out_dtype;        /* dequantize/random: F32, F16 or BF16 (E4M3 for random fp8) */
 	const char *include;             /* regex of tensor names to quantize (NULL: decoder linears) */
+	int fp8_vocab;                   /* 1: the embedding and lm_head too (a file peers do not load) */
 	const char *exclude;             /* regex of names never quantized (NULL: none) */
 	int stats;                       /* 1: table on stderr, 2: JSONL on stdout */
 	int threads;                     /* worker threads (0: all cores) */
@@ -24,11 +31,15 @@ struct llm_quant_opts {
 };
 
 /* The default set of quantized tensors: the linear weights of the decoder
- * layers (q, k, v, o, gate, up, down), the embedding and lm_head (these two
- * with one scale per row). */
+ * layers (q, k, v, o, gate, up, down), what transformers' and vLLM's fp8
+ * loaders quantize; the embedding and lm_head stay in their dtype and are
+ * named in quantization_config.modules_to_not_convert (lm_head). */
 #define LLM_QUANT_DEFAULT_INCLUDE \
-	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(gate|up|down)_proj)\\.weight$" \
-	"|^model\\.embed_tokens\\.weight$|^lm_head\\.weight$"
+	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(gate|up|down)_proj)\\.weight$"
+/* What fp8_vocab (llm-quantize --fp8-vocab) adds, with one scale per row:
+ * a file that only llm-tools load, marked so in quantization_config
+ * ("llm_tools_fp8_vocab": the modules in FP8 that the peers keep plain). */
+#define LLM_QUANT_VOCAB_INCLUDE "^model\\.embed_tokens\\.weight$|^lm_head\\.weight$"
 
 /* Quantize (or dequantize) checkpoint IN into OUT. */
 enum llm_status llm_quantize(const char *in, const char *out, const struct llm_quant_opts *o);

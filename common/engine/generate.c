@@ -99,6 +99,19 @@ static struct llm_kv_opts kv_opts(const struct llm_model *m, const struct llm_en
 	return k;
 }
 
+/* Whether the engine quantizes M's lm_head at load on backend BE ("cpu",
+ * "cuda"): an FP8 model's plain lm_head (the layout the peers load) is
+ * quantized on the CPU as llm-quantize --fp8-vocab would write it, so decode
+ * reads a byte per weight of the head, not two (SmolLM2-135M shape, tied
+ * head a third of the weights: bench/results/lm-head-2026-11-28.txt). */
+static int head_fp8(const struct llm_model *m, const struct llm_engine_opts *o, const char *be)
+{
+	if (!m->lm_head.data || m->lm_head.dtype == LLM_DTYPE_E4M3)
+		return 0;
+	return o->lm_head == LLM_HEAD_FP8 ||
+	       (o->lm_head == LLM_HEAD_AUTO && !strcmp(be, "cpu") && llm_ckpt_is_fp8(&m->ck));
+}
+
 void llm_mem_plan(const struct llm_model *m, const struct llm_engine_opts *in, struct llm_mem_plan *p)
 {
 	struct llm_engine_opts o;
@@ -107,6 +120,15 @@ void llm_mem_plan(const struct llm_model *m, const struct llm_engine_opts *in, s
 	struct llm_kv_opts k = kv_opts(m, &o, n_ctx);
 	memset(p, 0, sizeof *p);
 	p->weight_bytes = m->weight_bytes;
+	/* the head quantized at load: its codes and scales, in place of a plain
+	 * head of its own (a tied one stays, as the embedding) */
+	const char *be = !strcmp(o.backend, "auto") ? (llm_backend_cuda_devices() > 0 ? "cuda" : "cpu") : o.backend;
+	if (head_fp8(m, &o, be)) {
+		const struct llm_weight *h = &m->lm_head;
+		if (h->data != m->embed.data)
+			p->weight_bytes -= llm_weight_data_bytes(h);
+		p->weight_bytes += (size_t)(h->rows * h->cols) + (size_t)h->rows * sizeof(float);
+	}
 	p->kv_bytes_per_token = llm_kv_bytes_per_token(&k);
 	p->kv_blocks = o.kv_blocks;
 	p->kv_block_size = o.kv_block_size;
@@ -123,6 +145,16 @@ int llm_weight_pages_parse(const char *s)
 {
 	return !strcmp(s, "auto") ? LLM_WEIGHTS_AUTO : !strcmp(s, "map") ? LLM_WEIGHTS_MAP
 	       : !strcmp(s, "huge") ? LLM_WEIGHTS_HUGE : -1;
+}
+
+enum llm_status llm_lm_head_parse(const char *s, enum llm_lm_head *h)
+{
+	int v = !strcmp(s, "auto") ? LLM_HEAD_AUTO : !strcmp(s, "file") ? LLM_HEAD_FILE
+	        : !strcmp(s, "fp8") ? LLM_HEAD_FP8 : -1;
+	if (v < 0)
+		return llm_fail(LLM_ERR_USAGE, "--lm-head: '%s' is not auto, file or fp8", s);
+	*h = (enum llm_lm_head)v;
+	return LLM_OK;
 }
 
 enum llm_status llm_engine_flags_parse(const char *kv_dtype, const char *weight_pages, enum llm_dtype *kv,
@@ -195,6 +227,8 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	if (e->world && !strcmp(e->o.backend, "cuda"))
 		bo.device = local_device();
 	if ((s = llm_backend_open(e->o.backend, &bo, &e->be)))
+		goto fail;
+	if (head_fp8(&e->model, &e->o, e->be->ops->name) && (s = llm_model_fp8_head(&e->model, NULL)))
 		goto fail;
 	for (int i = 0; i < e->o.n_lora; i++) {
 		char name[LLM_LORA_NAME_MAX];

@@ -49,6 +49,16 @@ enum llm_weight_pages {
 };
 /* "auto", "map" or "huge"; -1 for anything else. */
 int llm_weight_pages_parse(const char *s);
+/* The lm_head's dtype in memory (llm_model_fp8_head). */
+enum llm_lm_head {
+	LLM_HEAD_AUTO,              /* FP8 on the cpu backend when the checkpoint holds FP8 weights (a
+	                               BF16 head of an FP8 file, as the peers write it), else FILE */
+	LLM_HEAD_FILE,              /* as the checkpoint stores it */
+	LLM_HEAD_FP8,               /* FP8 E4M3, one scale per row, quantized at load when plain */
+};
+/* The tools' --lm-head: "auto", "file" or "fp8" into *H; LLM_ERR_USAGE
+ * naming the flag and its value. */
+enum llm_status llm_lm_head_parse(const char *s, enum llm_lm_head *h);
 /* The tools' --kv-dtype (f32, bf16 or fp8) and --weight-pages (auto, map
  * or huge) into *KV and *WP; LLM_ERR_USAGE naming the flag and its value. */
 enum llm_status llm_engine_flags_parse(const char *kv_dtype, const char *weight_pages, enum llm_dtype *kv,
@@ -76,6 +86,7 @@ struct llm_engine_opts {
 	int lora_runtime;           /* adapters may be loaded later (llm_engine_lora_load): with
 	                               n_lora, backend "auto" means cpu */
 	enum llm_weight_pages weight_pages;
+	enum llm_lm_head lm_head;   /* the lm_head in memory (AUTO: decided at open by the backend) */
 	int check_weights;          /* 1: refuse weights holding NaN or Inf (llm_ckpt_check_finite) at open */
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \

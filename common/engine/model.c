@@ -14,6 +14,7 @@
 #include "model.h"
 #include "lora.h"
 #include "partition.h"
+#include "quantize.h"
 #include "fileio.h"
 
 #include <math.h>
@@ -369,6 +370,8 @@ void llm_model_copy_commit(struct llm_model *m, struct llm_model_copy *c)
 		m->lm_head.data = m->embed.data;
 		m->lm_head.scale = m->embed.scale;
 	}
+	free(m->head_fp8);      /* an FP8 head quantized at load: now in the copy */
+	m->head_fp8 = NULL;
 	uint8_t *base = (uint8_t *)(((uintptr_t)c->map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
 	mprotect(base, c->total ? c->total : 1, PROT_READ);
 	free(ws);
@@ -376,6 +379,50 @@ void llm_model_copy_commit(struct llm_model *m, struct llm_model_copy *c)
 	m->wmap_len = c->len;
 	free(c->jobs);
 	free(c);
+}
+
+enum llm_status llm_model_fp8_head(struct llm_model *m, int *done)
+{
+	struct llm_weight *w = &m->lm_head;
+	if (done)
+		*done = 0;
+	if (!w->data || w->dtype == LLM_DTYPE_E4M3)
+		return LLM_OK;
+	if (m->wmap)
+		return llm_fail(LLM_ERR_USAGE, "%s: the lm_head is quantized before the weights are copied", m->ck.path);
+	int64_t rows = w->rows, cols = w->cols;
+	size_t codes = ALIGN64((size_t)(rows * cols));
+	uint8_t *q = malloc(codes + (size_t)rows * sizeof(float));
+	float *row = malloc((size_t)cols * sizeof *row);
+	if (!q || !row) {
+		free(q);
+		free(row);
+		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory for an FP8 lm_head of %lld x %lld",
+		                m->ck.path, (long long)rows, (long long)cols);
+	}
+	float *scale = (float *)(q + codes);      /* (rows, 1) */
+	size_t es = llm_dtype_size(w->dtype);
+	for (int64_t r = 0; r < rows; r++) {
+		llm_to_f32(row, (const uint8_t *)w->data + (size_t)(r * cols) * es, w->dtype, (size_t)cols);
+		llm_quantize_band(row, 1, cols, cols, q + (size_t)(r * cols), &scale[r]);
+	}
+	free(row);
+	int tied = m->embed.data && w->data == m->embed.data;
+	if (!tied)            /* the plain head no longer counts; a tied one is still the embedding */
+		m->weight_bytes -= llm_weight_data_bytes(w);
+	w->dtype = LLM_DTYPE_E4M3;
+	w->data = q;
+	w->scale = scale;
+	w->scale_rows = rows;
+	w->scale_cols = 1;
+	w->block_rows = 1;
+	w->block_cols = cols;
+	m->weight_bytes += llm_weight_data_bytes(w) + llm_weight_scale_bytes(w);
+	free(m->head_fp8);
+	m->head_fp8 = q;
+	if (done)
+		*done = 1;
+	return LLM_OK;
 }
 
 enum llm_status llm_model_copy_weights(struct llm_model *m)
@@ -435,6 +482,7 @@ void llm_model_close(struct llm_model *m)
 	free(m->inv_freq);
 	if (m->wmap)
 		munmap(m->wmap, m->wmap_len);
+	free(m->head_fp8);
 	if (m->ck.path || m->ck.files)
 		llm_ckpt_close(&m->ck);
 	memset(m, 0, sizeof *m);

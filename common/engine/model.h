@@ -89,6 +89,7 @@ struct llm_model {
 	int n_lora;
 	void *wmap;                 /* llm_model_copy_weights: the copy's mapping */
 	size_t wmap_len;
+	void *head_fp8;             /* llm_model_fp8_head: the lm_head's codes and scales (heap) */
 };
 
 /* Open the checkpoint at PATH (directory, .safetensors or "-"), parse its
@@ -116,6 +117,14 @@ enum llm_status llm_model_dist_bind(struct llm_model *m, struct llm_backend *be)
  * pages are given back. Same bytes, so the same results. For backends that
  * read weights from host memory (cpu); a second call does nothing. */
 enum llm_status llm_model_copy_weights(struct llm_model *m);
+/* Quantize this process's lm_head (or its slice), when it is F32, F16 or
+ * BF16, to FP8 E4M3 in memory with one scale per row (amax / 448, as
+ * llm-quantize --fp8-vocab writes it: the same codes and scales), so the
+ * CPU's decode reads a byte per weight of the head instead of two; a tied
+ * embedding keeps its dtype for the lookup and the head becomes its own
+ * copy. *DONE (may be NULL): 1 when it quantized, 0 when the head was FP8
+ * already or this process has none. Call before llm_model_copy_weights. */
+enum llm_status llm_model_fp8_head(struct llm_model *m, int *done);
 /* The same copy in three parts, so the reading can run on another thread
  * while the model keeps computing from the file mapping:
  * begin maps the copy and lists the jobs (the weights' pointers then must

@@ -753,6 +753,7 @@ enum llm_status llm_bench_model(const char *ckpt, const struct llm_bench_model_o
 	eo.backend = o->backend;
 	eo.n_threads = o->n_threads;
 	eo.weight_pages = (enum llm_weight_pages)o->weight_pages;
+	eo.lm_head = (enum llm_lm_head)o->lm_head;
 	if (o->kv_dtype)
 		eo.kv_dtype = (enum llm_dtype)o->kv_dtype;
 	int d = o->n_depth > 0 ? o->n_depth : 0;

@@ -98,6 +98,7 @@ struct llm_bench_model_opts {
 	int batch;                 /* sequences decoding together in the generation test */
 	int reps;
 	int weight_pages;           /* enum llm_weight_pages */
+	int lm_head;                /* enum llm_lm_head */
 	struct llm_progress *progress;  /* NULL, or repetitions done of the call (progress.h) */
 };
 

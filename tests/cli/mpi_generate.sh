@@ -76,9 +76,15 @@ done
 check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.json")" = 4 ]
 # FP8 (1xK: d_ff 172 splits at 86) with the embedding and lm_head in FP8,
 # split by vocabulary rows with their per-row scales
-llm-quantize -q --block 1xK "$S" "$T/s8" && llm-repartition -q "$T/s8" "$T/s8-22" --tp 2 --pp 2
+llm-quantize -q --block 1xK --fp8-vocab "$S" "$T/s8" && llm-repartition -q "$T/s8" "$T/s8-22" --tp 2 --pp 2
 gen1 -m "$T/s8" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref8.json"
 run_cmp "stories260K FP8 with an FP8 embedding, tp2 x pp2 (mpirun -np 4)" 4 "$T/s8-22" "$T/ref8.json"
+# the default FP8 file (the tied head F32): each last-stage rank quantizes
+# its vocabulary slice of the head at load (--lm-head auto), as one process
+# quantizes the whole head, row by row
+llm-quantize -q --block 1xK "$S" "$T/s8d" && llm-repartition -q "$T/s8d" "$T/s8d-22" --tp 2 --pp 2
+gen1 -m "$T/s8d" --json --temp 0 --logprobs 3 <"$T/prompts" >"$T/ref8d.json"
+run_cmp "stories260K default FP8, the head quantized at load on each rank's slice, tp2 x pp2 (mpirun -np 4)" 4 "$T/s8d-22" "$T/ref8d.json"
 
 # -p streams the same text
 gen1 -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/p1.txt"

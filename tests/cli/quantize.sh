@@ -51,11 +51,14 @@ check "a directory read back through a pipe gives the same tensors" cmp -s "$T/r
 # stats as JSONL: one object per quantized tensor
 $Q -q --stats --json "$T/r3.safetensors" "$T/s.safetensors" >"$T/stats.jsonl"
 n=$(grep -c '"rel_rms_error"' "$T/stats.jsonl")
-check "--stats --json writes one JSON line per quantized tensor ($n)" [ "$n" = 16 ]
-check "--stats --json: the decoder linears in 128x128 blocks, the embedding and lm_head one scale per row" sh -c "
-	[ \$(grep -c '\"block\":\[128,128\]' '$T/stats.jsonl') = 14 ] &&
-	grep -q '\"tensor\":\"model.embed_tokens.weight\",\"shape\":\[\([0-9]*\),\([0-9]*\)\],\"block\":\[1,\2\]' '$T/stats.jsonl' &&
-	grep -q '\"tensor\":\"lm_head.weight\",\"shape\":\[\([0-9]*\),\([0-9]*\)\],\"block\":\[1,\2\]' '$T/stats.jsonl'"
+check "--stats --json writes one JSON line per quantized tensor: the 14 decoder linears ($n)" [ "$n" = 14 ]
+check "--stats --json: the decoder linears in 128x128 blocks; the embedding and lm_head left plain" sh -c "
+	[ \$(grep -c '\"block\":\[128,128\]' '$T/stats.jsonl') = 14 ] && ! grep -q 'embed_tokens\|lm_head' '$T/stats.jsonl'"
+$Q -q --stats --json --fp8-vocab "$T/r3.safetensors" "$T/sv.safetensors" >"$T/statsv.jsonl"
+check "--fp8-vocab: the embedding and lm_head quantized too, one scale per row" sh -c "
+	[ \$(grep -c '\"rel_rms_error\"' '$T/statsv.jsonl') = 16 ] && [ \$(grep -c '\"block\":\[128,128\]' '$T/statsv.jsonl') = 14 ] &&
+	grep -q '\"tensor\":\"model.embed_tokens.weight\",\"shape\":\[\([0-9]*\),\([0-9]*\)\],\"block\":\[1,\2\]' '$T/statsv.jsonl' &&
+	grep -q '\"tensor\":\"lm_head.weight\",\"shape\":\[\([0-9]*\),\([0-9]*\)\],\"block\":\[1,\2\]' '$T/statsv.jsonl'"
 check "the stats lines are valid JSON with sane errors" python3 -c "
 import json,sys
 for l in open('$T/stats.jsonl'):

@@ -117,12 +117,12 @@ roundtrip "SmolLM2 FP8 1xK" "$T/m8k" --tp 3 --pp 2
 check "SmolLM2 pp3: stages balanced by bytes (embedding and head counted)" sh -c \
 	"$R -q -n '$T/m16' x --pp 3 | awk '/^[0-9]/{print \$6}' | sort -n | awk 'NR==1{lo=\$1} END{exit !(\$1 < 1.2 * lo)}'"
 
-# the embedding and lm_head of a default FP8 checkpoint (one scale per row)
-# split at any vocabulary row: 1000 rows over --tp 2 cut at 500 and over
-# --tp 4 at 250, inside 128-row blocks, beside 128x128 decoder blocks
+# the embedding and lm_head of an --fp8-vocab checkpoint (one scale per
+# row) split at any vocabulary row: 1000 rows over --tp 2 cut at 500 and
+# over --tp 4 at 250, inside 128-row blocks, beside 128x128 decoder blocks
 sed -e 's/"hidden_size": 128/"hidden_size": 512/' -e 's/"intermediate_size": 352/"intermediate_size": 1024/' \
 	-e 's/"vocab_size": 512/"vocab_size": 1000/' configs/tiny-check.json >"$T/v1000.json"
-$Q -q --random "$T/v1000.json" --dtype fp8 --seed 4 "$T/v8"
+$Q -q --random "$T/v1000.json" --dtype fp8 --fp8-vocab --seed 4 "$T/v8"
 roundtrip "vocabulary 1000, FP8 128x128 with the embedding and lm_head per row" "$T/v8" --tp 2 --pp 2
 roundtrip "vocabulary 1000, FP8 128x128 with the embedding and lm_head per row" "$T/v8" --tp 4
 $R -q "$T/v8" "$T/v8p" --tp 4

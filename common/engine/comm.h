@@ -106,6 +106,19 @@ enum llm_status llm_comm_allgather_slices(struct llm_comm *c, float *x, int64_t 
  * failing rank, or -1 when none did. */
 enum llm_status llm_comm_first_failing(struct llm_comm *c, int failed, int *first);
 
+/* A lost rank: a rank that has not been heard from for LLM_COMM_TIMEOUT
+ * seconds (default 10; killed, or its node or network gone) while this
+ * one runs. Under MPI a watchdog thread of every rank exchanges heartbeats
+ * with the others (comm_mpi.c); when one falls silent it prints "PROG: rank
+ * R of N: lost rank L: ..." on stderr and ends this process with status 1
+ * (_exit: the main thread may be waiting for L inside MPI). With FN set it
+ * calls FN(L, MSG, CTX) on the watchdog's thread instead (MSG without
+ * "PROG: "), once, and FN's owner ends the process (a server answers its
+ * clients first). FN NULL restores the default. Nothing in a single
+ * process, or where MPI lacks MPI_THREAD_MULTIPLE (then the launcher alone
+ * handles a lost rank). */
+void llm_comm_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx);
+
 /* Print "PROG: rank R of N: message" on stderr and end the whole job with
  * CODE (MPI_Abort; exit in a single process). */
 _Noreturn void llm_comm_abort(struct llm_comm *c, int code, const char *fmt, ...)
@@ -135,6 +148,7 @@ extern const struct llm_comm_ops llm_comm_single_ops;
 #ifdef LLM_MPI
 extern const struct llm_comm_ops llm_comm_mpi_ops;        /* comm_mpi.c */
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv);
+void llm_comm_mpi_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx);
 #endif
 #ifdef LLM_NCCL
 /* common/engine/comm_nccl.c (CUDA builds with NCCL; linked into libllm_cuda.so,

@@ -276,7 +276,7 @@ static void lost(int rank, double silent)
 {
 	char msg[300];
 	snprintf(msg, sizeof msg, "rank %d of %d: lost rank %d: no heartbeat from it for %.0f s (killed, or its node or "
-	         "network gone); ending", g_rank, g_size, rank, silent);
+	         "network gone)", g_rank, g_size, rank, silent);
 	pthread_mutex_lock(&g_wd.mu);     /* held through FN: llm_comm_on_lost(NULL) waits for it */
 	if (g_wd.on_lost) {
 		g_wd.on_lost(rank, msg, g_wd.ctx);

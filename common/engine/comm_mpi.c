@@ -315,8 +315,14 @@ static void *watchdog(void *arg)
 		if (r != g_rank)
 			MPI_Irecv(&in[r], 1, MPI_INT, r, HB_TAG, g_wd.comm, &rr[r]);
 	}
-	while (!atomic_load(&g_wd.stop)) {
+	for (double last = now; !atomic_load(&g_wd.stop); last = now) {
 		now = llm_now();
+		/* this thread was not run for a while (the job stopped with
+		 * SIGSTOP and continued, the machine starved): the others may
+		 * have been stopped too, so their silence is counted afresh */
+		if (now - last > 2 * g_wd.period)
+			for (int r = 0; r < n; r++)
+				seen[r] = now;
 		for (int r = 0; r < n; r++) {
 			int done = 0;
 			if (rr[r] == MPI_REQUEST_NULL)

@@ -90,7 +90,7 @@ gen() {
 	return $k
 }
 gen; k=$?
-if [ $k = 0 ] && [ $RC != 0 ] && [ $RC != 124 ] && [ "$N" -lt 400 ] && grep -qE "process rank 1 .*(signal 9|Killed)|lost rank 1" "$T/err"; then
+if [ $k = 0 ] && [ $RC != 0 ] && [ $RC != 124 ] && [ "$N" -lt 400 ] && grep -qE "process rank 1 with PID|lost rank 1" "$T/err"; then
 	ok "llm-generate, plain mpirun: rank 1 killed after $N of 400 answers; mpirun ended the job (exit $RC, ${SECS}s): $(grep -E 'process rank 1|lost rank 1' "$T/err" | head -1)"
 else
 	notok "llm-generate, plain mpirun: kill $k, exit $RC after ${SECS}s, $N answers"; sed 's/^/#   /' "$T/err" | head -8
@@ -161,7 +161,7 @@ ft() {
 	rm -f "$T"/rc.* "$T"/err*
 	mpijob "$@" -np 2 sh -c "$WRAP" "$FT" -m "$S" $CMP -o "$T/ft" --log "$T/ft.csv" $res 2>"$T/err" &
 	local job=$!
-	wait_until 120 sh -c "[ \$(wc -l <'$T/ft.csv' 2>/dev/null || echo 0) -gt $at ]"
+	wait_until 120 sh -c "[ -f '$T/ft.csv' ] && [ \$(wc -l <'$T/ft.csv') -gt $at ]"
 	kill_rank 1 "^$FT -m $S .* -o $T/ft"; local k=$?
 	ended $job
 	STEPS=$(($(lines "$T/ft.csv") - 1))

@@ -5,7 +5,9 @@
  * Guarantees: every call either completes on every rank of the communicator
  * or the job ends: a rank that fails calls llm_comm_abort (or exits, or
  * crashes) and the whole job comes down with a message naming the rank,
- * never a hang. Collectives are deterministic: the same inputs give the same
+ * never a hang; a rank killed or cut off is ended by the launcher, or
+ * else found lost by the others' watchdogs within LLM_COMM_TIMEOUT seconds
+ * (llm_comm_on_lost). Collectives are deterministic: the same inputs give the same
  * bits on every rank (MPI's reductions are in a fixed order for a fixed
  * communicator size). Byte counters per communicator let the engine report
  * what crossed each link (-v).

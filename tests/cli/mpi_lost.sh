@@ -7,8 +7,9 @@
 #   ranks running, and Open MPI 4 would leave them waiting forever): the
 #   watchdog of each other rank names the lost rank and exits 1;
 # - llm-serve under mpirun --enable-recovery: /health turns 503 "failed",
-#   the clients in flight (plain and streamed) get a 503 error naming the
-#   lost rank, a new request gets 503, and every rank ends with status 1;
+#   the clients in flight (plain and streamed, 4 choices each; two more
+#   sent after the kill) get a 503 error naming the lost rank, a new request
+#   gets 503, and every rank ends with status 1;
 # - llm-finetune (-np 2, --save-every 1): rank 1 killed under plain mpirun,
 #   then again under --enable-recovery after resuming: each time the state
 #   rank 0 saved resumes, and the run ends with the adapter of the
@@ -110,7 +111,8 @@ if command -v curl >/dev/null 2>&1; then
 	SP=$!
 	URL=$(serve_url "$T/port" 90)
 	if curl -sf -m 5 "$URL/health" >/dev/null; then
-		body='{"prompt":"Once upon a time","max_tokens":500,"temperature":0,"ignore_eos":true'
+		body='{"prompt":"Once upon a time","max_tokens":500,"temperature":0,"ignore_eos":true,"n":4'
+		p1=$(rank_pid 1 "^llm-serve -m $T/s22")      # found now: killed at once below
 		cpids=
 		for i in 1 2 3 4; do
 			curl -s -m 200 -o "$T/c$i.out" -w '%{http_code}' -H 'Content-Type: application/json' -d "$body}" \
@@ -120,7 +122,13 @@ if command -v curl >/dev/null 2>&1; then
 		curl -sN -m 200 -H 'Content-Type: application/json' -d "$body,\"stream\":true}" "$URL/v1/completions" >"$T/c5.out" &
 		cpids="$cpids $!"
 		wait_until 60 grep -q '^data: {' "$T/c5.out"
-		kill_rank 1 "^llm-serve -m $T/s22"; k=$?
+		kill -KILL "$p1"; k=$?
+		# and two more while the server has not yet found the loss
+		for i in 6 7; do
+			curl -s -m 200 -o "$T/c$i.out" -w '%{http_code}' -H 'Content-Type: application/json' -d "$body}" \
+				"$URL/v1/completions" >"$T/c$i.code" &
+			cpids="$cpids $!"
+		done
 		health() { [ "$(curl -s -m 5 -o "$T/health" -w '%{http_code}' "$URL/health")" = 503 ]; }
 		wait_until $BOUND health
 		check "llm-serve: /health turns 503 {\"status\":\"failed\"} after rank 1 is killed (kill $k)" grep -q '"failed"' "$T/health"
@@ -130,7 +138,7 @@ if command -v curl >/dev/null 2>&1; then
 			sh -c "[ \"\$(cat '$T/new.code')\" = 503 ] && grep -q 'lost rank 1' '$T/new.out'"
 		wait $cpids
 		check "llm-serve: every client in flight got an answer, each 503 naming the lost rank ($(cat "$T"/c?.code | tr '\n' ' '))" \
-			sh -c "for i in 1 2 3 4; do [ \"\$(cat $T/c\$i.code)\" = 503 ] && grep -q 'rank 0 of 4: lost rank 1' $T/c\$i.out || exit 1; done"
+			sh -c "for i in 1 2 3 4 6 7; do [ \"\$(cat $T/c\$i.code)\" = 503 ] && grep -q 'rank 0 of 4: lost rank 1' $T/c\$i.out || exit 1; done"
 		check "llm-serve: the streamed client got an error event naming the lost rank, then [DONE]" \
 			sh -c "grep -q '^data: {\"error\".*lost rank 1' '$T/c5.out' && tail -n 3 '$T/c5.out' | grep -q 'data: \[DONE\]'"
 		ended $SP

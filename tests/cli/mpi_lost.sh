@@ -7,9 +7,10 @@
 #   ranks running, and Open MPI 4 would leave them waiting forever): the
 #   watchdog of each other rank names the lost rank and exits 1;
 # - llm-serve under mpirun --enable-recovery: /health turns 503 "failed",
-#   the clients in flight (plain and streamed, 4 choices each; two more
-#   sent after the kill) get a 503 error naming the lost rank, a new request
-#   gets 503, and every rank ends with status 1;
+#   the clients in flight (plain and streamed, 4 choices each, all in the
+#   running batch; two more sent after the kill) get a 503 error naming the lost rank, a new request
+#   gets 503, and every rank ends with status 1; under plain mpirun,
+#   mpirun ends the job and no client hangs (their connections close);
 # - llm-finetune (-np 2, --save-every 1): rank 1 killed under plain mpirun,
 #   then again under --enable-recovery after resuming: each time the state
 #   rank 0 saved resumes, and the run ends with the adapter of the
@@ -104,10 +105,15 @@ else
 fi
 
 # llm-serve: clients in flight when rank 1 is killed
+# running N: the server has N sequences running (the 5 requests of 4
+# choices each are all in the batch, not waiting)
+running() {
+	[ "$(curl -s -m 5 "$URL/metrics" | awk '$1 == "llm_requests_running" {print $2}')" -ge "$1" ] 2>/dev/null
+}
 if command -v curl >/dev/null 2>&1; then
 	rm -f "$T"/rc.* "$T"/err* "$T/port" "$T"/c*.out
 	mpijob --enable-recovery -np 4 sh -c "$WRAP_ERR" llm-serve -m "$T/s22" --port 0 \
-		--port-file "$T/port" -t 1 2>"$T/err.mpirun" &
+		--port-file "$T/port" -t 1 --max-running 32 2>"$T/err.mpirun" &
 	SP=$!
 	URL=$(serve_url "$T/port" 90)
 	if curl -sf -m 5 "$URL/health" >/dev/null; then
@@ -121,7 +127,7 @@ if command -v curl >/dev/null 2>&1; then
 		done
 		curl -sN -m 200 -H 'Content-Type: application/json' -d "$body,\"stream\":true}" "$URL/v1/completions" >"$T/c5.out" &
 		cpids="$cpids $!"
-		wait_until 60 grep -q '^data: {' "$T/c5.out"
+		wait_until 60 running 20 && wait_until 60 grep -q '^data: {' "$T/c5.out"
 		kill -KILL "$p1"; k=$?
 		# and two more while the server has not yet found the loss
 		for i in 6 7; do
@@ -150,6 +156,35 @@ if command -v curl >/dev/null 2>&1; then
 	else
 		notok "llm-serve under mpirun --enable-recovery: /health 200 within 90 s"; sed 's/^/#   /' "$T"/err.* | head -5
 		kill -TERM $SP 2>/dev/null; wait $SP
+	fi
+	# plain mpirun: it ends every rank (rank 0 gets SIGTERM, then SIGKILL
+	# a second later), so the clients in flight see their connection
+	# closed; none may hang
+	rm -f "$T"/rc.* "$T"/err* "$T/port" "$T"/c*.out "$T"/c*.code
+	mpijob -np 4 sh -c "$WRAP_ERR" llm-serve -m "$T/s22" --port 0 --port-file "$T/port" -t 1 --max-running 32 2>"$T/err.mpirun" &
+	SP=$!
+	URL=$(serve_url "$T/port" 90)
+	p1=$(rank_pid 1 "^llm-serve -m $T/s22")
+	cpids=
+	for i in 1 2 3 4; do
+		{ curl -s -m 200 -o "$T/c$i.out" -H 'Content-Type: application/json' -d "$body}" "$URL/v1/completions"
+		  echo $? >"$T/c$i.code"; } &
+		cpids="$cpids $!"
+	done
+	curl -sN -m 200 -H 'Content-Type: application/json' -d "$body,\"stream\":true}" "$URL/v1/completions" >"$T/c5.out" &
+	cpids="$cpids $!"
+	wait_until 60 running 20 && wait_until 60 grep -q '^data: {' "$T/c5.out"
+	kill -KILL "$p1"; k=$?
+	ended $SP
+	wait $cpids
+	codes=$(cat "$T"/c?.code 2>/dev/null | tr '\n' ' ')
+	if [ -n "$p1" ] && [ $k = 0 ] && [ $RC != 0 ] && [ $RC != 124 ] && grep -qE "process rank 1 with PID" "$T/err.mpirun" &&
+	   [ "$(echo $codes | wc -w)" = 4 ] && ! echo " $codes" | grep -qE ' (0|28) '; then
+		ok "llm-serve, plain mpirun: rank 1 killed, mpirun ended the job (exit $RC, ${SECS}s), naming it; no client hung (curl exits $codes)"
+	else
+		notok "llm-serve, plain mpirun: kill $k, exit $RC after ${SECS}s, curl exits $codes"
+		for i in 1 2 3 4; do head -c 200 "$T/c$i.out" 2>/dev/null | sed 's/^/#   /'; echo; done
+		sed 's/^/#   /' "$T/err.mpirun" "$T/err.0" | head -8
 	fi
 else
 	skip "llm-serve losing a rank" "curl not found"

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES="build-essential clang libjansson-dev libpcre2-dev libutf8proc-dev
 libmicrohttpd-dev libcurl4-openssl-dev libopenmpi-dev openmpi-bin python3
-python3-numpy python3-jsonschema python3-locust curl gnuplot-nox"
+python3-numpy python3-jsonschema python3-locust curl gnuplot-nox iproute2"
 
 if command -v dpkg >/dev/null && command -v apt-get >/dev/null; then
 	missing=""

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -177,6 +178,24 @@ static int refuse_dist(void)
 		fprintf(stderr, "%s: %s%s%s\n", llm_progname(), status == 1 ? cfg.model : "", status == 1 ? ": " : "", why);
 	llm_comm_finalize(world);
 	return status;
+}
+
+/* Rank 0 lost another rank (the server has failed every request with 503
+ * naming it): /health answers 503 for LOST_GRACE_S more seconds, so the
+ * answers reach their clients and a health check sees the failure; then
+ * the process ends without stopping the server, whose engine thread may
+ * be waiting inside MPI for the lost rank forever. */
+#define LOST_GRACE_S 5
+static _Noreturn void lost_rank_exit(struct llm_server *srv, const sigset_t *set)
+{
+	const char *err;
+	llm_server_state(srv, &err);
+	struct timespec tick = { 0, 100 * 1000 * 1000 };
+	for (double t0 = llm_now(); llm_now() - t0 < LOST_GRACE_S; )
+		sigtimedwait(set, NULL, &tick);
+	fprintf(stderr, "%s: %s\n", llm_progname(), err);
+	fflush(stderr);
+	_exit(1);
 }
 
 /* A rank other than 0: open this rank's share and follow rank 0's steps. */
@@ -343,6 +362,8 @@ int main(int argc, char **argv)
 	for (;;) {
 		const char *err;
 		enum llm_server_state st = llm_server_state(srv, &err);
+		if (st == LLM_SERVER_FAILED && llm_server_lost_rank(srv) >= 0)
+			lost_rank_exit(srv, &set);
 		if (st == LLM_SERVER_FAILED) {
 			char msg[600];
 			snprintf(msg, sizeof msg, "%s", err);
@@ -366,6 +387,8 @@ int main(int argc, char **argv)
 		if (sigtimedwait(&set, NULL, &tick) > 0)
 			break;           /* a second signal: stop now */
 	}
+	if (llm_server_lost_rank(srv) >= 0)
+		lost_rank_exit(srv, &set);
 	int left = llm_server_in_flight(srv);
 	if (left)
 		llm_warn("%d requests still running after the drain; cancelled", left);

@@ -154,6 +154,15 @@ enum llm_status llm_comm_init(struct llm_comm **world, int *argc, char ***argv)
 	return LLM_OK;
 }
 
+void llm_comm_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx)
+{
+#ifdef LLM_MPI
+	llm_comm_mpi_on_lost(fn, ctx);
+#else
+	(void)fn, (void)ctx;
+#endif
+}
+
 enum llm_status llm_comm_finalize(struct llm_comm *world)
 {
 	if (!world)

@@ -5,7 +5,9 @@
  * Guarantees: every call either completes on every rank of the communicator
  * or the job ends: a rank that fails calls llm_comm_abort (or exits, or
  * crashes) and the whole job comes down with a message naming the rank,
- * never a hang. Collectives are deterministic: the same inputs give the same
+ * never a hang; a rank killed or cut off is ended by the launcher, or
+ * else found lost by the others' watchdogs within LLM_COMM_TIMEOUT seconds
+ * (llm_comm_on_lost). Collectives are deterministic: the same inputs give the same
  * bits on every rank (MPI's reductions are in a fixed order for a fixed
  * communicator size). Byte counters per communicator let the engine report
  * what crossed each link (-v).
@@ -106,6 +108,19 @@ enum llm_status llm_comm_allgather_slices(struct llm_comm *c, float *x, int64_t 
  * failing rank, or -1 when none did. */
 enum llm_status llm_comm_first_failing(struct llm_comm *c, int failed, int *first);
 
+/* A lost rank: a rank that has not been heard from for LLM_COMM_TIMEOUT
+ * seconds (default 10; killed, or its node or network gone) while this
+ * one runs. Under MPI a watchdog thread of every rank exchanges heartbeats
+ * with the others (comm_mpi.c); when one falls silent it prints "PROG: rank
+ * R of N: lost rank L: ..." on stderr and ends this process with status 1
+ * (_exit: the main thread may be waiting for L inside MPI). With FN set it
+ * calls FN(L, MSG, CTX) on the watchdog's thread instead (MSG without
+ * "PROG: "), once, and FN's owner ends the process (a server answers its
+ * clients first). FN NULL restores the default. Nothing in a single
+ * process, or where MPI lacks MPI_THREAD_MULTIPLE (then the launcher alone
+ * handles a lost rank). */
+void llm_comm_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx);
+
 /* Print "PROG: rank R of N: message" on stderr and end the whole job with
  * CODE (MPI_Abort; exit in a single process). */
 _Noreturn void llm_comm_abort(struct llm_comm *c, int code, const char *fmt, ...)
@@ -135,6 +150,7 @@ extern const struct llm_comm_ops llm_comm_single_ops;
 #ifdef LLM_MPI
 extern const struct llm_comm_ops llm_comm_mpi_ops;        /* comm_mpi.c */
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv);
+void llm_comm_mpi_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx);
 #endif
 #ifdef LLM_NCCL
 /* common/engine/comm_nccl.c (CUDA builds with NCCL; linked into libllm_cuda.so,

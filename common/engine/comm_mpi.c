@@ -7,13 +7,29 @@
  * before llm_comm_finalize runs the exit hook, which names the rank and
  * calls MPI_Abort, so mpirun ends every other rank instead of leaving them
  * blocked in a collective; a rank killed by a signal is reported and the job
- * ended by mpirun itself. Payloads above INT_MAX elements go in chunks. */
+ * ended by mpirun itself. Payloads above INT_MAX elements go in chunks.
+ *
+ * A lost rank (killed, its node gone) is noticed by the watchdog, not by
+ * MPI: Open MPI 4 has no way to report a dead peer to the others (a
+ * collective waiting for it waits forever, unless mpirun ends the job,
+ * which it does by default). The watchdog is a thread of each rank (with
+ * MPI_THREAD_MULTIPLE) that sends every other rank a heartbeat each second
+ * on a communicator of its own and listens for theirs; a rank silent for
+ * LLM_COMM_TIMEOUT seconds (default 10) is lost: the watchdog names it on
+ * stderr and ends this rank with status 1, or hands it to the hook a
+ * server set (llm_comm_on_lost). A rank leaving normally says goodbye
+ * first (llm_comm_finalize), so it is never taken for lost. */
 #ifdef LLM_MPI
 #define _GNU_SOURCE
 #include "comm.h"
+#include "args.h"
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,26 +244,209 @@ static void exit_hook(void)
 	MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+static void watchdog_stop(void);
+
 static enum llm_status mpi_finalize(struct llm_comm *c)
 {
+	watchdog_stop();
 	mpi_free(c);
 	int rc = MPI_Finalize();
 	return rc == MPI_SUCCESS ? LLM_OK : llm_fail(LLM_ERR_COMM, "rank %d of %d: MPI_Finalize failed", g_rank, g_size);
+}
+
+/* ---- the watchdog: heartbeats between every pair of ranks -------------- */
+
+enum { HB_ALIVE = 1, HB_BYE = 2, HB_TAG = 7 };
+
+static struct {
+	pthread_t th;
+	int running;
+	atomic_int stop;
+	MPI_Comm comm;               /* a duplicate of the world, for heartbeats only */
+	double timeout, period;      /* seconds */
+	pthread_mutex_t mu;          /* guards on_lost */
+	void (*on_lost)(int rank, const char *msg, void *ctx);
+	void *ctx;
+} g_wd = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static const int hb_alive = HB_ALIVE, hb_bye = HB_BYE;
+
+/* Rank LOST fell silent: the hook's, or name it and end this rank. */
+static void lost(int rank, double silent)
+{
+	char msg[300];
+	snprintf(msg, sizeof msg, "rank %d of %d: lost rank %d: no heartbeat from it for %.0f s (killed, or its node or "
+	         "network gone)", g_rank, g_size, rank, silent);
+	pthread_mutex_lock(&g_wd.mu);     /* held through FN: llm_comm_on_lost(NULL) waits for it */
+	if (g_wd.on_lost) {
+		g_wd.on_lost(rank, msg, g_wd.ctx);
+		pthread_mutex_unlock(&g_wd.mu);
+		return;
+	}
+	pthread_mutex_unlock(&g_wd.mu);
+	fflush(stdout);            /* what rank 0 has written so far stays written */
+	fprintf(stderr, "%s: %s\n", llm_progname(), msg);
+	fflush(stderr);
+	_exit(1);                  /* not exit: the main thread is inside MPI, waiting for the lost rank */
+}
+
+static void nap(double s)
+{
+	struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+	nanosleep(&ts, NULL);
+}
+
+static void *watchdog(void *arg)
+{
+	(void)arg;
+	int n = g_size;
+	double *seen = calloc((size_t)n, sizeof *seen);
+	int *in = calloc((size_t)n, sizeof *in), *bye = calloc((size_t)n, sizeof *bye);
+	MPI_Request *rr = malloc((size_t)n * sizeof *rr), *sr = malloc((size_t)n * sizeof *sr);
+	if (!seen || !in || !bye || !rr || !sr) {
+		fprintf(stderr, "%s: rank %d of %d: out of memory for the watchdog; a lost rank is not watched for\n",
+		        llm_progname(), g_rank, g_size);
+		goto out;
+	}
+	double now = llm_now(), next = now;
+	for (int r = 0; r < n; r++) {
+		seen[r] = now;
+		rr[r] = sr[r] = MPI_REQUEST_NULL;
+		if (r != g_rank)
+			MPI_Irecv(&in[r], 1, MPI_INT, r, HB_TAG, g_wd.comm, &rr[r]);
+	}
+	for (double last = now; !atomic_load(&g_wd.stop); last = now) {
+		now = llm_now();
+		/* this thread was not run for a while (the job stopped with
+		 * SIGSTOP and continued, the machine starved): the others may
+		 * have been stopped too, so their silence is counted afresh */
+		if (now - last > 2 * g_wd.period)
+			for (int r = 0; r < n; r++)
+				seen[r] = now;
+		for (int r = 0; r < n; r++) {
+			int done = 0;
+			if (rr[r] == MPI_REQUEST_NULL)
+				continue;
+			MPI_Test(&rr[r], &done, MPI_STATUS_IGNORE);
+			if (!done)
+				continue;
+			seen[r] = now;
+			if (in[r] == HB_BYE)
+				bye[r] = 1;       /* rr[r] stays null: it has stopped */
+			else
+				MPI_Irecv(&in[r], 1, MPI_INT, r, HB_TAG, g_wd.comm, &rr[r]);
+		}
+		if (now >= next) {
+			for (int r = 0; r < n; r++) {
+				int done = 1;
+				if (r == g_rank)
+					continue;
+				if (sr[r] != MPI_REQUEST_NULL)
+					MPI_Test(&sr[r], &done, MPI_STATUS_IGNORE);
+				if (done)          /* one heartbeat in flight per peer at most */
+					MPI_Isend(&hb_alive, 1, MPI_INT, r, HB_TAG, g_wd.comm, &sr[r]);
+			}
+			next = now + g_wd.period;
+		}
+		for (int r = 0; r < n; r++)
+			if (r != g_rank && !bye[r] && now - seen[r] > g_wd.timeout) {
+				lost(r, now - seen[r]);
+				goto out;    /* the hook's owner ends the process */
+			}
+		nap(0.05);
+	}
+	/* stopping: goodbye to every rank still listening, then the receives
+	 * cancelled; a send that does not complete within a period is left */
+	MPI_Request *br = malloc((size_t)n * sizeof *br);
+	for (int r = 0; br && r < n; r++) {
+		br[r] = MPI_REQUEST_NULL;
+		if (r != g_rank && !bye[r])
+			MPI_Isend(&hb_bye, 1, MPI_INT, r, HB_TAG, g_wd.comm, &br[r]);
+	}
+	for (double end = llm_now() + g_wd.period; ; nap(0.01)) {
+		int done = 0;
+		if (br)
+			MPI_Testall(n, br, &done, MPI_STATUSES_IGNORE);
+		if (!br || done || llm_now() > end)
+			break;
+	}
+	for (int r = 0; r < n; r++) {
+		if (rr[r] != MPI_REQUEST_NULL) {
+			MPI_Cancel(&rr[r]);
+			MPI_Request_free(&rr[r]);
+		}
+		if (sr[r] != MPI_REQUEST_NULL)
+			MPI_Request_free(&sr[r]);
+		if (br && br[r] != MPI_REQUEST_NULL)
+			MPI_Request_free(&br[r]);
+	}
+	free(br);
+out:
+	free(seen), free(in), free(bye), free(rr), free(sr);
+	return NULL;
+}
+
+/* LLM_COMM_TIMEOUT: seconds of silence after which a rank is lost; 0: no
+ * watchdog. */
+static enum llm_status watchdog_start(void)
+{
+	const char *v = getenv("LLM_COMM_TIMEOUT");
+	int64_t t = 10;
+	if (v && *v && llm_parse_int(v, 0, 86400, &t))
+		return llm_fail(LLM_ERR_USAGE, "LLM_COMM_TIMEOUT=%s: not a number of seconds from 0 to 86400", v);
+	if (t == 0 || g_size < 2)
+		return LLM_OK;
+	g_wd.timeout = (double)t;
+	g_wd.period = t >= 4 ? 1.0 : (double)t / 4;
+	if (MPI_Comm_dup(MPI_COMM_WORLD, &g_wd.comm) != MPI_SUCCESS)
+		return llm_fail(LLM_ERR_COMM, "rank %d of %d: MPI_Comm_dup failed", g_rank, g_size);
+	atomic_store(&g_wd.stop, 0);
+	if (pthread_create(&g_wd.th, NULL, watchdog, NULL))
+		return llm_fail(LLM_ERR_COMM, "rank %d of %d: cannot start the watchdog thread", g_rank, g_size);
+	g_wd.running = 1;
+	return LLM_OK;
+}
+
+static void watchdog_stop(void)
+{
+	if (!g_wd.running)
+		return;
+	atomic_store(&g_wd.stop, 1);
+	pthread_join(g_wd.th, NULL);
+	g_wd.running = 0;
+	MPI_Comm_free(&g_wd.comm);
+}
+
+void llm_comm_mpi_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx)
+{
+	pthread_mutex_lock(&g_wd.mu);
+	g_wd.on_lost = fn;
+	g_wd.ctx = ctx;
+	pthread_mutex_unlock(&g_wd.mu);
 }
 
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv)
 {
 	int provided = 0, init = 0;
 	MPI_Initialized(&init);
-	if (!init && MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+	if (!init && MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
 		return llm_fail(LLM_ERR_COMM, "MPI_Init_thread failed");
 	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	/* a write to a lost peer's TCP socket would end this rank by SIGPIPE,
+	 * before the watchdog could name the peer: EPIPE instead */
+	signal(SIGPIPE, SIG_IGN);
 	MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &g_size);
 	atexit(exit_hook);
 	MPI_Comm dup;
 	if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
 		return llm_fail(LLM_ERR_COMM, "rank %d of %d: MPI_Comm_dup failed", g_rank, g_size);
+	/* the watchdog's thread calls MPI beside the main thread: without
+	 * MPI_THREAD_MULTIPLE a lost rank is left to the launcher */
+	if (init)
+		MPI_Query_thread(&provided);
+	if (provided >= MPI_THREAD_MULTIPLE)
+		LLM_TRY(watchdog_start());
 	struct llm_comm base = { .world_rank = g_rank, .world_size = g_size };
 	return wrap(&base, dup, world);
 }

@@ -15,6 +15,7 @@
 #include "args.h"
 #include "request.h"
 #include "guide.h"
+#include "comm.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -343,9 +344,12 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	/* admission */
 	pthread_mutex_lock(&s->mu);
 	if (s->state != LLM_SERVER_READY) {
+		char why[sizeof s->err + 32];
+		snprintf(why, sizeof why, "%s%s", s->state == LLM_SERVER_DRAINING ? "draining" : s->lost_rank >= 0 ?
+		         "failed: " : "not ready", s->lost_rank >= 0 ? s->err : "");
 		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
-		return send_error(s, conn, k, 503, NULL, "the server is %s", s->state == LLM_SERVER_DRAINING ? "draining" : "not ready");
+		return send_error(s, conn, k, 503, NULL, "the server is %s", why);
 	}
 	if (rq.adapter && strcmp(s->lora_name[rq.adapter - 1], lnames[rq.adapter - 1])) {   /* unloaded meanwhile */
 		llm_srv_job_unref_locked(j);
@@ -681,6 +685,7 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->ecv, NULL);
 	s->state = LLM_SERVER_LOADING;
+	s->lost_rank = -1;
 	s->req_prompt.le = s->req_gen.le = llm_srv_tokens_le;
 	enum llm_status st;
 	if (o->chat_template && !(s->template_src = llm_strdup(o->chat_template))) {
@@ -773,10 +778,23 @@ int llm_server_in_flight(struct llm_server *s)
 	return n;
 }
 
+int llm_server_lost_rank(struct llm_server *s)
+{
+	pthread_mutex_lock(&s->mu);
+	int r = s->lost_rank;
+	pthread_mutex_unlock(&s->mu);
+	return r;
+}
+
 void llm_server_stop(struct llm_server *s)
 {
 	if (!s)
 		return;
+	llm_comm_on_lost(NULL, NULL);   /* a lost rank from here on: the default (this rank ends) */
+	if (s->lost_rank >= 0) {        /* the engine thread may never return: left as it is */
+		MHD_stop_daemon(s->d);
+		return;
+	}
 	if (s->engine_started) {
 		pthread_mutex_lock(&s->mu);
 		s->stop = 1;

@@ -57,6 +57,12 @@ enum llm_status llm_server_start(struct llm_server **s, const struct llm_server_
 int llm_server_port(const struct llm_server *s);
 /* The state; for LLM_SERVER_FAILED, *ERR (may be NULL) gets the message. */
 enum llm_server_state llm_server_state(struct llm_server *s, const char **err);
+/* Distributed: the rank whose loss failed the server (LLM_SERVER_FAILED;
+ * every request was answered 503 naming it), else -1. The engine thread
+ * may then wait forever inside MPI for that rank: end the process
+ * (llm_server_stop then only closes the listening socket and leaves the
+ * rest, engine thread included, to the end of the process). */
+int llm_server_lost_rank(struct llm_server *s);
 /* Stop taking requests (new ones get 503, /health 503); running ones go on. */
 void llm_server_drain(struct llm_server *s);
 /* Requests accepted and not yet answered. */

@@ -9,6 +9,7 @@
 #include "tokenizer.h"
 #include "grammar.h"
 #include "fileio.h"
+#include "comm.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -216,6 +217,26 @@ static void fail_job_locked(struct llm_server *s, struct job *j, int status, con
 		choice_done_locked(s, &j->ch[c], LLM_FINISH_CANCEL);
 }
 
+/* A lost rank (the communication layer's watchdog, on its thread): the
+ * engine thread may be waiting inside a collective that never ends, so
+ * the server fails here, without it: /health and new requests 503, every
+ * request queued or in flight answered 503 with the message naming the
+ * lost rank. llm-serve then ends the process (llm_server_lost_rank). */
+static void on_lost_rank(int rank, const char *msg, void *ctx)
+{
+	struct llm_server *s = ctx;
+	pthread_mutex_lock(&s->mu);
+	snprintf(s->err, sizeof s->err, "%s", msg);
+	s->state = LLM_SERVER_FAILED;
+	s->lost_rank = rank;
+	for (struct job *j = s->subq; j; j = j->next)
+		fail_job_locked(s, j, 503, msg);
+	for (struct job *j = s->active; j; j = j->next)
+		if (j->n_done < j->n)
+			fail_job_locked(s, j, 503, msg);
+	pthread_mutex_unlock(&s->mu);
+}
+
 static enum llm_status engine_load(struct llm_server *s)
 {
 	LLM_TRY(llm_engine_open(&s->e, s->o.model, &s->o.eng));
@@ -296,6 +317,9 @@ static void lora_ops_locked(struct llm_server *s)
 void *llm_srv_engine_main(void *arg)
 {
 	struct llm_server *s = arg;
+	struct llm_comm *w = llm_comm_world();
+	if (w && w->size > 1)
+		llm_comm_on_lost(on_lost_rank, s);
 	enum llm_status st = engine_load(s);
 	pthread_mutex_lock(&s->mu);
 	if (st) {

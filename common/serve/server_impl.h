@@ -144,6 +144,7 @@ struct llm_server {
 	pthread_cond_t ecv;
 	enum llm_server_state state;
 	char err[512];
+	int lost_rank;               /* distributed: the rank the watchdog lost (FAILED), else -1 */
 	int stop, in_flight, n_ctx, n_vocab;
 	struct job *subq, *subq_tail, *active;
 	/* LoRA adapters by slot - 1, as the engine thread loaded them: name

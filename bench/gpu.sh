@@ -9,8 +9,9 @@
 # The device call (15 minutes of device time a session, the machine's
 # start included; what is under $OUT comes back even when the call is cut):
 #   bench/gpu.sh /tmp/gpu --pack $OUT/gpu.tgz      (timeout_s 480)
-# and, for what failed, a second, targeted call:
-#   bench/gpu.sh /tmp/gpu --only test_cuda,greedy --pack $OUT/gpu.tgz
+# and, for what failed, a second, targeted call at once (the machine stays
+# warm 30 s after a call; a fresh one takes minutes of the budget):
+#   bench/gpu.sh /tmp/gpu --only test_cuda,greedy --budget 200 --pack $OUT/gpu2.tgz
 #
 # Each step is timed and bounded (timeout) and, the moment it ends, writes
 # OUTDIR/<step>.json ({"step", "status": "PASS|FAIL|SKIP", "seconds",
@@ -56,11 +57,13 @@
 # decode: llm-bench model at batch 1, 8, 32, 128 of the 8B shape against
 #   the roofline of weight + KV bytes over the bandwidth measured in the run;
 # startup: start to first token of the 8B checkpoint;
+# serve: the serve sweep: llm-serve on the 8B checkpoint, llm-bench serve
+#   with 2048-token prompts and 128-token outputs at 1, 16, 64 clients,
+#   beside TensorRT-LLM's 3,450 output tok/s (8B FP8, one H100);
 # eval: the evaluation job's speed-up (400 synthetic HellaSwag-like items,
 #   one sequence each against shared contexts batched; target 4x);
 # cuda_sh: tests/cli/cuda.sh (the dlopen'd backend, the tools on CUDA);
 # gemm_sweep: the tile sweep, a new kernels/tune_table.h left in OUTDIR.
-# (No step yet for the serve sweep: bench/serve.sh runs on the CPU.)
 # --only STEP,...: those steps alone (build always runs first: the others
 # need it; make rebuilds nothing already built). --quick: the correctness
 # steps before gemm_bench, no 8B checkpoint.
@@ -84,9 +87,9 @@ cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 
 # every step, in order; the tools the steps run (built in both builds)
-ALL_STEPS="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck gemm_bench logits_8b decode startup eval cuda_sh gemm_sweep"
+ALL_STEPS="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck gemm_bench logits_8b decode startup serve eval cuda_sh gemm_sweep"
 QUICK_STEPS="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck"
-TOOLS="llm-generate llm-quantize llm-bench llm-repartition"
+TOOLS="llm-generate llm-quantize llm-bench llm-repartition llm-serve"
 
 usage() { echo "usage: bench/gpu.sh OUTDIR [--quick] [--dry-run] [--only STEP,...] [--budget S] [--pack FILE]" >&2; exit 2; }
 OUTDIR="" QUICK=0 DRY=0 ONLY="" BUDGET="" PACK=""
@@ -489,7 +492,7 @@ s_logits_smol() {
 # build so that it is written while the GPU tests run
 start_8b() {
 	local need=0 s
-	for s in logits_8b decode startup; do [[ " $RUN_STEPS " == *" $s "* ]] && need=1; done
+	for s in logits_8b decode startup serve; do [[ " $RUN_STEPS " == *" $s "* ]] && need=1; done
 	[ $DRY = 0 ] && [ $need = 1 ] && [ "$BUILD_OK" = 1 ] || return
 	( timeout -k 10 300 "$QUANT" -q --random configs/llama-3.1-8b.json --dtype fp8 --seed 1 "$L8B" \
 		>"$OUTDIR/make_8b.log" 2>&1; echo $? >"$WORK/8b.rc" ) &
@@ -577,6 +580,58 @@ s_gemm_sweep() {
 	EXTRA="{\"rows\": $(grep -c '^	{' "$OUTDIR/tune_table.h"), \"table\": \"tune_table.h\"}"
 }
 
+# the serve sweep: llm-serve --backend cuda on the 8B-shape checkpoint
+# (stories260K's tokenizer beside it: synthetic prompt ids < 500, any id
+# out), llm-bench serve with 2048-token prompts and 128-token outputs at
+# 1, 16 and 64 concurrent clients, beside TensorRT-LLM's 3,450 output tok/s
+# (Llama-3.1-8B FP8, one H100); the step fails on wrong or lost requests
+# only. The dry run: the same machinery on stories260K and the CPU, small.
+SERVE_PID=""
+s_serve() {
+	local m=$LLM_TEST_MODELS/stories260K ck be=cuda inlen=2048 outlen=128 conc=1,16,64 nreq=64 rc port="" i why
+	[ -f "$m/tokenizer.json" ] || { skip "no stories260K tokenizer under $LLM_TEST_MODELS"; return; }
+	need_py || return
+	command -v curl >/dev/null 2>&1 || { failed "curl not found (the readiness probe of llm-serve)"; return; }
+	if need_gpu; then
+		have_8b || return
+		ck=$WORK/serve8b
+		mkdir -p "$ck" && ln -sf "$L8B"/* "$ck/" && cp "$m/tokenizer.json" "$m/tokenizer_config.json" "$ck/"
+	else
+		[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+		why=$REASON be=cpu ck=$m inlen=64 outlen=8 conc=1,4 nreq=8
+	fi
+	rm -f "$WORK/port"
+	"$TB/llm-serve" -m "$ck" --backend $be --port 0 --port-file "$WORK/port" -q 2>>"$LOG" &
+	SERVE_PID=$!
+	for ((i = 0; i < TL * 5; i++)); do
+		[ -s "$WORK/port" ] && port=$(cat "$WORK/port") && curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null && break
+		kill -0 $SERVE_PID 2>/dev/null || break
+		sleep 0.2
+	done
+	if ! [ -n "$port" ] || ! curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null; then
+		kill -TERM $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; SERVE_PID=""
+		failed "llm-serve --backend $be did not become ready: $(tail -n 1 "$LOG")"; return
+	fi
+	tmo "$BENCH" serve "http://127.0.0.1:$port" --input-len $inlen --output-len $outlen --concurrency $conc \
+		--requests $nreq --id-range 500 --format jsonl >"$WORK/serve.jsonl" 2>>"$LOG"; rc=$?
+	kill -TERM $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; SERVE_PID=""
+	cat "$WORK/serve.jsonl" >>"$LOG"
+	if timed_out $rc; then failed "llm-bench serve timed out after $TL s"; return; fi
+	EXTRA=$("$PY" -c 'import json,sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rows = [{k: x[k] for k in ("concurrency", "completed", "sent", "wrong", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+                           "itl_p99_ms")} for x in r]
+print(json.dumps({"backend": sys.argv[2], "input_len": int(sys.argv[3]), "output_len": int(sys.argv[4]), "rows": rows,
+                  "best_out_tok_s": max((x["out_tok_s"] for x in r), default=None),
+                  "beside_trtllm_h100_fp8_out_tok_s": 3450}))' "$WORK/serve.jsonl" $be $inlen $outlen) ||
+		{ failed "llm-bench serve exit $rc, unreadable output: $(tail -n 1 "$LOG")"; return; }
+	if [ $rc != 0 ] || ! echo "$EXTRA" | "$PY" -c 'import json,sys
+d = json.load(sys.stdin); sys.exit(not d["rows"] or any(x["wrong"] or x["completed"] != x["sent"] for x in d["rows"]))'; then
+		failed "llm-bench serve exit $rc: wrong or lost requests: $EXTRA"; return
+	fi
+	[ $be = cuda ] || skip "$why; the CPU half ran (stories260K, $inlen/$outlen tokens, $conc clients)"
+}
+
 # the evaluation job (llm-generate --eval, issue 26): N synthetic HellaSwag-like
 # items on the random SmolLM2 shape given stories260K's tokenizer, (a) every
 # context + ending its own sequence, one at a time, against (c) contexts
@@ -625,7 +680,11 @@ print(json.dumps({"backend": sys.argv[3], "items": sc["items"], "naive_total_s":
 	[ $be = cuda ] || skip "$why; the CPU half ran ($n items, $EXTRA)"
 }
 
-on_exit() { [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null; rm -rf "$WORK"; }
+on_exit() {
+	[ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null
+	[ -n "$SERVE_PID" ] && kill -TERM "$SERVE_PID" 2>/dev/null
+	rm -rf "$WORK"
+}
 trap on_exit EXIT
 # killed (the device call's limit): what ran stays in OUTDIR and the pack
 trap 'summary false "stopped by a signal $([ -n "$CUR" ] && echo "in step $CUR" || echo "between steps")"; exit 143' TERM INT HUP
@@ -652,6 +711,7 @@ step gemm_bench 90 s_gemm_bench
 step logits_8b 150 s_logits_8b
 step decode 120 s_decode
 step startup 60 s_startup
+step serve 120 s_serve
 step eval 90 s_eval
 step cuda_sh 90 s_cuda_sh
 step gemm_sweep 150 s_gemm_sweep

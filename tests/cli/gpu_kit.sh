@@ -9,7 +9,7 @@
 # test_cuda's failures say what they should.
 . tests/lib/tap.sh
 T=$TMPD
-steps="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck gemm_bench logits_8b decode startup eval cuda_sh gemm_sweep"
+steps="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck gemm_bench logits_8b decode startup serve eval cuda_sh gemm_sweep"
 LLM_BIN=$LLM_BIN bench/gpu.sh "$T/out" --dry-run --pack "$T/pack/gpu.tgz" >"$T/stdout" 2>"$T/stderr"; rc=$?
 check "bench/gpu.sh --dry-run exits 0 (exit $rc: $(grep -m1 '^FAIL' "$T/stdout"))" [ "$rc" = 0 ]
 sed 's/^/#   /' "$T/stdout"
@@ -27,10 +27,15 @@ for s in $steps; do
 	check "step $s: one stdout line and $s.json with step, status, seconds" step_json "$T/out" "$s" "$T/stdout"
 done
 # the CPU halves ran and compared something (not skipped for want of input)
-check "the CPU halves compared: stories260K ids, 24 logit positions, batch runs, the distributed engine" python3 - "$T/out" <<'PY'
+check "the CPU halves compared: stories260K ids, 24 logit positions, batch runs, the distributed engine, a served load" python3 - "$T/out" <<'PY'
 import json, os, sys
 o = lambda s: json.load(open(os.path.join(sys.argv[1], s + ".json")))
-g, l, b, m = o("greedy"), o("logits_smol"), o("batch_invariance"), o("mpi_cuda")
+g, l, b, m, v = o("greedy"), o("logits_smol"), o("batch_invariance"), o("mpi_cuda"), o("serve")
+if "result" in v:
+    assert [r["concurrency"] for r in v["result"]["rows"]] == [1, 4], v
+    assert all(r["completed"] == r["sent"] == 8 and r["wrong"] == 0 for r in v["result"]["rows"]), v
+else:
+    assert "no stories260K" in v["reason"], v
 assert "CPU half" in l["reason"] and l["result"]["positions"] == 24 and l["result"]["argmax_agree"] == 24, l
 assert "CPU half" in b["reason"] and b["result"]["differing"] == 0 and b["result"]["prompts"] == 4, b
 assert g["result"]["prompts_differing"] == 0 if "result" in g else "no stories260K" in g["reason"], g
@@ -46,7 +51,7 @@ assert d["dry_run"] is True and d["complete"] is True and d["only"] is None, d
 assert d["device"] == "none" and d["commit"] and d["failed"] == 0 and d["budget_s"] == 3600, d
 assert list(d["steps"]) == sys.argv[2].split(), d["steps"]
 PY
-check "the last stdout line is the summary" sh -c 'tail -n 1 "$1" | grep -q "^# summary: 0 passed, 0 failed, 16 skipped"' _ "$T/stdout"
+check "the last stdout line is the summary" sh -c 'tail -n 1 "$1" | grep -q "^# summary: 0 passed, 0 failed, 17 skipped"' _ "$T/stdout"
 mkdir -p "$T/unpacked" && tar -xzf "$T/pack/gpu.tgz" -C "$T/unpacked" 2>/dev/null
 check "--pack: the archive holds summary.json and every step's JSON and log" sh -c '
 	cmp -s "$1/out/summary.json" "$2/summary.json" || exit 1
@@ -99,7 +104,7 @@ else
 	check "a fresh copy: bench/gpu.sh --dry-run --only greedy,mpi_cuda exits 0 (exit $rc: $(grep -m1 '^FAIL' "$T/fresh.out"))" [ "$rc" = 0 ]
 	check "... its build step made every tool the steps run (make CUDA=0 in the copy)" sh -c '
 		grep -q "CPU build only" "$1/fresh/build.json" || exit 1
-		for t in llm-generate llm-quantize llm-bench llm-repartition; do [ -x "$1/tree/build/cpu/bin/$t" ] || exit 1; done' _ "$T"
+		for t in llm-generate llm-quantize llm-bench llm-repartition llm-serve; do [ -x "$1/tree/build/cpu/bin/$t" ] || exit 1; done' _ "$T"
 	for s in build greedy mpi_cuda; do
 		check "... step $s: one stdout line and $s.json" step_json "$T/fresh" "$s" "$T/fresh.out"
 	done

@@ -11,7 +11,7 @@
 #   bench/gpu.sh /tmp/gpu --pack $OUT/gpu.tgz      (timeout_s 480)
 # and, for what failed, a second, targeted call at once (the machine stays
 # warm 30 s after a call; a fresh one takes minutes of the budget):
-#   bench/gpu.sh /tmp/gpu --only test_cuda,greedy --budget 200 --pack $OUT/gpu2.tgz
+#   bench/gpu.sh /tmp/gpu2 --only test_cuda,greedy --budget 200 --pack $OUT/gpu2.tgz
 #
 # Each step is timed and bounded (timeout) and, the moment it ends, writes
 # OUTDIR/<step>.json ({"step", "status": "PASS|FAIL|SKIP", "seconds",

@@ -1,76 +1,146 @@
 #!/usr/bin/env bash
-# bench/gpu.sh: the one command of a device session (issue 28): build for the
-# GPU at hand, then check and measure the CUDA backend, step by step.
+# bench/gpu.sh: the one command of a device session (issues 28 and 48):
+# build for the GPU at hand, then check and measure the CUDA backend, step
+# by step, the answers that matter most first, so that a call cut short
+# still brings them back.
 #
-#   bench/gpu.sh OUTDIR [--quick] [--dry-run]
+#   bench/gpu.sh OUTDIR [--quick] [--dry-run] [--only STEP,...] [--budget S] [--pack FILE]
 #
-# Each step is timed and bounded (timeout), writes OUTDIR/<step>.json
-# ({"step", "status": "PASS|FAIL|SKIP", "seconds", "reason", numbers...})
-# and its log OUTDIR/<step>.log, and prints one line: "PASS step (12.3 s)",
-# "FAIL step: reason" or "SKIP step: reason". A failed step does not stop
-# the run. The end: a summary line and OUTDIR/summary.json (device, driver,
-# commit, every step's status). The whole run fits a budget (540 s; --quick
-# 170 s): a step gets at most what is left, and one that cannot start in
-# time is skipped with that reason, so the command ends before a 10-minute
-# device call does.
+# The device call (15 minutes of device time a session, the machine's
+# start included; what is under $OUT comes back even when the call is cut):
+#   bench/gpu.sh /tmp/gpu --pack $OUT/gpu.tgz      (timeout_s 480)
+# and, for what failed, a second, targeted call at once (the machine stays
+# warm 30 s after a call; a fresh one takes minutes of the budget):
+#   bench/gpu.sh /tmp/gpu2 --only test_cuda,greedy --budget 200 --pack $OUT/gpu2.tgz
 #
-# Steps: build (make CUDA=1 CUDA_SM=<the device's compute capability>);
-# test_cuda (every CUDA op against the CPU backend, the fused rope_store
-# against the GPU's separate ops, replayed CUDA graphs against op-by-op
-# decode steps, and the device sampler,
-# the sample op, against common/engine/sampler.c: greedy and sampled ids with the
-# same draws, log-probs, non-finite rows); nccl (test_cuda's NCCL checks,
-# alone and under mpirun -np 1);
-# compute-sanitizer memcheck and racecheck on test_cuda;
-# tests/cli/cuda.sh; greedy (stories260K --backend cuda against the
-# reference ids: the scheduler samples on the GPU there, only ids return);
-# mpi_cuda (the same under mpirun -np 1 on a tp1 checkpoint); logits_smol and logits_8b (random FP8 checkpoints of the
-# SmolLM2-135M and Llama-3.1-8B shapes, CPU against CUDA: argmax agreement
-# and top-10 log-prob differences, tolerances in LOGIT_TOL below);
-# batch_invariance (a prompt's greedy ids alone and in batches of 2..64 on
-# the GPU); then the measurements: startup (start to first token of the 8B
-# FP8 checkpoint), decode (llm-bench model at batch 1, 8, 32, 128 against
-# the roofline of weight + KV bytes over the bandwidth measured in the same
-# run), gemm_bench (fused FP8 GEMM against cuBLAS BF16, 8B and 70B shapes)
-# and gemm_sweep (a new kernels/tune_table.h, left in OUTDIR).
-# --quick: the correctness steps up to batch_invariance (no 8B checkpoint).
-# --dry-run: no device needed: the CPU build, the small random checkpoint,
-# the CPU half of each comparison and every JSON file; device steps SKIP
-# (tests/cli/gpu_kit.sh runs it in make test, so this script cannot rot).
-# With LLM_BIN set (a directory holding the tools), the dry run uses those
-# tools instead of building.
+# Each step is timed and bounded (timeout) and, the moment it ends, writes
+# OUTDIR/<step>.json ({"step", "status": "PASS|FAIL|SKIP", "seconds",
+# "reason", "time_limit", "result": {numbers...}}) beside its log
+# OUTDIR/<step>.log, rewrites OUTDIR/summary.json (device, driver, commit,
+# every step's status so far, "complete": false until the end) and, with
+# --pack FILE, packs OUTDIR into FILE (tar.gz, replaced whole), so a killed
+# run leaves every finished step behind. It prints one line: "PASS step
+# (12.3 s)", "FAIL step: reason" or "SKIP step: reason". A failed step
+# does not stop the run; a failing test_cuda's reason and result carry its
+# first failing lines (op, shape, first differing element, expected and
+# got, max abs/rel error), enough to fix a kernel without another call.
+# The whole run fits a budget (420 s, so that a second call fits the
+# session; --quick 170 s; --budget S): a step gets at most what is left,
+# and one that cannot start in time is skipped with that reason.
+#
+# Steps, in the order they run:
+# build: make CUDA=1 CUDA_SM=<the device's compute capability> of the
+#   tools every step runs (TOOLS below), test_cuda and the bench drivers;
+# test_cuda: every CUDA op against the CPU backend and the plain reference,
+#   the fused ops against the GPU's separate ones, replayed CUDA graphs,
+#   the device sampler against common/engine/sampler.c;
+# greedy: stories260K --backend cuda against the reference ids (the
+#   scheduler samples on the GPU there, only ids return);
+# logits_smol: a random FP8 checkpoint of the SmolLM2-135M shape, CPU
+#   against CUDA: argmax agreement and top-10 log-prob differences
+#   (tolerances in LOGIT_TOL below);
+# batch_invariance: a prompt's greedy ids alone and in batches of 2..64;
+# mpi_cuda: mpirun -np 1 on the tp1 x pp1 repartition of stories260K (a
+#   plain checkpoint) with LLM_DIST=always: the distributed engine of a
+#   multi-GPU node (NCCL communicators, every tensor-parallel all-reduce on
+#   device buffers, the logits through rank 0), not the one-process path
+#   a one-rank world takes otherwise, against the reference ids (the stage
+#   boundary's send and receive need two ranks, which one GPU cannot hold);
+# nccl: test_cuda's NCCL checks, alone and under mpirun -np 1;
+# memcheck, racecheck: compute-sanitizer on "test_cuda sanitize" (every
+#   kernel launched, on small cases; the whole test_cuda when --only names
+#   the step: a targeted call);
+# gemm_bench: the fused FP8 GEMM against cuBLAS BF16 on the Llama 3.1 8B
+#   and 70B linear shapes (targets 1.8x at M <= 16, 0.95x at M >= 2048);
+# logits_8b: as logits_smol on a random Llama-3.1-8B-shape FP8 checkpoint
+#   (about 10 GB, written in the background from the build on);
+# decode: llm-bench model at batch 1, 8, 32, 128 of the 8B shape against
+#   the roofline of weight + KV bytes over the bandwidth measured in the run;
+# startup: start to first token of the 8B checkpoint;
+# serve: the serve sweep: llm-serve on the 8B checkpoint, llm-bench serve
+#   with 2048-token prompts and 128-token outputs at 1, 16, 64 clients,
+#   beside TensorRT-LLM's 3,450 output tok/s (8B FP8, one H100);
+# eval: the evaluation job's speed-up (400 synthetic HellaSwag-like items,
+#   one sequence each against shared contexts batched; target 4x);
+# cuda_sh: tests/cli/cuda.sh (the dlopen'd backend, the tools on CUDA);
+# gemm_sweep: the tile sweep, a new kernels/tune_table.h left in OUTDIR.
+# --only STEP,...: those steps alone (build always runs first: the others
+# need it; make rebuilds nothing already built). --quick: the correctness
+# steps before gemm_bench, no 8B checkpoint.
+# --dry-run: no device needed: the CPU build of TOOLS, the small random
+# checkpoint, the CPU half of each comparison and every JSON file; device
+# steps SKIP; budget 3600 s and step limits x10 (a shared CPU is slow, and
+# a test must not fail by the clock). tests/cli/gpu_kit.sh runs it in make
+# test, on this build's tools and from a fresh copy of the tree. With
+# LLM_BIN set (a directory holding TOOLS), the dry run uses those tools
+# instead of building.
 #
 # Models: stories260K and its reference from $LLM_TEST_MODELS and
 # $LLM_TEST_REF, else shared/models and shared/reference inside the
 # checkout (what travels to a device machine), else ../shared/...
 # Missing build libraries: headers and libraries under .gpudeps/include and
 # .gpudeps/lib are used when present (bench/results/README).
-# Exit status: 0 every step passed or skipped, 3 a step failed, 2 usage.
+# Exit status: 0 every step passed or skipped, 3 a step failed, 2 usage,
+# 143 stopped by a signal (summary.json says in which step).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 
-usage() { echo "usage: bench/gpu.sh OUTDIR [--quick] [--dry-run]" >&2; exit 2; }
-OUTDIR="" QUICK=0 DRY=0
-for a in "$@"; do
+# every step, in order; the tools the steps run (built in both builds)
+ALL_STEPS="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck gemm_bench logits_8b decode startup serve eval cuda_sh gemm_sweep"
+QUICK_STEPS="build test_cuda greedy logits_smol batch_invariance mpi_cuda nccl memcheck racecheck"
+TOOLS="llm-generate llm-quantize llm-bench llm-repartition llm-serve"
+
+usage() { echo "usage: bench/gpu.sh OUTDIR [--quick] [--dry-run] [--only STEP,...] [--budget S] [--pack FILE]" >&2; exit 2; }
+OUTDIR="" QUICK=0 DRY=0 ONLY="" BUDGET="" PACK=""
+while [ $# -gt 0 ]; do
+	a=$1
+	shift
 	case $a in
 	--quick) QUICK=1 ;;
 	--dry-run) DRY=1 ;;
+	--only|--budget|--pack)
+		[ $# -gt 0 ] && [ -n "$1" ] || { echo "bench/gpu.sh: $a needs a value" >&2; usage; }
+		case $a in --only) ONLY=$1 ;; --budget) BUDGET=$1 ;; --pack) PACK=$1 ;; esac
+		shift ;;
 	-h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "bench/gpu.sh: unknown option '$a'" >&2; usage ;;
 	*) [ -z "$OUTDIR" ] || { echo "bench/gpu.sh: one OUTDIR only" >&2; usage; }; OUTDIR=$a ;;
 	esac
 done
 [ -n "$OUTDIR" ] || usage
+if [ -n "$BUDGET" ] && ! [[ $BUDGET =~ ^[0-9]+$ && $BUDGET -ge 30 ]]; then
+	echo "bench/gpu.sh: --budget '$BUDGET': seconds, 30 or more" >&2; usage
+fi
+RUN_STEPS=$ALL_STEPS
+[ $QUICK = 1 ] && RUN_STEPS=$QUICK_STEPS
+if [ -n "$ONLY" ]; then
+	RUN_STEPS=build
+	for s in ${ONLY//,/ }; do
+		[[ " $ALL_STEPS " == *" $s "* ]] || { echo "bench/gpu.sh: --only: no step '$s' (steps: $ALL_STEPS)" >&2; usage; }
+	done
+	for s in $ALL_STEPS; do
+		[ $s != build ] && [[ ",$ONLY," == *",$s,"* ]] && RUN_STEPS="$RUN_STEPS $s"
+	done
+fi
 mkdir -p "$OUTDIR" || exit 2
 OUTDIR=$(cd "$OUTDIR" && pwd)
+if [ -n "$PACK" ]; then
+	mkdir -p "$(dirname "$PACK")" || exit 2
+	PACK=$(cd "$(dirname "$PACK")" && pwd)/$(basename "$PACK")
+	case $PACK in "$OUTDIR"/*) echo "bench/gpu.sh: --pack $PACK: outside OUTDIR, please" >&2; usage ;; esac
+fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpukit.XXXXXX") || exit 2
 BG_PID=""
-cleanup() { [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
 
-BUDGET=540
-[ $QUICK = 1 ] && BUDGET=170
+# step limits are scaled by LIMX (the dry run's slow, shared CPU)
+LIMX=1
+if [ -z "$BUDGET" ]; then
+	BUDGET=420
+	[ $QUICK = 1 ] && BUDGET=170
+	[ $DRY = 1 ] && BUDGET=3600
+fi
+[ $DRY = 1 ] && LIMX=10
 T0=$SECONDS
 # Tolerances of the CPU-vs-CUDA logits (nats, on every log-prob both top-10
 # lists hold; the argmax must agree where the CPU's margin exceeds twice
@@ -120,14 +190,40 @@ jstr() {   # a JSON string of $1
 }
 STEPS=() STATUSES=()
 n_pass=0 n_fail=0 n_skip=0
-# step NAME LIMIT FUNC: run FUNC with a time limit of at most LIMIT seconds
-# (less when the budget is short); FUNC sets STATUS (PASS by default), REASON
-# and EXTRA (a JSON object of numbers) and writes its log to $LOG.
+# summary COMPLETE [WHY]: OUTDIR/summary.json (written whole, then renamed),
+# then OUTDIR packed into --pack's FILE
+summary() {
+	local i only=null
+	[ -n "$ONLY" ] && only=$(jstr "$ONLY")
+	{
+		printf '{"device": %s, "driver": %s, "compute_cap": %s, "memory": %s, "commit": %s, "date": "%s", ' \
+			"$(jstr "$DEV_NAME")" "$(jstr "$DEV_DRIVER")" "$(jstr "$DEV_CAP")" "$(jstr "$DEV_MEM")" "$(jstr "$COMMIT")" \
+			"$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+		printf '"quick": %s, "dry_run": %s, "only": %s, "complete": %s, ' \
+			"$([ $QUICK = 1 ] && echo true || echo false)" "$([ $DRY = 1 ] && echo true || echo false)" "$only" "$1"
+		[ -n "${2:-}" ] && printf '"stopped": %s, ' "$(jstr "$2")"
+		printf '"seconds": %d, "budget_s": %d, "passed": %d, "failed": %d, "skipped": %d, "steps": {' \
+			$((SECONDS - T0)) "$BUDGET" $n_pass $n_fail $n_skip
+		for i in "${!STEPS[@]}"; do
+			[ "$i" = 0 ] || printf ', '
+			printf '"%s": "%s"' "${STEPS[$i]}" "${STATUSES[$i]}"
+		done
+		printf '}}\n'
+	} >"$OUTDIR/summary.json.tmp" && mv -f "$OUTDIR/summary.json.tmp" "$OUTDIR/summary.json"
+	if [ -n "$PACK" ]; then
+		tar -czf "$PACK.tmp" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")" 2>/dev/null && mv -f "$PACK.tmp" "$PACK"
+	fi
+}
+# step NAME LIMIT FUNC: run FUNC with a time limit of at most LIMIT (x LIMX)
+# seconds, less when the budget is short; FUNC sets STATUS (PASS by
+# default), REASON and EXTRA (a JSON object of numbers) and writes its log
+# to $LOG. Steps not in RUN_STEPS do not run.
 step() {
-	local name=$1 limit=$2 fn=$3 left t0 secs
+	local name=$1 limit=$(($2 * LIMX)) fn=$3 left t0 secs
+	[[ " $RUN_STEPS " == *" $name "* ]] || return 0
 	left=$((BUDGET - (SECONDS - T0) - 15))
 	[ "$limit" -gt "$left" ] && limit=$left
-	STATUS=PASS REASON="" EXTRA="" LOG=$OUTDIR/$name.log TL=$limit
+	STATUS=PASS REASON="" EXTRA="" LOG=$OUTDIR/$name.log TL=$limit CUR=$name
 	: >"$LOG"
 	t0=$(date +%s.%N)
 	if [ "$limit" -lt 5 ]; then
@@ -143,13 +239,15 @@ step() {
 			printf ', "result": %s' "$EXTRA"
 		fi
 		printf '}\n'
-	} >"$OUTDIR/$name.json"
+	} >"$OUTDIR/$name.json.tmp" && mv -f "$OUTDIR/$name.json.tmp" "$OUTDIR/$name.json"
 	case $STATUS in
 	PASS) echo "PASS $name ($secs s)"; n_pass=$((n_pass + 1)) ;;
 	FAIL) echo "FAIL $name: $REASON"; n_fail=$((n_fail + 1)) ;;
 	*) echo "SKIP $name: $REASON"; n_skip=$((n_skip + 1)) ;;
 	esac
 	STEPS+=("$name") STATUSES+=("$STATUS")
+	CUR=""
+	summary false
 }
 skip() { STATUS=SKIP REASON=$1; }
 failed() { STATUS=FAIL REASON=$1; }
@@ -170,37 +268,48 @@ check_py() {
 	echo "gpu_check.py $1: $EXTRA (exit $rc)" >>"$LOG"
 	return $rc
 }
+# mpirun's command line (as root in a container: --allow-run-as-root)
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 
 BUILD_OK=0 CPU_OK=0
 B=build/cuda
-GEN=$ROOT/$B/bin/llm-generate QUANT=$ROOT/$B/bin/llm-quantize BENCH=$ROOT/$B/bin/llm-bench
+# use_tools DIR: the tools the steps run, from DIR
+use_tools() { TB=$1 GEN=$1/llm-generate QUANT=$1/llm-quantize BENCH=$1/llm-bench REPART=$1/llm-repartition; }
+use_tools "$ROOT/$B/bin"
+# make of this tree alone: a make above this one (make test, make asan)
+# passes its variables (B, CFLAGS) down in MAKEFLAGS
+MAKE="env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make"
+have_tools() { local t; for t in $TOOLS; do [ -x "$1/$t" ] || return 1; done; }
 
 s_build() {
-	local jobs rc libs="jansson pcre2-8 utf8proc microhttpd curl" l miss=""
+	local jobs rc libs="jansson pcre2-8 utf8proc microhttpd curl" l miss="" t targets=""
 	jobs=$(nproc 2>/dev/null || echo 2)
+	if [ $DRY = 1 ] && [ -n "${LLM_BIN:-}" ] && have_tools "$LLM_BIN"; then
+		use_tools "$LLM_BIN"
+		CPU_OK=1
+		skip "dry run: the tools of LLM_BIN ($LLM_BIN), no CUDA build"
+		return
+	fi
 	for l in $libs; do
 		echo 'int main(void){return 0;}' | cc -x c - -o "$WORK/l" -l"$l" >/dev/null 2>&1 || miss="$miss lib$l"
 	done
 	[ -z "$miss" ] || { failed "libraries missing:$miss (put headers and .so files in .gpudeps/include and .gpudeps/lib)"; return; }
 	if [ $DRY = 1 ]; then
-		if [ -n "${LLM_BIN:-}" ] && [ -x "$LLM_BIN/llm-generate" ]; then
-			GEN=$LLM_BIN/llm-generate QUANT=$LLM_BIN/llm-quantize BENCH=$LLM_BIN/llm-bench
-			CPU_OK=1
-			skip "dry run: the tools of LLM_BIN ($LLM_BIN), no CUDA build"
-			return
-		fi
 		B=build/cpu
-		GEN=$ROOT/$B/bin/llm-generate QUANT=$ROOT/$B/bin/llm-quantize BENCH=$ROOT/$B/bin/llm-bench
-		tmo make -j"$jobs" CUDA=0 "$B/bin/llm-generate" "$B/bin/llm-quantize" "$B/bin/llm-bench" >>"$LOG" 2>&1; rc=$?
-		[ $rc = 0 ] && CPU_OK=1
-		if [ $rc = 0 ]; then skip "dry run: CPU build only (make CUDA=0)"
-		else failed "make CUDA=0 failed (exit $rc; see build.log)"; fi
+		use_tools "$ROOT/$B/bin"
+		for t in $TOOLS; do targets="$targets $B/bin/$t"; done
+		tmo $MAKE -j"$jobs" CUDA=0 $targets >>"$LOG" 2>&1; rc=$?
+		if [ $rc = 0 ] && have_tools "$TB"; then CPU_OK=1; skip "dry run: CPU build only (make CUDA=0 $TOOLS)"
+		elif timed_out $rc; then failed "make CUDA=0 timed out after $TL s"
+		else failed "make CUDA=0 failed (exit $rc): $(grep -m1 -E 'error|Error' "$LOG")"; fi
 		return
 	fi
 	[ -n "$NODEV" ] && { skip "$NODEV"; return; }
-	tmo make -j"$jobs" CUDA=1 CUDA_SM="$SM" "$B/bin/llm-generate" "$B/bin/llm-quantize" "$B/bin/llm-bench" \
-		"$B/tests/test_cuda" "$B/bench/gemm_sweep" "$B/bench/gpu_bandwidth" >>"$LOG" 2>&1; rc=$?
-	if [ $rc = 0 ]; then BUILD_OK=1 CPU_OK=1; EXTRA="{\"cuda_sm\": \"$SM\", \"jobs\": $jobs}"
+	for t in $TOOLS; do targets="$targets $B/bin/$t"; done
+	tmo $MAKE -j"$jobs" CUDA=1 CUDA_SM="$SM" $targets "$B/tests/test_cuda" "$B/bench/gemm_sweep" "$B/bench/gpu_bandwidth" \
+		>>"$LOG" 2>&1; rc=$?
+	if [ $rc = 0 ] && have_tools "$TB"; then BUILD_OK=1 CPU_OK=1; EXTRA="{\"cuda_sm\": \"$SM\", \"jobs\": $jobs}"
 	elif timed_out $rc; then failed "make CUDA=1 CUDA_SM=$SM timed out after $TL s"
 	else failed "make CUDA=1 CUDA_SM=$SM failed (exit $rc): $(grep -m1 -E 'error|Error' "$LOG")"; fi
 }
@@ -210,14 +319,24 @@ tap_counts() {
 	printf '{"ok": %d, "not_ok": %d, "skip": %d}' "$(grep -c '^ok' "$1")" "$(grep -c '^not ok' "$1")" \
 		"$(grep -c '^ok.*# SKIP' "$1")"
 }
+# tap_fail RC LOG: a failed TAP run's reason (its first failing line, which
+# carries the op, shape, first differing element, expected and got) and
+# EXTRA with the first failing lines and their diagnostics
+tap_fail() {
+	local rc=$1 first
+	[ -n "$PY" ] && EXTRA=$("$PY" bench/gpu_check.py tap "$2" 2>/dev/null)
+	[ "${EXTRA:0:1}" = "{" ] || EXTRA=$(tap_counts "$2")
+	first=$(grep -m1 '^not ok' "$2")
+	failed "exit $rc, $(grep -c '^not ok' "$2") failing: ${first:-no failing line (see the log)}"
+}
 s_test_cuda() {
 	need_gpu || return
 	local rc
 	tmo "$B/tests/test_cuda" >>"$LOG" 2>&1; rc=$?
 	EXTRA=$(tap_counts "$LOG")
-	if timed_out $rc; then failed "timed out after $TL s"
+	if timed_out $rc; then failed "timed out after $TL s (last line: $(tail -n 1 "$LOG"))"
 	elif grep -q '# SKIP no CUDA device' "$LOG"; then failed "test_cuda sees no CUDA device"
-	elif [ $rc != 0 ] || grep -q '^not ok' "$LOG"; then failed "exit $rc: $(grep -m1 '^not ok' "$LOG")"; fi
+	elif [ $rc != 0 ] || grep -q '^not ok' "$LOG"; then tap_fail $rc "$LOG"; fi
 }
 # the NCCL communicator: test_cuda's NCCL checks alone (a one-rank
 # communicator, its id made in the process), then again as the one rank of
@@ -225,32 +344,37 @@ s_test_cuda() {
 # the CPU communicator
 s_nccl() {
 	need_gpu || return
-	local rc rc2=skipped mpirun
+	local rc rc2=skipped
 	NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo "$B/tests/test_cuda" nccl >>"$LOG" 2>&1; rc=$?
 	if command -v mpirun >/dev/null 2>&1; then
-		mpirun="mpirun --oversubscribe"
-		[ "$(id -u)" = 0 ] && mpirun="$mpirun --allow-run-as-root"
-		echo "# $mpirun -np 1 test_cuda nccl" >>"$LOG"
-		NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo $mpirun -np 1 "$B/tests/test_cuda" nccl >>"$LOG" 2>&1; rc2=$?
+		echo "# $MPIRUN -np 1 test_cuda nccl" >>"$LOG"
+		NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo $MPIRUN -np 1 "$B/tests/test_cuda" nccl >>"$LOG" 2>&1; rc2=$?
 	fi
 	EXTRA=$(tap_counts "$LOG" | sed "s/}\$/, \"mpirun_exit\": \"$rc2\"}/")
 	if timed_out $rc || timed_out $rc2; then failed "timed out after $TL s"
 	elif grep -q '# SKIP built without NCCL' "$LOG"; then failed "the CUDA build has no NCCL (nccl.h not found)"
 	elif grep -q '# SKIP no CUDA device' "$LOG"; then failed "test_cuda sees no CUDA device"
 	elif [ $rc != 0 ] || { [ "$rc2" != skipped ] && [ "$rc2" != 0 ]; } || grep -q '^not ok' "$LOG"; then
-		failed "exit $rc (mpirun -np 1: $rc2): $(grep -m1 '^not ok' "$LOG")"
+		tap_fail "$rc (mpirun -np 1: $rc2)" "$LOG"
 	elif [ "$rc2" = skipped ]; then REASON="mpirun not found: the id over MPI not checked"; fi
 }
-sanitizer() {   # TOOL [OPTION...]
+# sanitizer TOOL [OPTION...]: compute-sanitizer on "test_cuda sanitize"
+# (every kernel once, on small cases), or on the whole test_cuda when
+# --only names the step (a targeted call)
+sanitizer() {
 	need_gpu || return
 	command -v compute-sanitizer >/dev/null || { failed "compute-sanitizer not found"; return; }
-	local rc errs tool=$1
+	local rc errs tool=$1 set=sanitize
 	shift
-	tmo compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" "$B/tests/test_cuda" >>"$LOG" 2>&1; rc=$?
+	[[ ",$ONLY," == *",$CUR,"* ]] && set=""
+	echo "# compute-sanitizer --tool $tool $* test_cuda $set" >>"$LOG"
+	tmo compute-sanitizer --tool "$tool" --error-exitcode 99 "$@" "$B/tests/test_cuda" $set >>"$LOG" 2>&1; rc=$?
 	errs=$(grep -o 'ERROR SUMMARY: [0-9]*' "$LOG" | tail -n 1 | grep -o '[0-9]*$')
-	EXTRA="{\"errors\": ${errs:-null}, \"exit\": $rc}"
-	if timed_out $rc; then failed "timed out after $TL s"
-	elif [ $rc != 0 ]; then failed "exit $rc, ${errs:-no} errors: $(grep -m1 -E '=+ (Invalid|Race|Error)|not ok' "$LOG")"; fi
+	EXTRA="{\"errors\": ${errs:-null}, \"exit\": $rc, \"set\": \"${set:-whole}\"}"
+	if timed_out $rc; then failed "timed out after $TL s on test_cuda ${set:-(whole)}"
+	elif [ $rc != 0 ]; then
+		failed "exit $rc, ${errs:-no} errors: $(grep -m1 -E '=+ (Invalid|Race|Error)|not ok' "$LOG") $(grep -m1 -E '=+ +at .*(kernel|_f32|_e4m3|bf16)' "$LOG")"
+	fi
 }
 s_memcheck() { sanitizer memcheck --leak-check full; }
 s_racecheck() { sanitizer racecheck; }
@@ -286,11 +410,20 @@ for l in open(sys.argv[1]):
 	[ $be = cuda ] || skip "$(need_gpu; echo "$REASON"); the CPU half passed (--backend cpu equals the reference)"
 }
 
-# --backend cuda under mpirun: mpirun -np 1 on the tp1 x pp1 repartition of
-# stories260K, greedy ids against the reference (the dry run: its CPU half,
-# --backend cpu under the same mpirun)
+# --backend cuda under mpirun -np 1 with LLM_DIST=always: the distributed
+# engine of a node of several GPUs on its one rank (a 1 x 1 grid on the
+# plain stories260K: llm-repartition --tp 1 --pp 1 writes plain
+# checkpoints): NCCL communicators over the TP and PP groups, every
+# all-reduce of the one-rank TP group on device buffers, the logits through
+# rank 0's gather, the step protocol; greedy ids against the reference,
+# and -v's traffic lines show the all-reduce ran. Without LLM_DIST a
+# one-rank run is the single-process engine (no communicator at all). Not
+# reachable on one GPU: the stage boundary's send and receive (two ranks,
+# and NCCL refuses two ranks on one device); test_cuda nccl checks the
+# in-stage all-gather on device buffers. The dry run: the CPU half,
+# --backend cpu under the same mpirun (its communicators: MPI on the host).
 s_mpi_cuda() {
-	local m=$LLM_TEST_MODELS/stories260K ref=$LLM_TEST_REF/stories260K/greedy.jsonl rc be=cuda mpirun
+	local m=$LLM_TEST_MODELS/stories260K ref=$LLM_TEST_REF/stories260K/greedy.jsonl rc be=cuda ar
 	[ -f "$m/model.safetensors" ] && [ -f "$ref" ] || { skip "no stories260K model or reference"; return; }
 	command -v mpirun >/dev/null 2>&1 || { skip "mpirun not found"; return; }
 	need_py || return
@@ -303,19 +436,22 @@ for l in open(sys.argv[1]):
     r = json.loads(l); print(json.dumps({"prompt_ids": r["prompt_ids"], "max_tokens": r["n"], "temperature": 0}))' \
 		"$ref" >"$WORK/mpi.jsonl"
 	rm -rf "$WORK/tp1"
-	"$(dirname "$GEN")/llm-repartition" -q "$m" "$WORK/tp1" --tp 1 --pp 1 >>"$LOG" 2>&1 ||
-		{ failed "llm-repartition --tp 1 --pp 1 failed"; return; }
-	mpirun="mpirun --oversubscribe"
-	[ "$(id -u)" = 0 ] && mpirun="$mpirun --allow-run-as-root"
+	# the tools' own round trip first: the tp1 x pp1 (plain) repartition
+	"$REPART" -q "$m" "$WORK/tp1" --tp 1 --pp 1 >>"$LOG" 2>&1 ||
+		{ failed "llm-repartition --tp 1 --pp 1 failed: $(tail -n 1 "$LOG")"; return; }
 	# a sanitizer build (make asan) would report OpenMPI's own allocations at exit
 	local ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 	export ASAN_OPTIONS
-	tmo $mpirun -np 1 "$GEN" -m "$WORK/tp1" --backend $be --kv-dtype f32 --json --temp 0 --parallel 8 <"$WORK/mpi.jsonl" \
-		>"$WORK/mpi.$be" 2>>"$LOG"; rc=$?
+	LLM_DIST=always NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo $MPIRUN -np 1 -x LLM_DIST "$GEN" -m "$WORK/tp1" --backend $be \
+		--kv-dtype f32 --json --temp 0 --parallel 8 -v <"$WORK/mpi.jsonl" >"$WORK/mpi.$be" 2>"$WORK/mpi.err"; rc=$?
+	cat "$WORK/mpi.err" >>"$LOG"
 	if timed_out $rc; then failed "timed out after $TL s"; return; fi
-	[ $rc = 0 ] || { failed "mpirun -np 1 llm-generate --backend $be exit $rc: $(tail -n 1 "$LOG")"; return; }
+	[ $rc = 0 ] || { failed "LLM_DIST=always mpirun -np 1 llm-generate --backend $be exit $rc: $(grep -m1 -v '^llm-generate: rank\|^llm-generate: step' "$WORK/mpi.err")"; return; }
+	ar=$(grep -o 'tp all-reduce [0-9]* B' "$WORK/mpi.err" | grep -o '[0-9]*' | head -n 1)
+	[ "${ar:-0}" -gt 0 ] || { failed "--backend $be: -v shows no TP all-reduce: not the distributed engine"; return; }
 	check_py greedy "$ref" "$WORK/mpi.$be" || { failed "--backend $be under mpirun: ids differ from the reference: $EXTRA"; return; }
-	[ $be = cuda ] || skip "$(need_gpu; echo "$REASON"); the CPU half passed (mpirun -np 1 --backend cpu equals the reference)"
+	EXTRA=$(echo "$EXTRA" | sed "s/}\$/, \"tp_allreduce_bytes_per_token\": $ar}/")
+	[ $be = cuda ] || skip "$(need_gpu; echo "$REASON"); the CPU half passed (LLM_DIST=always mpirun -np 1 --backend cpu equals the reference, $ar B of TP all-reduce per token)"
 }
 
 # the random checkpoints (made once, reused)
@@ -355,7 +491,9 @@ s_logits_smol() {
 # the 8B-shape checkpoint (about 10 GB): started in the background after the
 # build so that it is written while the GPU tests run
 start_8b() {
-	[ $DRY = 0 ] && [ $QUICK = 0 ] && [ "$BUILD_OK" = 1 ] || return
+	local need=0 s
+	for s in logits_8b decode startup serve; do [[ " $RUN_STEPS " == *" $s "* ]] && need=1; done
+	[ $DRY = 0 ] && [ $need = 1 ] && [ "$BUILD_OK" = 1 ] || return
 	( timeout -k 10 300 "$QUANT" -q --random configs/llama-3.1-8b.json --dtype fp8 --seed 1 "$L8B" \
 		>"$OUTDIR/make_8b.log" 2>&1; echo $? >"$WORK/8b.rc" ) &
 	BG_PID=$!
@@ -442,6 +580,58 @@ s_gemm_sweep() {
 	EXTRA="{\"rows\": $(grep -c '^	{' "$OUTDIR/tune_table.h"), \"table\": \"tune_table.h\"}"
 }
 
+# the serve sweep: llm-serve --backend cuda on the 8B-shape checkpoint
+# (stories260K's tokenizer beside it: synthetic prompt ids < 500, any id
+# out), llm-bench serve with 2048-token prompts and 128-token outputs at
+# 1, 16 and 64 concurrent clients, beside TensorRT-LLM's 3,450 output tok/s
+# (Llama-3.1-8B FP8, one H100); the step fails on wrong or lost requests
+# only. The dry run: the same machinery on stories260K and the CPU, small.
+SERVE_PID=""
+s_serve() {
+	local m=$LLM_TEST_MODELS/stories260K ck be=cuda inlen=2048 outlen=128 conc=1,16,64 nreq=64 rc port="" i why
+	[ -f "$m/tokenizer.json" ] || { skip "no stories260K tokenizer under $LLM_TEST_MODELS"; return; }
+	need_py || return
+	command -v curl >/dev/null 2>&1 || { failed "curl not found (the readiness probe of llm-serve)"; return; }
+	if need_gpu; then
+		have_8b || return
+		ck=$WORK/serve8b
+		mkdir -p "$ck" && ln -sf "$L8B"/* "$ck/" && cp "$m/tokenizer.json" "$m/tokenizer_config.json" "$ck/"
+	else
+		[ "$CPU_OK" = 1 ] || { skip "no tools built"; return; }
+		why=$REASON be=cpu ck=$m inlen=64 outlen=8 conc=1,4 nreq=8
+	fi
+	rm -f "$WORK/port"
+	"$TB/llm-serve" -m "$ck" --backend $be --port 0 --port-file "$WORK/port" -q 2>>"$LOG" &
+	SERVE_PID=$!
+	for ((i = 0; i < TL * 5; i++)); do
+		[ -s "$WORK/port" ] && port=$(cat "$WORK/port") && curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null && break
+		kill -0 $SERVE_PID 2>/dev/null || break
+		sleep 0.2
+	done
+	if ! [ -n "$port" ] || ! curl -sf -m 2 "http://127.0.0.1:$port/health" >/dev/null; then
+		kill -TERM $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; SERVE_PID=""
+		failed "llm-serve --backend $be did not become ready: $(tail -n 1 "$LOG")"; return
+	fi
+	tmo "$BENCH" serve "http://127.0.0.1:$port" --input-len $inlen --output-len $outlen --concurrency $conc \
+		--requests $nreq --id-range 500 --format jsonl >"$WORK/serve.jsonl" 2>>"$LOG"; rc=$?
+	kill -TERM $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; SERVE_PID=""
+	cat "$WORK/serve.jsonl" >>"$LOG"
+	if timed_out $rc; then failed "llm-bench serve timed out after $TL s"; return; fi
+	EXTRA=$("$PY" -c 'import json,sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rows = [{k: x[k] for k in ("concurrency", "completed", "sent", "wrong", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms",
+                           "itl_p99_ms")} for x in r]
+print(json.dumps({"backend": sys.argv[2], "input_len": int(sys.argv[3]), "output_len": int(sys.argv[4]), "rows": rows,
+                  "best_out_tok_s": max((x["out_tok_s"] for x in r), default=None),
+                  "beside_trtllm_h100_fp8_out_tok_s": 3450}))' "$WORK/serve.jsonl" $be $inlen $outlen) ||
+		{ failed "llm-bench serve exit $rc, unreadable output: $(tail -n 1 "$LOG")"; return; }
+	if [ $rc != 0 ] || ! echo "$EXTRA" | "$PY" -c 'import json,sys
+d = json.load(sys.stdin); sys.exit(not d["rows"] or any(x["wrong"] or x["completed"] != x["sent"] for x in d["rows"]))'; then
+		failed "llm-bench serve exit $rc: wrong or lost requests: $EXTRA"; return
+	fi
+	[ $be = cuda ] || skip "$why; the CPU half ran (stories260K, $inlen/$outlen tokens, $conc clients)"
+}
+
 # the evaluation job (llm-generate --eval, issue 26): N synthetic HellaSwag-like
 # items on the random SmolLM2 shape given stories260K's tokenizer, (a) every
 # context + ending its own sequence, one at a time, against (c) contexts
@@ -490,39 +680,43 @@ print(json.dumps({"backend": sys.argv[3], "items": sc["items"], "naive_total_s":
 	[ $be = cuda ] || skip "$why; the CPU half ran ($n items, $EXTRA)"
 }
 
-echo "# bench/gpu.sh: device $DEV_NAME (sm $SM, driver $DEV_DRIVER), commit $COMMIT, budget $BUDGET s$([ $QUICK = 1 ] && echo ', --quick')$([ $DRY = 1 ] && echo ', --dry-run')"
-step build 300 s_build
+on_exit() {
+	[ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null
+	[ -n "$SERVE_PID" ] && kill -TERM "$SERVE_PID" 2>/dev/null
+	rm -rf "$WORK"
+}
+trap on_exit EXIT
+# killed (the device call's limit): what ran stays in OUTDIR and the pack
+trap 'summary false "stopped by a signal $([ -n "$CUR" ] && echo "in step $CUR" || echo "between steps")"; exit 143' TERM INT HUP
+echo "# bench/gpu.sh: device $DEV_NAME (sm $SM, driver $DEV_DRIVER), commit $COMMIT, budget $BUDGET s$([ $QUICK = 1 ] && echo ', --quick')$([ $DRY = 1 ] && echo ', --dry-run')$([ -n "$ONLY" ] && echo ", --only $ONLY")"
+echo "# steps: $RUN_STEPS"
+CUR=""
+summary false
+# a step's limit (seconds; x10 in the dry run): what it needs on an H100
+# or H200 with room to spare; a sanitizer named by --only runs the whole
+# test_cuda and gets more
+SAN_LIMIT=75
+[ -n "$ONLY" ] && SAN_LIMIT=300
+step build 240 s_build
 start_8b
 step test_cuda 60 s_test_cuda
-step nccl 60 s_nccl
-step memcheck 100 s_memcheck
-step racecheck 100 s_racecheck
-step cuda_sh 90 s_cuda_sh
-step greedy 60 s_greedy
-step mpi_cuda 60 s_mpi_cuda
-step logits_smol 90 s_logits_smol
-step batch_invariance 90 s_batch_invariance
-step logits_8b 180 s_logits_8b
-step startup 60 s_startup
+step greedy 45 s_greedy
+step logits_smol 60 s_logits_smol
+step batch_invariance 60 s_batch_invariance
+step mpi_cuda 45 s_mpi_cuda
+step nccl 45 s_nccl
+step memcheck $SAN_LIMIT s_memcheck
+step racecheck $SAN_LIMIT s_racecheck
+step gemm_bench 90 s_gemm_bench
+step logits_8b 150 s_logits_8b
 step decode 120 s_decode
-step gemm_bench 120 s_gemm_bench
+step startup 60 s_startup
+step serve 120 s_serve
+step eval 90 s_eval
+step cuda_sh 90 s_cuda_sh
 step gemm_sweep 150 s_gemm_sweep
-step eval 120 s_eval
-
-total=$((SECONDS - T0))
-{
-	printf '{"device": %s, "driver": %s, "compute_cap": %s, "memory": %s, "commit": %s, "date": "%s", ' \
-		"$(jstr "$DEV_NAME")" "$(jstr "$DEV_DRIVER")" "$(jstr "$DEV_CAP")" "$(jstr "$DEV_MEM")" "$(jstr "$COMMIT")" \
-		"$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-	printf '"quick": %s, "dry_run": %s, "seconds": %d, "budget_s": %d, "passed": %d, "failed": %d, "skipped": %d, "steps": {' \
-		"$([ $QUICK = 1 ] && echo true || echo false)" "$([ $DRY = 1 ] && echo true || echo false)" \
-		"$total" "$BUDGET" $n_pass $n_fail $n_skip
-	for i in "${!STEPS[@]}"; do
-		[ "$i" = 0 ] || printf ', '
-		printf '"%s": "%s"' "${STEPS[$i]}" "${STATUSES[$i]}"
-	done
-	printf '}}\n'
-} >"$OUTDIR/summary.json"
-echo "# summary: $n_pass passed, $n_fail failed, $n_skip skipped in $total s ($OUTDIR/summary.json)"
+CUR=""
+summary true
+echo "# summary: $n_pass passed, $n_fail failed, $n_skip skipped in $((SECONDS - T0)) s ($OUTDIR/summary.json)"
 [ $n_fail = 0 ] || exit 3
 exit 0

@@ -8,6 +8,8 @@ input. Standard library only (python3 of any device image).
   logits CPU GPU TOL        argmax and top-10 log-probs, position by position
   invariance ALONE OUT...   every prompt's ids alone equal its ids in each batch run
   decode CKPT BENCH BW      step times and the weight + KV roofline of llm-bench model
+  tap LOG                   a TAP log's counts and its first failing lines, each
+                            with the diagnostics before it (test_cuda's report)
 """
 import json
 import os
@@ -135,8 +137,31 @@ def decode(ckpt, bench, bw):
     done(out, bool(rows) and all(r["wrong"] == 0 for r in rows))
 
 
+def tap(log, keep=6, diag=4):
+    """Counts of ok / not ok / SKIP lines, and the first KEEP failing lines
+    (which carry their first failure: tests/lib/check.h), each with up to
+    DIAG of the '#' lines just before it, for a step's JSON."""
+    lines = open(log, errors="replace").read().splitlines()
+    ok = sum(1 for l in lines if l.startswith("ok"))
+    skip = sum(1 for l in lines if l.startswith("ok") and "# SKIP" in l)
+    failures = []
+    for i, l in enumerate(lines):
+        if not l.startswith("not ok"):
+            continue
+        before = []
+        j = i - 1
+        while j >= 0 and lines[j].startswith("#") and len(before) < diag:
+            before.insert(0, lines[j][:400])
+            j -= 1
+        if len(failures) < keep:
+            failures.append({"line": l[:1200], "diagnostics": before})
+    not_ok = sum(1 for l in lines if l.startswith("not ok"))
+    done({"ok": ok, "not_ok": not_ok, "skip": skip, "failures": failures}, not_ok == 0)
+
+
 if __name__ == "__main__":
-    cmds = {"prompts": prompts, "greedy": greedy, "logits": logits, "invariance": invariance, "decode": decode}
+    cmds = {"prompts": prompts, "greedy": greedy, "logits": logits, "invariance": invariance, "decode": decode,
+            "tap": tap}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.stderr.write(__doc__)
         sys.exit(2)

@@ -59,7 +59,19 @@
  * collective on device buffers gives the bytes the CPU communicator gives
  * on host buffers (exact: collectives copy, and a one-rank sum adds
  * nothing), and writes nothing past its output (guard bytes).
- * "test_cuda nccl" runs these checks alone (bench/gpu.sh step nccl). */
+ * "test_cuda nccl" runs these checks alone (bench/gpu.sh step nccl).
+ *
+ * test_cuda [GROUP...]: only the named groups of checks, each one family
+ * of kernels (matmul, matmul_other, rowwise, attention, argmax, sample,
+ * rope_store, matmul_add, graphs, nccl), to rerun what a fix touched.
+ * "sanitize": the smallest set that still launches every kernel (every
+ * group but graphs and nccl, each on fewer shapes, batch sizes and draws),
+ * what bench/gpu.sh runs under compute-sanitizer.
+ *
+ * A failing check's line ends with its first failure (check_note): the op
+ * and configuration, the shape, the first differing element, expected
+ * (the CPU) and got (the GPU), and the error against its bound, so that a
+ * device session can fix a kernel from that line alone. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "backend.h"
@@ -70,6 +82,7 @@
 #include "dtype.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +123,23 @@ static const char *const gpu_checks[] = {
 	"matmul_add in the forward: stories260K prompts and decode steps give the logits of matmul then add bit for bit",
 };
 
+/* The groups "test_cuda GROUP..." selects, and the group of each GPU
+ * check above (the plain reference's checks go with the group whose
+ * comparisons feed them). */
+enum { G_MATMUL, G_MATMUL_OTHER, G_ROWWISE, G_ATTENTION, G_ARGMAX, G_SAMPLE, G_ROPE_STORE, G_MATMUL_ADD, G_GRAPHS,
+       G_NCCL, G_COUNT };
+static const char *const group_names[G_COUNT] = { "matmul", "matmul_other", "rowwise", "attention", "argmax", "sample",
+                                                  "rope_store", "matmul_add", "graphs", "nccl" };
+static const unsigned char gpu_check_group[] = {
+	G_MATMUL, G_MATMUL, G_MATMUL, G_MATMUL, G_MATMUL, G_MATMUL_OTHER, G_MATMUL_OTHER, G_ROWWISE, G_ROWWISE,
+	G_ROWWISE, G_ATTENTION, G_ATTENTION, G_ARGMAX, G_MATMUL, G_ROWWISE, G_ATTENTION, G_SAMPLE, G_SAMPLE, G_SAMPLE,
+	G_SAMPLE, G_ROPE_STORE, G_GRAPHS, G_MATMUL_ADD, G_GRAPHS,
+};
+_Static_assert(sizeof gpu_check_group == sizeof gpu_checks / sizeof *gpu_checks, "a group for every GPU check");
+static int selected[G_COUNT];   /* the groups this run checks */
+static int small;               /* "sanitize": every kernel, fewest cases */
+enum { NOTE_MAX = 400 };        /* a failure's note kept for a later check */
+
 /* The NCCL communicator's checks, by name. */
 static const char *const nccl_checks[] = {
 	"nccl: a one-rank communicator on device 0 (its id made here, or over MPI under mpirun)",
@@ -130,8 +160,10 @@ static void skip_nccl(const char *reason)
 static void skip_all(const char *reason)
 {
 	for (size_t i = 0; i < sizeof gpu_checks / sizeof *gpu_checks; i++)
-		check_skip(reason, "cuda: %s", gpu_checks[i]);
-	skip_nccl(reason);
+		if (selected[gpu_check_group[i]] || (i == 13 && selected[G_MATMUL_OTHER]))
+			check_skip(reason, "cuda: %s", gpu_checks[i]);
+	if (selected[G_NCCL])
+		skip_nccl(reason);
 }
 
 #ifdef LLM_CUDA
@@ -224,10 +256,31 @@ static void free_weight(struct wbuf *b)
 	memset(b, 0, sizeof *b);
 }
 
+/* The first element over its bound in the last matmul_cmp: token t,
+ * output r, the CPU's value (expected) and the GPU's (got). */
+static struct { int64_t t, r; float got, ref; double bound; } mm_first;
+
+/* The failure of a matmul case (printf-style label: op, configuration,
+ * shape): a diagnostic, and the note of the check line that follows. */
+static void mm_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void mm_fail(const char *fmt, ...)
+{
+	char what[300];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof what, fmt, ap);
+	va_end(ap);
+	double e = fabs((double)mm_first.got - mm_first.ref);
+	check_diag("%s: first bad [token %lld, output %lld] expected %.9g got %.9g (|err| %.3g, bound %.3g)", what,
+	           (long long)mm_first.t, (long long)mm_first.r, mm_first.ref, mm_first.got, e, mm_first.bound);
+	check_note("%s: first bad [token %lld, output %lld] expected %.9g got %.9g (|err| %.3g, bound %.3g)", what,
+	           (long long)mm_first.t, (long long)mm_first.r, mm_first.ref, mm_first.got, e, mm_first.bound);
+}
+
 /* y = x . W^T on both backends; returns the worst |gpu - cpu| / bound with
  * bound = f * sum|x w| (+ tiny), and the number of elements over 1. With
  * EXACT, counts elements whose bits differ instead. GOT_OUT (may be NULL)
- * receives the GPU result. */
+ * receives the GPU result. The first element over its bound: mm_first. */
 static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, double f, int exact,
                           double *worst, float *got_out)
 {
@@ -243,6 +296,8 @@ static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, doubl
 	    || gpu->ops->sync(gpu)
 	    || llm_ref_matmul(llm_view_f32(pref, m, n), llm_view_f32((float *)x, m, k), &b->w, 0)) {
 		check_diag("matmul failed: %s", llm_errmsg());
+		check_note("matmul %s %lldx%lld M %lld failed: %s", llm_dtype_name(b->w.dtype), (long long)n, (long long)k,
+		           (long long)m, llm_errmsg());
 		bad = m * n;
 		goto out;
 	}
@@ -252,8 +307,8 @@ static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, doubl
 		for (int64_t t = 0; t < m; t++) {
 			float g = got[t * n + r], c = ref[t * n + r], pr = pref[t * n + r];
 			if (exact) {
-				if (llm_f32_bits(g) != llm_f32_bits(c))
-					bad++;
+				if (llm_f32_bits(g) != llm_f32_bits(c) && !bad++)
+					mm_first.t = t, mm_first.r = r, mm_first.got = g, mm_first.ref = c, mm_first.bound = 0;
 				if (llm_f32_bits(g) != llm_f32_bits(pr))
 					ref_bad++;
 				continue;
@@ -262,8 +317,8 @@ static int64_t matmul_cmp(const struct wbuf *b, const float *x, int64_t m, doubl
 			for (int64_t j = 0; j < k; j++)
 				mag += fabs((double)x[t * k + j] * row[j]);
 			double e = fabs((double)g - c) / (f * mag + 1e-30);
-			if (!(e <= 1.0))
-				bad++;
+			if (!(e <= 1.0) && !bad++)
+				mm_first.t = t, mm_first.r = r, mm_first.got = g, mm_first.ref = c, mm_first.bound = f * mag;
 			if (!(fabs((double)g - pr) <= f * mag + 1e-30))
 				ref_bad++;
 			if (e > *worst || isnan(e))
@@ -302,25 +357,27 @@ static void test_matmul_e4m3(void)
 		{ 130, 96, 0, 0 },          /* per tensor */
 		{ 64, 160, 32, 32 },
 	};
-	static const int64_t ms[] = { 1, 3, 8, 17, 70, 130 };
+	static const int64_t ms[] = { 1, 3, 8, 17, 70, 130 }, ms_small[] = { 1, 17, 130 };
+	const int64_t *mv = small ? ms_small : ms;
+	size_t n_m = small ? 3 : sizeof ms / sizeof *ms, n_shape = small ? 2 : sizeof shapes / sizeof *shapes;
 	int bad_total = 0;
 	double worst_all = 0;
 	for (int cfg = 0; cfg < LLM_GEMM_CFG_COUNT; cfg++) {
 		llm_cuda_gemm_force(gpu, cfg);
-		for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+		for (size_t s = 0; s < n_shape; s++) {
 			struct wbuf b;
 			make_weight(&b, LLM_DTYPE_E4M3, shapes[s].n, shapes[s].k, shapes[s].br, shapes[s].bc, 0);
-			for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
-				float *x = rand_x(ms[i], shapes[s].k, 0);
+			for (size_t i = 0; i < n_m; i++) {
+				float *x = rand_x(mv[i], shapes[s].k, 0);
 				int mma = cfg >= LLM_GEMM_MMA_16x64 && cfg <= LLM_GEMM_MMA_128x128;
 				double worst;
-				int64_t bad = matmul_cmp(&b, x, ms[i], mma ? 0x1.0p-7 : (double)shapes[s].k * 0x1.0p-23,
+				int64_t bad = matmul_cmp(&b, x, mv[i], mma ? 0x1.0p-7 : (double)shapes[s].k * 0x1.0p-23,
 				                         0, &worst, NULL);
 				if (bad) {
-					check_diag("%s %lldx%lld blocks %lldx%lld M %lld: %lld over the bound, worst %.3g",
-					           llm_cuda_gemm_cfg_name(cfg), (long long)shapes[s].n, (long long)shapes[s].k,
-					           (long long)shapes[s].br, (long long)shapes[s].bc, (long long)ms[i],
-					           (long long)bad, worst);
+					mm_fail("matmul E4M3 %s N %lld K %lld blocks %lldx%lld M %lld: %lld of %lld over the bound, "
+					        "worst %.3g of it", llm_cuda_gemm_cfg_name(cfg), (long long)shapes[s].n,
+					        (long long)shapes[s].k, (long long)shapes[s].br, (long long)shapes[s].bc,
+					        (long long)mv[i], (long long)bad, (long long)(mv[i] * shapes[s].n), worst);
 					bad_total++;
 				}
 				if (worst > worst_all)
@@ -340,12 +397,13 @@ static void test_matmul_e4m3(void)
 		llm_cuda_gemm_force(gpu, cfg);
 		struct wbuf b;
 		make_weight(&b, LLM_DTYPE_E4M3, 72, 256, 32, 64, 1);
-		for (int64_t m = 1; m <= 33; m += 8) {
+		for (int64_t m = 1; m <= 33; m += small ? 16 : 8) {
 			float *x = rand_x(m, 256, 1);
 			double worst;
 			int64_t bad = matmul_cmp(&b, x, m, 0, 1, &worst, NULL);
 			if (bad) {
-				check_diag("%s M %lld: %lld elements differ", llm_cuda_gemm_cfg_name(cfg), (long long)m, (long long)bad);
+				mm_fail("matmul E4M3 exact inputs %s N 72 K 256 blocks 32x64 M %lld: %lld elements differ in bits",
+				        llm_cuda_gemm_cfg_name(cfg), (long long)m, (long long)bad);
 				bad_total++;
 			}
 			free(x);
@@ -369,10 +427,14 @@ static void test_matmul_e4m3(void)
 			double worst;
 			int64_t bad = matmul_cmp(&b, x, 1, 0, 1, &worst, got);
 			for (int r = 0; r < 256 && !bad; r++)
-				if (got[r] != llm_e4m3_table[codes[r * 32]] * scale)
+				if (got[r] != llm_e4m3_table[codes[r * 32]] * scale) {
+					mm_first.t = 0, mm_first.r = r, mm_first.got = got[r], mm_first.bound = 0;
+					mm_first.ref = llm_e4m3_table[codes[r * 32]] * scale;
 					bad++;
+				}
 			if (bad) {
-				check_diag("%s: %lld codes wrong", llm_cuda_gemm_cfg_name(cfg), (long long)bad);
+				mm_fail("matmul E4M3 code table %s: code 0x%02x (row) decodes wrong", llm_cuda_gemm_cfg_name(cfg),
+				        codes[mm_first.r * 32]);
 				bad_total++;
 			}
 			llm_cuda_weights_drop(gpu);
@@ -383,8 +445,11 @@ static void test_matmul_e4m3(void)
 	llm_cuda_gemm_force(gpu, -1);
 	check(!bad_total, "cuda: %s", gpu_checks[2]);
 
-	/* batch invariance through the table */
-	{
+	/* batch invariance through the table (not in the sanitize set: the
+	 * same kernels as above) */
+	if (small)
+		check_skip("the sanitize subset", "cuda: %s", gpu_checks[3]);
+	else {
 		struct wbuf b;
 		int64_t n = 192, k = 384, m = 130;
 		make_weight(&b, LLM_DTYPE_E4M3, n, k, 128, 128, 0);
@@ -395,8 +460,13 @@ static void test_matmul_e4m3(void)
 		int same = 1;
 		for (int64_t t = 0; t < m; t += 13) {
 			matmul_cmp(&b, x + t * k, 1, 0x1.0p-7, 0, &worst, one);
-			if (memcmp(one, all + t * n, (size_t)n * sizeof(float)))
-				same = 0;
+			for (int64_t r = 0; r < n && same; r++)
+				if (llm_f32_bits(one[r]) != llm_f32_bits(all[t * n + r])) {
+					check_note("matmul E4M3 N %lld K %lld blocks 128x128: token %lld alone, output %lld: "
+					           "%.9g, in the batch of %lld: %.9g", (long long)n, (long long)k, (long long)t,
+					           (long long)r, one[r], (long long)m, all[t * n + r]);
+					same = 0;
+				}
 		}
 		check(same, "cuda: %s", gpu_checks[3]);
 		llm_cuda_weights_drop(gpu);
@@ -413,6 +483,8 @@ static void test_matmul_e4m3(void)
 		float *x = rand_x(5, 200, 0);
 		double worst;
 		int64_t bad = matmul_cmp(&b, x, 5, 200 * 0x1.0p-23, 0, &worst, NULL);
+		if (bad)
+			mm_fail("matmul E4M3 generic N 50 K 200 blocks 7x50 M 5: %lld over the bound", (long long)bad);
 		check(!bad, "cuda: %s (worst %.3f)", gpu_checks[4], worst);
 		llm_cuda_weights_drop(gpu);
 		free(x);
@@ -426,7 +498,7 @@ static void test_matmul_other(void)
 	int bad_total = 0;
 	double worst_all = 0;
 	for (size_t d = 0; d < 3; d++)
-		for (int64_t m = 1; m <= 40; m += 13) {
+		for (int64_t m = 1; m <= 40; m += small ? 26 : 13) {
 			struct wbuf b;
 			make_weight(&b, dts[d], 100, 192, 0, 0, 0);
 			float *x = rand_x(m, 192, 0);
@@ -434,7 +506,8 @@ static void test_matmul_other(void)
 			int64_t bad = matmul_cmp(&b, x, m, dts[d] == LLM_DTYPE_BF16 ? 0x1.0p-7 : 192 * 0x1.0p-23, 0,
 			                         &worst, NULL);
 			if (bad) {
-				check_diag("%s M %lld: %lld over the bound", llm_dtype_name(dts[d]), (long long)m, (long long)bad);
+				mm_fail("matmul %s N 100 K 192 M %lld: %lld over the bound", llm_dtype_name(dts[d]), (long long)m,
+				        (long long)bad);
 				bad_total++;
 			}
 			if (worst > worst_all)
@@ -456,12 +529,20 @@ static void test_matmul_other(void)
 	struct llm_view y = { got, LLM_DTYPE_F32, 3, 300, 310 };
 	enum llm_status s = gpu->ops->matmul(gpu, y, llm_view_f32(dx, 3, 128), &b.w);
 	int ok = s == LLM_OK;
+	if (!ok)
+		check_note("matmul into host memory: %s", llm_errmsg());
 	for (int t = 0; t < 3 && ok; t++) {
-		if (got[t * 310 + 305] != -7.0f)
+		if (got[t * 310 + 305] != -7.0f) {
+			check_note("matmul into host memory E4M3 N 300 K 128 M 3: wrote past the row, [%d, 305] is %.9g", t,
+			           got[t * 310 + 305]);
 			ok = 0;
-		for (int r = 0; r < 300; r++)
-			if (fabsf(got[t * 310 + r] - ref[t * 300 + r]) > 1e-2f * (1 + fabsf(ref[t * 300 + r])))
+		}
+		for (int r = 0; r < 300 && ok; r++)
+			if (fabsf(got[t * 310 + r] - ref[t * 300 + r]) > 1e-2f * (1 + fabsf(ref[t * 300 + r]))) {
+				check_note("matmul into host memory E4M3 N 300 K 128 M 3: first bad [token %d, output %d] "
+				           "expected %.9g got %.9g", t, r, ref[t * 300 + r], got[t * 310 + r]);
 				ok = 0;
+			}
 	}
 	check(ok, "cuda: %s", gpu_checks[6]);
 	gpu->ops->release(gpu, dx);
@@ -596,6 +677,7 @@ static void test_rowwise(void)
 }
 
 /* The same batches through both backends' caches: K/V bytes, then attention. */
+static char kv_note[NOTE_MAX];   /* the first cache that differs (test_attention) */
 static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head, int *kv_same)
 {
 	struct llm_kv_opts ko = { 2, n_kv_head, d_head, kvdt, 16, 64, 4, 320 };
@@ -694,8 +776,19 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 	char *hk = malloc(bytes), *hv = malloc(bytes);
 	llm_cuda_copy_out(gpu, hk, kg.k, bytes);
 	llm_cuda_copy_out(gpu, hv, kg.v, bytes);
-	if (memcmp(hk, kc.k, bytes) || memcmp(hv, kc.v, bytes))
+	if (memcmp(hk, kc.k, bytes) || memcmp(hv, kc.v, bytes)) {
+		int kd = memcmp(hk, kc.k, bytes) != 0;
+		const char *g = kd ? hk : hv, *c = kd ? (const char *)kc.k : (const char *)kc.v;
+		size_t at = 0;
+		while (at < bytes && g[at] == c[at])
+			at++;
+		if (!kv_note[0])
+			snprintf(kv_note, NOTE_MAX, "kv_store %s %d/%d heads d %d: the %s cache differs from the CPU's from "
+			         "byte %zu of %zu (element %zu, expected byte 0x%02x got 0x%02x)", llm_dtype_name(kvdt), n_head,
+			         n_kv_head, d_head, kd ? "K" : "V", at, bytes, at / kc.elt, (unsigned char)c[at],
+			         (unsigned char)g[at]);
 		*kv_same = 0;
+	}
 	if (memcmp(hk, kr.k, bytes) || memcmp(hv, kr.v, bytes)) {
 		check_diag("kv_store %s %d/%d heads d %d: the cache differs from the plain reference's",
 		           llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
@@ -706,8 +799,18 @@ static int attn_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d_head,
 		float *hs = malloc(sb), *hvs = malloc(sb);
 		llm_cuda_copy_out(gpu, hs, kg.ks, sb);
 		llm_cuda_copy_out(gpu, hvs, kg.vs, sb);
-		if (memcmp(hs, kc.ks, sb) || memcmp(hvs, kc.vs, sb))
+		if (memcmp(hs, kc.ks, sb) || memcmp(hvs, kc.vs, sb)) {
+			int kd = memcmp(hs, kc.ks, sb) != 0;
+			const float *g = kd ? hs : hvs, *c = kd ? kc.ks : kc.vs;
+			size_t at = 0;
+			while (at < sb / sizeof(float) && llm_f32_bits(g[at]) == llm_f32_bits(c[at]))
+				at++;
+			if (!kv_note[0])
+				snprintf(kv_note, NOTE_MAX, "kv_store fp8 %d/%d heads d %d: the %s scales differ from the CPU's at "
+				         "scale %zu: expected %.9g got %.9g", n_head, n_kv_head, d_head, kd ? "K" : "V", at, c[at],
+				         g[at]);
 			*kv_same = 0;
+		}
 		free(hs);
 		free(hvs);
 	}
@@ -725,10 +828,12 @@ static void test_attention(void)
 	int ok = 1, kv_same = 1;
 	static const enum llm_dtype kdt[3] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
 	for (int dt = 0; dt < 3; dt++)
-		for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+		for (size_t i = small ? 1 : 0; i < (small ? 3 : sizeof cases / sizeof *cases); i++)
 			ok &= attn_case(kdt[dt], cases[i].h, cases[i].kvh, cases[i].d, &kv_same);
+	check(ok, "cuda: %s", gpu_checks[11]);     /* its note: the first comparison that failed */
+	if (kv_note[0])
+		check_note("%s", kv_note);
 	check(kv_same, "cuda: %s", gpu_checks[10]);
-	check(ok, "cuda: %s", gpu_checks[11]);
 }
 
 static void test_argmax(void)
@@ -760,8 +865,17 @@ static int same_dev_bytes(const char *what, const void *d, const void *ref, size
 {
 	char *h = malloc(n);
 	int same = !llm_cuda_copy_out(gpu, h, d, n) && !memcmp(h, ref, n);
-	if (!same)
-		check_diag("rope_store: %s differs", what);
+	if (!same) {
+		size_t at = 0;
+		while (at < n && h[at] == ((const char *)ref)[at])
+			at++;
+		check_diag("rope_store: %s differs from byte %zu of %zu", what, at, n);
+		if (at + 4 <= n && at % 4 == 0 && strchr("qk", what[0]) && !what[1])
+			check_note("rope_store: %s differs from the separate ops at float %zu of %zu: expected %.9g got %.9g",
+			           what, at / 4, n / 4, ((const float *)ref)[at / 4], ((const float *)h)[at / 4]);
+		else
+			check_note("rope_store: %s differs from the separate ops from byte %zu of %zu", what, at, n);
+	}
 	free(h);
 	return same;
 }
@@ -837,8 +951,10 @@ static int rope_store_case(enum llm_dtype kvdt, int n_head, int n_kv_head, int d
 		ok &= !llm_cuda_copy_out(gpu, hs, ka.vs, sbytes) && same_dev_bytes("the V scales", kb.vs, hs, sbytes);
 		free(hs);
 	}
-	if (!ok)
+	if (!ok) {
 		check_diag("rope_store %s %d/%d heads d %d", llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
+		check_note("rope_store %s %d/%d heads d %d", llm_dtype_name(kvdt), n_head, n_kv_head, d_head);
+	}
 	free(h);
 	free(freq);
 	llm_kv_free(&ka);
@@ -852,7 +968,7 @@ static void test_rope_store(void)
 	static const enum llm_dtype kdt[3] = { LLM_DTYPE_F32, LLM_DTYPE_BF16, LLM_DTYPE_E4M3 };
 	int ok = gpu->ops->rope_store != NULL;
 	for (int dt = 0; dt < 3 && ok; dt++)
-		for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+		for (size_t i = 0; i < (small ? 1 : sizeof cases / sizeof *cases); i++)
 			ok &= rope_store_case(kdt[dt], cases[i].h, cases[i].kvh, cases[i].d);
 	check(ok, "cuda: %s", gpu_checks[20]);
 }
@@ -870,7 +986,7 @@ static void test_matmul_add(void)
 	for (size_t d = 0; d < sizeof dts / sizeof *dts && ok; d++) {
 		int n_cfg = dts[d] == LLM_DTYPE_E4M3 ? LLM_GEMM_CFG_COUNT : 1;
 		for (int cfg = 0; cfg < n_cfg && ok; cfg++)
-			for (size_t mi = 0; mi < sizeof ms / sizeof *ms && ok; mi++) {
+			for (size_t mi = 0; mi < sizeof ms / sizeof *ms && ok; mi += small ? 3 : 1) {
 				int64_t m = ms[mi];
 				struct wbuf b;
 				make_weight(&b, dts[d], n, k, 128, 128, 0);
@@ -884,6 +1000,8 @@ static void test_matmul_add(void)
 				    || gpu->ops->add(gpu, v1, llm_view_f32(dy, m, n))
 				    || gpu->ops->matmul_add(gpu, v2, llm_view_f32(da, m, k), &b.w) || gpu->ops->sync(gpu)) {
 					check_diag("matmul_add %s: %s", llm_dtype_name(dts[d]), llm_errmsg());
+					check_note("matmul_add %s cfg %d M %lld: %s", llm_dtype_name(dts[d]), cfg, (long long)m,
+					           llm_errmsg());
 					ok = 0;
 				} else {
 					host_of(h1, r1, (size_t)(m * xs));
@@ -892,9 +1010,20 @@ static void test_matmul_add(void)
 					for (int64_t t = 0; t < m && same; t++)
 						for (int64_t c = n; c < xs; c++)
 							same &= llm_f32_bits(h2[t * xs + c]) == llm_f32_bits(r[t * xs + c]);
-					if (!same)
-						check_diag("matmul_add %s cfg %d M %lld: differs from matmul then add",
-						           llm_dtype_name(dts[d]), cfg, (long long)m);
+					if (!same) {
+						int64_t at = 0;
+						while (at < m * xs && llm_f32_bits(h1[at]) == llm_f32_bits(h2[at]))
+							at++;
+						const char *cn = dts[d] == LLM_DTYPE_E4M3 ? llm_cuda_gemm_cfg_name(cfg) : "-";
+						check_diag("matmul_add %s %s M %lld: differs from matmul then add", llm_dtype_name(dts[d]),
+						           cn, (long long)m);
+						if (at < m * xs)
+							check_note("matmul_add %s %s N %lld K %lld M %lld (residual stride %lld): first "
+							           "differing [token %lld, column %lld] expected (matmul then add) %.9g got "
+							           "%.9g%s", llm_dtype_name(dts[d]), cn, (long long)n, (long long)k,
+							           (long long)m, (long long)xs, (long long)(at / xs), (long long)(at % xs),
+							           h1[at], h2[at], at % xs >= n ? " (a column past N: must be left alone)" : "");
+					}
 					ok &= same;
 				}
 				llm_cuda_gemm_force(gpu, -1);
@@ -947,6 +1076,18 @@ static void gside_close(struct gside *g)
 	llm_backend_close(g->be);
 }
 
+/* The first logit of N (rows of NV) where GOT's bits differ from WANT's,
+ * into NOTE (NOTE_MAX bytes) unless it holds a note already. */
+static void first_diff(char *note, const char *what, const float *want, const float *got, size_t n, int nv)
+{
+	size_t at = 0;
+	while (at < n && llm_f32_bits(got[at]) == llm_f32_bits(want[at]))
+		at++;
+	if (at < n && !note[0])
+		snprintf(note, NOTE_MAX, "%s: first differing logit [row %zu, id %zu] expected %.9g got %.9g", what,
+		         at / (size_t)nv, at % (size_t)nv, want[at], got[at]);
+}
+
 static void test_graphs(void)
 {
 	const char *models = test_models_dir();
@@ -967,6 +1108,7 @@ static void test_graphs(void)
 	 * matmul_add (the forward then calls matmul and add) */
 	struct gside gg = { 0 }, ge = { 0 }, gn = { 0 };
 	static struct llm_backend_ops nofuse;
+	char gnote[NOTE_MAX] = "", fnote[NOTE_MAX] = "";   /* the first difference of each check */
 	int ok = gside_open(&gg, &m, 1) && gside_open(&ge, &m, 0) && gside_open(&gn, &m, 0), nv = m.cfg.n_vocab;
 	int same = 1, steps = 0, fused = ok && ge.be->ops->matmul_add, fused_same = 1;
 	if (ok) {
@@ -998,6 +1140,8 @@ static void test_graphs(void)
 		host_of(hn, gn.dlog, (size_t)3 * nv);
 		if (memcmp(hn, he, (size_t)3 * nv * sizeof(float))) {
 			check_diag("matmul_add: the prompts' logits differ from matmul then add");
+			first_diff(fnote, "matmul_add in the forward: the prompts' logits (stories260K)", he, hn, (size_t)3 * nv,
+			           nv);
 			fused_same = 0;
 		}
 		for (int i = 0; i < 3; i++)
@@ -1028,14 +1172,23 @@ static void test_graphs(void)
 		host_of(hl, gg.dlog, (size_t)n * nv);
 		host_of(he, ge.dlog, (size_t)n * nv);
 		if (memcmp(hl, he, (size_t)n * nv * sizeof(float))) {
-			if (same)
+			if (same) {
+				char what[120];
+				snprintf(what, sizeof what, "CUDA graphs: decode step %d (%d sequences), replayed against op by op", st,
+				         n);
 				check_diag("graphs: step %d (%d sequences): the logits differ from the op-by-op run", st, n);
+				first_diff(gnote, what, he, hl, (size_t)n * nv, nv);
+			}
 			same = 0;
 		}
 		host_of(hn, gn.dlog, (size_t)n * nv);
 		if (memcmp(hn, he, (size_t)n * nv * sizeof(float))) {
-			if (fused_same)
+			if (fused_same) {
+				char what[120];
+				snprintf(what, sizeof what, "matmul_add in the forward: decode step %d (%d sequences)", st, n);
 				check_diag("matmul_add: step %d (%d sequences): the logits differ from matmul then add", st, n);
+				first_diff(fnote, what, he, hn, (size_t)n * nv, nv);
+			}
 			fused_same = 0;
 		}
 		for (int i = 0; i < n; i++)
@@ -1045,8 +1198,12 @@ static void test_graphs(void)
 	long cap = 0, rep = 0, redo = 0;
 	if (gg.be)
 		llm_cuda_graph_stats(gg.be, &cap, &rep, &redo);
+	if (gnote[0])
+		check_note("%s", gnote);
 	check(ok && same && steps == 12 && cap == 2 && rep == 8 && redo == 0,
 	      "cuda: %s (%d steps; captured %ld, replayed %ld, run again %ld)", gpu_checks[21], steps, cap, rep, redo);
+	if (fnote[0])
+		check_note("%s", fnote);
 	check(ok && fused && fused_same && steps == 12, "cuda: %s (%d decode steps)", gpu_checks[23], steps);
 	free(hl);
 	free(he);
@@ -1067,9 +1224,11 @@ struct sample_case {
 
 /* R rows, each its own request: STEPS draws, each accepted into both copies
  * of the row's sampler, so penalties and the hold change as they go. */
-static void sample_case_run(const struct sample_case *sc, int *ids_ok, int *lp_ok, int *n_draws)
+static void sample_case_run(const struct sample_case *sc, int *ids_ok, int *lp_ok, int *n_draws, char *ids_note,
+                            char *lp_note)
 {
-	enum { R = 6, NV = 4099, STEPS = 40 };
+	enum { R = 6, NV = 4099 };
+	const int STEPS = small ? 6 : 40;
 	static const struct llm_logit_bias bias[3] = { { 7, 3.5f }, { 7, 1.25f }, { 4000, -100.0f } };
 	static const int32_t hold[2] = { 2, 3 };
 	struct llm_sampler host[R], dev[R];
@@ -1123,16 +1282,26 @@ static void sample_case_run(const struct sample_case *sc, int *ids_ok, int *lp_o
 			}
 			(*n_draws)++;
 			if (ids[r] != so.token) {
-				if (*ids_ok)
+				if (*ids_ok) {
 					check_diag("sample %s: step %d row %d: gpu id %d, cpu id %d", sc->name, step, r,
 					           ids[r], so.token);
+					if (!ids_note[0])
+						snprintf(ids_note, NOTE_MAX, "sample %s (rows %d, vocabulary %d): step %d row %d: expected "
+						         "id %d (cpu, logit %.9g) got %d (logit %.9g)", sc->name, R, NV, step, r, so.token,
+						         l[(size_t)r * NV + so.token], ids[r],
+						         ids[r] >= 0 && ids[r] < NV ? l[(size_t)r * NV + ids[r]] : NAN);
+				}
 				*ids_ok = 0;
 			}
 			int lp_same = sc->p.skip_logprob ? isnan(lp[r]) : fabsf(lp[r] - so.logprob) <= 1e-6f;
 			if (!lp_same) {
-				if (*lp_ok)
+				if (*lp_ok) {
 					check_diag("sample %s: step %d row %d: gpu log-prob %.9g, cpu %.9g", sc->name, step, r,
 					           lp[r], so.logprob);
+					if (!lp_note[0])
+						snprintf(lp_note, NOTE_MAX, "sample %s: step %d row %d, id %d: expected log-prob %.9g got "
+						         "%.9g", sc->name, step, r, so.token, so.logprob, lp[r]);
+				}
 				*lp_ok = 0;
 			}
 			llm_sampler_accept(&host[r], so.token);
@@ -1170,12 +1339,21 @@ static void test_sample(void)
 		  .min_tokens = 5 }, 2, 0 },
 	};
 	int g_ok = 1, s_ok = 1, lp_ok = 1, n_g = 0, n_s = 0;
-	for (size_t i = 0; i < sizeof greedy / sizeof *greedy; i++)
-		sample_case_run(&greedy[i], &g_ok, &lp_ok, &n_g);
-	for (size_t i = 0; i < sizeof sampled / sizeof *sampled; i++)
-		sample_case_run(&sampled[i], &s_ok, &lp_ok, &n_s);
+	char g_note[NOTE_MAX] = "", s_note[NOTE_MAX] = "", lp_note[NOTE_MAX] = "";
+	/* sanitize: the cases that reach every kernel (penalties, biases,
+	 * the hold; top-k, top-p, min-p) */
+	for (size_t i = small ? 2 : 0; i < (small ? 3 : sizeof greedy / sizeof *greedy); i++)
+		sample_case_run(&greedy[i], &g_ok, &lp_ok, &n_g, g_note, lp_note);
+	for (size_t i = small ? 6 : 0; i < sizeof sampled / sizeof *sampled; i++)
+		sample_case_run(&sampled[i], &s_ok, &lp_ok, &n_s, s_note, lp_note);
+	if (g_note[0])
+		check_note("%s", g_note);
 	check(g_ok, "cuda: %s (%d draws)", gpu_checks[16], n_g);
+	if (s_note[0])
+		check_note("%s", s_note);
 	check(s_ok, "cuda: %s (%d draws)", gpu_checks[17], n_s);
+	if (lp_note[0])
+		check_note("%s", lp_note);
 	check(lp_ok, "cuda: %s", gpu_checks[18]);
 
 	/* non-finite logits: row 0 NaN at 17 and Inf at 30, row 1 -Inf at 3, row 2 fine */
@@ -1235,6 +1413,7 @@ static int nccl_same(const char *what, const void *d, const void *ref, size_t n)
 		while (i < n && h[i] == ((const unsigned char *)ref)[i])
 			i++;
 		check_diag("%s: the device's bytes differ from the CPU communicator's from byte %zu of %zu", what, i, n);
+		check_note("nccl %s: the device's bytes differ from the CPU communicator's from byte %zu of %zu", what, i, n);
 	}
 	free(h);
 	return ok;
@@ -1356,16 +1535,46 @@ static void test_nccl(void)
 
 #endif /* LLM_CUDA */
 
+/* The groups of the arguments into selected[] (none: every group;
+ * "sanitize": every group but graphs and nccl, small); 0 on a bad name. */
+static int select_groups(int argc, char **argv)
+{
+	for (int g = 0; g < G_COUNT; g++)
+		selected[g] = argc < 2;
+	for (int i = 1; i < argc; i++) {
+		int g = 0;
+		if (!strcmp(argv[i], "sanitize")) {
+			small = 1;
+			for (g = 0; g < G_COUNT; g++)
+				selected[g] |= g != G_GRAPHS && g != G_NCCL;
+			continue;
+		}
+		while (g < G_COUNT && strcmp(argv[i], group_names[g]))
+			g++;
+		if (g == G_COUNT)
+			return 0;
+		selected[g] = 1;
+	}
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	struct llm_backend *be = NULL;
-	int only_nccl = argc == 2 && !strcmp(argv[1], "nccl");
-	if (argc > 2 || (argc == 2 && !only_nccl)) {
-		fprintf(stderr, "usage: test_cuda [nccl]\n");
+	if (!select_groups(argc, argv)) {
+		fprintf(stderr, "usage: test_cuda [sanitize | GROUP...]; groups:");
+		for (int g = 0; g < G_COUNT; g++)
+			fprintf(stderr, " %s", group_names[g]);
+		fprintf(stderr, "\n");
 		return 2;
 	}
+	int gpu_groups = 0;         /* any group besides nccl */
+	for (int g = 0; g < G_COUNT; g++)
+		gpu_groups |= g != G_NCCL && selected[g];
+	if (small)
+		check_diag("the sanitize subset: every kernel on fewer shapes, batch sizes and draws (no graphs, no nccl)");
 #ifndef LLM_CUDA
-	if (only_nccl) {
+	if (!gpu_groups) {
 		skip_nccl("built without CUDA support (make CUDA=0)");
 		return check_done();
 	}
@@ -1391,7 +1600,7 @@ int main(int argc, char **argv)
 		check(ns == LLM_ERR_USAGE && strstr(llm_errmsg(), "device 1023"),
 		      "nccl: a communicator on a device that is not there is a clear error: %s", llm_errmsg());
 	}
-	if (only_nccl) {
+	if (!gpu_groups) {
 		if (n_dev)
 			test_nccl();
 		else
@@ -1399,7 +1608,7 @@ int main(int argc, char **argv)
 		return check_done();
 	}
 #else
-	if (only_nccl) {
+	if (!gpu_groups) {
 		skip_nccl("built without NCCL (make NCCL=0, or no nccl.h found)");
 		return check_done();
 	}
@@ -1429,25 +1638,39 @@ int main(int argc, char **argv)
 		check(0, "open the cpu and cuda backends: %s", llm_errmsg());
 		return check_done();
 	}
-	test_matmul_e4m3();
-	test_matmul_other();
-	test_rowwise();
-	test_attention();
-	test_argmax();
-	test_sample();
-	test_rope_store();
-	test_matmul_add();
-	test_graphs();
-	check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
-	check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
-	check(ref_attn_ok, "cuda: %s", gpu_checks[15]);
+	if (selected[G_MATMUL])
+		test_matmul_e4m3();
+	if (selected[G_MATMUL_OTHER])
+		test_matmul_other();
+	if (selected[G_ROWWISE])
+		test_rowwise();
+	if (selected[G_ATTENTION])
+		test_attention();
+	if (selected[G_ARGMAX])
+		test_argmax();
+	if (selected[G_SAMPLE])
+		test_sample();
+	if (selected[G_ROPE_STORE])
+		test_rope_store();
+	if (selected[G_MATMUL_ADD])
+		test_matmul_add();
+	if (selected[G_GRAPHS])
+		test_graphs();
+	if (selected[G_MATMUL] || selected[G_MATMUL_OTHER])
+		check(!ref_matmul_bad, "cuda: %s (%d cases off)", gpu_checks[13], ref_matmul_bad);
+	if (selected[G_ROWWISE])
+		check(ref_rowwise_ok, "cuda: %s", gpu_checks[14]);
+	if (selected[G_ATTENTION])
+		check(ref_attn_ok, "cuda: %s", gpu_checks[15]);
 	llm_backend_close(gpu);
 	llm_backend_close(cpu);
+	if (selected[G_NCCL]) {
 #ifdef LLM_NCCL
-	test_nccl();
+		test_nccl();
 #else
-	skip_nccl("built without NCCL (make NCCL=0, or no nccl.h found)");
+		skip_nccl("built without NCCL (make NCCL=0, or no nccl.h found)");
 #endif
+	}
 	return check_done();
 #endif
 }

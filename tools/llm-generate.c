@@ -139,11 +139,11 @@ static struct llm_engine *lead_open(int max_seqs, int kv_seqs, int64_t need)
 	return e;
 }
 
-/* -v, distributed: every rank's traffic, printed by rank 0 (collective). */
+/* -v, distributed (LLM_DIST=always on one rank too): every rank's traffic, printed by rank 0 (collective). */
 static void lead_close(struct llm_engine *e)
 {
 	struct llm_buf t = { 0 };
-	if (llm_engine_lead_close(e, dist() && llm_log_level >= 2 ? &t : NULL))
+	if (llm_engine_lead_close(e, world && llm_log_level >= 2 ? &t : NULL))
 		die_msg();
 	fputs(t.len ? t.p : "", stderr), llm_buf_free(&t);
 }

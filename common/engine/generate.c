@@ -198,15 +198,21 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 		return llm_fail(LLM_ERR_NOMEM, "engine: out of memory");
 	enum llm_status s;
 	struct llm_comm *w = in && in->comm ? in->comm : llm_comm_world();
+	int always;
 	e->root = 1;
-	if (w && w->size > 1) {
-		if (!llm_model_is_partitioned(path)) {
+	if ((s = llm_dist_always(&always)))
+		goto fail;
+	if (w && (w->size > 1 || always)) {     /* LLM_DIST=always: one rank too */
+		if (w->size == 1 && !llm_model_is_partitioned(path)) {
+			if ((s = llm_model_open_one_rank(&e->model, path, w)))
+				goto fail;
+		} else if (!llm_model_is_partitioned(path)) {
 			s = llm_fail(LLM_ERR_USAGE, "%s: a run over %d ranks needs a checkpoint partitioned by "
 			             "llm-repartition --tp T --pp P (T x P = %d)", path, w->size, w->size);
 			goto fail;
-		}
-		if ((s = llm_model_open_dist(&e->model, path, w)))
+		} else if ((s = llm_model_open_dist(&e->model, path, w))) {
 			goto fail;
+		}
 		e->world = w;
 		e->root = w->rank == 0;
 	} else if ((s = llm_model_open(&e->model, path))) {
@@ -746,7 +752,7 @@ enum llm_status llm_engine_traffic(struct llm_engine *e, struct llm_buf *out)
 {
 	struct llm_comm *w = e->world;
 	const struct llm_model_dist *d = e->model.dist;
-	if (!w || w->size < 2 || !d)
+	if (!w || !d)
 		return LLM_OK;
 	struct llm_dist_stats *all = calloc((size_t)w->size, sizeof *all);
 	struct llm_serve_stats *ss = calloc((size_t)w->size, sizeof *ss);

@@ -285,7 +285,8 @@ void llm_engine_serve_stats(const struct llm_engine *e, struct llm_serve_stats *
  * calls it) and, on rank 0, appended to OUT as lines of text: per rank the
  * steps, micro-batches and bytes per token over each link, the steps each
  * rank led or followed, and with pipeline stages the boundary's bytes
- * against unfused and unsliced sends. One process: nothing. */
+ * against unfused and unsliced sends. One process (without LLM_DIST=always):
+ * nothing. */
 struct llm_buf;
 enum llm_status llm_engine_traffic(struct llm_engine *e, struct llm_buf *out);
 

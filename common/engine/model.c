@@ -167,6 +167,37 @@ int llm_model_is_partitioned(const char *path)
 	return llm_partition_is_dir(path);
 }
 
+enum llm_status llm_dist_always(int *always)
+{
+	const char *v = getenv("LLM_DIST");
+	*always = v && !strcmp(v, "always");
+	if (v && *v && !*always)
+		return llm_fail(LLM_ERR_USAGE, "LLM_DIST=%s: not always (or unset)", v);
+	return LLM_OK;
+}
+
+enum llm_status llm_model_open_one_rank(struct llm_model *m, const char *path, struct llm_comm *world)
+{
+	LLM_TRY(llm_model_open(m, path));
+	struct llm_model_dist *d = m->dist = calloc(1, sizeof *m->dist);
+	enum llm_status s = d ? LLM_OK : llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+	if (!s)
+		s = llm_grid_init(&d->grid, world, 1, 1);
+	if (!s && !(d->v0 = malloc(2 * sizeof *d->v0)))
+		s = llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+	if (s) {
+		llm_model_close(m);
+		return s;
+	}
+	/* the whole model is rank 0's share: every layer, the whole vocabulary */
+	d->v0[0] = 0;
+	d->v0[1] = m->cfg.n_vocab;
+	d->first = d->last = 1;
+	d->n_micro = 1;
+	d->always = 1;
+	return LLM_OK;
+}
+
 enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct llm_comm *world)
 {
 	memset(m, 0, sizeof *m);
@@ -182,7 +213,7 @@ enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct
 	llm_partition_free(rec);
 	/* the one collective, before anything a single rank can fail at (its
 	 * own file), so a failing rank never leaves the others inside it */
-	if (s || (s = llm_grid_init(&d->grid, world, T, P)))
+	if (s || (s = llm_grid_init(&d->grid, world, T, P)) || (s = llm_dist_always(&d->always)))
 		goto fail;
 	if ((s = llm_ckpt_open_rank(&m->ck, dir, world->rank)) || (s = open_config(m, dir)))
 		goto fail;
@@ -628,7 +659,7 @@ static enum llm_status act_comm(struct llm_model_dist *d, int pp, struct llm_com
 static enum llm_status tp_sum(struct llm_model_dist *d, float *buf, size_t n)
 {
 	struct llm_comm *c;
-	if (d->grid.n_tp == 1)
+	if (d->grid.n_tp == 1 && !d->always)
 		return LLM_OK;
 	d->stats.tp_allreduce += n * sizeof(float);
 	LLM_TRY(act_comm(d, 0, &c));
@@ -685,7 +716,7 @@ static enum llm_status stage_recv(struct llm_model_dist *d, float *x, int64_t n_
 	LLM_TRY(act_comm(d, 1, &c));
 	LLM_TRY(llm_comm_recv(c, x + a, (size_t)len * sizeof(float), d->grid.prev, 1));
 	d->stats.boundary_recvd += (uint64_t)len * sizeof(float);
-	if (T == 1)
+	if (T == 1 && !d->always)
 		return LLM_OK;
 	d->stats.tp_allgather += (uint64_t)len * sizeof(float);
 	LLM_TRY(act_comm(d, 0, &c));
@@ -807,7 +838,7 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, cons
 	const struct llm_layer *L = &m->layers[l];
 	struct llm_model_dist *d = m->dist;
 	size_t n_el = (size_t)(x.rows * x.cols);
-	int fuse = op->matmul_add && (!d || d->grid.n_tp == 1) && s->n_lgroup == 0;
+	int fuse = op->matmul_add && (!d || (d->grid.n_tp == 1 && !d->always)) && s->n_lgroup == 0;
 	*added = fuse;
 	if (fuse) {
 		LLM_TRY(op->matmul_add(be, x, att, &L->wo));
@@ -890,7 +921,7 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 	struct llm_view q = llm_view_f32(s->q, n, dq), k = llm_view_f32(s->k, n, dkv);
 	struct llm_view v = llm_view_f32(s->v, n, dkv), att = llm_view_f32(s->att, n, dq);
 	struct llm_view hb = llm_view_f32(s->hb, n, ff), hb2 = llm_view_f32(s->hb2, n, ff);
-	if (!d || (d->first && d->grid.n_tp == 1))
+	if (!d || (d->first && d->grid.n_tp == 1 && !d->always))
 		LLM_TRY(op->embed(be, x, b->token, &m->embed));
 	else if (d->first)
 		LLM_TRY(embed_dist(m, be, s, b, xp));

@@ -52,6 +52,8 @@ struct llm_model_dist {
 	int first, last;            /* this rank is on the first / last stage */
 	int n_micro;                /* most pipeline micro-batches per step (P > 1): 2P, or
 	                               $LLM_PP_MICRO; each holds >= 32 tokens (model.c) */
+	int always;                 /* $LLM_DIST=always: the tensor-parallel collectives
+	                               run in a one-rank TP group too (llm_dist_always) */
 	int64_t *v0;                /* (tp + 1) vocabulary slice bounds of the TP ranks */
 	struct llm_dist_stats stats;
 	/* llm_model_dist_bind, on a backend with comm_open (CUDA: NCCL): the
@@ -104,6 +106,20 @@ void llm_model_close(struct llm_model *m);
  * was partitioned for another number of ranks. llm_model_forward then runs this rank's share and
  * exchanges activations (partition.h); logits land on world rank 0 only. */
 enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct llm_comm *world);
+/* $LLM_DIST: "always" sets *ALWAYS: a one-rank world runs the distributed
+ * engine too (llm_engine_open: a partitioned checkpoint through
+ * llm_model_open_dist, a plain one through llm_model_open_one_rank), and a
+ * one-rank TP group runs its collectives (the embedding's and the
+ * row-parallel all-reduces, the boundary's in-stage all-gather) instead of
+ * skipping them as identities, and no GEMM epilogue fuses the residual
+ * add: the path of a T > 1 node, on one process and one device (bench/gpu.sh
+ * step mpi_cuda). Unset or empty: 0. Another value: LLM_ERR_USAGE naming it. */
+enum llm_status llm_dist_always(int *always);
+/* The plain checkpoint PATH as rank 0 of a 1 x 1 grid over WORLD (one
+ * rank; llm-repartition --tp 1 --pp 1 writes plain checkpoints): the whole
+ * model is its share, and with d->always set every collective of the
+ * distributed forward runs (LLM_DIST=always). Collective over WORLD. */
+enum llm_status llm_model_open_one_rank(struct llm_model *m, const char *path, struct llm_comm *world);
 /* Distributed on a backend with comm_open (backend.h): open its
  * communicators over the grid's TP and PP groups (collective over the
  * world: every rank calls it), so that activations stay in its memory;

@@ -9,9 +9,9 @@ TC=${LLM_TESTBIN:-build/cpu/tests}/test_cuda
 reason=""
 if [ ! -x "$TC" ]; then
 	reason="no $TC"
-elif "$TC" | grep -q "# SKIP built without CUDA"; then
+elif "$TC" argmax | grep -q "# SKIP built without CUDA"; then
 	reason="built without CUDA support"
-elif "$TC" | grep -q "# SKIP no CUDA device"; then
+elif "$TC" argmax | grep -q "# SKIP no CUDA device"; then
 	reason="no CUDA device"
 fi
 M=$(stories)
@@ -112,7 +112,9 @@ check "llm-generate --backend cuda and --backend cpu give the same greedy tokens
 	python3 -c 'import json,sys; a=[json.loads(l)["ids"] for l in open(sys.argv[1])]; b=[json.loads(l)["ids"] for l in open(sys.argv[2])]; sys.exit(a!=b)' "$T/cuda.jsonl" "$T/cpu.jsonl"
 
 # --backend cuda under mpirun (no longer refused): one rank on the tp1 x
-# pp1 repartition of stories260K, its greedy ids against the CPU's
+# pp1 repartition of stories260K (a plain checkpoint), through the
+# distributed engine (LLM_DIST=always: NCCL communicators, the TP
+# all-reduces on device buffers), its greedy ids against the CPU's
 d="mpirun -np 1 llm-generate --backend cuda on a tp1 checkpoint: greedy ids equal --backend cpu's"
 if ! command -v mpirun >/dev/null 2>&1; then
 	skip "$d" "mpirun not found"
@@ -121,7 +123,7 @@ elif ! llm-repartition -q "$M" "$T/tp1" --tp 1 --pp 1 2>"$T/rp.err"; then
 else
 	MPIRUN="mpirun --oversubscribe"
 	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-	timeout 300 $MPIRUN -np 1 llm-generate -m "$T/tp1" --backend cuda --kv-dtype f32 --json --parallel 8 <"$T/ids.jsonl" \
+	LLM_DIST=always timeout 300 $MPIRUN -np 1 -x LLM_DIST llm-generate -m "$T/tp1" --backend cuda --kv-dtype f32 --json --parallel 8 <"$T/ids.jsonl" \
 		>"$T/mpi.jsonl" 2>"$T/mpi.err"; rc=$?
 	check "$d (exit $rc$([ $rc = 0 ] || echo ": $(head -n 1 "$T/mpi.err")"))" sh -c "[ $rc = 0 ] && python3 -c 'import json,sys; a=[json.loads(l)[\"ids\"] for l in open(sys.argv[1])]; b=[json.loads(l)[\"ids\"] for l in open(sys.argv[2])]; sys.exit(not a or a!=b)' '$T/mpi.jsonl' '$T/cpu.jsonl'"
 fi

@@ -7,7 +7,8 @@
 # sliced: 1/T of the unsliced); --perplexity and --score agree; a broken
 # rank file, a wrong -np and an unpartitioned checkpoint end the job with a
 # message naming the rank, never a hang; speculative decoding's rollbacks
-# reach every rank.
+# reach every rank; LLM_DIST=always runs one rank (under mpirun -np 1 and
+# alone) through the distributed engine with the same ids.
 # Ranks are oversubscribed (CI has 2 cores), one thread each.
 . tests/lib/tap.sh
 T=$TMPD
@@ -74,6 +75,25 @@ for g in "2 1" "1 2" "2 2"; do
 	run_cmp "stories260K F32 tp$1 x pp$2 (mpirun -np $(($1 * $2)))" $(($1 * $2)) "$T/s$1$2" "$T/ref.json"
 done
 check "only rank 0 writes stdout: one JSON line per prompt" [ "$(wc -l <"$T/out.json")" = 4 ]
+# LLM_DIST=always: one rank through the distributed engine, as bench/gpu.sh
+# step mpi_cuda runs it on a device (a 1 x 1 grid on the plain checkpoint:
+# llm-repartition --tp 1 --pp 1 writes plain ones); its one-rank TP group
+# runs every all-reduce, so -v counts their bytes
+for how in "mpirun -np 1" "one process"; do
+	if [ "$how" = "one process" ]; then
+		LLM_DIST=always gen1 -m "$S" --json --temp 0 --logprobs 3 -v <"$T/prompts" >"$T/one.json" 2>"$T/one.err"
+	else
+		LLM_DIST=always mpigen 1 -m "$S" --json --temp 0 --logprobs 3 -v <"$T/prompts" >"$T/one.json" 2>"$T/one.err"
+	fi
+	rc=$?
+	check "LLM_DIST=always, $how: greedy ids equal the plain run (exit $rc: $(same "$T/ref.json" "$T/one.json" 2>&1 | tail -n 1))" \
+		same "$T/ref.json" "$T/one.json"
+	check "... through the distributed engine: -v counts the one-rank TP group's all-reduce ($(grep -o 'tp all-reduce [0-9]* B' "$T/one.err"))" \
+		grep -q 'rank 0 (stage 0, tp 0): .* tp all-reduce [1-9][0-9]* B' "$T/one.err"
+done
+LLM_DIST=sometimes gen1 -m "$S" -p x -n 1 >/dev/null 2>"$T/err"; rc=$?
+check "LLM_DIST=sometimes is an error naming it (exit $rc: $(head -n 1 "$T/err"))" \
+	sh -c '[ "$1" != 0 ] && grep -q "LLM_DIST=sometimes: not always" "$2"' _ "$rc" "$T/err"
 # FP8 (1xK: d_ff 172 splits at 86) with the embedding and lm_head in FP8,
 # split by vocabulary rows with their per-row scales
 llm-quantize -q --block 1xK --fp8-vocab "$S" "$T/s8" && llm-repartition -q "$T/s8" "$T/s8-22" --tp 2 --pp 2

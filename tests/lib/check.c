@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 static int n_fail;
+static char note[1024];         /* check_note: the next check's failure detail */
 
 static void line(const char *status, const char *fmt, va_list ap, const char *suffix)
 {
@@ -19,11 +20,25 @@ static void line(const char *status, const char *fmt, va_list ap, const char *su
 	fflush(stdout);
 }
 
-int check(int cond, const char *fmt, ...)
+void check_note(const char *fmt, ...)
 {
+	if (note[0])
+		return;
 	va_list ap;
 	va_start(ap, fmt);
-	line(cond ? "ok" : "not ok", fmt, ap, NULL);
+	vsnprintf(note, sizeof note, fmt, ap);
+	va_end(ap);
+}
+
+int check(int cond, const char *fmt, ...)
+{
+	char suf[sizeof note + 8] = "";
+	if (!cond && note[0])
+		snprintf(suf, sizeof suf, " -- %s", note);
+	note[0] = 0;
+	va_list ap;
+	va_start(ap, fmt);
+	line(cond ? "ok" : "not ok", fmt, ap, suf);
 	va_end(ap);
 	if (!cond)
 		n_fail++;
@@ -51,34 +66,67 @@ void check_diag(const char *fmt, ...)
 	fflush(stdout);
 }
 
-int check_close(const char *name, const float *got, const float *ref, size_t n,
-                double atol, double rtol)
+/* |got - ref| against the bound, NaN on either side failing */
+static int close_bad(double g, double r, double atol, double rtol)
+{
+	return isnan(g) || isnan(r) || fabs(g - r) > atol + rtol * fabs(r);
+}
+
+int check_close_detail(char *buf, size_t size, const char *name, const float *got, const float *ref, size_t n,
+                       double atol, double rtol)
 {
 	double max_abs = 0, max_rel = 0;
-	size_t worst = 0, bad = 0;
+	size_t first = n, at_max = 0, bad = 0;
 	for (size_t i = 0; i < n; i++) {
-		double g = got[i], r = ref[i], d = fabs(g - r);
-		int nan = isnan(g) || isnan(r);
-		if (nan || d > atol + rtol * fabs(r)) {
+		double g = got[i], r = ref[i], d = isnan(g) || isnan(r) ? INFINITY : fabs(g - r);
+		if (close_bad(g, r, atol, rtol)) {
 			if (!bad)
-				worst = i;
+				first = i;
 			bad++;
 		}
-		if (d > max_abs || nan) {
-			max_abs = nan ? INFINITY : d;
-			if (!bad)
-				worst = i;
+		if (d > max_abs) {
+			max_abs = d;
+			at_max = i;
 		}
 		if (r != 0 && d / fabs(r) > max_rel)
 			max_rel = d / fabs(r);
 	}
-	if (bad) {
-		check_diag("%s: %zu of %zu outside atol %g rtol %g; max abs %g, max rel %g, worst [%zu] got %.9g ref %.9g",
-		           name, bad, n, atol, rtol, max_abs, max_rel, worst, got[worst], ref[worst]);
-		for (size_t i = 0; i < n && i < 4; i++)
-			check_diag("  [%zu] got %.9g ref %.9g", i, got[i], ref[i]);
+	if (!bad)
+		return 0;
+	double e = fabs((double)got[first] - ref[first]);
+	snprintf(buf, size, "%s: first bad [%zu] expected %.9g got %.9g (abs %.3g, rel %.3g); %zu of %zu outside "
+	         "atol %g rtol %g; max abs %.3g at [%zu] (expected %.9g got %.9g), max rel %.3g",
+	         name, first, ref[first], got[first], e, ref[first] != 0 ? e / fabs(ref[first]) : e, bad, n, atol, rtol,
+	         max_abs, at_max, ref[at_max], got[at_max], max_rel);
+	return 1;
+}
+
+int check_close(const char *name, const float *got, const float *ref, size_t n,
+                double atol, double rtol)
+{
+	double max_abs = 0, max_rel = 0;
+	for (size_t i = 0; i < n; i++) {
+		double g = got[i], r = ref[i], d = isnan(g) || isnan(r) ? INFINITY : fabs(g - r);
+		if (d > max_abs)
+			max_abs = d;
+		if (r != 0 && d / fabs(r) > max_rel)
+			max_rel = d / fabs(r);
 	}
-	return check(!bad, "%s (n=%zu, max abs %.3g, max rel %.3g)", name, n, max_abs, max_rel);
+	char detail[sizeof note];
+	if (!check_close_detail(detail, sizeof detail, name, got, ref, n, atol, rtol)) {
+		check(1, "%s (n=%zu, max abs %.3g, max rel %.3g)", name, n, max_abs, max_rel);
+		return 1;
+	}
+	for (size_t i = 0; i < n && i < 4; i++)
+		check_diag("  [%zu] expected %.9g got %.9g", i, ref[i], got[i]);
+	/* this line carries the detail, and so does the next check() */
+	char pending[sizeof note];
+	snprintf(pending, sizeof pending, "%s", note);
+	note[0] = 0;
+	check_note("%s", detail);
+	check(0, "%s (n=%zu, max abs %.3g, max rel %.3g)", name, n, max_abs, max_rel);
+	check_note("%s", pending[0] ? pending : detail);
+	return 0;
 }
 
 int check_done(void) { return n_fail ? 1 : 0; }

@@ -109,6 +109,21 @@ static int host_is_loopback(const char *host)
 	return 0;
 }
 
+/* Why KEY cannot be a key (NULL: it can): blank, or a space or tab at
+ * either end, which no Authorization header can carry (its value's ends
+ * are trimmed), so no client could ever match it. */
+static const char *key_flaw(const char *key)
+{
+	size_t n = strlen(key), i = 0;
+	while (i < n && (key[i] == ' ' || key[i] == '\t'))
+		i++;
+	if (i == n)
+		return "is blank (spaces or tabs only)";
+	if (i > 0 || key[n - 1] == ' ' || key[n - 1] == '\t')
+		return "has a space or tab at an end (no Authorization header can carry it)";
+	return NULL;
+}
+
 /* The API key: --api-key or --api-key-file (not both), else LLM_API_KEY;
  * NULL when none. *OWNED gets what to free. Exits 2 on a usage error, 1
  * on an unreadable file. */
@@ -119,6 +134,8 @@ static const char *api_key(char **owned)
 		exit(llm_args_usage_error(&cli, "--api-key and --api-key-file are two ways to say one thing; give one"));
 	if (cfg.api_key && !*cfg.api_key)
 		exit(llm_args_usage_error(&cli, "--api-key: empty"));
+	if (cfg.api_key && key_flaw(cfg.api_key))
+		exit(llm_args_usage_error(&cli, "--api-key: the key %s", key_flaw(cfg.api_key)));
 	if (cfg.api_key)
 		return cfg.api_key;
 	if (cfg.api_key_file) {
@@ -136,11 +153,18 @@ static const char *api_key(char **owned)
 			free(b);
 			llm_die("--api-key-file: %s: the first line is empty (it holds the key)", cfg.api_key_file);
 		}
+		if (key_flaw(b)) {
+			const char *why = key_flaw(b);
+			free(b);
+			llm_die("--api-key-file: %s: the key on the first line %s", cfg.api_key_file, why);
+		}
 		return *owned = b;
 	}
 	const char *e = getenv("LLM_API_KEY");
 	if (e && !*e)
 		exit(llm_args_usage_error(&cli, "LLM_API_KEY is set but empty; unset it or give the key"));
+	if (e && key_flaw(e))
+		exit(llm_args_usage_error(&cli, "LLM_API_KEY: the key %s", key_flaw(e)));
 	return e;
 }
 
@@ -215,7 +239,8 @@ int main(int argc, char **argv)
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
 	struct llm_spec_opts spec;
-	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft))
+	if (llm_spec_opts_set(&spec, cfg.speculate, llm_args_given(&cfg.spec_tokens) ? cfg.spec_tokens : 0,
+	                      llm_args_given(&cfg.spec_ngram) ? cfg.spec_ngram : 0, cfg.draft))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 
 	char *key_buf;

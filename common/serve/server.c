@@ -350,10 +350,11 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	}
 	if (j->n > s->o.sched.max_running + s->o.max_queue) {   /* never, however long it waits */
 		int n = j->n;
+		const char *f = rq.best_of > rq.n ? "best_of" : "n";   /* the field that asked for them */
 		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
-		return send_error(s, conn, k, 400, "n", "n: %d choices can never be admitted: --max-running %d + --max-queue %d "
-		                  "hold %d", n, s->o.sched.max_running, s->o.max_queue, s->o.sched.max_running + s->o.max_queue);
+		return send_error(s, conn, k, 400, f, "%s: %d choices can never be admitted: --max-running %d + --max-queue %d "
+		                  "hold %d", f, n, s->o.sched.max_running, s->o.max_queue, s->o.sched.max_running + s->o.max_queue);
 	}
 	if (s->in_flight + j->n > s->o.sched.max_running + s->o.max_queue) {
 		int q = s->in_flight - s->o.sched.max_running;

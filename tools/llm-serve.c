@@ -29,7 +29,7 @@ struct serve_cfg {
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache, spec_tokens, spec_ngram;
 	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
 	size_t kv_memory, max_body, assume_memory;
-	double drain_timeout;
+	double drain_timeout, request_timeout, stall_timeout;
 	int plan, check_weights, allow_unauth, runtime_lora;
 };
 
@@ -37,7 +37,7 @@ static struct serve_cfg cfg = {
 	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto",
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
-	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256,
+	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256, .request_timeout = 30, .stall_timeout = 120,
 	.spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM,
 };
 
@@ -71,9 +71,17 @@ static const struct llm_opt opts[] = {
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
 	LLM_INT(0, "timeout", "SECONDS", &cfg.timeout,
 	        "close a connection idle this long (nothing received or sent; not while its request waits for the engine); 0: never", 0, 86400),
-	LLM_INT(0, "max-connections", "N", &cfg.max_connections, "open connections at most; more are closed at accept", 1, 1 << 20),
+	LLM_FLOAT(0, "request-timeout", "SECONDS", &cfg.request_timeout, "close a connection that has not delivered a whole "
+	          "request (head and body) this long after it opened or had its last answer (408 if it never had one); 0: never",
+	          0, 86400),
+	LLM_INT(0, "max-connections", "N", &cfg.max_connections, "open connections at most; a new one beyond closes one "
+	        "without a whole request (idle after an answer, else the slowest), or gets 503 when all are at work",
+	        1, 1 << 20),
 	LLM_INT(0, "max-conn-per-client", "N", &cfg.max_conn_per_client,
-	        "open connections from one IP address at most (0: no limit); more are closed at accept", 0, 1 << 20),
+	        "open connections from one IP address at most (0: no limit); beyond it, as --max-connections among that "
+	        "address's connections", 0, 1 << 20),
+	LLM_FLOAT(0, "stall-timeout", "SECONDS", &cfg.stall_timeout, "/health answers 503 (\"stalled\") when the engine "
+	          "has had work this long without finishing a step; 0: never", 0, 86400),
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend, the copy read in the background)"),
@@ -258,6 +266,7 @@ int main(int argc, char **argv)
 		.model_name = cfg.name, .max_queue = (int)cfg.max_queue, .max_body = cfg.max_body,
 		.default_max_tokens = (int)cfg.default_max_tokens, .timeout = (unsigned)cfg.timeout,
 		.max_connections = (unsigned)cfg.max_connections, .max_conn_per_client = (unsigned)cfg.max_conn_per_client,
+		.request_timeout = cfg.request_timeout, .stall_timeout = cfg.stall_timeout,
 		.sched = { .max_running = (int)cfg.max_running, .max_batch_tokens = (int)cfg.max_batch_tokens,
 		           .prefix_entries = (int)cfg.prefix_cache, .spec = spec },
 	};
@@ -288,10 +297,11 @@ int main(int argc, char **argv)
 	/* a descriptor per connection, and some for the process: the soft
 	 * limit goes up to the hard one when --max-connections needs it */
 	struct rlimit nf;
-	if (!getrlimit(RLIMIT_NOFILE, &nf) && nf.rlim_cur != RLIM_INFINITY && nf.rlim_cur < (rlim_t)cfg.max_connections + 64) {
+	rlim_t need = (rlim_t)llm_server_socket_limit((unsigned)cfg.max_connections) + 64;
+	if (!getrlimit(RLIMIT_NOFILE, &nf) && nf.rlim_cur != RLIM_INFINITY && nf.rlim_cur < need) {
 		nf.rlim_cur = nf.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &nf);
-		if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < (rlim_t)cfg.max_connections + 64)
+		if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < need)
 			llm_warn("--max-connections %lld: only %llu file descriptors (ulimit -Hn); connections past them are refused",
 			         (long long)cfg.max_connections, (unsigned long long)nf.rlim_max);
 	}

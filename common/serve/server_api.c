@@ -343,7 +343,7 @@ void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status
 		while (*pp)
 			pp = &(*pp)->next;
 		*pp = op;
-		pthread_cond_signal(&s->ecv);
+		llm_srv_wake_locked(s);
 		while (!op->done)
 			pthread_cond_wait(&op->cv, &s->mu);
 		*status = op->status;

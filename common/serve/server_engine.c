@@ -62,6 +62,23 @@ void llm_srv_job_unref_locked(struct job *j)
 
 /* ---- the engine thread ------------------------------------------------- */
 
+/* engine_idle: 1 while the engine thread waits with no work; 2 once work
+ * was handed to it while it waited (t_beat: then); 0 while it works. */
+void llm_srv_wake_locked(struct llm_server *s)
+{
+	if (s->engine_idle == 1) {
+		s->engine_idle = 2;
+		s->t_beat = now_s();
+	}
+	pthread_cond_signal(&s->ecv);
+}
+
+int llm_srv_stalled_locked(struct llm_server *s)
+{
+	return s->state == LLM_SERVER_READY && s->o.stall_timeout > 0 && s->engine_idle != 1
+	       && now_s() - s->t_beat > s->o.stall_timeout;
+}
+
 static void on_admit(void *user)
 {
 	struct choice *c = user;
@@ -310,6 +327,7 @@ void *llm_srv_engine_main(void *arg)
 	if (s->state == LLM_SERVER_LOADING)
 		s->state = LLM_SERVER_READY;
 	llm_sched_stats(s->sch, &s->st);
+	s->t_beat = now_s();
 	int pending = 0;
 	for (;;) {
 		while (!s->stop && !s->subq && !s->loraq && pending == 0) {
@@ -318,7 +336,13 @@ void *llm_srv_engine_main(void *arg)
 				cancel |= j->cancelled && !j->cancel_sent;
 			if (cancel)
 				break;
+			if (!s->engine_idle)
+				s->engine_idle = 1;
 			pthread_cond_wait(&s->ecv, &s->mu);
+		}
+		if (s->engine_idle) {   /* at work again: the stall clock runs from here */
+			s->engine_idle = 0;
+			s->t_beat = now_s();
 		}
 		if (s->stop)
 			break;
@@ -361,6 +385,7 @@ void *llm_srv_engine_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		st = llm_sched_step(s->sch, &pending);
 		pthread_mutex_lock(&s->mu);
+		s->t_beat = now_s();
 		publish_locked(s);
 		if (st) {
 			snprintf(s->err, sizeof s->err, "%s", llm_errmsg());

@@ -126,8 +126,23 @@ extern const double llm_srv_tokens_le[N_BUCKET];   /* the same for token counts 
 
 struct histo { uint64_t n[N_BUCKET]; uint64_t count; double sum; const double *le; /* NULL: llm_srv_bucket_le */ };
 
+struct link;                     /* an open connection (server.c) */
+
 struct llm_server {
 	struct llm_server_opts o;
+	/* connections (server.c), under cmu: every open one, those counted
+	 * against the limits; the thread that enforces --request-timeout */
+	pthread_mutex_t cmu;
+	pthread_cond_t wcv;
+	struct link *links;
+	unsigned n_links;
+	uint64_t shed_limit, shed_deadline, refused_limit;   /* connections shed or refused, by reason */
+	pthread_t watch_thread;
+	int watch_started, watch_stop;
+	/* the engine's heartbeat (under mu): when it last finished a step or
+	 * took work, and whether it waits with none (then it is not stalled) */
+	double t_beat;
+	int engine_idle;
 	char *model_name, *template_src;
 	struct MHD_Daemon *d;
 	int port;
@@ -170,6 +185,12 @@ struct llm_server {
 static inline double now_s(void) { return llm_now(); }
 
 /* server_engine.c */
+/* Hand the engine thread work (under srv->mu): wake it, and start the
+ * stall clock if it was waiting with none. */
+void llm_srv_wake_locked(struct llm_server *s);
+/* Whether the engine has had work for longer than --stall-timeout without
+ * finishing a step (under srv->mu). */
+int llm_srv_stalled_locked(struct llm_server *s);
 /* Drop one reference to J (under srv->mu); the last frees it. */
 void llm_srv_job_unref_locked(struct job *j);
 /* The engine thread: loads the engine, then runs the scheduler over the

@@ -266,9 +266,9 @@ static void lora_names_locked(struct llm_server *s)
 	}
 }
 
-/* Run the queued loads and unloads (under the lock, released while the
- * engine loads a file): an unload is refused while a job names the
- * adapter (409), so it never waits and never cuts a request short. */
+/* Run the queued loads and unloads (under the lock; a load's files are
+ * read already): an unload is refused while a job names the adapter (409),
+ * so it never waits and never cuts a request short. */
 static void lora_ops_locked(struct llm_server *s)
 {
 	while (s->loraq) {
@@ -277,10 +277,8 @@ static void lora_ops_locked(struct llm_server *s)
 		int slot = llm_engine_lora_find(s->e, op->name);
 		enum llm_status st = LLM_OK;
 		op->status = 200;
-		if (op->load) {
-			pthread_mutex_unlock(&s->mu);
-			st = llm_engine_lora_load(s->e, op->name, op->path, &slot);
-			pthread_mutex_lock(&s->mu);
+		if (op->load) {          /* its files were read by the connection thread */
+			st = llm_engine_lora_add(s->e, op->name, op->path, &op->lo, &slot);
 			if (st)
 				op->status = st == LLM_ERR_NOMEM ? 500 : 400;
 			else

@@ -108,11 +108,15 @@ struct job {
 };
 
 /* A LoRA adapter load or unload, done by the engine thread between steps
- * (it owns the engine and the scheduler); the connection thread waits. */
+ * (it owns the engine and the scheduler); the connection thread waits. A
+ * load's files are read by the connection thread first (LO): the engine
+ * thread only installs it, so a slow or hostile file (a FIFO) never holds
+ * the steps. */
 struct lora_op {
-	int load;                    /* 1: load NAME from PATH; 0: unload NAME */
+	int load;                    /* 1: load NAME from PATH (read into LO); 0: unload NAME */
 	char name[LLM_LORA_NAME_MAX];
 	char *path;                  /* (owned) */
+	struct llm_lora lo;          /* (owned until the engine takes it) */
 	int done;
 	unsigned status;             /* HTTP status of the answer */
 	char msg[600];

@@ -27,7 +27,7 @@ struct serve_cfg {
 	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *speculate, *draft;
 	struct llm_strlist lora;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache, spec_tokens, spec_ngram;
-	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
+	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client, max_logprob_entries;
 	size_t kv_memory, max_body, assume_memory;
 	double drain_timeout, request_timeout, stall_timeout;
 	int plan, check_weights, allow_unauth, runtime_lora;
@@ -38,6 +38,7 @@ static struct serve_cfg cfg = {
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
 	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256, .request_timeout = 30, .stall_timeout = 120,
+	.max_logprob_entries = 100000,
 	.spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM,
 };
 
@@ -68,6 +69,9 @@ static const struct llm_opt opts[] = {
 	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),
 	LLM_INT(0, "max-queue", "N", &cfg.max_queue, "requests waiting beyond the running ones; more get 429", 0, 1 << 20),
 	LLM_SIZE(0, "max-body", "SIZE", &cfg.max_body, "largest request body; larger get 413"),
+	LLM_INT(0, "max-logprob-entries", "N", &cfg.max_logprob_entries, "log-prob entries one request may be answered "
+	        "with (choices x tokens with log-probs x (1 + alternatives), prompt and generated); more get 400; 0: no limit",
+	        0, INT64_MAX),
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
 	LLM_INT(0, "timeout", "SECONDS", &cfg.timeout,
 	        "close a connection idle this long (nothing received or sent; not while its request waits for the engine); 0: never", 0, 86400),
@@ -267,6 +271,7 @@ int main(int argc, char **argv)
 		.default_max_tokens = (int)cfg.default_max_tokens, .timeout = (unsigned)cfg.timeout,
 		.max_connections = (unsigned)cfg.max_connections, .max_conn_per_client = (unsigned)cfg.max_conn_per_client,
 		.request_timeout = cfg.request_timeout, .stall_timeout = cfg.stall_timeout,
+		.max_logprob_entries = cfg.max_logprob_entries,
 		.sched = { .max_running = (int)cfg.max_running, .max_batch_tokens = (int)cfg.max_batch_tokens,
 		           .prefix_entries = (int)cfg.prefix_cache, .spec = spec },
 	};

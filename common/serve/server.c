@@ -445,7 +445,111 @@ static void stream_free(void *cls)
 	stream_end(j);
 }
 
+/* ---- OpenAI bodies, formatted without the lock ------------------------- */
+
+struct body {                    /* a finished job's OpenAI body, part by part */
+	struct llm_server *s;
+	struct job *j;               /* (a reference) */
+	char *model;
+	int part, order[MAX_N];
+	struct llm_buf buf;
+	size_t pos;
+};
+
+static void body_free(void *cls)
+{
+	struct body *b = cls;
+	pthread_mutex_lock(&b->s->mu);
+	llm_srv_job_unref_locked(b->j);
+	pthread_mutex_unlock(&b->s->mu);
+	llm_buf_free(&b->buf);
+	free(b->model);
+	free(b);
+}
+
+static ssize_t body_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+	(void)pos;
+	struct body *b = cls;
+	while (b->pos == b->buf.len) {
+		b->buf.len = b->pos = 0;
+		int r = llm_srv_openai_part(b->s, b->j, b->model, b->part++, b->order, &b->buf);
+		if (r <= 0)
+			return r ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+	}
+	size_t n = b->buf.len - b->pos < max ? b->buf.len - b->pos : max;
+	memcpy(out, b->buf.p + b->pos, n);
+	b->pos += n;
+	return (ssize_t)n;
+}
+
+/* Bodies of more log-prob entries and tokens than this are sent as they
+ * are formatted (chunked), never whole in memory; about 50 bytes each. */
+#define STREAM_ENTRIES 16384
+
+/* Finished job J's OpenAI body (J's reference and MODEL are taken):
+ * formatted without the lock, so a large one holds back neither the engine
+ * nor other clients; whole with a Content-Length when small, else part by
+ * part as the client reads it (a choice at a time). */
+static enum MHD_Result send_openai(struct llm_server *s, struct MHD_Connection *conn, struct job *j, char *model)
+{
+	struct body *b = calloc(1, sizeof *b);
+	if (!b || !model) {
+		free(b);
+		free(model);
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, K_COMPLETION, 500, NULL, "out of memory");
+	}
+	*b = (struct body){ .s = s, .j = j, .model = model };
+	int64_t cost = 0, k = j->logprobs ? 1 + j->p.n_logprobs : 0;
+	for (int c = 0; c < j->n; c++)
+		cost += (int64_t)j->ch[c].n_ev * (1 + k);
+	cost += (int64_t)j->n_ret * j->n_prompt * ((j->echo ? 1 + k : 0) + (j->prompt_lp >= 0 ? 1 + j->prompt_lp : 0));
+	if (cost > STREAM_ENTRIES) {
+		struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, body_read, b, body_free);
+		if (!r) {
+			body_free(b);
+			return MHD_NO;
+		}
+		MHD_add_response_header(r, "Content-Type", "application/json");
+		enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+		MHD_destroy_response(r);
+		return ret;
+	}
+	struct llm_buf whole = { 0 };
+	int r;
+	while ((r = llm_srv_openai_part(s, j, model, b->part++, b->order, &whole)) > 0)
+		;
+	body_free(b);
+	if (r < 0 || !whole.p) {
+		llm_buf_free(&whole);
+		return send_error(s, conn, K_COMPLETION, 500, NULL, "out of memory");
+	}
+	return send_text(conn, 200, "application/json", whole.p, whole.len, NULL, NULL);
+}
+
 /* ---- endpoints --------------------------------------------------------- */
+
+/* The log-prob entries job J may be answered with, which bound its work
+ * and its body: per choice (n, or best_of when larger: each is sampled
+ * with its alternatives), every token given with a log-prob counts 1 +
+ * its alternatives: the generated ones (max_tokens, or the context left
+ * when it has none), and the prompt's once for echo with logprobs, once
+ * for prompt_logprobs, once for TGI's decoder_input_details. *FIELD: the
+ * request field of the largest share, for the error. */
+static int64_t logprob_entries(const struct job *j, int n_ctx, const char **field)
+{
+	int64_t gen = j->p.max_tokens > 0 ? j->p.max_tokens : (int64_t)n_ctx - j->n_prompt, np = j->n_prompt;
+	int lp = j->kind == K_TGI ? j->details || j->stream : j->logprobs;
+	int64_t g = lp && gen > 0 ? gen * (1 + j->p.n_logprobs) : 0;
+	int64_t e = j->echo && j->logprobs ? np * (1 + j->p.n_logprobs) : 0;
+	int64_t p = j->prompt_lp >= 0 ? np * (1 + j->prompt_lp) : 0, d = j->prefill ? np : 0;
+	*field = p >= g && p >= e && p >= d ? "prompt_logprobs" : e >= g && e >= d ? "echo" : d >= g ? "decoder_input_details" :
+	         j->kind == K_TGI ? "top_n_tokens" : j->kind == K_CHAT ? "top_logprobs" : "logprobs";
+	return (g + e + p + d) * j->n;
+}
 
 static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *conn, enum kind k,
                                    int tgi_stream, const char *body, size_t len)
@@ -523,6 +627,18 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 400, "decoder_input_details", "decoder_input_details: not with streaming");
+	}
+	const char *lpf;
+	int64_t lpe = logprob_entries(j, env.n_ctx, &lpf);
+	if (s->o.max_logprob_entries > 0 && lpe > s->o.max_logprob_entries) {
+		int n = j->n;
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, k, 400, lpf, "%s: this request may be answered with %lld log-prob entries (%d "
+		                  "choice%s), over --max-logprob-entries %lld: ask for fewer choices (n, best_of), tokens "
+		                  "(max_tokens) or log-probs (logprobs, prompt_logprobs, echo)", lpf, (long long)lpe, n,
+		                  n == 1 ? "" : "s", (long long)s->o.max_logprob_entries);
 	}
 	/* the prompt's log-probs: scored by choice 0's request */
 	int want = (j->echo && j->logprobs) || j->prompt_lp >= 0 || j->prefill;
@@ -625,6 +741,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	s->in_flight -= j->n;
 	json_t *resp = NULL;
 	unsigned status = 200;
+	int openai = 0;
+	char *model = NULL;
 	char errmsg[sizeof j->errmsg];
 	if (j->failed) {
 		status = (unsigned)j->http_status;
@@ -635,14 +753,20 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		resp = json_pack("{s:o}", "generated_text", llm_srv_tgi_generated(j));
 		if (j->details)
 			json_object_set_new(resp, "details", llm_srv_tgi_details(j, s, 1));
-	} else {
-		resp = llm_srv_openai_full(s, j);
+	} else {                     /* formatted below, without the lock (the reference keeps the job) */
+		openai = 1;
+		model = llm_strdup(j->adapter ? s->lora_name[j->adapter - 1] : s->model_name);
 	}
-	llm_srv_job_unref_locked(j);
+	if (!openai || status == 499)
+		llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
-	if (status == 499)
+	if (status == 499) {
+		free(model);
 		return MHD_NO;           /* nobody is listening */
+	}
 	idle_timeout(conn, s->o.timeout);
+	if (openai)
+		return send_openai(s, conn, j, model);
 	if (!resp)
 		return send_error(s, conn, k, status, NULL, "%s", errmsg);
 	return send_json(conn, status, resp, NULL, NULL);

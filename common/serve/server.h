@@ -49,6 +49,8 @@ struct llm_server_opts {
 	                              * (head and body) from its opening or its previous
 	                              * answer; then it is closed (408 when it never had an
 	                              * answer). 0: no limit */
+	int64_t max_logprob_entries; /* log-prob entries one request may be answered with
+	                              * (server.c, logprob_entries); more is 400; 0: no limit */
 	double stall_timeout;        /* /health answers 503 "stalled" when the engine has had
 	                              * work this long without finishing a step; 0: never */
 	int allow_runtime_lora;      /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter

@@ -84,6 +84,34 @@ check "/generate grammar, a bad regex: 400 (validation)" sh -c "[ $c = 400 ] && 
 stop
 check "the server exits 0" [ "$RC" = 0 ]
 
+# ---- the work and bytes one request may ask for: --max-logprob-entries
+start --chat-template tests/data/chat-template.jinja
+python3 -c "
+import json
+p = ' '.join(['Once upon a time'] * 100)     # about 400 tokens
+big = {'prompt': p, 'max_tokens': 16, 'echo': True, 'logprobs': 20, 'prompt_logprobs': 20, 'n': 16, 'best_of': 16}
+json.dump(big, open('$T/big.json', 'w'))
+ok = {'prompt': p, 'max_tokens': 16, 'echo': True, 'logprobs': 5, 'prompt_logprobs': 5, 'n': 4, 'temperature': 0}
+json.dump(ok, open('$T/ok.json', 'w'))"
+c=$(code "$URL/v1/completions" -d @"$T/big.json")
+check "echo, logprobs 20, prompt_logprobs 20, n 16, best_of 16, a 400-token prompt: 400 naming the limit (was 12.6 MB)" \
+	sh -c "[ $c = 400 ] && grep -q 'over --max-logprob-entries 100000' '$T/body' && grep -q '\"param\":\"prompt_logprobs\"' '$T/body'"
+c=$(code "$URL/v1/completions" -d @"$T/ok.json")
+check "under the limit (n 4, 5 log-probs, echo and prompt_logprobs): 200, sent as it is formatted (chunked)" \
+	sh -c "[ $c = 200 ] && tr -d '\r' <'$T/head' | grep -qix 'transfer-encoding: chunked'"
+check "... the body whole: 4 choices, each with the prompt's and the 16 tokens' log-probs" python3 -c "
+import json
+r = json.load(open('$T/body'))
+n = r['usage']['prompt_tokens']
+assert len(r['choices']) == 4 and [c['index'] for c in r['choices']] == [0, 1, 2, 3], r['choices']
+for c in r['choices']:
+    assert len(c['logprobs']['tokens']) == n + 16 and len(c['prompt_logprobs']) == n and len(c['token_ids']) == 16, c
+    assert all(len(t) == 5 for t in c['logprobs']['top_logprobs'][1:]), c
+assert r['usage']['completion_tokens'] == 64 and r['object'] == 'text_completion', r['usage']"
+c=$(code "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20, "n": 16}')
+check "chat n 16, top_logprobs 20 to the end of the context: 400 naming top_logprobs" is400 "$c" top_logprobs
+stop
+
 # ---- the API key
 check_fails "--api-key and --api-key-file together: usage error" 2 timeout 30 $S -m "$M" --port 0 --api-key a --api-key-file "$T/nokey"
 check_fails "--api-key-file missing: error naming the file" 1 timeout 30 $S -m "$M" --port 0 --api-key-file "$T/nokey"

@@ -7,7 +7,7 @@
 # slow connections.
 #   bench/serve_attack.sh [N_SLOW] [R]     (LLM_BIN: the tools, default bin/)
 # Settings: no slow connections; N_SLOW with the defaults (256 per client
-# held, the rest closed at accept); N_SLOW all held (--max-conn-per-client 0,
+# held, each newer one shedding the oldest); N_SLOW all held (--max-conn-per-client 0,
 # --max-connections 4096: one thread each).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -363,7 +363,9 @@ int main(int argc, char **argv)
 	if (llm_engine_flags_parse(cfg.kv_dtype, cfg.weight_pages, &eo.kv_dtype, &eo.weight_pages) ||
 	    llm_lm_head_parse(cfg.lm_head, &eo.lm_head))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
-	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft)) return llm_args_usage_error(&cli, "%s", llm_errmsg());
+	if (llm_spec_opts_set(&spec, cfg.speculate, llm_args_given(&cfg.spec_tokens) ? cfg.spec_tokens : 0,
+	                      llm_args_given(&cfg.spec_ngram) ? cfg.spec_ngram : 0, cfg.draft))
+		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 	for (int i = 0; i < cfg.logit_bias.n; i++)
 		if (llm_logit_bias_parse(cfg.logit_bias.v[i], &cli_bias[n_cli_bias++]))
 			return llm_args_usage_error(&cli, "--logit-bias %s", llm_errmsg());

@@ -28,9 +28,9 @@ struct serve_cfg {
 	const char *model, *host, *api_key, *api_key_file, *chat_template, *name, *port_file, *backend, *kv_dtype, *weight_pages, *lm_head, *speculate, *draft;
 	struct llm_strlist lora;
 	int64_t port, max_running, max_batch_tokens, kv_block_size, max_kv_tokens, ctx_size, prefix_cache, spec_tokens, spec_ngram;
-	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client;
+	int64_t max_queue, threads, default_max_tokens, timeout, max_connections, max_conn_per_client, max_logprob_entries;
 	size_t kv_memory, max_body, assume_memory;
-	double drain_timeout;
+	double drain_timeout, request_timeout, stall_timeout;
 	int plan, check_weights, allow_unauth, runtime_lora;
 };
 
@@ -38,7 +38,8 @@ static struct serve_cfg cfg = {
 	.host = "127.0.0.1", .port = 8080, .backend = "auto", .kv_dtype = "bf16", .weight_pages = "auto", .lm_head = "auto",
 	.max_running = 16, .max_batch_tokens = 256, .kv_block_size = 16, .prefix_cache = 8,
 	.max_queue = 64, .max_body = 1 << 20, .drain_timeout = 30, .default_max_tokens = 16,
-	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256,
+	.timeout = 30, .max_connections = 1000, .max_conn_per_client = 256, .request_timeout = 30, .stall_timeout = 120,
+	.max_logprob_entries = 100000,
 	.spec_tokens = LLM_SPEC_DEFAULT_TOKENS, .spec_ngram = LLM_SPEC_DEFAULT_NGRAM,
 };
 
@@ -69,12 +70,23 @@ static const struct llm_opt opts[] = {
 	LLM_SPEC_OPTS(&cfg.speculate, &cfg.spec_tokens, &cfg.spec_ngram, &cfg.draft),
 	LLM_INT(0, "max-queue", "N", &cfg.max_queue, "requests waiting beyond the running ones; more get 429", 0, 1 << 20),
 	LLM_SIZE(0, "max-body", "SIZE", &cfg.max_body, "largest request body; larger get 413"),
+	LLM_INT(0, "max-logprob-entries", "N", &cfg.max_logprob_entries, "log-prob entries one request may be answered "
+	        "with (choices x tokens with log-probs x (1 + alternatives), prompt and generated); more get 400; 0: no limit",
+	        0, INT64_MAX),
 	LLM_INT(0, "default-max-tokens", "N", &cfg.default_max_tokens, "max_tokens of /v1/completions when absent", 1, INT32_MAX),
 	LLM_INT(0, "timeout", "SECONDS", &cfg.timeout,
 	        "close a connection idle this long (nothing received or sent; not while its request waits for the engine); 0: never", 0, 86400),
-	LLM_INT(0, "max-connections", "N", &cfg.max_connections, "open connections at most; more are closed at accept", 1, 1 << 20),
+	LLM_FLOAT(0, "request-timeout", "SECONDS", &cfg.request_timeout, "close a connection that has not delivered a whole "
+	          "request (head and body) this long after it opened or had its last answer (408 if it never had one); 0: never",
+	          0, 86400),
+	LLM_INT(0, "max-connections", "N", &cfg.max_connections, "open connections at most; a new one beyond closes one "
+	        "without a whole request (idle after an answer, else the slowest), or gets 503 when all are at work",
+	        1, 1 << 20),
 	LLM_INT(0, "max-conn-per-client", "N", &cfg.max_conn_per_client,
-	        "open connections from one IP address at most (0: no limit); more are closed at accept", 0, 1 << 20),
+	        "open connections from one IP address at most (0: no limit); beyond it, as --max-connections among that "
+	        "address's connections", 0, 1 << 20),
+	LLM_FLOAT(0, "stall-timeout", "SECONDS", &cfg.stall_timeout, "/health answers 503 (\"stalled\") when the engine "
+	          "has had work this long without finishing a step; 0: never", 0, 86400),
 	LLM_FLOAT(0, "drain-timeout", "SECONDS", &cfg.drain_timeout, "on SIGTERM, time given to running requests", 0, 86400),
 	LLM_STR(0, "backend", "NAME", &cfg.backend, "auto, cpu or cuda[:N]"),
 	LLM_STR(0, "weight-pages", "MODE", &cfg.weight_pages, "where the CPU reads the weights: huge (copied into 2 MiB transparent huge pages), map (the checkpoint's file mapping, no copy) or auto (huge on the cpu backend, the copy read in the background)"),
@@ -111,6 +123,21 @@ static int host_is_loopback(const char *host)
 	return 0;
 }
 
+/* Why KEY cannot be a key (NULL: it can): blank, or a space or tab at
+ * either end, which no Authorization header can carry (its value's ends
+ * are trimmed), so no client could ever match it. */
+static const char *key_flaw(const char *key)
+{
+	size_t n = strlen(key), i = 0;
+	while (i < n && (key[i] == ' ' || key[i] == '\t'))
+		i++;
+	if (i == n)
+		return "is blank (spaces or tabs only)";
+	if (i > 0 || key[n - 1] == ' ' || key[n - 1] == '\t')
+		return "has a space or tab at an end (no Authorization header can carry it)";
+	return NULL;
+}
+
 /* The API key: --api-key or --api-key-file (not both), else LLM_API_KEY;
  * NULL when none. *OWNED gets what to free. Exits 2 on a usage error, 1
  * on an unreadable file. */
@@ -121,6 +148,8 @@ static const char *api_key(char **owned)
 		exit(llm_args_usage_error(&cli, "--api-key and --api-key-file are two ways to say one thing; give one"));
 	if (cfg.api_key && !*cfg.api_key)
 		exit(llm_args_usage_error(&cli, "--api-key: empty"));
+	if (cfg.api_key && key_flaw(cfg.api_key))
+		exit(llm_args_usage_error(&cli, "--api-key: the key %s", key_flaw(cfg.api_key)));
 	if (cfg.api_key)
 		return cfg.api_key;
 	if (cfg.api_key_file) {
@@ -138,11 +167,18 @@ static const char *api_key(char **owned)
 			free(b);
 			llm_die("--api-key-file: %s: the first line is empty (it holds the key)", cfg.api_key_file);
 		}
+		if (key_flaw(b)) {
+			const char *why = key_flaw(b);
+			free(b);
+			llm_die("--api-key-file: %s: the key on the first line %s", cfg.api_key_file, why);
+		}
 		return *owned = b;
 	}
 	const char *e = getenv("LLM_API_KEY");
 	if (e && !*e)
 		exit(llm_args_usage_error(&cli, "LLM_API_KEY is set but empty; unset it or give the key"));
+	if (e && key_flaw(e))
+		exit(llm_args_usage_error(&cli, "LLM_API_KEY: the key %s", key_flaw(e)));
 	return e;
 }
 
@@ -236,7 +272,8 @@ int main(int argc, char **argv)
 	if (cfg.max_kv_tokens > 0 && cfg.kv_memory > 0)
 		return llm_args_usage_error(&cli, LLM_KV_SIZE_TWICE);
 	struct llm_spec_opts spec;
-	if (llm_spec_opts_set(&spec, cfg.speculate, cfg.spec_tokens, cfg.spec_ngram, cfg.draft))
+	if (llm_spec_opts_set(&spec, cfg.speculate, llm_args_given(&cfg.spec_tokens) ? cfg.spec_tokens : 0,
+	                      llm_args_given(&cfg.spec_ngram) ? cfg.spec_ngram : 0, cfg.draft))
 		return llm_args_usage_error(&cli, "%s", llm_errmsg());
 
 	char *key_buf;
@@ -254,6 +291,8 @@ int main(int argc, char **argv)
 		.model_name = cfg.name, .max_queue = (int)cfg.max_queue, .max_body = cfg.max_body,
 		.default_max_tokens = (int)cfg.default_max_tokens, .timeout = (unsigned)cfg.timeout,
 		.max_connections = (unsigned)cfg.max_connections, .max_conn_per_client = (unsigned)cfg.max_conn_per_client,
+		.request_timeout = cfg.request_timeout, .stall_timeout = cfg.stall_timeout,
+		.max_logprob_entries = cfg.max_logprob_entries,
 		.sched = { .max_running = (int)cfg.max_running, .max_batch_tokens = (int)cfg.max_batch_tokens,
 		           .prefix_entries = (int)cfg.prefix_cache, .spec = spec },
 	};
@@ -285,10 +324,11 @@ int main(int argc, char **argv)
 	/* a descriptor per connection, and some for the process: the soft
 	 * limit goes up to the hard one when --max-connections needs it */
 	struct rlimit nf;
-	if (!getrlimit(RLIMIT_NOFILE, &nf) && nf.rlim_cur != RLIM_INFINITY && nf.rlim_cur < (rlim_t)cfg.max_connections + 64) {
+	rlim_t need = (rlim_t)llm_server_socket_limit((unsigned)cfg.max_connections) + 64;
+	if (!getrlimit(RLIMIT_NOFILE, &nf) && nf.rlim_cur != RLIM_INFINITY && nf.rlim_cur < need) {
 		nf.rlim_cur = nf.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &nf);
-		if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < (rlim_t)cfg.max_connections + 64)
+		if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < need)
 			llm_warn("--max-connections %lld: only %llu file descriptors (ulimit -Hn); connections past them are refused",
 			         (long long)cfg.max_connections, (unsigned long long)nf.rlim_max);
 	}

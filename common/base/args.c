@@ -74,6 +74,19 @@ enum llm_status llm_parse_size(const char *s, size_t *out)
 	return llm_fail(LLM_ERR_USAGE, "'%s': unknown size suffix '%s'", s, end);
 }
 
+/* The destinations of the options the last llm_args_parse set (a tool
+ * parses once). */
+static const void *given[64];
+static size_t n_given;
+
+int llm_args_given(const void *dest)
+{
+	for (size_t i = 0; i < n_given; i++)
+		if (given[i] == dest)
+			return 1;
+	return 0;
+}
+
 static void print_default(const struct llm_opt *o, FILE *out)
 {
 	if (!o->dest)
@@ -140,6 +153,7 @@ int llm_args_parse(int argc, char **argv, const struct llm_cli *cli,
                    const char **pos, int *n_pos)
 {
 	llm_set_progname(argv[0]);
+	n_given = 0;
 	int n = cli->n_opts;
 	struct option *lo = calloc((size_t)n + 5, sizeof *lo);
 	char shorts[256] = "+hvq";
@@ -235,6 +249,8 @@ int llm_args_parse(int argc, char **argv, const struct llm_cli *cli,
 			}
 			if (s)
 				rc = llm_args_usage_error(cli, "--%s: %s", o->long_name, llm_errmsg());
+			else if (n_given < sizeof given / sizeof *given)
+				given[n_given++] = o->dest;
 		}
 	}
 	free(lo);

@@ -62,6 +62,9 @@ enum { LLM_ARGS_OK = 0, LLM_ARGS_EXIT = 1, LLM_ARGS_ERROR = 2 };
 int llm_args_parse(int argc, char **argv, const struct llm_cli *cli,
                    const char **pos, int *n_pos);
 void llm_args_help(const struct llm_cli *cli, FILE *out);
+/* Whether the last llm_args_parse set the option whose destination is DEST
+ * from the command line (1), or left its default (0). */
+int llm_args_given(const void *dest);
 /* Print a usage error ("prog: msg" + "try ...") and return LLM_ARGS_ERROR. */
 int llm_args_usage_error(const struct llm_cli *cli, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

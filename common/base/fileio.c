@@ -54,11 +54,45 @@ char *llm_path_dir(const char *path)
 	return p;
 }
 
+static enum llm_status read_fd(int fd, const char *path, char **buf, size_t *len);
+
 enum llm_status llm_read_file(const char *path, char **buf, size_t *len)
 {
 	int fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : 0;
 	if (fd < 0)
 		return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(errno));
+	return read_fd(fd, path, buf, len);
+}
+
+int llm_open_regular(const char *path)
+{
+	/* O_NONBLOCK: opening a FIFO for reading would wait for a writer */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0) {
+		llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+		close(fd);
+		llm_fail(LLM_ERR_IO, "%s: not a regular file", path);
+		return -1;
+	}
+	int fl = fcntl(fd, F_GETFL);
+	if (fl != -1)
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	return fd;
+}
+
+enum llm_status llm_read_regular_file(const char *path, char **buf, size_t *len)
+{
+	int fd = llm_open_regular(path);
+	return fd < 0 ? LLM_ERR_IO : read_fd(fd, path, buf, len);
+}
+
+/* FD's bytes to the end (FD closed unless it is 0, standard input). */
+static enum llm_status read_fd(int fd, const char *path, char **buf, size_t *len)
+{
 	struct llm_buf b = { 0 };
 	struct stat st;
 	size_t want = 1 << 16;

@@ -7,6 +7,14 @@
 
 /* Read a whole file ("-": standard input) into a NUL-terminated heap buffer. */
 enum llm_status llm_read_file(const char *path, char **buf, size_t *len);
+/* Open PATH for reading when it is a regular file: a FIFO, device or
+ * directory is refused without waiting (it is opened O_NONBLOCK, then
+ * checked). The descriptor, or -1 with the message set (LLM_ERR_IO,
+ * naming PATH). For files a request or a directory of someone else's may
+ * name (adapters, side files), where a FIFO would hang the reader. */
+int llm_open_regular(const char *path);
+/* llm_read_file of a regular file only (llm_open_regular). */
+enum llm_status llm_read_regular_file(const char *path, char **buf, size_t *len);
 /* Write LEN bytes to PATH atomically (temp name, fsync, rename). */
 enum llm_status llm_write_file_atomic(const char *path, const void *data, size_t len);
 /* write() all of it, retrying on EINTR and short writes; "what" names the file. */

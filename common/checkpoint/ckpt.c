@@ -92,7 +92,7 @@ static enum llm_status read_dir_aux(struct llm_ckpt *ck, const char *dir)
 		if (p && stat(p, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size <= AUX_MAX) {
 			char *buf;
 			size_t len;
-			s = llm_read_file(p, &buf, &len);
+			s = llm_read_regular_file(p, &buf, &len);   /* swapped for a FIFO since stat: refused */
 			if (!s)
 				s = add_aux(ck, e->d_name, buf, len);
 		}

@@ -253,13 +253,13 @@ enum llm_status llm_st_open(struct llm_st_file *f, const char *path)
 		f->mapped = 2;
 		return s;
 	}
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = llm_open_regular(path);   /* a FIFO is refused, not waited on */
 	if (fd < 0)
-		return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(errno));
+		return LLM_ERR_IO;
 	struct stat st;
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+	if (fstat(fd, &st) != 0) {
 		close(fd);
-		return llm_fail(LLM_ERR_IO, "%s: not a regular file", path);
+		return llm_fail(LLM_ERR_IO, "%s: %s", path, strerror(errno));
 	}
 	size_t size = (size_t)st.st_size;
 	void *map = NULL;

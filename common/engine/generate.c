@@ -357,10 +357,10 @@ void llm_engine_close(struct llm_engine *e)
 
 /* ---- LoRA adapters ------------------------------------------------------ */
 
-enum llm_status llm_engine_lora_load(struct llm_engine *e, const char *name, const char *dir, int *slot)
+/* The checks of an adapter NAME for E: a free slot into *FREE_SLOT. */
+static enum llm_status lora_check(struct llm_engine *e, const char *name, int *free_slot)
 {
-	if (slot)
-		*slot = 0;
+	*free_slot = 0;
 	size_t len = strlen(name);
 	if (!len || len >= LLM_LORA_NAME_MAX || strchr(name, '='))
 		return llm_fail(LLM_ERR_USAGE, "adapter name '%s': 1 to %d bytes, no '='", name, LLM_LORA_NAME_MAX - 1);
@@ -374,26 +374,49 @@ enum llm_status llm_engine_lora_load(struct llm_engine *e, const char *name, con
 		return llm_fail(LLM_ERR_UNSUPPORTED, "adapter '%s': backend %s: a LoRA adapter is applied on the cpu "
 		                "backend only: use --backend cpu, or merge it (llm-finetune --merge)", name,
 		                e->be->ops->name);
-	int free_slot = 0;
 	for (int i = 1; i <= LLM_LORA_SLOTS; i++) {
 		if (!strcmp(e->lora_name[i], name))
 			return llm_fail(LLM_ERR_EXISTS, "adapter '%s': the name is in use (%s)", name, e->lora_dir[i]);
-		if (!free_slot && !e->lora_name[i][0])
-			free_slot = i;
+		if (!*free_slot && !e->lora_name[i][0])
+			*free_slot = i;
 	}
-	if (!free_slot)
+	if (!*free_slot)
 		return llm_fail(LLM_ERR_RANGE, "adapter '%s': all %d adapter slots are in use (unload one first)",
 		                name, LLM_LORA_SLOTS);
+	return LLM_OK;
+}
+
+enum llm_status llm_engine_lora_load(struct llm_engine *e, const char *name, const char *dir, int *slot)
+{
+	if (slot)
+		*slot = 0;
+	int free_slot;
+	LLM_TRY(lora_check(e, name, &free_slot));
+	struct llm_lora lo;
+	enum llm_status s = llm_lora_load(&lo, dir, &e->model.cfg);
+	if (s)
+		return llm_fail_prefix(s, "adapter '%s'", name);
+	if ((s = llm_engine_lora_add(e, name, dir, &lo, slot)))
+		llm_lora_free(&lo);
+	return s;
+}
+
+enum llm_status llm_engine_lora_add(struct llm_engine *e, const char *name, const char *dir, struct llm_lora *lo,
+                                    int *slot)
+{
+	if (slot)
+		*slot = 0;
+	int free_slot;
+	LLM_TRY(lora_check(e, name, &free_slot));
+	if (lo->n_layer != e->model.cfg.n_layer)
+		return llm_fail(LLM_ERR_USAGE, "adapter '%s': read for a model of %d layers, not %d", name, lo->n_layer,
+		                e->model.cfg.n_layer);
+	size_t len = strlen(name);
 	char *d = llm_strdup(dir);
 	if (!d)
 		return llm_fail(LLM_ERR_NOMEM, "out of memory");
-	struct llm_lora lo;
-	enum llm_status s = llm_lora_load(&lo, dir, &e->model.cfg);
-	if (s) {
-		free(d);
-		return llm_fail_prefix(s, "adapter '%s'", name);
-	}
-	e->lora[free_slot] = lo;
+	e->lora[free_slot] = *lo;
+	memset(lo, 0, sizeof *lo);
 	e->lora_dir[free_slot] = d;
 	memcpy(e->lora_name[free_slot], name, len + 1);
 	e->model.lora[free_slot] = &e->lora[free_slot];

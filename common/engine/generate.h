@@ -130,6 +130,12 @@ int llm_engine_n_ctx(const struct llm_engine *e);
  * and whatever llm_lora_load refuses (a tensor of another shape or rank
  * than the model's, naming it). Nothing changes on failure. */
 enum llm_status llm_engine_lora_load(struct llm_engine *e, const char *name, const char *dir, int *slot);
+/* The same with the adapter's files already read (llm_lora_load with the
+ * engine's config, by another thread: the engine's thread never waits on a
+ * file): on success the engine takes *LO (left zeroed); on failure it is
+ * the caller's still. */
+enum llm_status llm_engine_lora_add(struct llm_engine *e, const char *name, const char *dir, struct llm_lora *lo,
+                                    int *slot);
 /* Free slot SLOT's adapter (its name too). The caller makes sure no
  * request uses it any more (llm_sched_lora_unload checks its own). */
 void llm_engine_lora_unload(struct llm_engine *e, int slot);

@@ -180,6 +180,24 @@ static void tensor_name(char *buf, size_t n, int layer, int t, int is_b)
 	         llm_lora_target_parent(t), llm_lora_target_name(t), is_b ? 'B' : 'A');
 }
 
+int llm_lora_param_name(const struct llm_lora *lo, size_t i, char *name, size_t n, size_t *at)
+{
+	for (int l = 0; l < lo->n_layer; l++)
+		for (int t = 0; t < LLM_LORA_N; t++) {
+			if (!llm_lora_has(lo, l, t))
+				continue;
+			size_t a0 = lo->off[(size_t)l * LLM_LORA_N + (size_t)t], na = (size_t)lo->rank * (size_t)lo->d_in[t];
+			size_t nb = (size_t)lo->d_out[t] * (size_t)lo->rank;
+			if (i >= a0 && i < a0 + na + nb) {
+				int b = i >= a0 + na;
+				tensor_name(name, n, l, t, b);
+				*at = i - a0 - (b ? na : 0);
+				return 1;
+			}
+		}
+	return 0;
+}
+
 static enum llm_status mkdir_p1(const char *dir)
 {
 	if (mkdir(dir, 0755) && errno != EEXIST)
@@ -424,7 +442,7 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
 		goto out;
 	}
-	if ((s = llm_read_file(cj, &buf, &len)))
+	if ((s = llm_read_regular_file(cj, &buf, &len)))   /* a FIFO is refused, not waited on */
 		goto out;
 	json_error_t err;
 	if (!(root = json_loadb(buf, len, 0, &err)) || !json_is_object(root)) {
@@ -474,8 +492,17 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 			             tt->name, llm_dtype_name(tt->dtype));
 			goto out;
 		}
-		llm_to_f32(b ? llm_lora_b(lo, l, t) : llm_lora_a(lo, l, t), tt->data, tt->dtype,
-		           (size_t)(rows * cols));
+		float *dst = b ? llm_lora_b(lo, l, t) : llm_lora_a(lo, l, t);
+		llm_to_f32(dst, tt->data, tt->dtype, (size_t)(rows * cols));
+		/* checked as --check-weights checks weights: a NaN or Inf would
+		 * change every output it touches without a word */
+		for (size_t k = 0; k < (size_t)(rows * cols); k++)
+			if (!isfinite(dst[k])) {
+				s = llm_fail(LLM_ERR_RANGE, "%s: tensor '%s': %s at index %zu (of %zu %s values): an adapter must be "
+				             "finite", stp, tt->name, isnan(dst[k]) ? "NaN" : dst[k] > 0 ? "+Inf" : "-Inf", k,
+				             (size_t)(rows * cols), llm_dtype_name(tt->dtype));
+				goto out;
+			}
 		seen[((size_t)l * LLM_LORA_N + (size_t)t) * 2 + (size_t)b] = 1;
 	}
 	/* PEFT adapts every layer of each target module: all must be there */

@@ -76,6 +76,10 @@ static inline float *llm_lora_b(const struct llm_lora *lo, int layer, int t)
 	return llm_lora_a(lo, layer, t) + (size_t)lo->rank * (size_t)lo->d_in[t];
 }
 
+/* The PEFT name of the tensor holding parameter I of LO's params into NAME
+ * (N bytes), and I's index in it into *AT; 0 when no tensor holds I. */
+int llm_lora_param_name(const struct llm_lora *lo, size_t i, char *name, size_t n, size_t *at);
+
 /* The inference hook, segmented: for each of the N_ROWS rows i listed in
  * ROWS (NULL: rows 0 .. n_rows - 1), Y row i (stride Y_STRIDE, d_out) +=
  * scale * (X A^T) B^T of X row i (stride X_STRIDE, d_in), the adapter of
@@ -102,7 +106,10 @@ enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int fo
 /* Read a PEFT LoRA adapter directory for a model of config C. Refused with
  * the field named: use_dora, use_rslora, fan_in_fan_out, bias other than
  * "none", rank_pattern/alpha_pattern, layers_to_transform, modules outside
- * the seven projections, shapes that do not fit C. Tensors F32, F16 or BF16. */
+ * the seven projections, shapes that do not fit C. Tensors F32, F16 or BF16,
+ * every value finite (a NaN or Inf is LLM_ERR_RANGE naming the tensor and
+ * the index). Files that are not regular (a FIFO) are refused, not waited
+ * on. */
 enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct llm_config *c);
 
 /* Write checkpoint OUT = BASE with W + scale * B A in every adapted weight

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -82,6 +83,217 @@ static int key_ok(const char *auth, const char *key)
 	for (size_t i = 0; i < m; i++)
 		d |= (unsigned char)(key[i] ^ (i < n ? got[i] : 0));
 	return d == 0;
+}
+
+/* ---- connections: the limits, shedding, the request deadline ----------- */
+
+/* libmicrohttpd refuses a connection over its own limit by closing it
+ * unanswered, and has no notion of which open connection matters less than
+ * a new one. So its limit is set above ours (llm_server_socket_limit), and
+ * ours is kept here: every connection is a link from its opening
+ * (MHD_CONNECTION_NOTIFY_STARTED) to its close. A link is busy from the
+ * moment its whole request is in until its answer has been sent; the others
+ * are delivering a request, or idle after an answer. At --max-connections
+ * (or --max-conn-per-client among one address's links) a new connection
+ * sheds a link that is not busy: one idle after an answer first (the
+ * longest idle), else the one that has been longest at its request (the
+ * slowest); when every link is busy the new one is answered 503 with
+ * Retry-After. A link not busy for --request-timeout is closed too. A link
+ * is closed by writing its answer (if any) straight to the socket, which
+ * its thread is only reading, and shutting the socket: its thread sees the
+ * end and libmicrohttpd closes it. */
+struct link {
+	struct link *prev, *next;
+	int fd;
+	struct sockaddr_storage peer;
+	double t_phase;              /* when it opened, or its last answer was sent */
+	int answered;                /* answers sent on it */
+	int busy;                    /* a whole request in hand, until its answer is sent */
+	int shed;                    /* closed by the server: no longer counted */
+};
+
+unsigned llm_server_socket_limit(unsigned max_connections)
+{
+	unsigned m = max_connections ? max_connections : 1000u;
+	return m + m / 4 + 64;
+}
+
+static int same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return 0;
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr;
+	if (a->ss_family == AF_INET6)
+		return !memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+		               &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr, sizeof(struct in6_addr));
+	return 0;
+}
+
+static unsigned port_of(const struct sockaddr_storage *a)
+{
+	return a->ss_family == AF_INET ? ((const struct sockaddr_in *)(const void *)a)->sin_port :
+	       a->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)(const void *)a)->sin6_port : 0;
+}
+
+static struct link *link_of(struct MHD_Connection *c)
+{
+	const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	return i ? i->socket_context : NULL;
+}
+
+/* Close L (under cmu), STATUS's answer of MSG written first (0: none). The
+ * answer goes into the socket's buffer or not at all (never waited for):
+ * the connection ends either way. L's descriptor is still its connection's
+ * (libmicrohttpd tells its close, which unlinks L under cmu, before
+ * closing it); the peer is checked all the same. */
+static void shed_locked(struct llm_server *s, struct link *l, unsigned status, const char *msg)
+{
+	struct sockaddr_storage p;
+	socklen_t n = sizeof p;
+	if (!l->shed)
+		s->n_links--;
+	l->shed = 1;
+	if (l->fd < 0 || getpeername(l->fd, (struct sockaddr *)&p, &n) || !same_host(&p, &l->peer)
+	    || port_of(&p) != port_of(&l->peer))
+		return;
+	if (status) {
+		json_t *j = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type",
+		                      status == 408 ? "invalid_request_error" : "server_error", "param", "code", (int)status);
+		char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+		json_decref(j);
+		char head[256];
+		int hn = snprintf(head, sizeof head, "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\n%s"
+		                  "Connection: close\r\nContent-Length: %zu\r\n\r\n", status,
+		                  status == 408 ? "Request Timeout" : "Service Unavailable",
+		                  status == 503 ? "Retry-After: 1\r\n" : "", body ? strlen(body) + 1 : 0);
+		if (body && hn > 0 && (size_t)hn < sizeof head) {
+			struct llm_buf b = { 0 };
+			if (!llm_buf_append(&b, head, (size_t)hn) && !llm_buf_append(&b, body, strlen(body))
+			    && !llm_buf_append(&b, "\n", 1))
+				(void)!send(l->fd, b.p, b.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+			llm_buf_free(&b);
+		}
+		free(body);
+	}
+	shutdown(l->fd, SHUT_RDWR);
+}
+
+/* The link to shed for a new connection (under cmu), among those of HOST
+ * (NULL: every address): idle after an answer, the longest idle, first;
+ * else the longest at its request; NULL when every one is busy. */
+static struct link *victim_locked(struct llm_server *s, const struct sockaddr_storage *host)
+{
+	struct link *v = NULL;
+	for (struct link *l = s->links; l; l = l->next) {
+		if (l->busy || l->shed || (host && !same_host(&l->peer, host)))
+			continue;
+		int idle = l->answered > 0, vidle = v && v->answered > 0;
+		if (!v || idle > vidle || (idle == vidle && l->t_phase < v->t_phase))
+			v = l;
+	}
+	return v;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_ConnectionNotificationCode code)
+{
+	struct llm_server *s = cls;
+	struct link *l = *ctx;
+	if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+		if (!l)
+			return;
+		pthread_mutex_lock(&s->cmu);
+		if (l->prev)
+			l->prev->next = l->next;
+		else
+			s->links = l->next;
+		if (l->next)
+			l->next->prev = l->prev;
+		if (!l->shed)
+			s->n_links--;
+		pthread_mutex_unlock(&s->cmu);
+		free(l);
+		*ctx = NULL;
+		return;
+	}
+	if (code != MHD_CONNECTION_NOTIFY_STARTED || !(l = calloc(1, sizeof *l)))
+		return;                  /* no memory: the connection goes uncounted */
+	*ctx = l;
+	const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	l->fd = fi ? fi->connect_fd : -1;
+	if (ai && ai->client_addr)
+		memcpy(&l->peer, ai->client_addr, ai->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) :
+		       ai->client_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : 0);
+	l->t_phase = now_s();
+	unsigned max = s->o.max_connections ? s->o.max_connections : 1000u, per = 0;
+	pthread_mutex_lock(&s->cmu);
+	for (struct link *k = s->links; k && s->o.max_conn_per_client; k = k->next)
+		per += !k->shed && same_host(&k->peer, &l->peer);
+	int over_ip = s->o.max_conn_per_client && per >= s->o.max_conn_per_client, over = over_ip || s->n_links >= max;
+	struct link *v = over ? victim_locked(s, over_ip ? &l->peer : NULL) : NULL;
+	l->next = s->links;
+	if (s->links)
+		s->links->prev = l;
+	s->links = l;
+	s->n_links++;
+	char msg[200];
+	if (v) {                     /* an idle one closes silently: its client sees a closed keep-alive */
+		snprintf(msg, sizeof msg, "the server is at %s %u: this connection, which had not sent a whole request, was "
+		         "closed for a newer one; retry", over_ip ? "--max-conn-per-client" : "--max-connections",
+		         over_ip ? s->o.max_conn_per_client : max);
+		shed_locked(s, v, v->answered ? 0 : 503, msg);
+		s->shed_limit++;
+	} else if (over) {
+		snprintf(msg, sizeof msg, "the server is at %s %u, each at work on a request; retry later",
+		         over_ip ? "--max-conn-per-client" : "--max-connections", over_ip ? s->o.max_conn_per_client : max);
+		shed_locked(s, l, 503, msg);
+		s->refused_limit++;
+	}
+	pthread_mutex_unlock(&s->cmu);
+}
+
+/* The whole request is in: its connection is busy until the answer is sent
+ * (on_completed). 0 when the server shed it meanwhile: answer nothing. */
+static int link_busy(struct llm_server *s, struct MHD_Connection *c)
+{
+	struct link *l = link_of(c);
+	if (!l)
+		return 1;
+	pthread_mutex_lock(&s->cmu);
+	int ok = !l->shed;
+	l->busy = ok;
+	pthread_mutex_unlock(&s->cmu);
+	return ok;
+}
+
+/* --request-timeout: links that are not busy, closed past it (408 to one
+ * that never had an answer; one idle after an answer closes silently). */
+static void *watch_main(void *arg)
+{
+	struct llm_server *s = arg;
+	pthread_mutex_lock(&s->cmu);
+	while (!s->watch_stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 250 * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->wcv, &s->cmu, &ts);
+		double now = now_s();
+		char msg[160];
+		snprintf(msg, sizeof msg, "no whole request (head and body) within --request-timeout %g s", s->o.request_timeout);
+		for (struct link *l = s->links; l; l = l->next)
+			if (!l->busy && !l->shed && now - l->t_phase > s->o.request_timeout) {
+				shed_locked(s, l, l->answered ? 0 : 408, msg);
+				s->shed_deadline++;
+			}
+	}
+	pthread_mutex_unlock(&s->cmu);
+	return NULL;
 }
 
 /* ---- responses --------------------------------------------------------- */
@@ -234,7 +446,111 @@ static void stream_free(void *cls)
 	stream_end(j);
 }
 
+/* ---- OpenAI bodies, formatted without the lock ------------------------- */
+
+struct body {                    /* a finished job's OpenAI body, part by part */
+	struct llm_server *s;
+	struct job *j;               /* (a reference) */
+	char *model;
+	int part, order[MAX_N];
+	struct llm_buf buf;
+	size_t pos;
+};
+
+static void body_free(void *cls)
+{
+	struct body *b = cls;
+	pthread_mutex_lock(&b->s->mu);
+	llm_srv_job_unref_locked(b->j);
+	pthread_mutex_unlock(&b->s->mu);
+	llm_buf_free(&b->buf);
+	free(b->model);
+	free(b);
+}
+
+static ssize_t body_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+	(void)pos;
+	struct body *b = cls;
+	while (b->pos == b->buf.len) {
+		b->buf.len = b->pos = 0;
+		int r = llm_srv_openai_part(b->s, b->j, b->model, b->part++, b->order, &b->buf);
+		if (r <= 0)
+			return r ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+	}
+	size_t n = b->buf.len - b->pos < max ? b->buf.len - b->pos : max;
+	memcpy(out, b->buf.p + b->pos, n);
+	b->pos += n;
+	return (ssize_t)n;
+}
+
+/* Bodies of more log-prob entries and tokens than this are sent as they
+ * are formatted (chunked), never whole in memory; about 50 bytes each. */
+#define STREAM_ENTRIES 16384
+
+/* Finished job J's OpenAI body (J's reference and MODEL are taken):
+ * formatted without the lock, so a large one holds back neither the engine
+ * nor other clients; whole with a Content-Length when small, else part by
+ * part as the client reads it (a choice at a time). */
+static enum MHD_Result send_openai(struct llm_server *s, struct MHD_Connection *conn, struct job *j, char *model)
+{
+	struct body *b = calloc(1, sizeof *b);
+	if (!b || !model) {
+		free(b);
+		free(model);
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, K_COMPLETION, 500, NULL, "out of memory");
+	}
+	*b = (struct body){ .s = s, .j = j, .model = model };
+	int64_t cost = 0, k = j->logprobs ? 1 + j->p.n_logprobs : 0;
+	for (int c = 0; c < j->n; c++)
+		cost += (int64_t)j->ch[c].n_ev * (1 + k);
+	cost += (int64_t)j->n_ret * j->n_prompt * ((j->echo ? 1 + k : 0) + (j->prompt_lp >= 0 ? 1 + j->prompt_lp : 0));
+	if (cost > STREAM_ENTRIES) {
+		struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, body_read, b, body_free);
+		if (!r) {
+			body_free(b);
+			return MHD_NO;
+		}
+		MHD_add_response_header(r, "Content-Type", "application/json");
+		enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+		MHD_destroy_response(r);
+		return ret;
+	}
+	struct llm_buf whole = { 0 };
+	int r;
+	while ((r = llm_srv_openai_part(s, j, model, b->part++, b->order, &whole)) > 0)
+		;
+	body_free(b);
+	if (r < 0 || !whole.p) {
+		llm_buf_free(&whole);
+		return send_error(s, conn, K_COMPLETION, 500, NULL, "out of memory");
+	}
+	return send_text(conn, 200, "application/json", whole.p, whole.len, NULL, NULL);
+}
+
 /* ---- endpoints --------------------------------------------------------- */
+
+/* The log-prob entries job J may be answered with, which bound its work
+ * and its body: per choice (n, or best_of when larger: each is sampled
+ * with its alternatives), every token given with a log-prob counts 1 +
+ * its alternatives: the generated ones (max_tokens, or the context left
+ * when it has none), and the prompt's once for echo with logprobs, once
+ * for prompt_logprobs, once for TGI's decoder_input_details. *FIELD: the
+ * request field of the largest share, for the error. */
+static int64_t logprob_entries(const struct job *j, int n_ctx, const char **field)
+{
+	int64_t gen = j->p.max_tokens > 0 ? j->p.max_tokens : (int64_t)n_ctx - j->n_prompt, np = j->n_prompt;
+	int lp = j->kind == K_TGI ? j->details || j->stream : j->logprobs;
+	int64_t g = lp && gen > 0 ? gen * (1 + j->p.n_logprobs) : 0;
+	int64_t e = j->echo && j->logprobs ? np * (1 + j->p.n_logprobs) : 0;
+	int64_t p = j->prompt_lp >= 0 ? np * (1 + j->prompt_lp) : 0, d = j->prefill ? np : 0;
+	*field = p >= g && p >= e && p >= d ? "prompt_logprobs" : e >= g && e >= d ? "echo" : d >= g ? "decoder_input_details" :
+	         j->kind == K_TGI ? "top_n_tokens" : j->kind == K_CHAT ? "top_logprobs" : "logprobs";
+	return (g + e + p + d) * j->n;
+}
 
 static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *conn, enum kind k,
                                    int tgi_stream, int tgi_array, const char *body, size_t len)
@@ -318,6 +634,18 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		pthread_mutex_unlock(&s->mu);
 		return send_error(s, conn, k, 400, "decoder_input_details", "decoder_input_details: not with streaming");
 	}
+	const char *lpf;
+	int64_t lpe = logprob_entries(j, env.n_ctx, &lpf);
+	if (s->o.max_logprob_entries > 0 && lpe > s->o.max_logprob_entries) {
+		int n = j->n;
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		return send_error(s, conn, k, 400, lpf, "%s: this request may be answered with %lld log-prob entries (%d "
+		                  "choice%s), over --max-logprob-entries %lld: ask for fewer choices (n, best_of), tokens "
+		                  "(max_tokens) or log-probs (logprobs, prompt_logprobs, echo)", lpf, (long long)lpe, n,
+		                  n == 1 ? "" : "s", (long long)s->o.max_logprob_entries);
+	}
 	/* the prompt's log-probs: scored by choice 0's request */
 	int want = (j->echo && j->logprobs) || j->prompt_lp >= 0 || j->prefill;
 	j->plp_top = j->prompt_lp > 0 ? j->prompt_lp : 0;
@@ -359,10 +687,11 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	}
 	if (j->n > s->o.sched.max_running + s->o.max_queue) {   /* never, however long it waits */
 		int n = j->n;
+		const char *f = rq.best_of > rq.n ? "best_of" : "n";   /* the field that asked for them */
 		llm_srv_job_unref_locked(j);
 		pthread_mutex_unlock(&s->mu);
-		return send_error(s, conn, k, 400, "n", "n: %d choices can never be admitted: --max-running %d + --max-queue %d "
-		                  "hold %d", n, s->o.sched.max_running, s->o.max_queue, s->o.sched.max_running + s->o.max_queue);
+		return send_error(s, conn, k, 400, f, "%s: %d choices can never be admitted: --max-running %d + --max-queue %d "
+		                  "hold %d", f, n, s->o.sched.max_running, s->o.max_queue, s->o.sched.max_running + s->o.max_queue);
 	}
 	if (s->in_flight + j->n > s->o.sched.max_running + s->o.max_queue) {
 		int q = s->in_flight - s->o.sched.max_running;
@@ -381,7 +710,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	else
 		s->subq = j;
 	s->subq_tail = j;
-	pthread_cond_signal(&s->ecv);
+	llm_srv_wake_locked(s);
 	if (j->stream) {
 		pthread_mutex_unlock(&s->mu);
 		struct stream *sr = malloc(sizeof *sr);
@@ -421,6 +750,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	s->in_flight -= j->n;
 	json_t *resp = NULL;
 	unsigned status = 200;
+	int openai = 0;
+	char *model = NULL;
 	char errmsg[sizeof j->errmsg];
 	if (j->failed) {
 		status = (unsigned)j->http_status;
@@ -433,14 +764,21 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 			json_object_set_new(resp, "details", llm_srv_tgi_details(j, s, 1));
 		if (tgi_array)           /* TGI's POST / and /invocations: a list of one, as api-inference answers */
 			resp = json_pack("[o]", resp);
-	} else {
-		resp = llm_srv_openai_full(s, j);
+	} else {                     /* formatted below, without the lock (the reference keeps the job) */
+		openai = 1;
+		model = llm_strdup(j->adapter ? s->lora_name[j->adapter - 1] : s->model_name);
 	}
-	llm_srv_job_unref_locked(j);
+	}
+	if (!openai || status == 499)
+		llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);
-	if (status == 499)
+	if (status == 499) {
+		free(model);
 		return MHD_NO;           /* nobody is listening */
+	}
 	idle_timeout(conn, s->o.timeout);
+	if (openai)
+		return send_openai(s, conn, j, model);
 	if (!resp)
 		return send_error(s, conn, k, status, NULL, "%s", errmsg);
 	return send_json(conn, status, resp, NULL, NULL);
@@ -506,6 +844,16 @@ static enum MHD_Result do_metrics(struct llm_server *s, struct MHD_Connection *c
 		llm_srv_histo_text(f, hs[i].name, hs[i].help, hs[i].h, "");
 	llm_srv_metrics_vllm(s, f);
 	pthread_mutex_unlock(&s->mu);
+	pthread_mutex_lock(&s->cmu);
+	fprintf(f, "# HELP llm_connections_open Open connections counted against --max-connections.\n"
+	           "# TYPE llm_connections_open gauge\nllm_connections_open %u\n", s->n_links);
+	fprintf(f, "# HELP llm_connections_closed_total Connections the server closed before a whole request: shed for a "
+	           "newer one at a limit, past --request-timeout, or refused at a limit with every one busy.\n"
+	           "# TYPE llm_connections_closed_total counter\nllm_connections_closed_total{reason=\"shed\"} %llu\n"
+	           "llm_connections_closed_total{reason=\"request_timeout\"} %llu\n"
+	           "llm_connections_closed_total{reason=\"refused\"} %llu\n", (unsigned long long)s->shed_limit,
+	        (unsigned long long)s->shed_deadline, (unsigned long long)s->refused_limit);
+	pthread_mutex_unlock(&s->cmu);
 	fclose(f);
 	return send_text(conn, 200, "text/plain; version=0.0.4", b, n, NULL, NULL);
 }
@@ -577,6 +925,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 			if (!llm_parse_int(cl, 0, INT64_MAX, &v) && (uint64_t)v > s->o.max_body)
 				cc->too_large = 1;
 		}
+		if (cc->too_large && !link_busy(s, conn))
+			return MHD_NO;
 		if (cc->too_large)      /* answer before the upload */
 			return send_error(s, conn, K_COMPLETION, 413, NULL, "the body of %s bytes exceeds --max-body %zu", cl, s->o.max_body);
 		return MHD_YES;
@@ -591,18 +941,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		*upload_size = 0;
 		return MHD_YES;
 	}
+	if (!link_busy(s, conn))   /* shed while its request came in */
+		return MHD_NO;
 	enum kind tgi_k = strncmp(url, "/generate", 9) && strcmp(url, "/") ? K_COMPLETION : K_TGI;
 	if (cc->too_large)
 		return send_error(s, conn, tgi_k, 413, NULL, "the body exceeds --max-body %zu bytes", s->o.max_body);
 	if (!strcmp(url, "/health") || !strcmp(url, "/ping")) {   /* /ping: SageMaker's health check */
 		if (!method_ok(method, "GET"))
 			return send_error_allow(s, conn, tgi_k, 405, allow_of("GET"), NULL, "%s takes GET or HEAD, not %s", url, method);
-		pthread_mutex_lock(&s->mu);
-		enum llm_server_state st = s->state;
-		pthread_mutex_unlock(&s->mu);
-		const char *name = st == LLM_SERVER_READY ? "ready" : st == LLM_SERVER_LOADING ? "loading" :
+		/* an engine that holds the lock this long is stalled too */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 2;
+		int stalled = 1;
+		enum llm_server_state st = LLM_SERVER_READY;
+		if (!pthread_mutex_timedlock(&s->mu, &ts)) {
+			st = s->state;
+			stalled = llm_srv_stalled_locked(s);
+			pthread_mutex_unlock(&s->mu);
+		}
+		const char *name = stalled ? "stalled" : st == LLM_SERVER_READY ? "ready" : st == LLM_SERVER_LOADING ? "loading" :
 		                   st == LLM_SERVER_DRAINING ? "draining" : "failed";
-		return send_json(conn, st == LLM_SERVER_READY ? 200 : 503, json_pack("{s:s}", "status", name), NULL, NULL);
+		return send_json(conn, st == LLM_SERVER_READY && !stalled ? 200 : 503, json_pack("{s:s}", "status", name), NULL, NULL);
 	}
 	if (s->o.api_key) {
 		const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
@@ -662,9 +1022,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode t)
 {
-	(void)cls;
-	(void)conn;
 	(void)t;
+	struct llm_server *s = cls;
+	struct link *l = link_of(conn);
+	if (l) {                     /* idle (or at its next request) from now */
+		pthread_mutex_lock(&s->cmu);
+		l->answered += l->busy;
+		l->busy = 0;
+		l->t_phase = now_s();
+		pthread_mutex_unlock(&s->cmu);
+	}
 	struct conn *cc = *con_cls;
 	if (cc) {
 		llm_buf_free(&cc->body);
@@ -684,6 +1051,8 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 	s->o = *o;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->ecv, NULL);
+	pthread_mutex_init(&s->cmu, NULL);
+	pthread_cond_init(&s->wcv, NULL);
 	s->state = LLM_SERVER_LOADING;
 	s->lost_rank = -1;
 	s->req_prompt.le = s->req_gen.le = llm_srv_tokens_le;
@@ -721,14 +1090,24 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 		flags |= MHD_USE_IPv6;
 	/* connection manners: an idle connection (a request that stalls, a
 	 * TLS ClientHello sent to plain HTTP) is closed after o->timeout
-	 * seconds; one address holds at most o->max_conn_per_client
-	 * connections (more are closed at accept), so one client cannot take
-	 * all o->max_connections */
+	 * seconds, one that delivers no whole request after
+	 * o->request_timeout (watch_main); o->max_connections and
+	 * o->max_conn_per_client are kept by on_connection, which sheds or
+	 * refuses with 503, so libmicrohttpd's own limit (a close without an
+	 * answer) sits above them */
+	if (o->request_timeout > 0) {
+		if (pthread_create(&s->watch_thread, NULL, watch_main, s)) {
+			freeaddrinfo(ai);
+			st = llm_fail(LLM_ERR_NOMEM, "server: cannot start the connection watch thread");
+			goto fail;
+		}
+		s->watch_started = 1;
+	}
 	s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
 	                        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
 	                        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-	                        MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : 1000u,
-	                        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_conn_per_client,
+	                        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+	                        MHD_OPTION_CONNECTION_LIMIT, llm_server_socket_limit(o->max_connections),
 	                        MHD_OPTION_CONNECTION_TIMEOUT, o->timeout,
 	                        MHD_OPTION_END);
 	freeaddrinfo(ai);
@@ -742,6 +1121,7 @@ enum llm_status llm_server_start(struct llm_server **out, const struct llm_serve
 		st = llm_fail(LLM_ERR_NOMEM, "server: cannot start the engine thread");
 		goto fail;
 	}
+	pthread_setname_np(s->engine_thread, "llm-engine");   /* top -H, and tests that stop it */
 	s->engine_started = 1;
 	*out = s;
 	return LLM_OK;
@@ -802,8 +1182,15 @@ void llm_server_stop(struct llm_server *s)
 		pthread_mutex_unlock(&s->mu);
 		pthread_join(s->engine_thread, NULL);
 	}
+	if (s->watch_started) {
+		pthread_mutex_lock(&s->cmu);
+		s->watch_stop = 1;
+		pthread_cond_signal(&s->wcv);
+		pthread_mutex_unlock(&s->cmu);
+		pthread_join(s->watch_thread, NULL);
+	}
 	if (s->d)
-		MHD_stop_daemon(s->d);
+		MHD_stop_daemon(s->d);   /* its connections' closes use cmu */
 	llm_sched_close(s->sch);
 	llm_engine_close(s->e);
 	llm_engine_close(s->draft);
@@ -811,6 +1198,8 @@ void llm_server_stop(struct llm_server *s)
 	llm_gvocab_free(s->gvocab);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->ecv);
+	pthread_mutex_destroy(&s->cmu);
+	pthread_cond_destroy(&s->wcv);
 	free(s->model_name);
 	for (int i = 0; i < LLM_LORA_SLOTS; i++)
 		free(s->lora_dir[i]);

@@ -38,8 +38,21 @@ struct llm_server_opts {
 	unsigned timeout;            /* seconds a connection may sit idle (nothing read or
 	                              * written) before it is closed; 0: never. Not counted
 	                              * while its request waits for the engine */
-	unsigned max_connections;    /* open connections at most; 0: 1000 */
-	unsigned max_conn_per_client;/* open connections from one IP address; 0: no limit */
+	unsigned max_connections;    /* open connections at most; 0: 1000. At the limit a new
+	                              * connection sheds one that holds no whole request (the
+	                              * longest idle after an answer, else the longest at its
+	                              * request), or is answered 503 with Retry-After when
+	                              * every one is at work */
+	unsigned max_conn_per_client;/* open connections from one IP address; 0: no limit
+	                              * (at it, the same, among that address's connections) */
+	double request_timeout;      /* seconds a connection has to deliver a whole request
+	                              * (head and body) from its opening or its previous
+	                              * answer; then it is closed (408 when it never had an
+	                              * answer). 0: no limit */
+	int64_t max_logprob_entries; /* log-prob entries one request may be answered with
+	                              * (server.c, logprob_entries); more is 400; 0: no limit */
+	double stall_timeout;        /* /health answers 503 "stalled" when the engine has had
+	                              * work this long without finishing a step; 0: never */
 	int allow_runtime_lora;      /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 	                              * work (else 403); eng.lora holds those of the start */
 	struct llm_engine_opts eng;  /* max_seqs >= sched.max_running + sched.prefix_entries */
@@ -65,6 +78,10 @@ enum llm_server_state llm_server_state(struct llm_server *s, const char **err);
 int llm_server_lost_rank(struct llm_server *s);
 /* Stop taking requests (new ones get 503, /health 503); running ones go on. */
 void llm_server_drain(struct llm_server *s);
+/* Sockets the server may hold with MAX_CONNECTIONS (its limit, 0: 1000):
+ * connections over it are taken for a moment to be shed or refused with
+ * 503, so the file descriptors needed are this plus the process's own. */
+unsigned llm_server_socket_limit(unsigned max_connections);
 /* Requests accepted and not yet answered. */
 int llm_server_in_flight(struct llm_server *s);
 /* Cancel what is left, stop the threads, close everything. */

@@ -331,8 +331,20 @@ void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status
 	op->load = load;
 	memcpy(op->name, name, strlen(name) + 1);
 	pthread_cond_init(&op->cv, NULL);
+	/* a load's files are read here, not on the engine thread: the model's
+	 * config is fixed once it is ready */
 	pthread_mutex_lock(&s->mu);
-	if (s->state != LLM_SERVER_READY) {
+	const struct llm_config *cfg = s->state == LLM_SERVER_READY ? &llm_engine_model(s->e)->cfg : NULL;
+	pthread_mutex_unlock(&s->mu);
+	enum llm_status lst = LLM_OK;
+	if (load && cfg && (lst = llm_lora_load(&op->lo, path, cfg)))
+		lst = llm_fail_prefix(lst, "adapter '%s'", name);
+	pthread_mutex_lock(&s->mu);
+	if (lst) {
+		*status = lst == LLM_ERR_NOMEM ? 500 : 400;
+		*param = "lora_path";
+		snprintf(msg, n, "%s", llm_errmsg());
+	} else if (s->state != LLM_SERVER_READY) {
 		*status = 503;
 		snprintf(msg, n, "the server is %s", s->state == LLM_SERVER_LOADING ? "loading" : "not ready");
 	} else if (load && !strcmp(name, s->model_name)) {
@@ -343,7 +355,7 @@ void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status
 		while (*pp)
 			pp = &(*pp)->next;
 		*pp = op;
-		pthread_cond_signal(&s->ecv);
+		llm_srv_wake_locked(s);
 		while (!op->done)
 			pthread_cond_wait(&op->cv, &s->mu);
 		*status = op->status;
@@ -353,6 +365,7 @@ void llm_srv_lora_op(struct llm_server *s, json_t *o, int load, unsigned *status
 	}
 	pthread_mutex_unlock(&s->mu);
 	pthread_cond_destroy(&op->cv);
+	llm_lora_free(&op->lo);      /* zeroed when the engine took it */
 	free(op->path);
 	free(op);
 }

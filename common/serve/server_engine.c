@@ -63,6 +63,23 @@ void llm_srv_job_unref_locked(struct job *j)
 
 /* ---- the engine thread ------------------------------------------------- */
 
+/* engine_idle: 1 while the engine thread waits with no work; 2 once work
+ * was handed to it while it waited (t_beat: then); 0 while it works. */
+void llm_srv_wake_locked(struct llm_server *s)
+{
+	if (s->engine_idle == 1) {
+		s->engine_idle = 2;
+		s->t_beat = now_s();
+	}
+	pthread_cond_signal(&s->ecv);
+}
+
+int llm_srv_stalled_locked(struct llm_server *s)
+{
+	return s->state == LLM_SERVER_READY && s->o.stall_timeout > 0 && s->engine_idle != 1
+	       && now_s() - s->t_beat > s->o.stall_timeout;
+}
+
 static void on_admit(void *user)
 {
 	struct choice *c = user;
@@ -270,9 +287,9 @@ static void lora_names_locked(struct llm_server *s)
 	}
 }
 
-/* Run the queued loads and unloads (under the lock, released while the
- * engine loads a file): an unload is refused while a job names the
- * adapter (409), so it never waits and never cuts a request short. */
+/* Run the queued loads and unloads (under the lock; a load's files are
+ * read already): an unload is refused while a job names the adapter (409),
+ * so it never waits and never cuts a request short. */
 static void lora_ops_locked(struct llm_server *s)
 {
 	while (s->loraq) {
@@ -281,10 +298,8 @@ static void lora_ops_locked(struct llm_server *s)
 		int slot = llm_engine_lora_find(s->e, op->name);
 		enum llm_status st = LLM_OK;
 		op->status = 200;
-		if (op->load) {
-			pthread_mutex_unlock(&s->mu);
-			st = llm_engine_lora_load(s->e, op->name, op->path, &slot);
-			pthread_mutex_lock(&s->mu);
+		if (op->load) {          /* its files were read by the connection thread */
+			st = llm_engine_lora_add(s->e, op->name, op->path, &op->lo, &slot);
 			if (st)
 				op->status = st == LLM_ERR_NOMEM ? 500 : 400;
 			else
@@ -334,6 +349,7 @@ void *llm_srv_engine_main(void *arg)
 	if (s->state == LLM_SERVER_LOADING)
 		s->state = LLM_SERVER_READY;
 	llm_sched_stats(s->sch, &s->st);
+	s->t_beat = now_s();
 	int pending = 0;
 	for (;;) {
 		while (!s->stop && !s->subq && !s->loraq && pending == 0) {
@@ -342,7 +358,13 @@ void *llm_srv_engine_main(void *arg)
 				cancel |= j->cancelled && !j->cancel_sent;
 			if (cancel)
 				break;
+			if (!s->engine_idle)
+				s->engine_idle = 1;
 			pthread_cond_wait(&s->ecv, &s->mu);
+		}
+		if (s->engine_idle) {   /* at work again: the stall clock runs from here */
+			s->engine_idle = 0;
+			s->t_beat = now_s();
 		}
 		if (s->stop)
 			break;
@@ -385,6 +407,7 @@ void *llm_srv_engine_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		st = llm_sched_step(s->sch, &pending);
 		pthread_mutex_lock(&s->mu);
+		s->t_beat = now_s();
 		publish_locked(s);
 		if (st) {
 			snprintf(s->err, sizeof s->err, "%s", llm_errmsg());

@@ -378,10 +378,10 @@ static const char *job_model(const struct llm_server *s, const struct job *j)
 	return j->adapter ? s->lora_name[j->adapter - 1] : s->model_name;
 }
 
-json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
+/* best_of: the choices by cumulative log-prob, highest first (stable),
+ * into ORDER (j->n); else in order. */
+static void best_order(const struct job *j, int *order)
 {
-	json_t *choices = json_array();
-	int order[MAX_N];           /* best_of: the choices by cumulative log-prob, highest first (stable) */
 	for (int c = 0; c < j->n; c++) {
 		int k = c;
 		double v = j->n_ret < j->n ? cum_logprob(&j->ch[c]) : 0;
@@ -389,35 +389,85 @@ json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
 			order[k] = order[k - 1], k--;
 		order[k] = c;
 	}
-	for (int c = 0; c < j->n_ret; c++) {
-		struct choice *ch = &j->ch[order[c]];
-		size_t off = 0;
-		json_t *o;
-		if (j->kind == K_CHAT) {
-			const char *finish = NULL;
-			json_t *m = chat_message(j, c, ch, &finish);
-			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "message", m ? m : json_object(), "logprobs",
-			              logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0), "finish_reason",
-			              finish ? finish : openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		} else {
-			o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c,
-			              "text", j->echo ? echo_text(s, j, ch) : text_of(ch, 0, ch->n_ev),
-			              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, j->echo),
-			              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
-		}
-		json_t *pl = j->kind == K_CHAT ? NULL : prompt_logprobs_json(s, j);
-		if (pl)
-			json_object_set_new(o, "prompt_logprobs", pl);
-		json_array_append_new(choices, o);
+}
+
+/* Returned choice C (the job's choice CH) of the OpenAI body. */
+static json_t *choice_json(struct llm_server *s, struct job *j, int c, struct choice *ch)
+{
+	size_t off = 0;
+	json_t *o;
+	if (j->kind == K_CHAT) {
+		const char *finish = NULL;
+		json_t *m = chat_message(j, c, ch, &finish);
+		o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c, "message", m ? m : json_object(), "logprobs",
+		              logprobs_json(s, j, ch, 0, ch->n_ev, &off, 0), "finish_reason",
+		              finish ? finish : openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
 	}
-	json_t *r = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id,
-	                      "object", j->kind == K_CHAT ? "chat.completion" : "text_completion",
-	                      "created", (json_int_t)j->created, "model", job_model(s, j), "choices", choices,
-	                      "usage", usage_json(j));
+	else
+		o = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c,
+		              "text", j->echo ? echo_text(s, j, ch) : text_of(ch, 0, ch->n_ev),
+		              "logprobs", logprobs_json(s, j, ch, 0, ch->n_ev, &off, j->echo),
+		              "finish_reason", openai_finish(ch->finish), "token_ids", ids_of(ch, 0, ch->n_ev));
+	json_t *pl = j->kind == K_CHAT || !o ? NULL : prompt_logprobs_json(s, j);
+	if (pl)
+		json_object_set_new(o, "prompt_logprobs", pl);
+	return o;
+}
+
+static json_t *openai_head(const struct job *j, const char *model)
+{
+	return json_pack("{s:s, s:s, s:I, s:s}", "id", j->id, "object", j->kind == K_CHAT ? "chat.completion" :
+	                 "text_completion", "created", (json_int_t)j->created, "model", model);
+}
+
+json_t *llm_srv_openai_full(struct llm_server *s, struct job *j)
+{
+	json_t *choices = json_array();
+	int order[MAX_N];
+	best_order(j, order);
+	for (int c = 0; c < j->n_ret; c++)
+		json_array_append_new(choices, choice_json(s, j, c, &j->ch[order[c]]));
+	json_t *r = openai_head(j, job_model(s, j));
+	json_object_set_new(r, "choices", choices);
+	json_object_set_new(r, "usage", usage_json(j));
 	json_t *pl = j->kind == K_CHAT ? prompt_logprobs_json(s, j) : NULL;
 	if (pl)
 		json_object_set_new(r, "prompt_logprobs", pl);
 	return r;
+}
+
+/* J's dumped to OUT (compact, as the whole body is); 0: out of memory. */
+static int dump_to(json_t *o, struct llm_buf *out, int drop_close)
+{
+	char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!t)
+		return 0;
+	size_t n = strlen(t) - (drop_close && *t ? 1 : 0);
+	int ok = !llm_buf_append(out, t, n);
+	free(t);
+	return ok;
+}
+
+int llm_srv_openai_part(struct llm_server *s, struct job *j, const char *model, int part, int *order,
+                        struct llm_buf *out)
+{
+	if (part == 0) {             /* {"id":...,"model":"..." then the choices' array */
+		best_order(j, order);
+		return dump_to(openai_head(j, model), out, 1) && !llm_buf_append(out, ",\"choices\":[", 12) ? 1 : -1;
+	}
+	if (part <= j->n_ret)
+		return (part == 1 || !llm_buf_append(out, ",", 1)) &&
+		       dump_to(choice_json(s, j, part - 1, &j->ch[order[part - 1]]), out, 0) ? 1 : -1;
+	if (part > j->n_ret + 1)
+		return 0;
+	json_t *pl = j->kind == K_CHAT ? prompt_logprobs_json(s, j) : NULL;
+	int ok = !llm_buf_append(out, "],\"usage\":", 10) && dump_to(usage_json(j), out, 0);
+	if (ok && pl)
+		ok = !llm_buf_append(out, ",\"prompt_logprobs\":", 19) && dump_to(pl, out, 0);
+	else
+		json_decref(pl);
+	return ok && !llm_buf_append(out, "}\n", 2) ? 1 : -1;
 }
 
 /* TGI top_n_tokens: the best tokens at event V, best first. */

@@ -14,6 +14,14 @@
 
 /* server_format.c (under srv->mu: they read the jobs' events) */
 json_t *llm_srv_openai_full(struct llm_server *s, struct job *j);
+/* The same body in parts appended to OUT, for an answer sent as it is
+ * formatted: part 0 the head (best_of's ranking into ORDER, MAX_N), parts
+ * 1 .. n_ret a choice each, then the tail (usage, and a newline): 1; 0
+ * past the last part; -1 out of memory. MODEL: the name it carries. Without the
+ * lock: a job whose choices are all done is not written any more, and the
+ * connection's reference keeps it. */
+int llm_srv_openai_part(struct llm_server *s, struct job *j, const char *model, int part, int *order,
+                        struct llm_buf *out);
 json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens);
 json_t *llm_srv_tgi_generated(struct job *j);
 /* Append to j->out the SSE events of J's new events (and the end). */

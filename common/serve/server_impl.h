@@ -115,11 +115,15 @@ struct job {
 };
 
 /* A LoRA adapter load or unload, done by the engine thread between steps
- * (it owns the engine and the scheduler); the connection thread waits. */
+ * (it owns the engine and the scheduler); the connection thread waits. A
+ * load's files are read by the connection thread first (LO): the engine
+ * thread only installs it, so a slow or hostile file (a FIFO) never holds
+ * the steps. */
 struct lora_op {
-	int load;                    /* 1: load NAME from PATH; 0: unload NAME */
+	int load;                    /* 1: load NAME from PATH (read into LO); 0: unload NAME */
 	char name[LLM_LORA_NAME_MAX];
 	char *path;                  /* (owned) */
+	struct llm_lora lo;          /* (owned until the engine takes it) */
 	int done;
 	unsigned status;             /* HTTP status of the answer */
 	char msg[600];
@@ -133,8 +137,23 @@ extern const double llm_srv_tokens_le[N_BUCKET];   /* the same for token counts 
 
 struct histo { uint64_t n[N_BUCKET]; uint64_t count; double sum; const double *le; /* NULL: llm_srv_bucket_le */ };
 
+struct link;                     /* an open connection (server.c) */
+
 struct llm_server {
 	struct llm_server_opts o;
+	/* connections (server.c), under cmu: every open one, those counted
+	 * against the limits; the thread that enforces --request-timeout */
+	pthread_mutex_t cmu;
+	pthread_cond_t wcv;
+	struct link *links;
+	unsigned n_links;
+	uint64_t shed_limit, shed_deadline, refused_limit;   /* connections shed or refused, by reason */
+	pthread_t watch_thread;
+	int watch_started, watch_stop;
+	/* the engine's heartbeat (under mu): when it last finished a step or
+	 * took work, and whether it waits with none (then it is not stalled) */
+	double t_beat;
+	int engine_idle;
 	char *model_name, *template_src;
 	struct MHD_Daemon *d;
 	int port;
@@ -178,6 +197,12 @@ struct llm_server {
 static inline double now_s(void) { return llm_now(); }
 
 /* server_engine.c */
+/* Hand the engine thread work (under srv->mu): wake it, and start the
+ * stall clock if it was waiting with none. */
+void llm_srv_wake_locked(struct llm_server *s);
+/* Whether the engine has had work for longer than --stall-timeout without
+ * finishing a step (under srv->mu). */
+int llm_srv_stalled_locked(struct llm_server *s);
 /* Drop one reference to J (under srv->mu); the last frees it. */
 void llm_srv_job_unref_locked(struct job *j);
 /* The engine thread: loads the engine, then runs the scheduler over the

@@ -14,10 +14,17 @@ enum llm_status llm_spec_opts_set(struct llm_spec_opts *o, const char *mode, int
 		return llm_fail(LLM_ERR_USAGE, "--draft goes with --speculate draft");
 	if (dm && !draft)
 		return llm_fail(LLM_ERR_USAGE, "--speculate draft needs --draft DIR");
-	if (!mode || !strcmp(mode, "off"))
-		return LLM_OK;
-	if (strcmp(mode, "ngram") && !dm)
+	int off = !mode || !strcmp(mode, "off");
+	if (!off && strcmp(mode, "ngram") && !dm)
 		return llm_fail(LLM_ERR_USAGE, "--speculate: '%s' is not ngram, draft or off", mode);
+	if (off && (k || ngram))   /* a value that would do nothing: refused, as --draft is */
+		return llm_fail(LLM_ERR_USAGE, "%s goes with --speculate ngram or draft", k ? "--spec-tokens" : "--spec-ngram");
+	if (dm && ngram)
+		return llm_fail(LLM_ERR_USAGE, "--spec-ngram goes with --speculate ngram (a draft model matches nothing)");
+	if (off)
+		return LLM_OK;
+	k = k ? k : LLM_SPEC_DEFAULT_TOKENS;
+	ngram = ngram ? ngram : LLM_SPEC_DEFAULT_NGRAM;
 	if (k < 1 || k > LLM_SPEC_MAX_DRAFT)
 		return llm_fail(LLM_ERR_USAGE, "--spec-tokens: %lld is outside [1, %d]", (long long)k, LLM_SPEC_MAX_DRAFT);
 	if (ngram < 1 || ngram > 8)

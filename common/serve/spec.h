@@ -52,8 +52,11 @@ struct llm_spec_opts {
 #define LLM_SPEC_DEFAULT_NGRAM 3
 
 /* O from a tool's flags: MODE "ngram", "draft" (DRAFT the checkpoint,
- * required) or "off" (NULL: off). LLM_ERR_USAGE naming the flag for
- * anything else, and for DRAFT without MODE draft. */
+ * required) or "off" (NULL: off); K (--spec-tokens) and NGRAM
+ * (--spec-ngram), 0 where the command line did not give them (then
+ * LLM_SPEC_DEFAULT_TOKENS and LLM_SPEC_DEFAULT_NGRAM). LLM_ERR_USAGE naming
+ * the flag for anything else, for DRAFT without MODE draft, for K or NGRAM
+ * without MODE, and for NGRAM with MODE draft. */
 enum llm_status llm_spec_opts_set(struct llm_spec_opts *o, const char *mode, int64_t k, int64_t ngram,
                                   const char *draft);
 

@@ -734,9 +734,29 @@ setup_done:
 		}
 		tokens += (int64_t)tot[2];
 		double norm = llm_grad_norm(grads, lo.n_params), lr = llm_lr_at(&a.o, step);
+		double mean = tot[1] > 0 ? tot[0] / tot[1] : 0.0;
+		/* a NaN or Inf loss or gradient (non-finite base weights, an
+		 * overflow) would reach every parameter through the update and
+		 * train nothing: stop before it, writing no adapter (every rank
+		 * holds the same sums, so all stop here) */
+		if (!isfinite(tot[0]) || !isfinite(norm)) {
+			char where[256] = "";
+			for (size_t i = 0; i < lo.n_params; i++)
+				if (!isfinite(grads[i])) {
+					char name[160];
+					size_t at;
+					if (llm_lora_param_name(&lo, i, name, sizeof name, &at))
+						snprintf(where, sizeof where, "; the first non-finite gradient: tensor '%s' at index %zu",
+						         name, at);
+					break;
+				}
+			s = llm_fail(LLM_ERR_RANGE, "step %lld: the %s is not finite (loss %g, gradient norm %g)%s: stopped, no "
+			             "adapter written (check the base model: llm-quantize --check)", (long long)step + 1,
+			             !isfinite(tot[0]) ? "loss" : "gradient", mean, norm, where);
+			goto out;
+		}
 		if (count)
 			llm_adamw_update(&a, lo.params, grads, norm, lr);
-		double mean = tot[1] > 0 ? tot[0] / tot[1] : 0.0;
 		losses[step] = mean;
 		if (step == r->start_step)
 			r->first_loss = mean;

@@ -108,6 +108,10 @@ import json, sys; b = json.loads(sys.argv[1]); assert len(b['ids']) == 60 and b[
 check_fails "--speculate draft without --draft is a usage error" 2 $G -m "$M" -p hi --speculate draft
 grep -q -- "--speculate draft needs --draft DIR" "$T/err" && ok "the error says --draft DIR" || notok "the error says --draft DIR"
 check_fails "--draft without --speculate draft is a usage error" 2 $G -m "$M" -p hi --draft "$T/fp8"
+check_fails "--spec-tokens without --speculate is a usage error, as --draft is" 2 $G -m "$M" -p hi --spec-tokens 2
+grep -q -- "--spec-tokens goes with --speculate" "$T/err" && ok "the error names --spec-tokens" || notok "the error names --spec-tokens"
+check_fails "--spec-ngram without --speculate is a usage error" 2 $G -m "$M" -p hi --spec-ngram 2
+check_fails "--spec-ngram with --speculate draft (nothing to match) is a usage error" 2 $G -m "$M" -p hi --speculate draft --draft "$M" --spec-ngram 2
 $G -m "$M" --json --logprobs 1 --kv-dtype bf16 <"$T/ids.jsonl" >"$T/out-bf16.jsonl"
 check "--kv-dtype bf16 runs" [ "$(wc -l <"$T/out-bf16.jsonl")" = 30 ]
 llm-generate -m "$M" --json --logprobs 1 <"$T/ids.jsonl" >"$T/out-default.jsonl"

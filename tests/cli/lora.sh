@@ -100,7 +100,7 @@ assert d1['choices'][0]['token_ids'] == m[1]['ids'] and d1['model'] == 'a1', d1"
 
 # llm-serve with two adapters and runtime loading
 llm-serve -m "$S" --lora "$T/a1" --lora "b=$T/a2" --allow-runtime-lora --port 0 --port-file "$T/port" -t 1 \
-	--max-running 24 2>"$T/serve.log" & SP=$!
+	--max-running 24 --max-logprob-entries 200000 2>"$T/serve.log" & SP=$!
 U=$(serve_url "$T/port")
 code=$(curl -s -m 60 -o "$T/models.out" -w '%{http_code}' "$U/v1/models")
 check "/v1/models: the base, then each adapter with parent the base and root its directory" $PY -c "
@@ -163,7 +163,8 @@ c = json.load(open('$T/c.out'))['choices'][0]
 assert '$code' == '200' and c['token_ids'] == m[2]['ids'] and c['logprobs']['token_logprobs'] == m[2]['logprobs']"
 # an unload while a request uses c: the stream below (16 choices of 480
 # tokens with 20 log-probs each, megabytes) cannot end while its client
-# reads nothing, so its job holds c
+# reads nothing, so its job holds c (it is more log-prob entries than the
+# default --max-logprob-entries: the server above allows 200000)
 $PY - "$T/port" >"$T/hold.log" 2>&1 <<'EOF' & HP=$!
 import socket, sys, time, json
 port = int(open(sys.argv[1]).read())

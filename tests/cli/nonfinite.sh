@@ -2,7 +2,11 @@
 # here from a random checkpoint with one value overwritten: --check and
 # --check-weights name the tensor and the index, sampling refuses non-finite
 # logits (greedy and sampled; llm-generate exits 1, llm-serve answers 500
-# and stays up), llm-quantize refuses to compute an FP8 scale from them.
+# and stays up), llm-quantize refuses to compute an FP8 scale from them,
+# llm-finetune stops at the first step whose loss or gradient is not finite
+# (exit 1, no adapter), and a LoRA adapter holding NaN is refused where it
+# is loaded (llm-generate --lora, llm-serve --lora --check-weights, and 400
+# at /v1/load_lora_adapter).
 . tests/lib/tap.sh
 T=$TMPD
 if ! have_stories; then
@@ -14,9 +18,9 @@ M=$(stories)
 # a random f32 checkpoint with the stories tokenizer, and copies with one
 # value of one tensor replaced
 llm-quantize -q --random configs/tiny-check.json --dtype f32 --seed 5 --tokenizer "$M" "$T/good"
-poison() {   # poison SRC DST TENSOR INDEX VALUE (nan, inf, -inf)
+poison() {   # poison SRC DST TENSOR INDEX VALUE (nan, inf, -inf) [FILE]
 	cp -r "$1" "$2"
-	python3 - "$2/model.safetensors" "$3" "$4" "$5" <<'PY'
+	python3 - "$2/${6:-model.safetensors}" "$3" "$4" "$5" <<'PY'
 import json, struct, sys
 path, name, idx, val = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 with open(path, "r+b") as f:
@@ -84,4 +88,34 @@ check "llm-serve exits 0 on SIGTERM after those" [ $? = 0 ]
 timeout 120 llm-serve -m "$T/nan" --check-weights --port 0 2>"$T/err"
 check "llm-serve --check-weights refuses the NaN checkpoint (exit 1)" [ $? = 1 ]
 check "... naming the tensor on its last line" sh -c "tail -1 '$T/err' | grep -q \"tensor 'model.norm.weight': NaN at index 5 \""
+
+# llm-finetune: the loss of the NaN model is NaN from the first step; it
+# printed "loss nan" at each, exited 0 and wrote a NaN adapter
+check_fails "llm-finetune on NaN weights: exit 1 at the first step, one line" 1 \
+	llm-finetune -m "$T/nan" --data tests/data/finetune/train.jsonl --seq-len 64 --micro-batch 2 --steps 3 -q -o "$T/nan-ad"
+check "... naming the step and the first adapter tensor whose gradient is not finite" \
+	grep -q "step 1: the loss is not finite .*tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' at index" "$T/err"
+check "... and writing no adapter" test ! -e "$T/nan-ad/adapter_model.safetensors"
+check "llm-finetune on the finite checkpoint trains (exit 0)" \
+	llm-finetune -m "$T/good" --data tests/data/finetune/train.jsonl --seq-len 64 --micro-batch 2 --steps 2 -q -o "$T/good-ad"
+
+# adapters: one value of one tensor NaN
+python3 tests/cli/lora_make.py "$T/good/config.json" "$T/lgood" --rank 2 --seed 1
+LT=base_model.model.model.layers.1.mlp.down_proj.lora_B.weight
+poison "$T/lgood" "$T/lnan" $LT 3 nan adapter_model.safetensors
+check "llm-generate --lora: a finite adapter runs" sh -c "llm-generate -m '$T/good' --lora '$T/lgood' --temp 0 -n 2 -p Once -q >/dev/null"
+check_fails "llm-generate --lora: a NaN adapter is exit 1, one line (it loaded and changed the output)" 1 \
+	llm-generate -m "$T/good" --lora "$T/lnan" --temp 0 -n 2 -p Once
+check "... naming the file, the tensor and the index" grep -q "lnan/adapter_model.safetensors: tensor '$LT': NaN at index 3 " "$T/err"
+timeout 120 llm-serve -m "$T/good" --check-weights --lora "$T/lnan" --port 0 2>"$T/err"
+check "llm-serve --check-weights --lora: a NaN adapter refuses to start (exit 1)" [ $? = 1 ]
+check "... naming the tensor on its last line" sh -c "tail -1 '$T/err' | grep -q \"tensor '$LT': NaN at index 3 \""
+llm-serve -m "$T/good" --allow-runtime-lora --port 0 --port-file "$T/port2" -t 1 2>>"$T/server.log" & SP=$!
+U=$(serve_url "$T/port2")
+load() { curl -s -m 120 -o "$T/resp" -w '%{http_code}' -H 'Content-Type: application/json' \
+	-d "{\"lora_name\": \"$1\", \"lora_path\": \"$T/$1\"}" "$U/v1/load_lora_adapter"; }
+check "/v1/load_lora_adapter: a NaN adapter is 400 (was 200)" [ "$(load lnan)" = 400 ]
+check "... naming the tensor" grep -q "tensor '$LT': NaN at index 3 " "$T/resp"
+check "... and a finite one loads (200)" [ "$(load lgood)" = 200 ]
+kill -TERM $SP; wait $SP
 tap_done

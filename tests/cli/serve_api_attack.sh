@@ -39,6 +39,9 @@ c=$(code -N "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "n": 3
 check "... streamed too: 400 before any event" sh -c "[ $c = 400 ] && ! grep -q 'data:' '$T/body'"
 c=$(code "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 3, "best_of": 3}')
 check "chat n 3 (best_of 3): 400 naming n" sh -c "[ $c = 400 ] && grep -q '\"param\":\"n\"' '$T/body'"
+c=$(code "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "n": 1, "best_of": 3}')
+check "best_of 3 (n 1) above the same limit: 400 naming best_of, not n" \
+	sh -c "[ $c = 400 ] && grep -q '\"param\":\"best_of\"' '$T/body' && grep -q 'best_of: 3 choices can never be admitted' '$T/body'"
 c=$(code "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "n": 2, "temperature": 0}')
 check "n 2 (= --max-running 1 + --max-queue 1) is admitted: 200 with 2 choices" \
 	sh -c "[ $c = 200 ] && python3 -c \"import json; assert len(json.load(open('$T/body'))['choices']) == 2\""
@@ -81,6 +84,34 @@ check "/generate grammar, a bad regex: 400 (validation)" sh -c "[ $c = 400 ] && 
 stop
 check "the server exits 0" [ "$RC" = 0 ]
 
+# ---- the work and bytes one request may ask for: --max-logprob-entries
+start --chat-template tests/data/chat-template.jinja
+python3 -c "
+import json
+p = ' '.join(['Once upon a time'] * 100)     # about 400 tokens
+big = {'prompt': p, 'max_tokens': 16, 'echo': True, 'logprobs': 20, 'prompt_logprobs': 20, 'n': 16, 'best_of': 16}
+json.dump(big, open('$T/big.json', 'w'))
+ok = {'prompt': p, 'max_tokens': 16, 'echo': True, 'logprobs': 5, 'prompt_logprobs': 5, 'n': 4, 'temperature': 0}
+json.dump(ok, open('$T/ok.json', 'w'))"
+c=$(code "$URL/v1/completions" -d @"$T/big.json")
+check "echo, logprobs 20, prompt_logprobs 20, n 16, best_of 16, a 400-token prompt: 400 naming the limit (was 12.6 MB)" \
+	sh -c "[ $c = 400 ] && grep -q 'over --max-logprob-entries 100000' '$T/body' && grep -q '\"param\":\"prompt_logprobs\"' '$T/body'"
+c=$(code "$URL/v1/completions" -d @"$T/ok.json")
+check "under the limit (n 4, 5 log-probs, echo and prompt_logprobs): 200, sent as it is formatted (chunked)" \
+	sh -c "[ $c = 200 ] && tr -d '\r' <'$T/head' | grep -qix 'transfer-encoding: chunked'"
+check "... the body whole: 4 choices, each with the prompt's and the 16 tokens' log-probs" python3 -c "
+import json
+r = json.load(open('$T/body'))
+n = r['usage']['prompt_tokens']
+assert len(r['choices']) == 4 and [c['index'] for c in r['choices']] == [0, 1, 2, 3], r['choices']
+for c in r['choices']:
+    assert len(c['logprobs']['tokens']) == n + 16 and len(c['prompt_logprobs']) == n and len(c['token_ids']) == 16, c
+    assert all(len(t) == 5 for t in c['logprobs']['top_logprobs'][1:]), c
+assert r['usage']['completion_tokens'] == 64 and r['object'] == 'text_completion', r['usage']"
+c=$(code "$URL/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20, "n": 16}')
+check "chat n 16, top_logprobs 20 to the end of the context: 400 naming top_logprobs" is400 "$c" top_logprobs
+stop
+
 # ---- the API key
 check_fails "--api-key and --api-key-file together: usage error" 2 timeout 30 $S -m "$M" --port 0 --api-key a --api-key-file "$T/nokey"
 check_fails "--api-key-file missing: error naming the file" 1 timeout 30 $S -m "$M" --port 0 --api-key-file "$T/nokey"
@@ -90,6 +121,20 @@ check_fails "--api-key-file with an empty first line: error naming the file" 1 t
 check "... naming it" grep -q "$T/emptykey" "$T/err"
 check_fails "LLM_API_KEY set but empty: usage error" 2 env LLM_API_KEY= timeout 30 $S -m "$M" --port 0
 check_fails "--api-key '': usage error" 2 timeout 30 $S -m "$M" --port 0 --api-key ''
+printf '   \n' >"$T/blankkey"
+check_fails "--api-key-file whose key is blank (spaces): error naming the file" 1 timeout 30 $S -m "$M" --port 0 --api-key-file "$T/blankkey"
+check "... saying it is blank" grep -q "$T/blankkey: the key on the first line is blank" "$T/err"
+printf ' s3cret-key\n' >"$T/spacekey"
+check_fails "--api-key-file whose key begins with a space: refused at start (no client could send it)" 1 timeout 30 $S -m "$M" --port 0 --api-key-file "$T/spacekey"
+check "... naming the file" grep -q "$T/spacekey: the key on the first line has a space or tab at an end" "$T/err"
+printf 's3cret-key\t\n' >"$T/tabkey"
+check_fails "--api-key-file whose key ends with a tab: refused at start" 1 timeout 30 $S -m "$M" --port 0 --api-key-file "$T/tabkey"
+check_fails "--api-key 'k ' (a trailing space): usage error" 2 timeout 30 $S -m "$M" --port 0 --api-key 'k '
+check_fails "LLM_API_KEY ' k': usage error" 2 env LLM_API_KEY=' k' timeout 30 $S -m "$M" --port 0
+for f in "--spec-tokens 2" "--spec-ngram 2" "--speculate off --spec-tokens 2"; do
+	check_fails "$f without --speculate ngram or draft: usage error, as --draft is" 2 timeout 30 $S -m "$M" --port 0 $f
+	check "... naming the flag" grep -q -- "--spec-.* goes with --speculate ngram or draft" "$T/err"
+done
 
 printf 's3cret-key\r\nsecond line\n' >"$T/key"
 LLM_API_KEY=from-env start --api-key-file "$T/key"

@@ -2,13 +2,20 @@
 # clients (tests/lib/slow_clients.py holds connections open with a request
 # cut in its headers, or a TLS ClientHello's first bytes):
 #   1. 1,100 such connections from 127.0.0.1: the server keeps
-#      --max-conn-per-client of them and closes the rest at once, and a
-#      normal request from 127.0.0.2 (loopback is all of 127/8) is answered;
-#   2. --timeout 2 closes idle connections of both kinds;
+#      --max-conn-per-client of them and closes the rest at once, a normal
+#      request from 127.0.0.2 (loopback is all of 127/8) is answered, and so
+#      is one more from 127.0.0.1 that sends its request whole (an older
+#      slow one of that address is shed for it);
+#   2. --timeout 2 closes idle connections of both kinds, and
+#      --request-timeout closes one that trickles a header line each second
+#      (never idle for --timeout) with 408;
 #   3. --timeout does not count the time a request waits for the engine: a
 #      request (and a stream queued behind it) that waits longer than the
 #      timeout is answered whole. The wait is made by stopping the server
-#      (SIGSTOP) past the timeout while the requests are in flight.
+#      (SIGSTOP) past the timeout while the requests are in flight;
+#   4. 1,100 slow connections spread over 127.0.0.2-6 (220 each) fill
+#      --max-connections 1000, with a header trickler besides: 20 requests
+#      from 127.0.0.7 are answered 200 (their p99 is printed, not checked).
 # Nothing is timed: every wait is for an event, with a generous bound.
 . tests/lib/tap.sh
 T=$TMPD
@@ -41,7 +48,10 @@ code=$(curl -s -o "$T/c.json" -w '%{http_code}' --interface 127.0.0.2 -m 60 "$UR
 eight_tokens() { python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["choices"][0]; sys.exit(len(c["token_ids"]) != 8)' "$1"; }
 check "while they are held, a completion from 127.0.0.2 answers 200 (got $code)" eval '[ "$code" = 200 ] && eight_tokens "$T/c.json"'
 code=$(curl -s -o /dev/null -w '%{http_code}' -m 60 "$URL/health")
-check "one more connection from 127.0.0.1 is refused (got $code)" [ "$code" = 000 ]
+check "one more connection from 127.0.0.1, its request whole, is answered (got $code; was refused unanswered)" \
+	[ "$code" = 200 ]
+check "... an older slow connection of 127.0.0.1 shed for it" \
+	wait_until 60 status_is "$T/slow1" "connected $N closed $((N - PER + 1))"
 kill $H
 kill $SP; wait $SP
 
@@ -57,6 +67,40 @@ check "--timeout 2 closes 8 connections that stopped in their headers" wait_unti
 check "--timeout 2 closes 8 connections that sent a TLS ClientHello's first bytes" \
 	wait_until 120 status_is "$T/slow3" "connected 8 closed 8"
 kill $H2 $H3
+kill $SP; wait $SP
+
+# a client that sends a header line every second is never idle for
+# --timeout 2; --request-timeout 4 closes it with 408
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port2b" -t 1 --timeout 2 --request-timeout 4 \
+	2>"$T/server2b.log" & SP=$!
+URL=$(serve_url "$T/port2b")
+python3 - "$(cat "$T/port2b")" >"$T/trickle" <<'EOF'
+import socket, sys
+s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n')
+s.settimeout(1.0)
+got, lines = b'', 0
+while lines < 120:                     # the bound of the old server, which never closed it
+    try:
+        s.sendall(b'X-Trickle-%d: 1\r\n' % lines)
+        lines += 1
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    except socket.timeout:
+        pass
+    except OSError:
+        break
+print(got.split(b'\r\n')[0].decode(), '|', lines)
+EOF
+check "--request-timeout 4: a header trickler is closed with 408 ($(cat "$T/trickle") lines sent)" \
+	grep -q '^HTTP/1.1 408 Request Timeout |' "$T/trickle"
+kill $SP; wait $SP
+
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port3" -t 1 --timeout 2 --max-running 1 \
+	2>"$T/server3.log" & SP=$!
+URL=$(serve_url "$T/port3")
 
 # one slot: the 16 choices of R1 run one after another, the stream R2 waits
 # behind them; both wait for the engine while the server is stopped
@@ -83,5 +127,46 @@ else
 	check "a stream queued past --timeout ends with [DONE] (HTTP $(cat "$T/r2.code"))" \
 		grep -q '^data: \[DONE\]' "$T/r2.sse"
 fi
+kill $SP; wait $SP
+
+# 4. five addresses, 220 slow connections each (1,100 > --max-connections
+# 1000, each address under --max-conn-per-client 256), and a trickler
+N5=220
+llm-serve -m "$(stories)" --port 0 --port-file "$T/port4" -t 1 --timeout 600 --request-timeout 600 \
+	2>"$T/server4.log" & SP=$!
+URL=$(serve_url "$T/port4")
+PORT=$(cat "$T/port4")
+for a in 2 3 4 5 6; do
+	python3 tests/lib/slow_clients.py 127.0.0.$a "$PORT" $N5 http "$T/slow4.$a" &
+	HELPERS="$HELPERS $!"
+done
+all_connected() { for a in 2 3 4 5 6; do grep -q "^connected $N5 " "$T/slow4.$a" 2>/dev/null || return 1; done; }
+closed_sum() { cat "$T"/slow4.* 2>/dev/null | awk '{n += $4} END {print n + 0}'; }
+closed_is() { [ "$(closed_sum)" = "$1" ]; }
+wait_until 300 all_connected
+wait_until 120 closed_is 100
+check "1,100 slow connections from 127.0.0.2-6: the 100 over --max-connections 1000 shed ($(closed_sum) closed)" closed_is 100
+python3 - "$PORT" <<'EOF' & HELPERS="$HELPERS $!"
+import socket, sys, time
+s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))
+s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n')
+for i in range(400):                   # one header line every 1.5 s
+    time.sleep(1.5)
+    try:
+        s.sendall(b'X-Trickle-%d: 1\r\n' % i)
+    except OSError:
+        break
+EOF
+check "... and a trickler takes one more slot (another shed)" wait_until 120 closed_is 101
+ok200=0 times=
+for i in $(seq 20); do
+	r=$(curl -s -o "$T/p.json" -w '%{http_code} %{time_total}' --interface 127.0.0.7 -m 60 "$URL/v1/completions" \
+		-d '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}')
+	[ "${r% *}" = 200 ] && ok200=$((ok200 + 1))
+	times="$times ${r#* }"
+done
+check "while they are held, 20 of 20 completions from 127.0.0.7 answer 200 (got $ok200; was an empty reply)" [ "$ok200" = 20 ]
+diag "p99 (the slowest of 20) of those requests: $(printf '%s\n' $times | sort -g | tail -1) s"
+curl -s -m 10 "$URL/metrics" | grep '^llm_connections' | sed 's/^/# /'
 kill $SP; wait $SP
 tap_done

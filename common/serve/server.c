@@ -768,7 +768,6 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		openai = 1;
 		model = llm_strdup(j->adapter ? s->lora_name[j->adapter - 1] : s->model_name);
 	}
-	}
 	if (!openai || status == 499)
 		llm_srv_job_unref_locked(j);
 	pthread_mutex_unlock(&s->mu);

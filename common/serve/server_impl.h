@@ -25,6 +25,7 @@
 #include "server.h"
 #include "request.h"
 #include "lora.h"
+#include "apis.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -34,7 +35,7 @@ struct MHD_Daemon;
 
 #define MAX_N LLM_MAX_N            /* choices per request */
 
-enum kind { K_COMPLETION, K_CHAT, K_TGI };
+enum kind { K_COMPLETION, K_CHAT, K_TGI, K_RESPONSES, K_MESSAGES, K_COUNT /* messages/count_tokens */ };
 
 struct ev {                      /* one event of a choice, copied from the engine */
 	int32_t token;               /* -1: cancel */
@@ -44,6 +45,7 @@ struct ev {                      /* one event of a choice, copied from the engin
 	char *text;
 	size_t len;
 	enum llm_finish finish;
+	int stop_index;              /* FINISH_STOP: the stop id's index, or n_stop_ids + the string's */
 	double t;                    /* when the engine produced it */
 	int index;                   /* its token's index in the choice */
 };
@@ -102,6 +104,7 @@ struct job {
 	int fd;                      /* the client's socket */
 	int started, ended;          /* stream: role chunk sent, [DONE] queued */
 	int adapter;                 /* LoRA slot (counted in srv->lora_jobs); 0: the base */
+	struct llm_api_stream as;    /* stream of the Responses or Messages API: its state */
 	struct llm_buf out;          /* stream: bytes not yet handed to MHD, from out_pos */
 	size_t out_pos;
 	struct job *next;            /* submission queue / active list */
@@ -182,6 +185,16 @@ json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens
 json_t *llm_srv_tgi_generated(struct job *j);
 /* Append to j->out the SSE events of J's new events (and the end). */
 void llm_srv_stream_format(struct llm_server *s, struct job *j);
+/* server_apis.c: the Responses and Messages APIs' body of J, and its
+ * stream's new events appended to j->out (apis.h) */
+json_t *llm_srv_api_full(struct llm_server *s, struct job *j);
+void llm_srv_api_stream(struct llm_server *s, struct job *j);
+/* server_format.c's, for server_apis.c: text as a JSON string (invalid
+ * UTF-8 as U+FFFD), a choice's bytes of events [from, to), its answer
+ * parsed into tool calls (0: none) */
+json_t *llm_srv_jstr(const char *s, size_t n);
+char *llm_srv_raw_text(const struct choice *c, int from, int to, size_t *len);
+int llm_srv_parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a);
 /* server_api.c: vLLM's /tokenize and /detokenize bodies (O) to *OUT, or a
  * usage error with *PARAM the field (NULL: none); TGI's /info; the metrics
  * under vLLM's names (under srv->mu) */

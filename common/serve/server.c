@@ -7,7 +7,9 @@
  * Wire formats: OpenAI completions and chat completions (JSON, or
  * server-sent events ending in "data: [DONE]"), with the generated ids as
  * an extra "token_ids" field of each choice; Hugging Face TGI /generate and
- * /generate_stream. Errors are JSON with the offending field named. */
+ * /generate_stream; OpenAI's Responses and Anthropic's Messages APIs
+ * (apis.h, server_apis.c). Errors are JSON with the offending field named,
+ * in the shape of the route's API. */
 #define _GNU_SOURCE
 #include "server_impl.h"
 #include "fileio.h"

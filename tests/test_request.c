@@ -959,6 +959,39 @@ static void translated_apis(void)
 		good &= n_ev < 10 && nl && (size_t)(nl - p - 7) == strlen(want_m[n_ev]) && !strncmp(p + 7, want_m[n_ev], nl - p - 7);
 		p = nl ? nl : p + 7;
 	}
+	/* the reasoning hook: a reasoning item or thinking block first, streamed before the text */
+	o.reasoning = "hmm";
+	o.reasoning_len = 3;
+	o.calls = NULL;
+	b = llm_messages_body(&o);
+	check(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(b, "content"), 0), "thinking")), "hmm") &&
+	      !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(b, "content"), 1), "text")), "Hi"),
+	      "messages: reasoning is a thinking block before the text");
+	json_decref(b);
+	o.id = "resp_2";
+	b = llm_responses_body(&o);
+	out = json_object_get(b, "output");
+	check(json_array_size(out) == 2 && !strcmp(json_string_value(json_object_get(json_array_get(out, 0), "type")), "reasoning") &&
+	      !strcmp(json_string_value(json_object_get(json_array_get(out, 1), "type")), "message"),
+	      "responses: reasoning is a reasoning item before the message");
+	json_decref(b);
+	struct llm_buf rb = { 0 };
+	memset(&st, 0, sizeof st);
+	so.id = o.id;
+	llm_api_stream_reasoning(R, &st, &rb, &so, "hm", 2);
+	llm_api_stream_reasoning(R, &st, &rb, &so, "m", 1);
+	so.reasoning = "hmm";       /* the reasoning sent, closed by the text */
+	so.reasoning_len = 3;
+	llm_api_stream_text(R, &st, &rb, &so, "Hi", 2);
+	llm_api_stream_reasoning(R, &st, &rb, &so, "late", 4);
+	llm_api_stream_end(R, &st, &rb, &o);
+	check(rb.p && strstr(rb.p, "\"type\":\"response.reasoning_text.done\",\"sequence_number\":6,\"item_id\":\"rs_resp_2\","
+	                    "\"output_index\":0,\"content_index\":0,\"text\":\"hmm\"") &&
+	      strstr(rb.p, "\"type\":\"response.output_text.delta\",\"sequence_number\":11,\"item_id\":\"msg_resp_2\","
+	                   "\"output_index\":1") && !strstr(rb.p, "late") && strstr(rb.p, "\"sequence_number\":15,") &&
+	      !strstr(rb.p, "\"sequence_number\":16,"),
+	      "responses stream: reasoning deltas, its item closed before the message (output_index 1); none after the text");
+	llm_buf_free(&rb);
 	check(good && n_ev == 10 && strstr(ev.p, "\"stop_reason\":\"tool_use\"") &&
 	      strstr(ev.p, "\"partial_json\":\"{\\\"city\\\":\\\"Oslo\\\"}\""),
 	      "messages stream: the 10 events in order, the call's input_json_delta, stop_reason tool_use (%d)", n_ev);

@@ -239,12 +239,18 @@ static json_t *tool_block(const struct llm_api_out *o, int k, int done)
 	                 "input", in ? in : json_object());
 }
 
-static int has_text(const struct llm_api_out *o) { return o->len || !o->calls || !o->calls->n; }
+static int has_text(const struct llm_api_out *o)
+{
+	return o->len || ((!o->calls || !o->calls->n) && !o->reasoning_len);
+}
 
 json_t *llm_messages_body(const struct llm_api_out *o)
 {
 	int done = o->finish != LLM_FINISH_NONE;
 	json_t *content = json_array();
+	if (done && o->reasoning && o->reasoning_len)
+		json_array_append_new(content, json_pack("{s:s, s:s%, s:s}", "type", "thinking", "thinking", o->reasoning,
+		                                         o->reasoning_len, "signature", ""));
 	if (done && has_text(o))
 		json_array_append_new(content, json_pack("{s:s, s:s%}", "type", "text", "text", o->text ? o->text : "",
 		                                         o->len));
@@ -279,9 +285,33 @@ void llm_messages_stream_begin(struct llm_api_stream *st, struct llm_buf *b, con
 	llm_api_sse(b, "ping", json_pack("{s:s}", "type", "ping"));
 }
 
+static void block_stop(struct llm_buf *b, int index);
+
+void llm_messages_stream_reasoning(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o,
+                                   const char *delta, size_t n)
+{
+	if (!n || st->text_open || (st->n_items && !st->reasoning_open))
+		return;                  /* thinking comes first, or not at all */
+	llm_messages_stream_begin(st, b, o);
+	if (!st->reasoning_open) {
+		st->reasoning_open = 1;
+		llm_api_sse(b, "content_block_start", json_pack("{s:s, s:i, s:{s:s, s:s, s:s}}", "type", "content_block_start",
+		                                                "index", 0, "content_block", "type", "thinking", "thinking", "",
+		                                                "signature", ""));
+		st->n_items++;
+	}
+	llm_api_sse(b, "content_block_delta", json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type", "content_block_delta",
+	                                                "index", 0, "delta", "type", "thinking_delta", "thinking", delta, n));
+}
+
 static void open_text(struct llm_api_stream *st, struct llm_buf *b)
 {
+	if (st->reasoning_open) {
+		st->reasoning_open = 0;
+		block_stop(b, 0);
+	}
 	st->text_open = 1;
+	st->text_at = st->n_items;
 	llm_api_sse(b, "content_block_start", json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start",
 	                                                "index", st->n_items, "content_block", "type", "text", "text", ""));
 	st->n_items++;
@@ -301,7 +331,7 @@ void llm_messages_stream_text(struct llm_api_stream *st, struct llm_buf *b, cons
 	if (!st->text_open)
 		open_text(st, b);
 	llm_api_sse(b, "content_block_delta", json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type", "content_block_delta",
-	                                                "index", st->n_items - 1, "delta", "type", "text_delta",
+	                                                "index", st->text_at, "delta", "type", "text_delta",
 	                                                "text", delta, n));
 }
 
@@ -317,8 +347,12 @@ void llm_messages_stream_end(struct llm_api_stream *st, struct llm_buf *b, const
 	}
 	if (!st->text_open && has_text(o))
 		open_text(st, b);
-	if (st->text_open)
+	if (st->reasoning_open) {
+		st->reasoning_open = 0;
 		block_stop(b, 0);
+	}
+	if (st->text_open)
+		block_stop(b, st->text_at);
 	for (int k = 0; o->calls && k < o->calls->n; k++) {
 		int at = st->n_items++;
 		llm_api_sse(b, "content_block_start", json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", at,

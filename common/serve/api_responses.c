@@ -103,6 +103,15 @@ void llm_api_stream_text(enum llm_api_kind kind, struct llm_api_stream *st, stru
 		llm_messages_stream_text(st, b, o, delta, n);
 }
 
+void llm_api_stream_reasoning(enum llm_api_kind kind, struct llm_api_stream *st, struct llm_buf *b,
+                              const struct llm_api_out *o, const char *delta, size_t n)
+{
+	if (kind == LLM_API_RESPONSES)
+		llm_responses_stream_reasoning(st, b, o, delta, n);
+	else
+		llm_messages_stream_reasoning(st, b, o, delta, n);
+}
+
 void llm_api_stream_end(enum llm_api_kind kind, struct llm_api_stream *st, struct llm_buf *b,
                         const struct llm_api_out *o)
 {
@@ -377,7 +386,24 @@ static json_t *call_item(const struct llm_api_out *o, int k, int done)
 }
 
 /* a message item: when there is text, or there is nothing else */
-static int has_message(const struct llm_api_out *o) { return o->len || !o->calls || !o->calls->n; }
+static int has_message(const struct llm_api_out *o)
+{
+	return o->len || ((!o->calls || !o->calls->n) && !o->reasoning_len);
+}
+
+static json_t *reasoning_part(const char *text, size_t len)
+{
+	return json_pack("{s:s, s:s%}", "type", "reasoning_text", "text", text ? text : "", len);
+}
+
+static json_t *reasoning_item(const struct llm_api_out *o, int done)
+{
+	char id[80];
+	snprintf(id, sizeof id, "rs_%s", o->id);
+	return json_pack("{s:s, s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "status",
+	                 done ? "completed" : "in_progress", "summary", "content",
+	                 done ? json_pack("[o]", reasoning_part(o->reasoning, o->reasoning_len)) : json_array());
+}
 
 json_t *llm_responses_body(const struct llm_api_out *o)
 {
@@ -385,6 +411,8 @@ json_t *llm_responses_body(const struct llm_api_out *o)
 	const char *status = !done ? "in_progress" : o->finish == LLM_FINISH_ERROR ? "failed" :
 	                     o->finish == LLM_FINISH_LENGTH ? "incomplete" : "completed";
 	json_t *out = json_array();
+	if (done && o->reasoning && o->reasoning_len)
+		json_array_append_new(out, reasoning_item(o, 1));
 	if (done && has_message(o))
 		json_array_append_new(out, message_item(o, 1));
 	for (int k = 0; done && o->calls && k < o->calls->n; k++)
@@ -422,11 +450,49 @@ void llm_responses_stream_begin(struct llm_api_stream *st, struct llm_buf *b, co
 	ev(st, b, "response.in_progress", json_pack("{s:o}", "response", llm_responses_body(&start)));
 }
 
+/* The reasoning item closed with O's reasoning (all its deltas). */
+static void close_reasoning(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o)
+{
+	char id[80];
+	snprintf(id, sizeof id, "rs_%s", o->id);
+	st->reasoning_open = 0;
+	ev(st, b, "response.reasoning_text.done", json_pack("{s:s, s:i, s:i, s:s%}", "item_id", id, "output_index", 0,
+	                                                    "content_index", 0, "text", o->reasoning ? o->reasoning : "",
+	                                                    o->reasoning_len));
+	ev(st, b, "response.content_part.done", json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", 0,
+	                                                  "content_index", 0, "part",
+	                                                  reasoning_part(o->reasoning, o->reasoning_len)));
+	ev(st, b, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", 0, "item", reasoning_item(o, 1)));
+}
+
+void llm_responses_stream_reasoning(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o,
+                                    const char *delta, size_t n)
+{
+	if (!n || st->text_open || (st->n_items && !st->reasoning_open))
+		return;                  /* reasoning comes first, or not at all */
+	llm_responses_stream_begin(st, b, o);
+	char id[80];
+	snprintf(id, sizeof id, "rs_%s", o->id);
+	if (!st->reasoning_open) {
+		st->reasoning_open = 1;
+		ev(st, b, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", 0, "item",
+		                                                  reasoning_item(o, 0)));
+		ev(st, b, "response.content_part.added", json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", 0,
+		                                                   "content_index", 0, "part", reasoning_part("", 0)));
+		st->n_items++;
+	}
+	ev(st, b, "response.reasoning_text.delta", json_pack("{s:s, s:i, s:i, s:s%}", "item_id", id, "output_index", 0,
+	                                                     "content_index", 0, "delta", delta, n));
+}
+
 static void open_text(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o)
 {
 	char id[80];
 	snprintf(id, sizeof id, "msg_%s", o->id);
+	if (st->reasoning_open)
+		close_reasoning(st, b, o);
 	st->text_open = 1;
+	st->text_at = st->n_items;
 	ev(st, b, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", st->n_items,
 	                                                  "item", message_item(o, 0)));
 	ev(st, b, "response.content_part.added", json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index",
@@ -445,7 +511,7 @@ void llm_responses_stream_text(struct llm_api_stream *st, struct llm_buf *b, con
 	char id[80];
 	snprintf(id, sizeof id, "msg_%s", o->id);
 	ev(st, b, "response.output_text.delta", json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", id, "output_index",
-	                                                  st->n_items - 1, "content_index", 0, "delta", delta, n,
+	                                                  st->text_at, "content_index", 0, "delta", delta, n,
 	                                                  "logprobs"));
 }
 
@@ -463,8 +529,10 @@ void llm_responses_stream_end(struct llm_api_stream *st, struct llm_buf *b, cons
 	}
 	if (!st->text_open && has_message(o))
 		open_text(st, b, o);
+	if (st->reasoning_open)
+		close_reasoning(st, b, o);
 	if (st->text_open) {
-		int at = 0;             /* the message is the first item */
+		int at = st->text_at;
 		ev(st, b, "response.output_text.done", json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", id,
 		                                                 "output_index", at, "content_index", 0, "text",
 		                                                 o->text ? o->text : "", o->len, "logprobs"));

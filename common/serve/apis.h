@@ -44,6 +44,14 @@ struct llm_api_out {
 	int n_prompt, n_gen;        /* tokens */
 	const char *text;           /* the content (valid UTF-8; streamed: what the deltas sent) */
 	size_t len;
+	/* The reasoning hook: text the chat template marks as the model's
+	 * thinking, split from the content by the caller (valid UTF-8; NULL:
+	 * none). It is a reasoning item (reasoning_text part) before the
+	 * message in a response, a thinking block before the text in a
+	 * message; streamed through llm_api_stream_reasoning. llm-serve does
+	 * not split it yet (server_apis.c). */
+	const char *reasoning;
+	size_t reasoning_len;
 	const struct llm_tool_answer *calls;   /* the tool calls parsed from the answer; NULL: none */
 	enum llm_finish finish;     /* LLM_FINISH_NONE: not finished (a stream's start) */
 	const char *stop;           /* the stop string that ended it (Messages' stop_sequence); NULL: none */
@@ -60,6 +68,8 @@ struct llm_api_stream {
 	int seq;                    /* Responses: the next sequence_number */
 	int begun;                  /* the opening events are out */
 	int text_open;              /* a message item (Responses) or text block (Messages) is open */
+	int text_at;                /* its index among the items or blocks */
+	int reasoning_open;         /* a reasoning item or thinking block is open (its index: 0) */
 	int n_items;                /* output items (Responses) or content blocks (Messages) opened */
 	int ended;
 };
@@ -73,6 +83,11 @@ void llm_api_stream_begin(enum llm_api_kind kind, struct llm_api_stream *st, str
                           const struct llm_api_out *o);
 void llm_api_stream_text(enum llm_api_kind kind, struct llm_api_stream *st, struct llm_buf *b,
                          const struct llm_api_out *o, const char *delta, size_t n);
+/* Reasoning DELTA (N bytes, valid UTF-8), before any text: opens the
+ * reasoning item or thinking block first; the first _text (its O->reasoning
+ * all the reasoning sent) or _end closes it. */
+void llm_api_stream_reasoning(enum llm_api_kind kind, struct llm_api_stream *st, struct llm_buf *b,
+                              const struct llm_api_out *o, const char *delta, size_t n);
 void llm_api_stream_end(enum llm_api_kind kind, struct llm_api_stream *st, struct llm_buf *b,
                         const struct llm_api_out *o);
 
@@ -89,10 +104,14 @@ enum llm_status llm_messages_to_chat(struct json_t *body, int count, struct json
 void llm_responses_stream_begin(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o);
 void llm_responses_stream_text(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o,
                                const char *delta, size_t n);
+void llm_responses_stream_reasoning(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o,
+                                    const char *delta, size_t n);
 void llm_responses_stream_end(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o);
 void llm_messages_stream_begin(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o);
 void llm_messages_stream_text(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o,
                               const char *delta, size_t n);
+void llm_messages_stream_reasoning(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o,
+                                   const char *delta, size_t n);
 void llm_messages_stream_end(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o);
 
 #endif

@@ -8,7 +8,9 @@
  * call (llm_tool_safe_prefix, as chat's streams do); at the end the calls
  * follow as their own items or blocks, or, when there were none, the text
  * held back. Reasoning (text a template marks as thinking) is not split
- * here: an answer is all content. */
+ * here yet: an answer is all content. The split goes where the text is
+ * gathered below: o.reasoning (apis.h) for the bodies, and its deltas
+ * through llm_api_stream_reasoning before the text's. */
 #define _GNU_SOURCE
 #include "server_impl.h"
 #include "toolcall.h"

@@ -4,8 +4,9 @@
 # make demo and make test.
 #   Debian packages: apt-get update + install -y as root, through sudo
 #     otherwise; without either, one line naming the command to run, exit 1.
-#   tests/js: the openai npm client (lockfile pinned, no install scripts) for
-#     tests/cli/serve_openai.sh, when npm is present (that test skips without).
+#   tests/js: the openai and @anthropic-ai/sdk npm clients (lockfile pinned,
+#     no install scripts) for tests/cli/serve_openai.sh, serve_tools.sh and
+#     serve_apis.sh, when npm is present (those tests skip without).
 # LLM_NO_DEPS=1 skips it all (an offline machine set up by hand).
 set -euo pipefail
 cd "$(dirname "$0")/.."

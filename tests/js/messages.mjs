@@ -89,8 +89,8 @@ await t('a bad key (x-api-key) is AuthenticationError (401) with error type auth
 		await new Anthropic({ ...opts, apiKey: 'wrong' }).messages.create({ model, messages, max_tokens: 8 });
 		return false;
 	} catch (e) {
-		return e.status === 401 && e.constructor.name === 'AuthenticationError' &&
-			e.error?.error?.type === 'authentication_error';
+		return e.status === 401 && e.constructor.name === 'AuthenticationError' && e.error?.type === 'error' &&
+			e.error.error?.type === 'authentication_error';
 	}
 });
 process.exit(failed);

@@ -74,6 +74,18 @@ void llm_srv_api_stream(struct llm_server *s, struct job *j)
 	if (c->sent == c->n_ev && !done)
 		return;
 	size_t len = 0;
+	if (!j->tool_fmt && !done) { /* no tools: each event's text as it comes */
+		char *d = llm_srv_raw_text(c, c->sent, c->n_ev, &len);
+		if (!d)
+			return;              /* out of memory: the next call tries again */
+		json_t *dj = llm_srv_jstr(d, len);
+		llm_api_stream_text(api, &j->as, &j->out, &o, json_string_value(dj), json_string_length(dj));
+		json_decref(dj);
+		free(d);
+		c->tool_sent += len;
+		c->sent = c->n_ev;
+		return;
+	}
 	char *t = llm_srv_raw_text(c, 0, c->n_ev, &len);
 	if (!t)
 		return;                  /* out of memory: the next call tries again */

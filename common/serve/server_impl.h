@@ -64,7 +64,7 @@ struct choice {
 	int n_ev;
 	size_t cap_ev;
 	double t_last, t_first;
-	size_t tool_sent;            /* stream with tools: bytes of the text sent as content */
+	size_t tool_sent;            /* stream with tools, or of server_apis.c: bytes of the text sent as content */
 	int n_tok;                   /* tokens generated */
 	/* the engine thread's own: events of this step not yet published */
 	struct ev *pend;

@@ -15,12 +15,13 @@
 
 #include "check.h"
 #include "llm.h"
+#include "apis.h"
 
 static struct llm_tokenizer *tk;
 static const char *tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
                           "{% if add_generation_prompt %}<assistant>{% endif %}";
 
-static const char *kind_name[] = { "completion", "chat", "tgi", "jsonl" };
+static const char *kind_name[] = { "completion", "chat", "tgi", "jsonl", "responses", "messages", "count_tokens" };
 
 static struct llm_api_env env_of(int n_ctx, int max_n)
 {
@@ -86,6 +87,14 @@ static void body_of(char *out, size_t n, enum llm_api_kind k, const char *fields
 		break;
 	case LLM_API_TGI:
 		snprintf(out, n, "{\"inputs\": \"Once upon a time\", \"parameters\": {%s}}", fields);
+		break;
+	case LLM_API_RESPONSES:
+		snprintf(out, n, "{\"input\": \"hi\"%s%s}", sep, fields);
+		break;
+	case LLM_API_MESSAGES:
+	case LLM_API_MESSAGES_COUNT:
+		snprintf(out, n, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 9%s%s}", sep,
+		         fields);
 		break;
 	}
 }
@@ -795,6 +804,215 @@ static void structured(void)
 /* Tools: the names kept and the template's format for the answer's
  * parse (auto), a grammar that makes the answer one valid call (required,
  * a named function), the refusals. */
+/* The Responses and Messages APIs (apis.h): one conversation with a tool
+ * round trip in each API's form gives chat's request (the same prompt ids,
+ * sampling, tool format and grammar); errors name the API's own fields;
+ * the answers' bodies and events. */
+static void translated_apis(void)
+{
+	struct llm_api_env e = env_of(0, 1);
+	struct llm_gvocab *gv = NULL;
+	if (!check(!llm_gvocab_tokenizer(&gv, tk, llm_tokenizer_n_vocab(tk)), "the tokenizer's vocabulary for grammars"))
+		return;
+	e.gvocab = gv;
+	e.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls | tojson }}"
+	                  "{% endif %}{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}{% endfor %}{% if tools %}"
+	                  "{{ tools | tojson }} call as <tool_call>{...}</tool_call>{% endif %}<assistant>";
+	const char *schema = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}";
+	char chat[2048], resp[2048], msg[2048];
+	snprintf(chat, sizeof chat, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief\"}, {\"role\": \"user\", "
+	         "\"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c1\", "
+	         "\"type\": \"function\", \"function\": {\"name\": \"weather\", \"arguments\": \"{\\\"city\\\":\\\"Oslo\\\"}\"}}]}, "
+	         "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"sunny\"}], \"tools\": [{\"type\": \"function\", "
+	         "\"function\": {\"name\": \"weather\", \"parameters\": %s}}], \"tool_choice\": \"required\", "
+	         "\"max_tokens\": 7, \"temperature\": 0.5, \"top_p\": 0.9}", schema);
+	snprintf(resp, sizeof resp, "{\"instructions\": \"Be brief\", \"input\": [{\"role\": \"user\", \"content\": "
+	         "[{\"type\": \"input_text\", \"text\": \"Weather?\"}]}, {\"type\": \"reasoning\", \"summary\": []}, "
+	         "{\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": \"weather\", \"arguments\": "
+	         "\"{\\\"city\\\":\\\"Oslo\\\"}\"}, {\"type\": \"function_call_output\", \"call_id\": \"c1\", \"output\": "
+	         "\"sunny\"}], \"tools\": [{\"type\": \"function\", \"name\": \"weather\", \"parameters\": %s, \"strict\": true}], "
+	         "\"tool_choice\": \"required\", \"max_output_tokens\": 7, \"temperature\": 0.5, \"top_p\": 0.9, "
+	         "\"store\": false, \"parallel_tool_calls\": true}", schema);
+	snprintf(msg, sizeof msg, "{\"system\": [{\"type\": \"text\", \"text\": \"Be brief\"}], \"messages\": [{\"role\": "
+	         "\"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", "
+	         "\"id\": \"c1\", \"name\": \"weather\", \"input\": {\"city\": \"Oslo\"}}]}, {\"role\": \"user\", \"content\": "
+	         "[{\"type\": \"tool_result\", \"tool_use_id\": \"c1\", \"content\": [{\"type\": \"text\", \"text\": "
+	         "\"sunny\"}]}]}], \"tools\": [{\"name\": \"weather\", \"input_schema\": %s}], \"tool_choice\": {\"type\": "
+	         "\"any\"}, \"max_tokens\": 7, \"temperature\": 0.5, \"top_p\": 0.9, \"metadata\": {\"user_id\": \"u\"}}",
+	         schema);
+	struct llm_api_req r0, r;
+	enum llm_status s0 = parse_env(LLM_API_CHAT, chat, &e, &r0);
+	check(!s0 && r0.tool_format == LLM_TOOL_HERMES && r0.p.grammar, "the chat body: %s", s0 ? llm_errmsg() : "ok");
+	const struct { enum llm_api_kind k; const char *body; } same[] = {
+		{ LLM_API_RESPONSES, resp }, { LLM_API_MESSAGES, msg }, { LLM_API_MESSAGES_COUNT, msg },
+	};
+	for (size_t i = 0; i < sizeof same / sizeof *same && !s0; i++) {
+		enum llm_status s = parse_env(same[i].k, same[i].body, &e, &r);
+		int count = same[i].k == LLM_API_MESSAGES_COUNT;
+		check(!s && r.n_prompt == r0.n_prompt && !memcmp(r.prompt, r0.prompt, (size_t)r.n_prompt * sizeof *r.prompt) &&
+		      (count || (r.p.max_tokens == 7 && r.p.temperature == 0.5f && r.p.top_p == 0.9f && r.p.grammar &&
+		                 r.tool_format == LLM_TOOL_HERMES && r.n_tools == 1 && !strcmp(r.tool_names[0], "weather"))),
+		      "%s: a tool round trip gives chat's prompt (%d tokens)%s: %s", kind_name[same[i].k], s ? 0 : r.n_prompt,
+		      count ? "" : ", sampling, tool format and forced call", s ? llm_errmsg() : "ok");
+		if (!s)
+			llm_api_req_free(&r);
+	}
+	if (!s0)
+		llm_api_req_free(&r0);
+	/* a string input is one user message; text.format json_schema is chat's response_format */
+	s0 = parse_env(LLM_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &e, &r0);
+	enum llm_status s = parse_env(LLM_API_RESPONSES, "{\"input\": \"hi\", \"text\": {\"format\": {\"type\": "
+	                              "\"json_schema\", \"name\": \"n\", \"schema\": {\"type\": \"integer\"}}}}", &e, &r);
+	check(!s0 && !s && r.n_prompt == r0.n_prompt && r.p.grammar && llm_grammar_match(r.p.grammar, "42", 2) &&
+	      !llm_grammar_match(r.p.grammar, "x", 1), "responses: input a string; text.format json_schema guides: %s",
+	      s ? llm_errmsg() : "ok");
+	if (!s)
+		llm_api_req_free(&r);
+	if (!s0)
+		llm_api_req_free(&r0);
+	e.gvocab = NULL;
+	llm_gvocab_free(gv);
+
+	const enum llm_api_kind R = LLM_API_RESPONSES, M = LLM_API_MESSAGES;
+	refused(R, "{\"input\": \"hi\", \"previous_response_id\": \"resp_1\"}", "previous_response_id",
+	        "previous_response_id: not supported: llm-serve keeps no responses; send the whole conversation in input");
+	refused(R, "{\"input\": \"hi\", \"store\": true}", "store", "store: only false: llm-serve keeps no responses");
+	refused(R, "{\"input\": []}", "input", "input: expected a string or a non-empty array of items");
+	refused(R, "{\"input\": \"hi\", \"max_output_tokens\": 0}", "max_output_tokens",
+	        "max_output_tokens: 0 is out of range [1, 2147483647]");
+	refused(R, "{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_image\", \"image_url\": \"x\"}]}]}",
+	        "input", "input: item 0: content part 0: expected {\"type\": \"input_text\", \"text\": string}");
+	refused(R, "{\"input\": [{\"type\": \"web_search_call\"}]}", "input",
+	        "input: item 0: type 'web_search_call' is not supported (message, function_call, function_call_output)");
+	refused(R, "{\"input\": \"hi\", \"tools\": [{\"type\": \"web_search\"}]}", "tools",
+	        "tools: tools[0]: type 'web_search' is not supported (function tools only)");
+	refused(R, "{\"input\": \"hi\", \"text\": {\"format\": {\"type\": \"json_schema\"}}}", "text.format",
+	        "text.format: expected {\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}");
+	refused(R, "{\"input\": \"hi\", \"text\": {\"format\": {\"type\": \"json_object\"}}}", "text.format",
+	        "text.format: structured output needs the model's tokenizer files");
+	refused(R, "{\"input\": \"hi\", \"temperature\": 101}", "temperature",
+	        "temperature: 101 is out of range [0, 100]");
+	refused(M, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", "max_tokens", "max_tokens: required");
+	refused(M, "{\"messages\": [], \"max_tokens\": 5}", "messages", "messages: expected a non-empty array of messages");
+	refused(M, "{\"messages\": [{\"role\": \"system\", \"content\": \"hi\"}], \"max_tokens\": 5}", "messages",
+	        "messages: message 0: expected {\"role\": \"user\" or \"assistant\", \"content\": ...}");
+	refused(M, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"source\": {}}]}], "
+	        "\"max_tokens\": 5}", "messages",
+	        "messages: message 0: block 0: type 'image' is not supported in a user turn (text, tool_result)");
+	refused(M, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 5, \"stop_sequences\": "
+	        "[\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\"]}", "stop_sequences",
+	        "stop_sequences: 9 stop strings, at most 8");
+	refused(M, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 5, \"tools\": "
+	        "[{\"type\": \"bash_20250124\", \"name\": \"bash\"}]}", "tools",
+	        "tools: tools[0]: type 'bash_20250124' is not supported (client tools only: name, description, input_schema)");
+	refused(M, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 5, \"tool_choice\": "
+	        "{\"type\": \"tool\"}}", "tool_choice",
+	        "tool_choice: expected {\"type\": \"auto\", \"any\", \"none\" or \"tool\" (with \"name\")}");
+	refused(M, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 5, \"top_k\": -2}",
+	        "top_k", "top_k: -2 is out of range [-1, 1073741824]");
+	refused(LLM_API_MESSAGES_COUNT, "{\"messages\": 1}", "messages", "messages: expected a non-empty array of messages");
+
+	/* the answers: a text and a call; the stream's events in order, Responses' numbered from 0 */
+	struct llm_tool_call call = { "weather", "{\"city\":\"Oslo\"}" };
+	struct llm_tool_answer ta = { &call, 1, "", 0 };
+	struct llm_api_out o = { .id = "resp_1", .model = "m", .created = 1, .n_prompt = 5, .n_gen = 9, .text = "Hi",
+	                         .len = 2, .calls = &ta, .finish = LLM_FINISH_EOS };
+	json_t *b = llm_responses_body(&o);
+	json_t *out = json_object_get(b, "output");
+	check(json_array_size(out) == 2 && !strcmp(json_string_value(json_object_get(json_array_get(out, 0), "type")), "message") &&
+	      !strcmp(json_string_value(json_object_get(json_array_get(out, 1), "arguments")), "{\"city\":\"Oslo\"}") &&
+	      !strcmp(json_string_value(json_object_get(b, "status")), "completed") &&
+	      json_integer_value(json_object_get(json_object_get(b, "usage"), "total_tokens")) == 14,
+	      "responses: a message item then a function_call item, completed, usage");
+	json_decref(b);
+	struct llm_buf ev = { 0 };
+	struct llm_api_stream st = { 0 };
+	struct llm_api_out so = o;
+	so.finish = LLM_FINISH_NONE;
+	llm_api_stream_begin(R, &st, &ev, &so);
+	llm_api_stream_text(R, &st, &ev, &so, "H", 1);
+	llm_api_stream_text(R, &st, &ev, &so, "i", 1);
+	llm_api_stream_end(R, &st, &ev, &o);
+	static const char *const want_r[] = { "response.created", "response.in_progress", "response.output_item.added",
+		"response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+		"response.output_text.done", "response.content_part.done", "response.output_item.done",
+		"response.output_item.added", "response.function_call_arguments.delta",
+		"response.function_call_arguments.done", "response.output_item.done", "response.completed" };
+	int good = 1, n_ev = 0;
+	for (char *p = ev.p; p && (p = strstr(p, "event: ")); n_ev++) {
+		char *nl = strchr(p, '\n'), *d = nl ? strstr(nl, "data: ") : NULL;
+		json_t *j = d ? json_loadb(d + 6, strcspn(d + 6, "\n"), 0, NULL) : NULL;
+		good &= n_ev < 14 && nl && (size_t)(nl - p - 7) == strlen(want_r[n_ev]) && !strncmp(p + 7, want_r[n_ev], nl - p - 7) &&
+		        json_integer_value(json_object_get(j, "sequence_number")) == n_ev &&
+		        !strcmp(json_string_value(json_object_get(j, "type")), want_r[n_ev]);
+		json_decref(j);
+		p = nl ? nl : p + 7;
+	}
+	check(good && n_ev == 14, "responses stream: the 14 events in order, sequence_number 0 to 13 (%d)", n_ev);
+	llm_buf_free(&ev);
+	o.id = "msg_1";
+	o.finish = LLM_FINISH_STOP;
+	o.stop = "END";
+	o.calls = NULL;
+	b = llm_messages_body(&o);
+	check(!strcmp(json_string_value(json_object_get(b, "stop_reason")), "stop_sequence") &&
+	      !strcmp(json_string_value(json_object_get(b, "stop_sequence")), "END") &&
+	      !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(b, "content"), 0), "text")), "Hi"),
+	      "messages: a stop string is stop_reason stop_sequence, named");
+	json_decref(b);
+	o.calls = &ta;
+	o.stop = NULL;
+	memset(&st, 0, sizeof st);
+	llm_api_stream_text(M, &st, &ev, &so, "Hi", 2);
+	llm_api_stream_end(M, &st, &ev, &o);
+	static const char *const want_m[] = { "message_start", "ping", "content_block_start", "content_block_delta",
+		"content_block_stop", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+		"message_stop" };
+	good = 1, n_ev = 0;
+	for (char *p = ev.p; p && (p = strstr(p, "event: ")); n_ev++) {
+		char *nl = strchr(p, '\n');
+		good &= n_ev < 10 && nl && (size_t)(nl - p - 7) == strlen(want_m[n_ev]) && !strncmp(p + 7, want_m[n_ev], nl - p - 7);
+		p = nl ? nl : p + 7;
+	}
+	/* the reasoning hook: a reasoning item or thinking block first, streamed before the text */
+	o.reasoning = "hmm";
+	o.reasoning_len = 3;
+	o.calls = NULL;
+	b = llm_messages_body(&o);
+	check(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(b, "content"), 0), "thinking")), "hmm") &&
+	      !strcmp(json_string_value(json_object_get(json_array_get(json_object_get(b, "content"), 1), "text")), "Hi"),
+	      "messages: reasoning is a thinking block before the text");
+	json_decref(b);
+	o.id = "resp_2";
+	b = llm_responses_body(&o);
+	out = json_object_get(b, "output");
+	check(json_array_size(out) == 2 && !strcmp(json_string_value(json_object_get(json_array_get(out, 0), "type")), "reasoning") &&
+	      !strcmp(json_string_value(json_object_get(json_array_get(out, 1), "type")), "message"),
+	      "responses: reasoning is a reasoning item before the message");
+	json_decref(b);
+	struct llm_buf rb = { 0 };
+	memset(&st, 0, sizeof st);
+	so.id = o.id;
+	llm_api_stream_reasoning(R, &st, &rb, &so, "hm", 2);
+	llm_api_stream_reasoning(R, &st, &rb, &so, "m", 1);
+	so.reasoning = "hmm";       /* the reasoning sent, closed by the text */
+	so.reasoning_len = 3;
+	llm_api_stream_text(R, &st, &rb, &so, "Hi", 2);
+	llm_api_stream_reasoning(R, &st, &rb, &so, "late", 4);
+	llm_api_stream_end(R, &st, &rb, &o);
+	check(rb.p && strstr(rb.p, "\"type\":\"response.reasoning_text.done\",\"sequence_number\":6,\"item_id\":\"rs_resp_2\","
+	                    "\"output_index\":0,\"content_index\":0,\"text\":\"hmm\"") &&
+	      strstr(rb.p, "\"type\":\"response.output_text.delta\",\"sequence_number\":11,\"item_id\":\"msg_resp_2\","
+	                   "\"output_index\":1") && !strstr(rb.p, "late") && strstr(rb.p, "\"sequence_number\":15,") &&
+	      !strstr(rb.p, "\"sequence_number\":16,"),
+	      "responses stream: reasoning deltas, its item closed before the message (output_index 1); none after the text");
+	llm_buf_free(&rb);
+	check(good && n_ev == 10 && strstr(ev.p, "\"stop_reason\":\"tool_use\"") &&
+	      strstr(ev.p, "\"partial_json\":\"{\\\"city\\\":\\\"Oslo\\\"}\""),
+	      "messages stream: the 10 events in order, the call's input_json_delta, stop_reason tool_use (%d)", n_ev);
+	llm_buf_free(&ev);
+}
+
 static void tool_calls(void)
 {
 	struct llm_api_env e = env_of(0, 1);
@@ -887,6 +1105,7 @@ int main(void)
 	fill_in_middle();
 	structured();
 	tool_calls();
+	translated_apis();
 	llm_tokenizer_close(tk);
 	return check_done();
 }

@@ -50,7 +50,7 @@ static const struct llm_opt opts[] = {
 	LLM_STR(0, "host", "ADDR", &cfg.host, "address to bind; anything but loopback exposes the server"),
 	LLM_INT(0, "port", "N", &cfg.port, "TCP port; 0 picks a free one (see --port-file)", 0, 65535),
 	LLM_STR(0, "port-file", "FILE", &cfg.port_file, "write the bound port to FILE once listening"),
-	LLM_STR(0, "api-key", "KEY", &cfg.api_key, "require 'Authorization: Bearer KEY' (all but /health); "
+	LLM_STR(0, "api-key", "KEY", &cfg.api_key, "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (all but /health); "
 	        "without it and --api-key-file, the LLM_API_KEY environment variable"),
 	LLM_STR(0, "api-key-file", "FILE", &cfg.api_key_file, "the API key is the first line of FILE (kept out of ps)"),
 	LLM_FLAG(0, "allow-unauthenticated", &cfg.allow_unauth, "listen beyond loopback (--host) without an API key"),
@@ -101,8 +101,9 @@ static const struct llm_opt opts[] = {
 
 static const struct llm_cli cli = {
 	.usage = "llm-serve [options] -m DIR",
-	.summary = "Serve a model over HTTP: OpenAI /v1/completions and /v1/chat/completions, TGI /generate,\n"
-	           "/health and Prometheus /metrics, with continuous batching and a paged KV cache.",
+	.summary = "Serve a model over HTTP: OpenAI /v1/completions, /v1/chat/completions and /v1/responses,\n"
+	           "Anthropic /v1/messages, TGI /generate, /health and Prometheus /metrics, with continuous\n"
+	           "batching and a paged KV cache.",
 	.example = "llm-serve -m models/smollm2-135m-fp8 --port 8080 --max-batch-tokens 512",
 	.opts = opts, .n_opts = (int)(sizeof opts / sizeof *opts), .min_pos = 0, .max_pos = 0,
 };

@@ -14,6 +14,7 @@
 #include "guide.h"
 #include "toolcall.h"
 #include "reasoning.h"
+#include "apis.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -935,9 +936,37 @@ static int parse(struct parse *c, json_t *body)
 	return limits(c);
 }
 
+/* The Responses and Messages APIs: BODY translated into a chat body
+ * (apis.h), parsed as chat, a failure's field named as the API names it. */
+static enum llm_status translated(struct llm_api_req *r, enum llm_api_kind kind, json_t *body,
+                                  const struct llm_api_env *env)
+{
+	json_t *chat;
+	char param[sizeof r->param];
+	enum llm_status s = llm_api_to_chat(kind, body, &chat, param, sizeof param);
+	if (s) {
+		memset(r, 0, sizeof *r);
+		memcpy(r->param, param, sizeof param);
+		return s;
+	}
+	s = llm_api_req_parse(r, LLM_API_CHAT, chat, env);
+	json_decref(chat);
+	const char *name = s && r->param[0] ? llm_api_field_name(kind, r->param) : r->param;
+	size_t n = strlen(r->param);
+	if (name != r->param && !strncmp(llm_errmsg(), r->param, n) && llm_errmsg()[n] == ':') {
+		char m[600];
+		snprintf(m, sizeof m, "%s", llm_errmsg() + n);
+		llm_fail(s, "%s%s", name, m);
+		snprintf(r->param, sizeof r->param, "%s", name);
+	}
+	return s;
+}
+
 enum llm_status llm_api_req_parse(struct llm_api_req *r, enum llm_api_kind kind, json_t *body,
                                   const struct llm_api_env *env)
 {
+	if (kind == LLM_API_RESPONSES || kind == LLM_API_MESSAGES || kind == LLM_API_MESSAGES_COUNT)
+		return translated(r, kind, body, env);
 	memset(r, 0, sizeof *r);
 	r->p = env->defaults;
 	llm_grammar_ref(r->p.grammar);

@@ -38,7 +38,11 @@ enum llm_api_kind {
 	LLM_API_CHAT,               /* OpenAI /v1/chat/completions */
 	LLM_API_TGI,                /* TGI /generate: {"inputs", "parameters": {...}} */
 	LLM_API_JSONL,              /* an llm-generate line: completion or chat fields, prompt_ids */
+	LLM_API_RESPONSES,          /* OpenAI /v1/responses (apis.h: translated to chat) */
+	LLM_API_MESSAGES,           /* Anthropic /v1/messages (apis.h: translated to chat) */
+	LLM_API_MESSAGES_COUNT,     /* Anthropic /v1/messages/count_tokens: the prompt only */
 };
+#define LLM_API_N_KINDS 7
 
 /* What the parser needs from its caller. */
 struct llm_api_env {

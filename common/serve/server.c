@@ -7,7 +7,9 @@
  * Wire formats: OpenAI completions and chat completions (JSON, or
  * server-sent events ending in "data: [DONE]"), with the generated ids as
  * an extra "token_ids" field of each choice; Hugging Face TGI /generate and
- * /generate_stream. Errors are JSON with the offending field named. */
+ * /generate_stream; OpenAI's Responses and Anthropic's Messages APIs
+ * (apis.h, server_apis.c). Errors are JSON with the offending field named,
+ * in the shape of the route's API. */
 #define _GNU_SOURCE
 #include "server_http.h"
 #include "fileio.h"
@@ -71,6 +73,7 @@ static const char *allow_of(const char *route_method) { return strcmp(route_meth
  * the same time wherever the first difference is (it depends only on
  * the lengths), so the key cannot be guessed byte by byte from the answers'
  * timing. */
+static int key_eq(const char *got, const char *key);
 static int key_ok(const char *auth, const char *key)
 {
 	if (!auth || strncasecmp(auth, "Bearer ", 7))
@@ -78,6 +81,14 @@ static int key_ok(const char *auth, const char *key)
 	const char *got = auth + 7;
 	while (*got == ' ')
 		got++;
+	return key_eq(got, key);
+}
+
+/* GOT (NULL: none) is KEY, in a time that depends only on the lengths. */
+static int key_eq(const char *got, const char *key)
+{
+	if (!got)
+		return 0;
 	size_t n = strlen(got), m = strlen(key);
 	volatile unsigned char d = n != m;
 	for (size_t i = 0; i < m; i++)
@@ -358,7 +369,9 @@ static enum MHD_Result send_error_allow(struct llm_server *s, struct MHD_Connect
 	const char *type = status == 429 ? "rate_limit_exceeded" : status == 401 ? "authentication_error" :
 	                   status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error";
 	json_t *j;
-	if (k == K_TGI)
+	if (k == K_MESSAGES || k == K_COUNT)   /* Anthropic's shape */
+		j = llm_messages_error(status, msg);
+	else if (k == K_TGI)
 		j = json_pack("{s:s, s:s}", "error", msg, "error_type", status == 429 ? "overloaded" : "validation");
 	else
 		j = json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", msg, "type", type,
@@ -579,6 +592,9 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	                           .model_name = s->model_name, .max_n = MAX_N, .gvocab = s->gvocab };
 	env.defaults.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
 	env.defaults.max_tokens = k == K_COMPLETION ? s->o.default_max_tokens : 0;
+	static const enum llm_api_kind api[] = { [K_COMPLETION] = LLM_API_COMPLETION, [K_CHAT] = LLM_API_CHAT,
+		[K_TGI] = LLM_API_TGI, [K_RESPONSES] = LLM_API_RESPONSES, [K_MESSAGES] = LLM_API_MESSAGES,
+		[K_COUNT] = LLM_API_MESSAGES_COUNT };
 	char lnames[LLM_LORA_SLOTS][LLM_LORA_NAME_MAX];   /* the adapters' names as parsed against */
 	const char *lptr[LLM_LORA_SLOTS];
 	pthread_mutex_lock(&s->mu);
@@ -597,8 +613,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	}
 	pthread_mutex_unlock(&s->mu);
 	struct llm_api_req rq;
-	enum llm_status st = llm_api_req_parse(&rq, k == K_COMPLETION ? LLM_API_COMPLETION : k == K_CHAT ? LLM_API_CHAT :
-	                                       LLM_API_TGI, o, &env);
+	enum llm_status st = llm_api_req_parse(&rq, api[k], o, &env);
 	json_decref(o);
 	if (st) {
 		pthread_mutex_lock(&s->mu);
@@ -606,6 +621,14 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		pthread_mutex_unlock(&s->mu);
 		unsigned code = st == LLM_ERR_UNSUPPORTED ? 404 : st == LLM_ERR_NOMEM ? 500 : 400;
 		return send_error(s, conn, k, code, rq.param[0] ? rq.param : NULL, "%s", llm_errmsg());
+	}
+	if (k == K_COUNT) {          /* count_tokens: the prompt's length is the answer */
+		pthread_mutex_lock(&s->mu);
+		llm_srv_job_unref_locked(j);
+		pthread_mutex_unlock(&s->mu);
+		int n = rq.n_prompt;
+		llm_api_req_free(&rq);
+		return send_json(conn, 200, json_pack("{s:i}", "input_tokens", n), NULL, NULL);
 	}
 	/* the job takes what the request owns */
 	j->prompt = rq.prompt;
@@ -703,7 +726,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	s->in_flight += j->n;
 	j->adapter = rq.adapter;
 	s->lora_jobs[j->adapter]++;  /* until the job is freed (llm_srv_job_unref_locked) */
-	snprintf(j->id, sizeof j->id, "%s-%llu", k == K_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)++s->next_id);
+	snprintf(j->id, sizeof j->id, "%s%llu", k == K_CHAT ? "chatcmpl-" : k == K_RESPONSES ? "resp_" :
+	         k == K_MESSAGES ? "msg_" : "cmpl-", (unsigned long long)++s->next_id);
 	j->refs = 2;                 /* the connection and the engine */
 	if (s->subq_tail)
 		s->subq_tail->next = j;
@@ -764,6 +788,8 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 			json_object_set_new(resp, "details", llm_srv_tgi_details(j, s, 1));
 		if (tgi_array)           /* TGI's POST / and /invocations: a list of one, as api-inference answers */
 			resp = json_pack("[o]", resp);
+	} else if (k == K_RESPONSES || k == K_MESSAGES) {
+		resp = llm_srv_api_full(s, j);
 	} else {                     /* formatted below, without the lock (the reference keeps the job) */
 		openai = 1;
 		model = llm_strdup(j->adapter ? s->lora_name[j->adapter - 1] : s->model_name);
@@ -942,7 +968,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	}
 	if (!link_busy(s, conn))   /* shed while its request came in */
 		return MHD_NO;
-	enum kind tgi_k = strncmp(url, "/generate", 9) && strcmp(url, "/") ? K_COMPLETION : K_TGI;
+	/* the error shape of the URL's API */
+	enum kind tgi_k = !strncmp(url, "/generate", 9) || !strcmp(url, "/") ? K_TGI :
+	                  !strncmp(url, "/v1/messages", 12) ? K_MESSAGES : K_COMPLETION;
 	if (cc->too_large)
 		return send_error(s, conn, tgi_k, 413, NULL, "the body exceeds --max-body %zu bytes", s->o.max_body);
 	if (!strcmp(url, "/health") || !strcmp(url, "/ping")) {   /* /ping: SageMaker's health check */
@@ -964,9 +992,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return send_json(conn, st == LLM_SERVER_READY && !stalled ? 200 : 503, json_pack("{s:s}", "status", name), NULL, NULL);
 	}
 	if (s->o.api_key) {
+		/* Anthropic's clients send the key as x-api-key */
 		const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-		if (!key_ok(a, s->o.api_key))
-			return send_error(s, conn, tgi_k, 401, NULL, "missing or wrong API key (Authorization: Bearer KEY)");
+		const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+		if (!key_ok(a, s->o.api_key) && !key_eq(x, s->o.api_key))
+			return send_error(s, conn, tgi_k, 401, NULL, "missing or wrong API key (Authorization: Bearer KEY, or "
+			                  "x-api-key: KEY)");
 	}
 	static const struct { const char *url, *method; int what; } routes[] = {
 		{ "/v1/completions", "POST", 0 }, { "/v1/chat/completions", "POST", 1 },
@@ -976,6 +1007,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		{ "/v1/embeddings", "POST", 9 },
 		{ "/v1/load_lora_adapter", "POST", 10 }, { "/v1/unload_lora_adapter", "POST", 11 },
 		{ "/", "POST", 12 }, { "/invocations", "POST", 13 },
+		{ "/v1/responses", "POST", 15 }, { "/v1/messages", "POST", 16 }, { "/v1/messages/count_tokens", "POST", 17 },
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
 		if (strcmp(url, routes[i].url))
@@ -1011,6 +1043,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		case 5: return do_metrics(s, conn);
 		case 6: case 7: return do_tokens(s, conn, routes[i].what == 6, body, cc->body.len);
 		case 8: return send_json(conn, 200, llm_srv_info(s), NULL, NULL);
+		case 15: return do_generate(s, conn, K_RESPONSES, 0, 0, body, cc->body.len);
+		case 16: return do_generate(s, conn, K_MESSAGES, 0, 0, body, cc->body.len);
+		case 17: return do_generate(s, conn, K_COUNT, 0, 0, body, cc->body.len);
 		default:
 			return send_error(s, conn, K_COMPLETION, 400, "model", "%s computes no embeddings: pooling a generative "
 			                  "model's hidden states gives no trained embedding (llm-serve(1))", s->model_name);

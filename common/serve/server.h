@@ -11,9 +11,10 @@
  * or server-sent events. A connection whose client goes away cancels its
  * requests (their KV blocks are freed at the next step).
  *
- * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions, POST
+ * /v1/responses, POST /v1/messages (and /v1/messages/count_tokens), GET
  * /v1/models, POST /generate, POST /generate_stream, GET /health, GET
- * /metrics. No request can name a file. The library never prints or exits;
+ * /metrics, and those of server_api.c. No request can name a file. The library never prints or exits;
  * failures are statuses with llm_errmsg().
  *
  * Distributed (mpirun -np T*P over a partitioned checkpoint): the server

@@ -144,6 +144,7 @@ static int on_token(void *user, const struct llm_token_event *e)
 	v->token = e->token;
 	v->logprob = e->logprob;
 	v->finish = e->finish;
+	v->stop_index = e->stop_index;
 	if (e->n_top > 0 && (v->top = malloc((size_t)e->n_top * sizeof *v->top))) {
 		memcpy(v->top, e->top, (size_t)e->n_top * sizeof *v->top);
 		v->n_top = e->n_top;

@@ -606,6 +606,10 @@ static json_t *chat_stream_chunk(struct llm_server *s, struct job *j, int c, int
 /* Format what the events since the last call add (called with mu held). */
 void llm_srv_stream_format(struct llm_server *s, struct job *j)
 {
+	if (j->kind == K_RESPONSES || j->kind == K_MESSAGES) {
+		llm_srv_api_stream(s, j);
+		return;
+	}
 	int tgi = j->kind == K_TGI;
 	if (!j->started && !tgi && j->kind == K_CHAT) {
 		for (int c = 0; c < j->n; c++)
@@ -693,4 +697,19 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 			out_add(j, "data: [DONE]\n\n", 14);
 		}
 	}
+}
+
+json_t *llm_srv_jstr(const char *s, size_t n) { return jstr(s, n); }
+char *llm_srv_raw_text(const struct choice *c, int from, int to, size_t *len) { return raw_text(c, from, to, len); }
+int llm_srv_parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a)
+{
+	size_t len;
+	char *t = raw_text(c, 0, c->n_ev, &len);
+	if (!t)
+		return 0;
+	struct llm_reasoning_split sp;   /* calls are parsed in the content after any reasoning */
+	split_answer(j, t, len, 1, &sp);
+	int got = parse_tools(j, t + sp.c_begin, sp.c_end - sp.c_begin, a);
+	free(t);
+	return got;
 }

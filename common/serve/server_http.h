@@ -26,6 +26,16 @@ json_t *llm_srv_tgi_details(struct job *j, struct llm_server *s, int with_tokens
 json_t *llm_srv_tgi_generated(struct job *j);
 /* Append to j->out the SSE events of J's new events (and the end). */
 void llm_srv_stream_format(struct llm_server *s, struct job *j);
+/* server_apis.c: the Responses and Messages APIs' body of J, and its
+ * stream's new events appended to j->out (apis.h) */
+json_t *llm_srv_api_full(struct llm_server *s, struct job *j);
+void llm_srv_api_stream(struct llm_server *s, struct job *j);
+/* server_format.c's, for server_apis.c: text as a JSON string (invalid
+ * UTF-8 as U+FFFD), a choice's bytes of events [from, to), its answer
+ * parsed into tool calls (0: none) */
+json_t *llm_srv_jstr(const char *s, size_t n);
+char *llm_srv_raw_text(const struct choice *c, int from, int to, size_t *len);
+int llm_srv_parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a);
 /* server_api.c: vLLM's /tokenize and /detokenize bodies (O) to *OUT, or a
  * usage error with *PARAM the field (NULL: none); TGI's /info; the metrics
  * under vLLM's names (under srv->mu) */

@@ -29,6 +29,7 @@
 #include "server.h"
 #include "request.h"
 #include "lora.h"
+#include "apis.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -38,7 +39,7 @@ struct MHD_Daemon;
 
 #define MAX_N LLM_MAX_N            /* choices per request */
 
-enum kind { K_COMPLETION, K_CHAT, K_TGI };
+enum kind { K_COMPLETION, K_CHAT, K_TGI, K_RESPONSES, K_MESSAGES, K_COUNT /* messages/count_tokens */ };
 
 struct ev {                      /* one event of a choice, copied from the engine */
 	int32_t token;               /* -1: cancel */
@@ -48,6 +49,7 @@ struct ev {                      /* one event of a choice, copied from the engin
 	char *text;
 	size_t len;
 	enum llm_finish finish;
+	int stop_index;              /* FINISH_STOP: the stop id's index, or n_stop_ids + the string's */
 	double t;                    /* when the engine produced it */
 	int index;                   /* its token's index in the choice */
 };
@@ -66,8 +68,8 @@ struct choice {
 	int n_ev;
 	size_t cap_ev;
 	double t_last, t_first;
-	size_t tool_sent;            /* stream with tools or reasoning: where the content not yet sent
-	                              * starts in the text */
+	size_t tool_sent;            /* stream with tools or reasoning (or of server_apis.c): where the
+	                              * content not yet sent starts in the text */
 	size_t reason_sent;          /* stream with reasoning: where the reasoning not yet sent starts */
 	int n_tok;                   /* tokens generated */
 	/* the engine thread's own: events of this step not yet published */
@@ -109,6 +111,7 @@ struct job {
 	int fd;                      /* the client's socket */
 	int started, ended;          /* stream: role chunk sent, [DONE] queued */
 	int adapter;                 /* LoRA slot (counted in srv->lora_jobs); 0: the base */
+	struct llm_api_stream as;    /* stream of the Responses or Messages API: its state */
 	struct llm_buf out;          /* stream: bytes not yet handed to MHD, from out_pos */
 	size_t out_pos;
 	struct job *next;            /* submission queue / active list */

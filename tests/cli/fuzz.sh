@@ -37,7 +37,7 @@ done
 replay fuzz_tokenizer_json "hand-written tokenizer.json files: byte-level, byte-fallback and Metaspace BPE, refused ones" tests/data/fuzz-tokenizer-json
 
 if have_stories; then
-	LLM_FUZZ_MODEL=$(stories) replay fuzz_request "kept corpus: completion, chat, TGI and JSONL bodies through the request parser" \
+	LLM_FUZZ_MODEL=$(stories) replay fuzz_request "kept corpus: completion, chat, TGI, JSONL, Responses, Messages and count_tokens bodies through the request parser" \
 		tests/data/fuzz-request
 else
 	skip "fuzz_request corpus" "no stories260K in \$LLM_TEST_MODELS"

@@ -1,8 +1,11 @@
 /* tests/fuzz/fuzz_request.c: libFuzzer harness for the request parser
  * (common/serve/request.c), which llm-serve runs on every body of
- * /v1/completions, /v1/chat/completions and /generate, and llm-generate on
- * every JSONL line. Byte 0 picks the kind (its value mod 4: completion,
- * chat, TGI, JSONL); the rest is the body, parsed as JSON the way the
+ * /v1/completions, /v1/chat/completions, /generate, /v1/responses,
+ * /v1/messages and /v1/messages/count_tokens (the last three translated to
+ * chat by api_responses.c and api_messages.c first), and llm-generate on
+ * every JSONL line. Byte 0 picks the kind: 0 to 6 that kind (completion,
+ * chat, TGI, JSONL, Responses, Messages, count_tokens), any other its value
+ * mod 4 (as before the last three came); the rest is the body, parsed as JSON the way the
  * server does (json_loadb), then through llm_api_req_parse with the
  * stories260K tokenizer (LLM_FUZZ_MODEL, default
  * ../shared/models/stories260K), the test chat template
@@ -79,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1 || size > 16384)
 		return 0;
-	enum llm_api_kind kind = (enum llm_api_kind)(data[0] % 4);
+	enum llm_api_kind kind = (enum llm_api_kind)(data[0] < LLM_API_N_KINDS ? data[0] : data[0] % 4);
 	json_error_t je;
 	json_t *o = json_loadb((const char *)data + 1, size - 1, 0, &je);
 	if (!o)

@@ -1,6 +1,7 @@
 /* common/serve/apis.h: OpenAI's Responses API (POST /v1/responses,
  * api_responses.c) and Anthropic's Messages API (POST /v1/messages and
- * /v1/messages/count_tokens, api_messages.c) as translations: a body into
+ * /v1/messages/count_tokens, api_messages.c) as translations (apis.c picks
+ * one by kind; api_base.c holds what both use): a body into
  * the chat-completions body that request.c parses (so every value rule,
  * the chat template, tools and structured output are chat's), and one
  * answer out into each API's JSON body or server-sent events.
@@ -95,10 +96,11 @@ void llm_api_stream_end(enum llm_api_kind kind, struct llm_api_stream *st, struc
  * the type of HTTP STATUS, "message": MSG}}. */
 struct json_t *llm_messages_error(unsigned status, const char *msg);
 
-/* api_responses.c and api_messages.c's own, for each other */
+/* api_base.c: what both translations use */
 void llm_api_sse(struct llm_buf *b, const char *event, struct json_t *data);   /* takes DATA */
 enum llm_status llm_api_bad(char *param, size_t n, const char *field, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* each translation's own, for apis.c */
 enum llm_status llm_responses_to_chat(struct json_t *body, struct json_t *chat, char *param, size_t n);
 enum llm_status llm_messages_to_chat(struct json_t *body, int count, struct json_t *chat, char *param, size_t n);
 void llm_responses_stream_begin(struct llm_api_stream *st, struct llm_buf *b, const struct llm_api_out *o);

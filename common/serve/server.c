@@ -414,7 +414,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 				idle_timeout(sr->conn, s->o.timeout);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		llm_srv_stream_format(s, j);
+		if (j->kind == K_RESPONSES || j->kind == K_MESSAGES)
+			llm_srv_api_stream(s, j);
+		else
+			llm_srv_stream_format(s, j);
 		if (j->out.len)
 			continue;
 		if (!waited) {            /* the engine's time is not the client's */

@@ -606,10 +606,6 @@ static json_t *chat_stream_chunk(struct llm_server *s, struct job *j, int c, int
 /* Format what the events since the last call add (called with mu held). */
 void llm_srv_stream_format(struct llm_server *s, struct job *j)
 {
-	if (j->kind == K_RESPONSES || j->kind == K_MESSAGES) {
-		llm_srv_api_stream(s, j);
-		return;
-	}
 	int tgi = j->kind == K_TGI;
 	if (!j->started && !tgi && j->kind == K_CHAT) {
 		for (int c = 0; c < j->n; c++)

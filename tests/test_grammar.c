@@ -133,9 +133,9 @@ static void test_masks(void)
 		char text[512];
 		size_t tl = 0;
 		for (int k = 0; k < 40 && !bad; k++) {
-			const uint8_t *m;
+			uint8_t m[NV];
 			int na;
-			if (llm_grammar_mask(g, st, &m, &na)) {
+			if (llm_grammar_mask(g, st, m, &na)) {
 				bad = 1;
 				break;
 			}
@@ -178,10 +178,10 @@ static void test_masks(void)
 	llm_grammar_stats(g, &s0);
 	int st = llm_grammar_next(g, llm_grammar_start(g), "{\"a", 3);
 	int st2 = llm_grammar_next(g, st, "aaaa", 4);
-	const uint8_t *m;
+	uint8_t m[NV];
 	int na;
-	llm_grammar_mask(g, st, &m, &na);
-	llm_grammar_mask(g, st2, &m, &na);
+	llm_grammar_mask(g, st, m, &na);
+	llm_grammar_mask(g, st2, m, &na);
 	llm_grammar_stats(g, &s1);
 	check(st == st2 && st >= 0, "a string's characters come back to one state (%d, %d)", st, st2);
 	check(s1.mask_hit >= s0.mask_hit + 1 && s1.mask_miss <= s0.mask_miss + 1,
@@ -200,7 +200,7 @@ static void test_masks(void)
 	}
 	check(m[lead] && !m[cont] && !m[empty], "inside a string: a lead byte allowed, a lone continuation byte and the empty token not");
 	int after = llm_grammar_next(g, st, "\xce", 1);
-	llm_grammar_mask(g, after, &m, &na);
+	llm_grammar_mask(g, after, m, &na);
 	int only_cont = 1;
 	for (int t = 0; t < NV; t++)
 		if (m[t] && !(len[t] == 1 && ((unsigned char)vocab_text[t][0] & 0xC0) == 0x80))
@@ -214,9 +214,9 @@ static void test_masks(void)
 	/* the vocabulary's cache: the same text is the same grammar (its states
 	 * and masks shared), another text another one */
 	struct llm_grammar *c1 = NULL, *c2 = NULL, *c3 = NULL;
-	llm_grammar_compile_cached(&c1, json_g, strlen(json_g), v);
-	llm_grammar_compile_cached(&c2, json_g, strlen(json_g), v);
-	llm_grammar_compile_cached(&c3, "root ::= \"a\"", 12, v);
+	llm_grammar_compile_cached(&c1, json_g, strlen(json_g), v, NULL);
+	llm_grammar_compile_cached(&c2, json_g, strlen(json_g), v, NULL);
+	llm_grammar_compile_cached(&c3, "root ::= \"a\"", 12, v, NULL);
 	check(c1 && c1 == c2 && c3 && c3 != c1, "the compile cache: one grammar per text");
 	llm_grammar_unref(c1);
 	llm_grammar_unref(c2);

@@ -284,7 +284,7 @@ static int set_grammar(struct parse *c, const char *k, struct llm_buf *text, enu
 {
 	struct llm_grammar *g = NULL;
 	if (!s)
-		s = llm_grammar_compile_cached(&g, text->p ? text->p : "", text->len, c->env->gvocab);
+		s = llm_grammar_compile_cached(&g, text->p ? text->p : "", text->len, c->env->gvocab, c->env->gbudget);
 	llm_buf_free(text);
 	if (s)
 		return bad_st(c, usage(s), k, "%s", llm_errmsg());

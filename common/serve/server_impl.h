@@ -33,6 +33,7 @@
 struct MHD_Daemon;
 
 #define MAX_N LLM_MAX_N            /* choices per request */
+#define LLM_SERVE_GRAMMAR_SECONDS 10   /* a request's grammar compile (llm-serve(1) LIMITS) */
 
 enum kind { K_COMPLETION, K_CHAT, K_TGI };
 

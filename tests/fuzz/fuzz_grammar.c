@@ -43,9 +43,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void exercise(struct llm_grammar *g, const uint8_t *text, size_t n)
 {
 	int st = llm_grammar_start(g);
-	const uint8_t *m;
+	uint8_t m[NT];
 	int na;
-	if (llm_grammar_mask(g, st, &m, &na) == LLM_OK) {
+	if (llm_grammar_mask(g, st, m, &na) == LLM_OK) {
 		int cnt = 0;
 		for (int t = 0; t < NT; t++) {
 			int want = toks[t][0] && llm_grammar_next(g, st, toks[t], strlen(toks[t])) >= 0;

@@ -325,7 +325,12 @@ static const char *ovf_msg(const struct llm_grammar *g, char *m, size_t n)
 	case OVF_SET: snprintf(m, n, "a state holds more than %zu stack words (the grammar is too ambiguous)", MAX_SET); break;
 	case OVF_WORK: snprintf(m, n, "a state's computation passed the work budget (%zu stack words; the grammar "
 	                        "is too ambiguous)", g->work); break;
-	case OVF_MEM: snprintf(m, n, "the grammar passed its memory budget (%zu MiB)", g->max_bytes >> 20); break;
+	case OVF_MEM:
+		if (g->max_bytes >= (1u << 20))
+			snprintf(m, n, "the grammar passed its memory budget (%zu MiB)", g->max_bytes >> 20);
+		else
+			snprintf(m, n, "the grammar passed its memory budget (%zu bytes)", g->max_bytes);
+		break;
 	case OVF_TIME: snprintf(m, n, "the compile passed its time budget"); break;
 	case OVF_CANCEL: snprintf(m, n, "the compile was given up (its client has gone)"); break;
 	default: snprintf(m, n, "out of memory");

@@ -39,7 +39,11 @@ struct gstate {
 	size_t off;                       /* words of the stack set in g->w */
 	size_t len;
 	int accept, more;
-	int32_t *next;                    /* (256) -2 unknown, -1 refused, else a state; NULL until used */
+	int32_t *next;                    /* the transitions known: up to TR_LIST of them a list, each
+	                                   * byte | state << 8; then a table of 256, -2 unknown, -1
+	                                   * refused, else a state */
+	int n_next;                       /* in the list; TR_FULL: the table */
+	uint32_t no[8];                   /* the bytes known refused (while a list) */
 	uint32_t *mask;                   /* NULL until asked; the allowed ids (n_allowed), or when
 	                                   * mask_bits a bitset of the vocabulary ((n + 31) / 32 words) */
 	int n_allowed, mask_bits;
@@ -51,6 +55,10 @@ struct gvis { uint64_t h, gen; };
 struct words { uint32_t *w; size_t n, cap; };
 
 #define MAX_SET ((size_t)1 << 20)     /* words of one state's stack set */
+
+#define TR_LIST 16                    /* transitions kept as a list before a state gets a table */
+#define TR_FULL (-1)
+#define MAX_STATES ((1 << 23) - 1)    /* a state fits a transition list's 24 bits, as an int32 */
 
 /* Why a computation stopped short (g->overflow; grammar.h's budgets). */
 enum { OVF_NONE, OVF_SET, OVF_WORK, OVF_MEM, OVF_TIME, OVF_CANCEL };
@@ -78,8 +86,6 @@ struct llm_grammar {
 	                                   * hash); entries of another generation than gen are free */
 	size_t cap_vis, n_vis;
 	uint64_t gen;
-	struct words *lvl;                /* (n_lvl) the trie walk's sets by depth */
-	size_t n_lvl;
 	struct words todo;                /* expand's configurations still to expand */
 	int start, overflow;
 	long mask_hit, mask_miss;
@@ -90,6 +96,7 @@ struct llm_grammar {
 	size_t max_bytes, held;           /* held: alternatives, masks and transition tables (the rest
 	                                   * is counted from the arrays' capacities) */
 	size_t work, work_left;           /* per computation; left of the current one */
+	size_t work_peak;                 /* the most one computation took */
 	size_t polled;                    /* work_left at the last poll of the compile's deadline */
 	const struct llm_grammar_budget *bud;   /* while compiling: deadline and cancel test */
 	atomic_size_t bytes_pub;          /* grammar_bytes after the last computation, for the cache's
@@ -314,6 +321,8 @@ static int spend(struct llm_grammar *g, size_t n)
 /* A new computation (a state's transition or mask, the start): the whole work budget. */
 static void work_reset(struct llm_grammar *g)
 {
+	if (g->work - g->work_left > g->work_peak)
+		g->work_peak = g->work - g->work_left;
 	g->work_left = g->polled = g->work;
 	g->overflow = OVF_NONE;
 }
@@ -458,10 +467,10 @@ static int step(struct llm_grammar *g, const uint32_t *set, size_t n, uint8_t b,
 {
 	g->tmp.n = 0;
 	vis_reset(g);
-	if (spend(g, n))              /* the scan of the set is work too */
-		return -1;
+	size_t n_stk = 0;
 	for (size_t at = 0; at < n; at += set[at] + 1) {
 		uint32_t l = set[at];
+		n_stk++;
 		if (!l)
 			continue;
 		uint32_t top = set[at + l];
@@ -474,6 +483,8 @@ static int step(struct llm_grammar *g, const uint32_t *set, size_t n, uint8_t b,
 		if (expand(g, &g->tmp, l))
 			return -1;
 	}
+	if (spend(g, n_stk))          /* the scan of the set's tops is work too */
+		return -1;
 	return canon(g, &g->tmp, out);
 }
 
@@ -513,7 +524,7 @@ static int intern(struct llm_grammar *g, const uint32_t *set, size_t n)
 		if (s->len == n && !memcmp(g->pool.w + s->off, set, n * sizeof *set))
 			return g->ht[h];
 	}
-	if (n > INT32_MAX || !mem_ok(g, (n + g->pool.n < g->pool.cap ? 0 : g->pool.cap * sizeof *g->pool.w) +
+	if (n > INT32_MAX || g->n_st >= MAX_STATES || !mem_ok(g, (n + g->pool.n < g->pool.cap ? 0 : g->pool.cap * sizeof *g->pool.w) +
 	                             2 * sizeof *g->st)) {
 		if (!g->overflow)
 			g->overflow = OVF_SET;
@@ -541,36 +552,88 @@ static int intern(struct llm_grammar *g, const uint32_t *set, size_t n)
 int llm_grammar_start(struct llm_grammar *g) { return g->start; }
 const struct llm_gvocab *llm_grammar_vocab(const struct llm_grammar *g) { return g->voc; }
 
+/* State S's transition on byte B: a state, -1 refused, -2 not known yet. */
+static int tr_get(const struct gstate *s, uint8_t b)
+{
+	if (s->n_next == TR_FULL)
+		return s->next[b];
+	if (s->no[b >> 5] >> (b & 31) & 1)
+		return -1;
+	for (int i = 0; i < s->n_next; i++)
+		if ((s->next[i] & 0xFF) == b)
+			return (int)((uint32_t)s->next[i] >> 8);
+	return -2;
+}
+
+/* Note S's transition on B to NX (a state or -1): a refusal in its
+ * bitmap, a state in its list while that is short (most states have a
+ * few), else in a table. -1: no memory. */
+static int tr_set(struct llm_grammar *g, struct gstate *s, uint8_t b, int nx)
+{
+	if (s->n_next == TR_FULL) {
+		s->next[b] = nx;
+		return 0;
+	}
+	if (nx < 0) {
+		s->no[b >> 5] |= 1u << (b & 31);
+		return 0;
+	}
+	if (s->n_next < TR_LIST) {
+		int cap = s->n_next;
+		if (!cap || (cap >= 2 && !(cap & (cap - 1)))) {   /* 0, 2, 4, 8 held: full, grow */
+			int nc = cap ? cap * 2 : 2;
+			int32_t *t = mem_ok(g, (size_t)(nc - cap) * sizeof *t) ? realloc(s->next, (size_t)nc * sizeof *t) : NULL;
+			if (!t)
+				return -1;
+			s->next = t;
+			g->held += (size_t)(nc - cap) * sizeof *t;
+		}
+		s->next[s->n_next++] = (int32_t)((uint32_t)b | (uint32_t)nx << 8);
+		return 0;
+	}
+	int32_t *t = mem_ok(g, 256 * sizeof *t) ? malloc(256 * sizeof *t) : NULL;
+	if (!t)
+		return -1;
+	for (int k = 0; k < 256; k++)
+		t[k] = s->no[k >> 5] >> (k & 31) & 1 ? -1 : -2;
+	for (int i = 0; i < s->n_next; i++)
+		t[s->next[i] & 0xFF] = (int32_t)((uint32_t)s->next[i] >> 8);
+	t[b] = nx;
+	free(s->next);
+	g->held += (256 - TR_LIST) * sizeof *t;
+	s->next = t;
+	s->n_next = TR_FULL;
+	return 0;
+}
+
+/* The state after byte B from state ST: from ST's transitions, else
+ * computed (within what is left of the work budget) and kept. -1: refused;
+ * -2: a budget or memory ran out (g->overflow says which). */
+static int trans(struct llm_grammar *g, int st, uint8_t b)
+{
+	int nx = tr_get(&g->st[st], b);
+	if (nx != -2)
+		return nx;
+	struct gstate *s = &g->st[st];
+	if (step(g, g->pool.w + s->off, s->len, b, &g->can))
+		return -2;
+	nx = g->can.n ? intern(g, g->can.w, g->can.n) : -1;
+	if (nx < 0 && g->can.n)
+		return -2;
+	return tr_set(g, &g->st[st], b, nx) ? -2 : nx;
+}
+
 int llm_grammar_next(struct llm_grammar *g, int st, const void *bytes, size_t n)
 {
 	const uint8_t *b = bytes;
-	char m[160];
 	for (size_t i = 0; i < n && st >= 0; i++) {
-		struct gstate *s = &g->st[st];
-		if (!s->next) {
-			if (!mem_ok(g, 256 * sizeof *s->next) || !(s->next = malloc(256 * sizeof *s->next))) {
-				llm_fail(LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, m, sizeof m));
-				return -1;
-			}
-			g->held += 256 * sizeof *s->next;
-			for (int k = 0; k < 256; k++)
-				s->next[k] = -2;
+		if (tr_get(&g->st[st], b[i]) == -2)
+			work_reset(g);        /* a new transition: the whole budget */
+		if ((st = trans(g, st, b[i])) == -2) {
+			char m[160];
+			llm_fail(LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, m, sizeof m));
+			return -1;
 		}
-		int32_t nx = s->next[b[i]];
-		if (nx == -2) {
-			work_reset(g);
-			if (step(g, g->pool.w + s->off, s->len, b[i], &g->can)) {
-				llm_fail(LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, m, sizeof m));
-				return -1;
-			}
-			nx = g->can.n ? intern(g, g->can.w, g->can.n) : -1;
-			if (nx < 0 && g->can.n) {
-				llm_fail(LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, m, sizeof m));
-				return -1;
-			}
-			g->st[st].next[b[i]] = nx;
-		}
-		st = nx;
 	}
 	atomic_store(&g->bytes_pub, grammar_bytes(g));
 	return st;
@@ -591,28 +654,25 @@ int llm_grammar_match(struct llm_grammar *g, const void *text, size_t len)
 	return llm_grammar_accepts(g, llm_grammar_next(g, g->start, text, len));
 }
 
-/* The tokens below trie node AT whose bytes the set at depth D takes. */
-static int walk(struct llm_grammar *g, int32_t at, size_t d, uint8_t *mask, int *cnt)
+/* The tokens below trie node AT whose bytes state ST takes, by the
+ * states' transitions (kept: a walk inside a JSON string comes back to one
+ * state after each character, so most of the vocabulary costs a lookup).
+ * Recursion as deep as the longest token (the tokenizer's, not the
+ * grammar's). -1: a budget or memory ran out. */
+static int walk(struct llm_grammar *g, int32_t at, int st, uint8_t *mask, int *cnt)
 {
 	const struct llm_gvocab *v = g->voc;
-	if (d + 1 >= g->n_lvl) {
-		struct words *l = realloc(g->lvl, (g->n_lvl + 8) * sizeof *l);
-		if (!l)
-			return -1;
-		memset(l + g->n_lvl, 0, 8 * sizeof *l);
-		g->lvl = l;
-		g->n_lvl += 8;
-	}
 	for (int32_t c = v->node[at].child; c >= 0; c = v->node[c].sib) {
-		if (step(g, g->lvl[d].w, g->lvl[d].n, v->node[c].byte, &g->lvl[d + 1]))
+		int nx = trans(g, st, v->node[c].byte);
+		if (nx == -2)
 			return -1;
-		if (!g->lvl[d + 1].n)
+		if (nx < 0)
 			continue;
 		for (int32_t t = v->node[c].tok; t >= 0; t = v->tok_next[t]) {
 			mask[t] = 1;
 			(*cnt)++;
 		}
-		if (v->node[c].child >= 0 && walk(g, c, d + 1, mask, cnt))
+		if (v->node[c].child >= 0 && walk(g, c, nx, mask, cnt))
 			return -1;
 	}
 	return 0;
@@ -671,14 +731,8 @@ enum llm_status llm_grammar_mask(struct llm_grammar *g, int st, uint8_t *mask, i
 	char msg[160];
 	memset(mask, 0, (size_t)n);
 	int cnt = 0;
-	if (!g->n_lvl && !(g->lvl = calloc(g->n_lvl = 8, sizeof *g->lvl)))
-		g->n_lvl = 0;
-	if (!g->n_lvl || words_reserve(&g->lvl[0], s->len))
-		return llm_fail(LLM_ERR_NOMEM, "grammar: out of memory");
-	memcpy(g->lvl[0].w, g->pool.w + s->off, s->len * sizeof *g->lvl[0].w);
-	g->lvl[0].n = s->len;
 	work_reset(g);
-	if (walk(g, 0, 0, mask, &cnt))
+	if (walk(g, 0, st, mask, &cnt))
 		return llm_fail(g->overflow ? LLM_ERR_RANGE : LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, msg, sizeof msg));
 	s = &g->st[st];
 	if (mask_keep(g, s, mask, n, cnt))
@@ -695,6 +749,7 @@ void llm_grammar_stats(const struct llm_grammar *g, struct llm_grammar_stats *s)
 	s->mask_miss = g->mask_miss;
 	s->mask_hit = g->mask_hit;
 	s->bytes = grammar_bytes(g);
+	s->work_peak = g->work_peak > g->work - g->work_left ? g->work_peak : g->work - g->work_left;
 }
 
 struct llm_grammar *llm_grammar_ref(struct llm_grammar *g)
@@ -712,9 +767,6 @@ static void grammar_free(struct llm_grammar *g)
 		free(g->st[i].next);
 		free(g->st[i].mask);
 	}
-	for (size_t i = 0; i < g->n_lvl; i++)
-		free(g->lvl[i].w);
-	free(g->lvl);
 	free(g->el);
 	free(g->bm);
 	free(g->rule);
@@ -1478,6 +1530,7 @@ enum llm_status llm_grammar_compile_budget(struct llm_grammar **out, const char 
 	g->max_bytes = b && b->max_bytes ? b->max_bytes : LLM_GRAMMAR_MAX_BYTES;
 	g->work = b && b->work > 0 ? (size_t)b->work : (size_t)LLM_GRAMMAR_WORK;
 	g->bud = b;
+	g->work_left = g->work;
 	for (int i = 0; i < 256; i++)
 		g->byte_bm[i] = -1;
 	work_reset(g);

@@ -118,8 +118,9 @@ int llm_grammar_match(struct llm_grammar *g, const void *text, size_t len);
 enum llm_status llm_grammar_mask(struct llm_grammar *g, int st, uint8_t *mask, int *n_allowed);
 
 /* Counters: states interned, masks computed (misses), masks served from
- * the cache (hits), bytes of memory held. */
-struct llm_grammar_stats { long n_states, mask_miss, mask_hit; size_t bytes; };
+ * the cache (hits), bytes of memory held, the most work one computation
+ * took (stack words, as the budget counts). */
+struct llm_grammar_stats { long n_states, mask_miss, mask_hit; size_t bytes, work_peak; };
 void llm_grammar_stats(const struct llm_grammar *g, struct llm_grammar_stats *s);
 
 #endif

@@ -503,9 +503,15 @@ enum llm_status llm_guide_regex(const char *re, size_t len, struct llm_buf *out)
 struct sc {
 	struct llm_buf *out;
 	const json_t *root;
-	struct { const json_t *s; int id; } *memo;
+	struct { const json_t *s; int id, depth, open; } *memo;   /* open: being written, at depth */
 	size_t n_memo, cap_memo;
 	int n_rule, depth;
+	/* left recursion: a schema reached again through $ref and anyOf alone,
+	 * which write no text before their target, is a grammar rule that
+	 * starts with itself */
+	int call_left;             /* the next gen() is entered by $ref or anyOf */
+	int lstart;                /* the depth from which every entry so far was by $ref or anyOf */
+	const char *ref;           /* the $ref being followed */
 	char path[200];
 	enum llm_status st;
 };
@@ -817,6 +823,11 @@ static int gen_object(struct sc *c, const json_t *s, struct llm_buf *b)
 		}
 		return sput(c, b, llm_buf_append_str(b, "\"{}\""));
 	}
+	json_t *reqset = json_object();   /* the required names, for lookups in constant time */
+	for (size_t k = 0; reqset && req && k < json_array_size(req); k++)
+		json_object_set(reqset, json_string_value(json_array_get(req, k)), json_true());
+	if (!reqset)
+		return sput(c, b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
 	/* kv_i, then the chains: A_i ::= kv_i B_i+1 (| A_i+1 when optional),
 	 * B_i ::= "," kv_i B_i+1 (| B_i+1 when optional); A_n = B_n = "" */
 	int base = c->n_rule;
@@ -830,9 +841,7 @@ static int gen_object(struct sc *c, const json_t *s, struct llm_buf *b)
 	for (; iter && !rc; iter = json_object_iter_next((json_t *)props, iter), i++) {
 		key = json_object_iter_key(iter);
 		ps = json_object_iter_value(iter);
-		int req_i = 0;
-		for (size_t k = 0; req && k < json_array_size(req); k++)
-			req_i |= !strcmp(json_string_value(json_array_get(req, k)), key);
+		int req_i = json_object_get(reqset, key) != NULL;
 		int id;
 		size_t save = path_push(c, "properties");
 		rc = gen_child(c, ps, key, &id);
@@ -865,6 +874,7 @@ static int gen_object(struct sc *c, const json_t *s, struct llm_buf *b)
 			rc = sput(c, b, LLM_ERR_NOMEM);
 	}
 	llm_buf_free(&rb);
+	json_decref(reqset);
 	if (rc)
 		return -1;
 	return sput(c, b, put(b, "\"{\" s%d \"}\"", base + (int)n));
@@ -916,13 +926,21 @@ static const json_t *resolve(struct sc *c, const char *ref)
 
 static int gen(struct sc *c, const json_t *s, int *id)
 {
-	for (size_t i = 0; i < c->n_memo; i++)
+	int left = c->call_left;
+	c->call_left = 0;
+	for (size_t i = c->n_memo; i-- > 0; )
 		if (c->memo[i].s == s) {
+			if (left && c->memo[i].open && c->lstart <= c->memo[i].depth)
+				return sfail(c, "$ref '%s' comes back to its own schema before any text (left recursion)",
+				             c->ref ? c->ref : "");
 			*id = c->memo[i].id;
 			return 0;
 		}
 	if (++c->depth > 64)
 		return sfail(c, "schema nested too deep");
+	int lstart = c->lstart;
+	if (!left)
+		c->lstart = c->depth;
 	if (json_is_boolean(s)) {
 		if (json_is_false(s))
 			return sfail(c, "the schema false matches nothing");
@@ -932,8 +950,11 @@ static int gen(struct sc *c, const json_t *s, int *id)
 	*id = new_rule(c);
 	if (llm_array_reserve(&c->memo, &c->cap_memo, c->n_memo + 1, sizeof *c->memo))
 		return sput(c, NULL, llm_fail(LLM_ERR_NOMEM, "out of memory"));
-	c->memo[c->n_memo].s = s;
-	c->memo[c->n_memo++].id = *id;
+	size_t me = c->n_memo++;
+	c->memo[me].s = s;
+	c->memo[me].id = *id;
+	c->memo[me].depth = c->depth;
+	c->memo[me].open = 1;
 	struct llm_buf b = { 0 };
 	int rc = 0;
 	const char *k;
@@ -969,6 +990,8 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		}
 		const json_t *t = resolve(c, json_string_value(ref));
 		int tid;
+		c->ref = json_string_value(ref);
+		c->call_left = 1;
 		if (!t || (rc = gen_child(c, t, json_string_value(ref), &tid)))
 			goto out;
 		rc = sput(c, &b, put(&b, "s%d", tid));
@@ -981,6 +1004,7 @@ static int gen(struct sc *c, const json_t *s, int *id)
 			char key[32];
 			int sid;
 			snprintf(key, sizeof key, "anyOf[%zu]", i);
+			c->call_left = 1;
 			if (!(rc = gen_child(c, json_array_get(any, i), key, &sid)))
 				rc = sput(c, &b, put(&b, "%ss%d", i ? " | " : "", sid));
 		}
@@ -1051,8 +1075,68 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		rc = emit_rule(c, *id, &b);
 out:
 	llm_buf_free(&b);
+	c->memo[me].open = 0;
+	c->lstart = lstart;
 	c->depth--;
 	return rc;
+}
+
+enum llm_status llm_guide_tool_call(const char *const *names, const json_t *const *params, size_t n, const char *argkey,
+                                    const char *pre, const char *post, struct llm_buf *out)
+{
+	struct sc c = { .out = out };
+	struct llm_buf root = { 0 };
+	enum llm_status st = llm_buf_append_str(&root, "root ::= ");
+	if (!st)
+		st = put_lit(&root, pre, strlen(pre));
+	if (!st)
+		st = llm_buf_append_str(&root, " (");
+	for (size_t i = 0; i < n && !st; i++) {
+		int id = -1;
+		if (params[i]) {       /* each schema its own: its "#" is itself */
+			c.root = params[i];
+			c.n_memo = 0;
+			snprintf(c.path, sizeof c.path, "tools[%zu] ('%.60s') parameters", i, names[i]);
+			if (gen(&c, params[i], &id)) {
+				st = c.st ? c.st : llm_fail(LLM_ERR_INTERNAL, "schema: failed");
+				break;
+			}
+		}
+		json_t *nm = json_string(names[i]);
+		char *lit = nm ? json_dumps(nm, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+		json_decref(nm);
+		if (!lit) {
+			st = llm_fail(LLM_ERR_NOMEM, "out of memory");
+			break;
+		}
+		char key[80];
+		snprintf(key, sizeof key, ",\"%s\":", argkey);
+		st = i ? llm_buf_append_str(&root, " | ") : LLM_OK;
+		if (!st)
+			st = put_lit(&root, "{\"name\":", 8);
+		if (!st)
+			st = put_lit(&root, lit, strlen(lit));
+		free(lit);
+		if (!st)
+			st = put_lit(&root, key, strlen(key));
+		if (!st)
+			st = id >= 0 ? put(&root, " s%d ", id) : put_lit(&root, "{}", 2);
+		if (!st)
+			st = put_lit(&root, "}", 1);
+	}
+	if (!st)
+		st = llm_buf_append_str(&root, ") ");
+	if (!st)
+		st = put_lit(&root, post, strlen(post));
+	if (!st)
+		st = llm_buf_append_str(&root, "\n");
+	if (!st)
+		st = llm_buf_append(out, root.p, root.len);
+	if (!st)
+		st = llm_buf_append_str(out, JSON_RULES);
+	llm_buf_free(&root);
+	free(c.memo);
+	return st;
 }
 
 enum llm_status llm_guide_json_schema(const json_t *schema, struct llm_buf *out)

@@ -623,6 +623,28 @@ static int trans(struct llm_grammar *g, int st, uint8_t b)
 	return tr_set(g, &g->st[st], b, nx) ? -2 : nx;
 }
 
+/* The one byte state ST allows, when it allows one and is not a whole
+ * sentence; else -1. */
+static int forced_byte(const struct llm_grammar *g, int st)
+{
+	const struct gstate *s = &g->st[st];
+	const uint32_t *w = g->pool.w + s->off;
+	uint8_t any[32] = { 0 };
+	if (s->accept)
+		return -1;
+	for (size_t at = 0; at < s->len; at += w[at] + 1)
+		for (int k = 0; k < 32; k++)
+			any[k] |= g->bm[g->el[w[at + w[at]]].arg][k];
+	int one = -1;
+	for (int b = 0; b < 256; b++)
+		if (any[b >> 3] >> (b & 7) & 1) {
+			if (one >= 0)
+				return -1;
+			one = b;
+		}
+	return one;
+}
+
 int llm_grammar_next(struct llm_grammar *g, int st, const void *bytes, size_t n)
 {
 	const uint8_t *b = bytes;
@@ -1600,14 +1622,31 @@ enum llm_status llm_grammar_compile_budget(struct llm_grammar **out, const char 
 			}
 		}
 	}
+	/* the bytes the start forces (a tool call's "<tool_call>\n{\"name\":"...),
+	 * then the state where the text has a choice: computed here, so a
+	 * budget the grammar passes there is a compile error */
+	int fst = P.st ? -1 : g->start;
+	for (int k = 0; k < LLM_GRAMMAR_FORCED && fst >= 0; k++) {
+		int b1 = forced_byte(g, fst);
+		if (b1 < 0)
+			break;
+		work_reset(g);
+		if ((fst = trans(g, fst, (uint8_t)b1)) == -2) {
+			char m[160];
+			P.st = llm_fail(g->overflow ? LLM_ERR_USAGE : LLM_ERR_NOMEM, "grammar: after %d bytes that the start "
+			                "forces: %s", k + 1, ovf_msg(g, m, sizeof m));
+		}
+	}
 	/* the start's mask, on the compiling thread rather than the first step's */
 	uint8_t *m = !P.st && v ? malloc((size_t)v->n + 1) : NULL;
 	int na;
 	enum llm_status ms = m ? llm_grammar_mask(g, g->start, m, &na) : LLM_OK;
+	if (!ms && m && fst >= 0 && fst != g->start)   /* and the first choice's */
+		ms = llm_grammar_mask(g, fst, m, &na);
 	if (ms && !P.st) {
 		char why[300];
 		snprintf(why, sizeof why, "%s", llm_errmsg());
-		P.st = llm_fail(ms == LLM_ERR_NOMEM ? ms : LLM_ERR_USAGE, "%s (the start's mask)", why);
+		P.st = llm_fail(ms == LLM_ERR_NOMEM ? ms : LLM_ERR_USAGE, "%s (a mask the compile computes)", why);
 	}
 	else if (!P.st && v && !m)
 		nomem(&P);

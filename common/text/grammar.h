@@ -60,6 +60,7 @@ const char *llm_gvocab_token(const struct llm_gvocab *v, int id, size_t *len);
 #define LLM_GRAMMAR_MAX_BYTES ((size_t)128 << 20)  /* one grammar's memory */
 #define LLM_GRAMMAR_WORK (1L << 24)                /* stack words one state's computation copies */
 #define LLM_GRAMMAR_CACHE_BYTES ((size_t)512 << 20) /* the cached grammars' memory (below) */
+#define LLM_GRAMMAR_FORCED 4096                    /* bytes the start forces, followed by the compile */
 
 struct llm_grammar_budget {
 	size_t max_bytes;        /* the grammar's memory, its lifetime long (0: LLM_GRAMMAR_MAX_BYTES) */
@@ -72,7 +73,10 @@ struct llm_grammar_budget {
 /* Compile LEN bytes of grammar text SRC; masks are over V (borrowed: it
  * must outlive the grammar; NULL: no masks). The start state and, with V,
  * its mask are computed here, so the first token costs the caller's thread
- * nothing. LLM_ERR_USAGE with a message "grammar: line L: ..." for bad
+ * nothing, and so are the states along the bytes the start forces (up to
+ * LLM_GRAMMAR_FORCED: a tool call's wrapping and name), so a budget passed
+ * where the text first has a choice is a compile error too. LLM_ERR_USAGE
+ * with a message "grammar: line L: ..." for bad
  * text, "grammar: ... budget ..." for one spent (B NULL: the defaults),
  * LLM_ERR_NOMEM. The count is 1. */
 enum llm_status llm_grammar_compile_budget(struct llm_grammar **g, const char *src, size_t len, const struct llm_gvocab *v,

@@ -584,17 +584,6 @@ static int emit_rule(struct sc *c, int id, const struct llm_buf *body)
 	       sput(c, c->out, llm_buf_append_str(c->out, "\n"));
 }
 
-/* A JSON value as a grammar literal of its compact text. */
-static int put_json_lit(struct sc *c, struct llm_buf *b, const json_t *v)
-{
-	char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-	if (!t)
-		return sput(c, b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
-	int r = sput(c, b, put_lit(b, t, strlen(t)));
-	free(t);
-	return r;
-}
-
 static int type_ok(const json_t *v, const char *t)
 {
 	if (!t)
@@ -924,6 +913,74 @@ static const json_t *resolve(struct sc *c, const char *ref)
 	return NULL;
 }
 
+/* Sorting values' texts (byte order, a prefix first). */
+struct vtext { const char *s; size_t n; };
+static int vtext_cmp(const void *a, const void *b)
+{
+	const struct vtext *x = a, *y = b;
+	int r = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
+	return r ? r : (x->n > y->n) - (x->n < y->n);
+}
+
+/* The N texts VALS (VLEN bytes each) as alternatives into B, factored by
+ * their common prefixes: a rule per branching of the texts' trie, written
+ * from a work list (no recursion), so the grammar is linear in the texts'
+ * bytes and its states stay small (a 100000-value enum would otherwise
+ * start with 100000 stacks, which every byte of every token scans). */
+static int values_trie(struct sc *c, struct llm_buf *b, char **vals, const size_t *vlen, size_t n)
+{
+	struct vtext *v = malloc((n + 1) * sizeof *v);
+	struct task { size_t lo, hi, d; int id; } *todo = malloc((n + 1) * sizeof *todo);
+	struct llm_buf rb = { 0 };
+	size_t nt = 0, m = 0;
+	int rc = 0;
+	if (!v || !todo) {
+		rc = sput(c, b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		v[i] = (struct vtext){ vals[i], vlen[i] };
+	qsort(v, n, sizeof *v, vtext_cmp);
+	for (size_t i = 0; i < n; i++)   /* duplicates once */
+		if (!m || vtext_cmp(&v[m - 1], &v[i]))
+			v[m++] = v[i];
+	todo[nt++] = (struct task){ 0, m, 0, -1 };   /* -1: the node's alternatives go into B */
+	while (nt && !rc) {
+		struct task t = todo[--nt];
+		struct llm_buf *o = t.id < 0 ? b : &rb;
+		rb.len = 0;
+		if (t.id < 0)
+			rc = sput(c, b, llm_buf_append_str(b, "("));
+		for (size_t a = t.lo, first = 1; a < t.hi && !rc; first = 0) {
+			size_t z = a + 1;
+			if (v[a].n == t.d) {      /* a text that ends here */
+				rc = sput(c, o, llm_buf_append_str(o, first ? "\"\"" : " | \"\""));
+				a = z;
+				continue;
+			}
+			while (z < t.hi && v[z].s[t.d] == v[a].s[t.d])
+				z++;
+			size_t l = t.d;           /* the group's common prefix: its first and last text's */
+			while (l < v[a].n && l < v[z - 1].n && v[a].s[l] == v[z - 1].s[l])
+				l++;
+			rc = sput(c, o, llm_buf_append_str(o, first ? "" : " | ")) || sput(c, o, put_lit(o, v[a].s + t.d, l - t.d));
+			if (!rc && z - a > 1) {
+				int id = new_rule(c);
+				todo[nt++] = (struct task){ a, z, l, id };
+				rc = sput(c, o, put(o, " s%d", id));
+			}
+			a = z;
+		}
+		if (!rc)
+			rc = t.id < 0 ? sput(c, b, llm_buf_append_str(b, ")")) : emit_rule(c, t.id, &rb);
+	}
+out:
+	llm_buf_free(&rb);
+	free(v);
+	free(todo);
+	return rc;
+}
+
 static int gen(struct sc *c, const json_t *s, int *id)
 {
 	int left = c->call_left;
@@ -1021,6 +1078,14 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		}
 		int nv = 0;
 		size_t n = co ? 1 : json_array_size(en);
+		char **vals = calloc(n, sizeof *vals);
+		size_t *vlen = calloc(n, sizeof *vlen);
+		if (!vals || !vlen) {
+			free(vals);
+			free(vlen);
+			rc = sput(c, &b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
+			goto out;
+		}
 		for (size_t i = 0; i < n && !rc; i++) {
 			const json_t *x = co ? co : json_array_get(en, i);
 			int ok = !ty;
@@ -1034,10 +1099,19 @@ static int gen(struct sc *c, const json_t *s, int *id)
 			}
 			if (!ok)
 				continue;
-			rc = sput(c, &b, llm_buf_append_str(&b, nv++ ? " | " : "")) || put_json_lit(c, &b, x);
+			if (!(vals[nv] = json_dumps(x, JSON_COMPACT | JSON_ENCODE_ANY)))
+				rc = sput(c, &b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
+			else
+				vlen[nv] = strlen(vals[nv]), nv++;
 		}
 		if (!rc && !nv)
 			rc = sfail(c, "no value of enum or const passes the other keywords");
+		if (!rc)
+			rc = values_trie(c, &b, vals, vlen, (size_t)nv);
+		for (int i = 0; i < nv; i++)
+			free(vals[i]);
+		free(vals);
+		free(vlen);
 	} else {
 		const char *types[8];
 		size_t nt = 0;

@@ -66,19 +66,20 @@ for k in range(4):   # four different 2000-property schemas
     props = {"p%d_%d" % (k, i): {"type": "integer"} for i in range(2000)}
     json.dump({"prompt": "Hi", "max_tokens": 2, "guided_json": {"type": "object", "properties": props, "required": list(props)}},
               open("%s/big%d" % (t, k), "w"))
-json.dump({"prompt": "Hi", "max_tokens": 2, "guided_json": {"enum": ["value%d" % i for i in range(100000)]}}, open(t + "/enum", "w"))
+json.dump({"prompt": "Hi", "max_tokens": 2, "guided_json": {"enum": ["v%d" % i for i in range(100000)]}}, open(t + "/enum", "w"),
+          separators=(",", ":"))   # 0.9 MB, within --max-body
 PY
 BIG=
 for k in 0 1 2 3; do
-	curl -s -m 120 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' "$URL/v1/completions" \
+	curl -s -m 120 -o /dev/null -w '%{http_code}\n' -H 'Content-Type: application/json' "$URL/v1/completions" \
 		--data-binary "@$T/big$k" >"$T/big$k.code" & BIG="$BIG $!"
 done
 probe; r=$?
 wait $BIG
 check "a probe request while four 2000-property schemas compile: 200" [ $r = 0 ]
 check "... and each of the four: 200" sh -c "cat '$T'/big?.code | grep -c '^200$' | grep -qx 4"
-c=$(post /v1/completions "$T/enum"); check "a 100000-value enum: 200, one of its values" \
-	sh -c "[ $c = 200 ] && grep -q '\"text\":\"\\\\\"value[0-9]*\\\\\"\"' '$T/body'"
+c=$(post /v1/completions "$T/enum"); check "a 100000-value enum: 200, the start of one of its values" \
+	sh -c "[ $c = 200 ] && grep -q '\"text\":\"\\\\\"v' '$T/body'"
 curl -s -m 0.3 -o /dev/null -H 'Content-Type: application/json' "$URL/v1/completions" --data-binary "@$T/big0" 2>/dev/null
 check "a client that leaves while its grammar compiles: the server serves on" sh -c "$(declare -f alive probe); URL=$URL T=$T; alive && probe"
 
@@ -92,7 +93,7 @@ c=$(post /v1/chat/completions "$T/r2"); check "a tool's parameters {\$ref: #}, t
 
 # ---- tools: names and parameters
 chat_tools() { echo "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 4, \"tools\": $1}" >"$T/t"; post /v1/chat/completions "$T/t"; }
-F() { echo "{\"type\": \"function\", \"function\": {\"name\": \"$1\"$2}}"; }
+F() { echo "{\"type\": \"function\", \"function\": {\"name\": \"$1\"${2:-}}}"; }
 c=$(chat_tools "[$(F get), $(F get)]"); check "two tools named 'get': 400 naming the second" is400 "$c" tools "tools[1] ('get'): the name is tools[0]'s too"
 c=$(chat_tools "[$(F '')]"); check "a tool with an empty name: 400 naming it" is400 "$c" tools "tools[0]: the function's name is empty"
 c=$(chat_tools "[$(F s ', "parameters": {"type": "string"}')]"); check "a tool whose parameters are not an object schema: 400 naming it" \

@@ -1049,7 +1049,11 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		int tid;
 		c->ref = json_string_value(ref);
 		c->call_left = 1;
-		if (!t || (rc = gen_child(c, t, json_string_value(ref), &tid)))
+		if (!t) {                 /* resolve() left the message */
+			rc = -1;
+			goto out;
+		}
+		if ((rc = gen_child(c, t, json_string_value(ref), &tid)))
 			goto out;
 		rc = sput(c, &b, put(&b, "s%d", tid));
 	} else if (any) {

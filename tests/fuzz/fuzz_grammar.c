@@ -63,7 +63,8 @@ static void exercise(struct llm_grammar *g, const uint8_t *text, size_t n)
 	}
 	for (size_t i = 0; i < n && st >= 0; i++) {
 		st = llm_grammar_next(g, st, text + i, 1);
-		if (st >= 0 && llm_grammar_accepts(g, st) != llm_grammar_match(g, text, i + 1))
+		if (st >= 0 && i < 4096 &&   /* each match walks the prefix again: quadratic, so the first 4 KiB */
+		    llm_grammar_accepts(g, st) != llm_grammar_match(g, text, i + 1))
 			__builtin_trap();
 	}
 }

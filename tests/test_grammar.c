@@ -18,6 +18,9 @@ static struct llm_grammar *compile(const char *src, const struct llm_gvocab *v)
 	return g;
 }
 
+/* snprintf into a buffer the caller sized; the count written */
+#define sprintf_check(q, ...) snprintf(q, 64, __VA_ARGS__)
+
 struct acase { const char *grammar, *yes[6], *no[6]; };
 
 static const struct acase cases[] = {
@@ -112,6 +115,12 @@ static const char *json_g =
 	"str ::= \"\\\"\" ([^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}))* \"\\\"\"\n"
 	"num ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n";
 
+static int gone_now(void *arg)
+{
+	(void)arg;
+	return 1;
+}
+
 static void test_masks(void)
 {
 	size_t len[NV];
@@ -133,9 +142,9 @@ static void test_masks(void)
 		char text[512];
 		size_t tl = 0;
 		for (int k = 0; k < 40 && !bad; k++) {
-			const uint8_t *m;
+			uint8_t m[NV];
 			int na;
-			if (llm_grammar_mask(g, st, &m, &na)) {
+			if (llm_grammar_mask(g, st, m, &na)) {
 				bad = 1;
 				break;
 			}
@@ -178,10 +187,10 @@ static void test_masks(void)
 	llm_grammar_stats(g, &s0);
 	int st = llm_grammar_next(g, llm_grammar_start(g), "{\"a", 3);
 	int st2 = llm_grammar_next(g, st, "aaaa", 4);
-	const uint8_t *m;
+	uint8_t m[NV];
 	int na;
-	llm_grammar_mask(g, st, &m, &na);
-	llm_grammar_mask(g, st2, &m, &na);
+	llm_grammar_mask(g, st, m, &na);
+	llm_grammar_mask(g, st2, m, &na);
 	llm_grammar_stats(g, &s1);
 	check(st == st2 && st >= 0, "a string's characters come back to one state (%d, %d)", st, st2);
 	check(s1.mask_hit >= s0.mask_hit + 1 && s1.mask_miss <= s0.mask_miss + 1,
@@ -200,7 +209,7 @@ static void test_masks(void)
 	}
 	check(m[lead] && !m[cont] && !m[empty], "inside a string: a lead byte allowed, a lone continuation byte and the empty token not");
 	int after = llm_grammar_next(g, st, "\xce", 1);
-	llm_grammar_mask(g, after, &m, &na);
+	llm_grammar_mask(g, after, m, &na);
 	int only_cont = 1;
 	for (int t = 0; t < NV; t++)
 		if (m[t] && !(len[t] == 1 && ((unsigned char)vocab_text[t][0] & 0xC0) == 0x80))
@@ -214,9 +223,9 @@ static void test_masks(void)
 	/* the vocabulary's cache: the same text is the same grammar (its states
 	 * and masks shared), another text another one */
 	struct llm_grammar *c1 = NULL, *c2 = NULL, *c3 = NULL;
-	llm_grammar_compile_cached(&c1, json_g, strlen(json_g), v);
-	llm_grammar_compile_cached(&c2, json_g, strlen(json_g), v);
-	llm_grammar_compile_cached(&c3, "root ::= \"a\"", 12, v);
+	llm_grammar_compile_cached(&c1, json_g, strlen(json_g), v, NULL);
+	llm_grammar_compile_cached(&c2, json_g, strlen(json_g), v, NULL);
+	llm_grammar_compile_cached(&c3, "root ::= \"a\"", 12, v, NULL);
 	check(c1 && c1 == c2 && c3 && c3 != c1, "the compile cache: one grammar per text");
 	llm_grammar_unref(c1);
 	llm_grammar_unref(c2);
@@ -240,11 +249,88 @@ static void test_ambiguous(void)
 	      "(x?)* is refused naming what it is (%s)", llm_errmsg());
 }
 
+
+/* A text of COPIES of PIECE between PRE and POST (malloc'd). */
+static char *repeat_text(const char *pre, const char *piece, int copies, const char *mid, const char *piece2, const char *post)
+{
+	size_t n = strlen(pre) + (strlen(piece) + strlen(piece2)) * (size_t)copies + strlen(mid) + strlen(post) + 1;
+	char *t = malloc(n), *q = t;
+	q += snprintf(q, n, "%s", pre);
+	for (int i = 0; i < copies; i++)
+		q += snprintf(q, n - (size_t)(q - t), "%s", piece);
+	q += snprintf(q, n - (size_t)(q - t), "%s", mid);
+	for (int i = 0; i < copies; i++)
+		q += snprintf(q, n - (size_t)(q - t), "%s", piece2);
+	snprintf(q, n - (size_t)(q - t), "%s", post);
+	return t;
+}
+
+/* Issue 45: nothing the text asks for reaches the C stack's depth, and
+ * each budget is refused by name (the old code crashed on the first two). */
+static void test_limits(void)
+{
+	struct llm_grammar *g = NULL;
+	/* nested bounded repetitions: thousands of nullable rules in a chain */
+	const char *nest = "root ::= ((\"a\"{0,10000}){0,10000}){0,10000}";
+	enum llm_status s = llm_grammar_compile(&g, nest, strlen(nest), NULL);
+	check(s == LLM_ERR_USAGE && !g && strstr(llm_errmsg(), "grammar: the start state: ") &&
+	      strstr(llm_errmsg(), "too ambiguous"), "nested repetitions {0,10000} x3: refused naming the limit (%s)",
+	      s ? llm_errmsg() : "compiled");
+	llm_grammar_unref(g);
+	g = compile("root ::= ((\"a\"{0,40}){0,40}){0,40} \"b\"", NULL);
+	check(g && llm_grammar_match(g, "aaaaab", 6) && llm_grammar_match(g, "b", 1) && !llm_grammar_match(g, "aaaa", 4),
+	      "nested repetitions {0,40} x3 compile and match");
+	llm_grammar_unref(g);
+	/* groups nested in the text: 5000 refused, LLM_GRAMMAR_MAX_NEST taken */
+	char *deep = repeat_text("root ::= ", "(", 5000, "\"a\"", ")", "");
+	g = NULL;
+	s = llm_grammar_compile(&g, deep, strlen(deep), NULL);
+	check(s == LLM_ERR_USAGE && !g && !strcmp(llm_errmsg(), "grammar: line 1: groups nested more than 1000 deep"),
+	      "5000 nested groups: refused naming the limit (%s)", s ? llm_errmsg() : "compiled");
+	free(deep);
+	deep = repeat_text("root ::= ", "(", LLM_GRAMMAR_MAX_NEST, "\"a\"", ")", "");
+	g = compile(deep, NULL);
+	check(g && llm_grammar_match(g, "a", 1), "%d nested groups compile", LLM_GRAMMAR_MAX_NEST);
+	llm_grammar_unref(g);
+	free(deep);
+	/* 20000 rules in a chain: compiled (the lookups by name and the checks are linear) */
+	char *chain = malloc(20000 * 40), *q = chain;
+	q += sprintf_check(q, "root ::= r0\n");
+	for (int i = 0; i < 20000; i++)
+		q += sprintf_check(q, "r%d ::= \"x\" r%d | \"\"\n", i, i + 1);
+	q += sprintf_check(q, "r20000 ::= \"y\"\n");
+	g = compile(chain, NULL);
+	check(g && llm_grammar_match(g, "xxx", 3) && llm_grammar_match(g, "", 0) && !llm_grammar_match(g, "xy", 2),
+	      "a chain of 20000 rules compiles and matches");
+	llm_grammar_unref(g);
+	free(chain);
+	/* the budgets: memory, work, and the compile's cancel test */
+	struct llm_grammar_budget b = { .max_bytes = 1 << 16 };
+	g = NULL;
+	s = llm_grammar_compile_budget(&g, "root ::= [a-z]{5000}", 20, NULL, &b);
+	check(s == LLM_ERR_USAGE && !g && !strcmp(llm_errmsg(), "grammar: the grammar passed its memory budget (65536 bytes)"),
+	      "a grammar past its memory budget: refused naming it (%s)", s ? llm_errmsg() : "compiled");
+	b = (struct llm_grammar_budget){ .work = 1000 };
+	const char *amb = "root ::= (\"a\"{0,100}){0,100}";
+	s = llm_grammar_compile_budget(&g, amb, strlen(amb), NULL, &b);
+	check(s == LLM_ERR_USAGE && !g && strstr(llm_errmsg(), "passed the work budget (1000 stack words"),
+	      "a start past its work budget: refused naming it (%s)", s ? llm_errmsg() : "compiled");
+	b = (struct llm_grammar_budget){ .cancel = gone_now };
+	s = llm_grammar_compile_budget(&g, json_g, strlen(json_g), NULL, &b);
+	check(s == LLM_ERR_USAGE && !g && !strcmp(llm_errmsg(), "grammar: the compile was given up (its client has gone)"),
+	      "a compile whose client has gone is given up (%s)", s ? llm_errmsg() : "compiled");
+	b = (struct llm_grammar_budget){ .deadline = 1e-9 };   /* long past */
+	s = llm_grammar_compile_budget(&g, json_g, strlen(json_g), NULL, &b);
+	check(s == LLM_ERR_USAGE && !g && !strcmp(llm_errmsg(), "grammar: the compile passed its time budget"),
+	      "a compile past its deadline is given up (%s)", s ? llm_errmsg() : "compiled");
+}
+
 int main(void)
 {
 	test_accept();
 	test_errors();
 	test_masks();
 	test_ambiguous();
+	test_limits();
 	return check_done();
 }

@@ -48,7 +48,8 @@ enum llm_status llm_reqout_init(struct llm_reqout *o, int id, const struct llm_r
 		o->g = llm_grammar_ref(o->p.grammar);
 		o->gst = llm_grammar_start(o->g);
 		o->n_vocab = n_vocab;
-		if (!(o->mask = malloc((size_t)n_vocab))) {
+		int nm = llm_gvocab_size(llm_grammar_vocab(o->g));   /* the mask is written whole, then cut to n_vocab */
+		if (!(o->mask = malloc((size_t)(nm > n_vocab ? nm : n_vocab)))) {
 			llm_reqout_free(o);
 			return llm_fail(LLM_ERR_NOMEM, "request: out of memory");
 		}
@@ -171,14 +172,14 @@ static int grammar_mask(struct llm_reqout *o)
 	int acc = llm_grammar_accepts(g, o->gst);
 	if (acc && !llm_grammar_can_continue(g, o->gst))
 		return 1;
-	const uint8_t *m;
 	int na;
-	if (llm_grammar_mask(g, o->gst, &m, &na))
-		return -1;
 	int nm = llm_gvocab_size(llm_grammar_vocab(g));   /* the tokenizer's ids; the model may pad past them */
-	nm = nm < o->n_vocab ? nm : o->n_vocab;
-	memcpy(o->mask, m, (size_t)nm);
-	memset(o->mask + nm, 0, (size_t)(o->n_vocab - nm));
+	if (llm_grammar_mask(g, o->gst, o->mask, &na))
+		return -1;
+	for (int t = o->n_vocab; t < nm; t++)   /* ids past the model's: never drawn */
+		na -= o->mask[t];
+	if (nm < o->n_vocab)
+		memset(o->mask + nm, 0, (size_t)(o->n_vocab - nm));
 	if (acc && !o->p.ignore_eos)
 		for (int i = 0; i < o->n_eos; i++)
 			if (o->eos[i] >= 0 && o->eos[i] < o->n_vocab) {

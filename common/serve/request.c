@@ -286,7 +286,7 @@ static int set_grammar(struct parse *c, const char *k, struct llm_buf *text, enu
 {
 	struct llm_grammar *g = NULL;
 	if (!s)
-		s = llm_grammar_compile_cached(&g, text->p ? text->p : "", text->len, c->env->gvocab);
+		s = llm_grammar_compile_cached(&g, text->p ? text->p : "", text->len, c->env->gvocab, c->env->gbudget);
 	llm_buf_free(text);
 	if (s)
 		return bad_st(c, usage(s), k, "%s", llm_errmsg());
@@ -583,55 +583,39 @@ static int tokenize(struct parse *c, const char *k, const char *text, size_t len
 /* The tool-call grammar of tool_choice "required" or a named function:
  * the answer is one call, in the template's format F, to one of the N
  * functions FNS (objects {"name", "parameters"}), its arguments valid for
- * that function's parameter schema: a JSON Schema anyOf over the
- * functions, written in the format's wrapping. */
+ * that function's parameter schema (whose "#" is that schema, as in
+ * response_format). Errors name the tool, as field "tools". */
 static int tool_grammar(struct parse *c, enum llm_tool_format f, json_t *const *fns, size_t n)
 {
-	const char *k = "tool_choice";
 	if (c->r->p.grammar)
-		return bad(c, k, "a call is forced by a grammar: not with response_format or guided_*");
-	json_t *any = json_array();
-	for (size_t i = 0; i < n; i++) {
-		json_t *params = json_object_get(fns[i], "parameters");
-		json_t *pv = params ? json_incref(params) : json_pack("{s:s}", "type", "object");
-		json_t *one = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type", "object", "properties", "name",
-		                        "const", json_object_get(fns[i], "name"), f == LLM_TOOL_LLAMA3 ? "parameters" : "arguments",
-		                        pv, "required", "name", f == LLM_TOOL_LLAMA3 ? "parameters" : "arguments",
-		                        "additionalProperties", 0);
-		if (one)
-			json_array_append_new(any, one);
+		return bad(c, "tool_choice", "a call is forced by a grammar: not with response_format or guided_*");
+	const char **names = malloc((n + 1) * sizeof *names);
+	const json_t **params = malloc((n + 1) * sizeof *params);
+	struct llm_buf b = { 0 };
+	enum llm_status s = names && params ? LLM_OK : llm_fail(LLM_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; !s && i < n; i++) {
+		names[i] = json_string_value(json_object_get(fns[i], "name"));
+		params[i] = json_object_get(fns[i], "parameters");
 	}
-	json_t *schema = json_pack("{s:o}", "anyOf", any);
-	struct llm_buf b = { 0 }, w = { 0 };
-	enum llm_status s = schema ? llm_guide_json_schema(schema, &b) : llm_fail(LLM_ERR_NOMEM, "out of memory");
-	json_decref(schema);
-	/* wrap the root's right side: root ::= PREFIX ( ... ) SUFFIX */
-	const char *root = s ? NULL : strstr(b.p, "root ::= ");
-	if (!s && !root)
-		s = llm_fail(LLM_ERR_INTERNAL, "tool_choice: no root rule");
-	if (!s) {
-		const char *rhs = root + 9, *eol = strchr(rhs, '\n');
-		size_t rl = eol ? (size_t)(eol - rhs) : strlen(rhs);
-		const char *pre = f == LLM_TOOL_HERMES ? "\"<tool_call>\\n\" (" : "(";
-		const char *post = f == LLM_TOOL_HERMES ? ") \"\\n</tool_call>\"" : ")";
-		s = llm_buf_append(&w, b.p, (size_t)(root - b.p));
-		if (!s)
-			s = llm_buf_append_str(&w, "root ::= ");
-		if (!s)
-			s = llm_buf_append_str(&w, pre);
-		if (!s)
-			s = llm_buf_append(&w, rhs, rl);
-		if (!s)
-			s = llm_buf_append_str(&w, post);
-		if (!s)
-			s = llm_buf_append_str(&w, eol ? eol : "\n");
-	}
-	llm_buf_free(&b);
+	if (!s)
+		s = llm_guide_tool_call(names, (const struct json_t *const *)params, n,
+		                        f == LLM_TOOL_LLAMA3 ? "parameters" : "arguments",
+		                        f == LLM_TOOL_HERMES ? "<tool_call>\n" : "", f == LLM_TOOL_HERMES ? "\n</tool_call>" : "", &b);
+	free(names);
+	free(params);
 	if (s) {
-		llm_buf_free(&w);
-		return bad_st(c, usage(s), k, "%s", llm_errmsg());
+		llm_buf_free(&b);
+		return bad_st(c, usage(s), "tools", "%s", llm_errmsg());
 	}
-	return set_grammar(c, k, &w, LLM_OK);
+	return set_grammar(c, "tools", &b, LLM_OK);
+}
+
+/* Whether P (a tool's parameters) is an object schema: an object whose
+ * "type", if given, is "object". */
+static int object_schema(const json_t *p)
+{
+	const json_t *t = json_object_get(p, "type");
+	return json_is_object(p) && (!t || (json_is_string(t) && !strcmp(json_string_value(t), "object")));
 }
 
 /* tools and tool_choice (chat): the functions' names kept for the answer's
@@ -666,6 +650,19 @@ static int tool_choice(struct parse *c, json_t *o, json_t *tools)
 			free(fns);
 			return bad(c, "tools", "tools[%zu]: expected {\"type\": \"function\", \"function\": {\"name\": string, "
 			           "\"parameters\": a JSON Schema object}}", i);
+		}
+		const char *name = json_string_value(nm);
+		int rv = 0;
+		if (!name[0])
+			rv = bad(c, "tools", "tools[%zu]: the function's name is empty", i);
+		for (size_t k = 0; !rv && k < i; k++)
+			if (!strcmp(r->tool_names[k], name))
+				rv = bad(c, "tools", "tools[%zu] ('%s'): the name is tools[%zu]'s too (names must differ)", i, name, k);
+		if (!rv && pa && !object_schema(pa))
+			rv = bad(c, "tools", "tools[%zu] ('%s'): parameters: expected an object schema (\"type\": \"object\")", i, name);
+		if (rv) {
+			free(fns);
+			return rv;
 		}
 		fns[i] = fn;
 		if (!(r->tool_names[r->n_tools++] = llm_strdup(json_string_value(nm)))) {

@@ -67,6 +67,8 @@ struct llm_api_env {
 	int max_n;                  /* the most choices (n) a request may ask for */
 	struct llm_gvocab *gvocab;  /* the tokens' bytes for grammars, and its cache of them;
 	                             * NULL: structured output is refused (no tokenizer) */
+	const struct llm_grammar_budget *gbudget;   /* a request's grammar compile's budget (grammar.h);
+	                             * NULL: the defaults, no deadline */
 };
 
 struct llm_api_req {

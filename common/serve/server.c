@@ -50,6 +50,9 @@ static int client_gone(int fd)
 	return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* A grammar compile's cancel test (struct llm_grammar_budget): its client left. */
+static int compile_gone(void *arg) { return client_gone(*(const int *)arg); }
+
 /* The idle timeout (--timeout) is for the client's pace, not the engine's:
  * it is off while a request waits for the engine, and set again (which
  * restarts its clock) when there is something to send. */
@@ -591,8 +594,15 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	j->t_arrival = now_s();
 	j->created = (long long)time(NULL);
 	j->fd = -1;
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	j->fd = ci ? ci->connect_fd : -1;
+	/* a grammar compiles here, on the connection's thread before the job is
+	 * queued (never on the engine's), within its budget: LLM_SERVE_GRAMMAR_SECONDS,
+	 * and given up when the client leaves */
+	struct llm_grammar_budget gb = { .deadline = now_s() + LLM_SERVE_GRAMMAR_SECONDS, .cancel = compile_gone,
+	                                 .arg = &j->fd };
 	struct llm_api_env env = { .defaults = LLM_SAMPLE_DEFAULT, .tk = s->tk, .chat_template = s->template_src,
-	                           .model_name = s->model_name, .max_n = MAX_N, .gvocab = s->gvocab };
+	                           .model_name = s->model_name, .max_n = MAX_N, .gvocab = s->gvocab, .gbudget = &gb };
 	env.defaults.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)j->created;
 	env.defaults.max_tokens = k == K_COMPLETION ? s->o.default_max_tokens : 0;
 	static const enum llm_api_kind api[] = { [K_COMPLETION] = LLM_API_COMPLETION, [K_CHAT] = LLM_API_CHAT,
@@ -693,8 +703,6 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 		j->ch[c].job = j;
 		j->ch[c].index = c;
 	}
-	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-	j->fd = ci ? ci->connect_fd : -1;
 	/* admission */
 	pthread_mutex_lock(&s->mu);
 	if (s->state != LLM_SERVER_READY) {

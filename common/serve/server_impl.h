@@ -38,6 +38,7 @@
 struct MHD_Daemon;
 
 #define MAX_N LLM_MAX_N            /* choices per request */
+#define LLM_SERVE_GRAMMAR_SECONDS 10   /* a request's grammar compile (llm-serve(1) LIMITS) */
 
 enum kind { K_COMPLETION, K_CHAT, K_TGI, K_RESPONSES, K_MESSAGES, K_COUNT /* messages/count_tokens */ };
 

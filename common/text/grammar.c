@@ -39,9 +39,14 @@ struct gstate {
 	size_t off;                       /* words of the stack set in g->w */
 	size_t len;
 	int accept, more;
-	int32_t *next;                    /* (256) -2 unknown, -1 refused, else a state; NULL until used */
-	uint8_t *mask;                    /* (vocabulary) NULL until asked */
-	int n_allowed;
+	int32_t *next;                    /* the transitions known: up to TR_LIST of them a list, each
+	                                   * byte | state << 8; then a table of 256, -2 unknown, -1
+	                                   * refused, else a state */
+	int n_next;                       /* in the list; TR_FULL: the table */
+	uint32_t no[8];                   /* the bytes known refused (while a list) */
+	uint32_t *mask;                   /* NULL until asked; the allowed ids (n_allowed), or when
+	                                   * mask_bits a bitset of the vocabulary ((n + 31) / 32 words) */
+	int n_allowed, mask_bits;
 };
 
 struct gvis { uint64_t h, gen; };
@@ -49,8 +54,14 @@ struct gvis { uint64_t h, gen; };
 /* A growable array of words: a stack set is stacks [len, e_0 .. e_len-1] one after another. */
 struct words { uint32_t *w; size_t n, cap; };
 
-#define MAX_WORDS ((size_t)1 << 26)   /* interned stack words (256 MiB): a grammar past it fails */
 #define MAX_SET ((size_t)1 << 20)     /* words of one state's stack set */
+
+#define TR_LIST 16                    /* transitions kept as a list before a state gets a table */
+#define TR_FULL (-1)
+#define MAX_STATES ((1 << 23) - 1)    /* a state fits a transition list's 24 bits, as an int32 */
+
+/* Why a computation stopped short (g->overflow; grammar.h's budgets). */
+enum { OVF_NONE, OVF_SET, OVF_WORK, OVF_MEM, OVF_TIME, OVF_CANCEL };
 
 struct llm_grammar {
 	atomic_int refs;
@@ -75,10 +86,21 @@ struct llm_grammar {
 	                                   * hash); entries of another generation than gen are free */
 	size_t cap_vis, n_vis;
 	uint64_t gen;
-	struct words *lvl;                /* (n_lvl) the trie walk's sets by depth */
-	size_t n_lvl;
+	struct words todo;                /* expand's configurations still to expand */
 	int start, overflow;
 	long mask_hit, mask_miss;
+	int32_t byte_bm[256];             /* the bitmap of one byte, shared by literals; -1 none yet */
+	int32_t *rht;                     /* (rht_cap) named rules by name hash: rule index or -1 */
+	size_t rht_cap, n_named;
+	/* the budget */
+	size_t max_bytes, held;           /* held: alternatives, masks and transition tables (the rest
+	                                   * is counted from the arrays' capacities) */
+	size_t work, work_left;           /* per computation; left of the current one */
+	size_t work_peak;                 /* the most one computation took */
+	size_t polled;                    /* work_left at the last poll of the compile's deadline */
+	const struct llm_grammar_budget *bud;   /* while compiling: deadline and cancel test */
+	atomic_size_t bytes_pub;          /* grammar_bytes after the last computation, for the cache's
+	                                   * thread (the owner's thread changes the rest) */
 };
 
 struct tnode { int32_t child, sib, tok; uint8_t byte; };
@@ -205,13 +227,13 @@ static int stk_reserve(struct llm_grammar *g, size_t need)
 	return llm_array_reserve(&g->stk, &g->cap_stk, need, sizeof *g->stk) ? -1 : 0;
 }
 
-/* Whether configuration g->stk[0..n) was expanded already in this step
- * (then it adds nothing: its expansion depends on it alone), else noted. An
+/* Whether configuration C[0..n) was expanded already in this step (then
+ * it adds nothing: its expansion depends on it alone), else noted. An
  * ambiguous grammar ((a|b?)* and the like) reaches one configuration by
  * many paths; without this their number grows exponentially. -1: no memory. */
-static int visited(struct llm_grammar *g, size_t n)
+static int visited(struct llm_grammar *g, const uint32_t *c, size_t n)
 {
-	uint64_t h = llm_hash_fmix(llm_hash_fnv1a(LLM_FNV1A_INIT ^ n, g->stk, n * sizeof *g->stk)) | 1;
+	uint64_t h = llm_hash_fmix(llm_hash_fnv1a(LLM_FNV1A_INIT ^ n, c, n * sizeof *c)) | 1;
 	if ((g->n_vis + 1) * 2 > g->cap_vis) {
 		size_t cap = g->cap_vis ? g->cap_vis * 2 : 256;
 		struct gvis *nv = calloc(cap, sizeof *nv);
@@ -245,42 +267,148 @@ static void vis_reset(struct llm_grammar *g)
 	g->n_vis = 0;
 }
 
-/* Expand the stack g->stk[0..n) into OUT: each configuration whose top is
- * an E_BYTES, or the empty stack. Leaves g->stk[0..n) as it found it. */
-static int expand(struct llm_grammar *g, struct words *out, size_t n)
+/* The grammar's memory: its arrays by capacity, plus what g->held counts. */
+static size_t grammar_bytes(const struct llm_grammar *g)
 {
-	if (n == 0)
-		return words_push(out, 0);
-	uint32_t p = g->stk[n - 1];
-	const struct gel *e = &g->el[p];
-	if (e->type == E_END)
-		return expand(g, out, n - 1);
-	if (e->type == E_BYTES) {
-		if (out->n + n + 1 > MAX_SET) {
-			g->overflow = 1;
-			return -1;
-		}
-		if (words_reserve(out, out->n + n + 1))
-			return -1;
-		out->w[out->n++] = (uint32_t)n;
-		memcpy(out->w + out->n, g->stk, n * sizeof *g->stk);
-		out->n += n;
+	return sizeof *g + g->cap_el * sizeof *g->el + g->cap_bm * sizeof *g->bm + g->cap_rule * sizeof *g->rule +
+	       g->cap_st * sizeof *g->st + g->pool.cap * sizeof *g->pool.w + g->ht_cap * sizeof *g->ht +
+	       g->rht_cap * sizeof *g->rht + (g->cap_stk + g->tmp.cap + g->can.cap + g->todo.cap) * sizeof(uint32_t) +
+	       (g->cap_ord + g->cap_ord2) * sizeof(size_t) + g->cap_vis * sizeof *g->vis + g->held;
+}
+
+/* Whether the memory budget holds N more bytes (else g->overflow). */
+static int mem_ok(struct llm_grammar *g, size_t n)
+{
+	if (grammar_bytes(g) + n > g->max_bytes) {
+		g->overflow = OVF_MEM;
 		return 0;
 	}
-	int seen = visited(g, n);
-	if (seen)
-		return seen < 0 ? -1 : 0;
-	const struct grule *r = &g->rule[e->arg];
-	size_t m = g->el[p + 1].type == E_END ? n - 1 : n;   /* a tail call replaces the frame */
-	if (stk_reserve(g, m + 1))
+	return 1;
+}
+
+/* While compiling: whether the deadline has passed or the client left
+ * (then g->overflow). */
+static int poll_gone(struct llm_grammar *g)
+{
+	const struct llm_grammar_budget *b = g->bud;
+	if (!b)
+		return 0;
+	if (b->deadline > 0 && llm_now() > b->deadline)
+		g->overflow = OVF_TIME;
+	else if (b->cancel && b->cancel(b->arg))
+		g->overflow = OVF_CANCEL;
+	return g->overflow != OVF_NONE;
+}
+
+/* The work budget: N more words copied; 0 within it, else -1 with
+ * g->overflow set (the caller's message names the budget). Every 2^16
+ * words a compile polls its deadline and its client. */
+static int spend(struct llm_grammar *g, size_t n)
+{
+	if (n > g->work_left) {
+		g->overflow = OVF_WORK;
 		return -1;
-	g->stk[n - 1] = p + 1;
-	for (size_t a = 0; a < r->n_alt; a++) {
-		g->stk[m] = r->alt[a];
-		if (expand(g, out, m + 1))
+	}
+	g->work_left -= n;
+	if (g->bud && g->polled - g->work_left >= (1u << 16)) {
+		g->polled = g->work_left;
+		if (poll_gone(g))
 			return -1;
 	}
-	g->stk[n - 1] = p;
+	return 0;
+}
+
+/* A new computation (a state's transition or mask, the start): the whole work budget. */
+static void work_reset(struct llm_grammar *g)
+{
+	if (g->work - g->work_left > g->work_peak)
+		g->work_peak = g->work - g->work_left;
+	g->work_left = g->polled = g->work;
+	g->overflow = OVF_NONE;
+}
+
+/* What stopped a computation, for its message. */
+static const char *ovf_msg(const struct llm_grammar *g, char *m, size_t n)
+{
+	switch (g->overflow) {
+	case OVF_SET: snprintf(m, n, "a state holds more than %zu stack words (the grammar is too ambiguous)", MAX_SET); break;
+	case OVF_WORK: snprintf(m, n, "a state's computation passed the work budget (%zu stack words; the grammar "
+	                        "is too ambiguous)", g->work); break;
+	case OVF_MEM:
+		if (g->max_bytes >= (1u << 20))
+			snprintf(m, n, "the grammar passed its memory budget (%zu MiB)", g->max_bytes >> 20);
+		else
+			snprintf(m, n, "the grammar passed its memory budget (%zu bytes)", g->max_bytes);
+		break;
+	case OVF_TIME: snprintf(m, n, "the compile passed its time budget"); break;
+	case OVF_CANCEL: snprintf(m, n, "the compile was given up (its client has gone)"); break;
+	default: snprintf(m, n, "out of memory");
+	}
+	return m;
+}
+
+/* Expand the stack g->stk[0..n) into OUT: each configuration whose top is
+ * an E_BYTES, or the empty stack. Iterative: the configurations still to
+ * expand wait on g->todo, each as its words then its length (the last one
+ * on top), so the depth of the grammar never becomes depth of the C stack
+ * (nested repetitions chain thousands of nullable rules). */
+static int expand(struct llm_grammar *g, struct words *out, size_t n)
+{
+	struct words *w = &g->todo;
+	w->n = 0;
+	if (words_reserve(w, n + 1))
+		return -1;
+	memcpy(w->w, g->stk, n * sizeof *g->stk);
+	w->w[n] = (uint32_t)n;
+	w->n = n + 1;
+	while (w->n) {
+		size_t len = w->w[w->n - 1], at = w->n - 1 - len;
+		while (len && g->el[w->w[at + len - 1]].type == E_END)
+			len--;                    /* a rule's alternative ended: on to its caller */
+		if (!len) {
+			w->n = at;
+			if (words_push(out, 0))
+				return -1;
+			continue;
+		}
+		uint32_t p = w->w[at + len - 1];
+		const struct gel *e = &g->el[p];
+		if (e->type == E_BYTES) {
+			if (out->n + len + 1 > MAX_SET) {
+				g->overflow = OVF_SET;
+				return -1;
+			}
+			if (spend(g, len + 1) || words_reserve(out, out->n + len + 1))
+				return -1;
+			out->w[out->n++] = (uint32_t)len;
+			memcpy(out->w + out->n, w->w + at, len * sizeof *w->w);
+			out->n += len;
+			w->n = at;
+			continue;
+		}
+		int seen = visited(g, w->w + at, len);
+		if (seen) {
+			w->n = at;
+			if (seen < 0)
+				return -1;
+			continue;
+		}
+		const struct grule *r = &g->rule[e->arg];
+		size_t m = g->el[p + 1].type == E_END ? len - 1 : len;   /* a tail call replaces the frame */
+		size_t na = r->n_alt, each = m + 2;
+		if (spend(g, na * each) || words_reserve(w, at + na * each))
+			return -1;
+		w->w[at + len - 1] = p + 1;
+		/* the alternatives, each the frames below, then its first element */
+		for (size_t a = na; a-- > 0; ) {
+			uint32_t *d = w->w + at + a * each;
+			if (a)
+				memmove(d, w->w + at, m * sizeof *d);
+			d[m] = r->alt[a];
+			d[m + 1] = (uint32_t)(m + 1);
+		}
+		w->n = at + na * each;
+	}
 	return 0;
 }
 
@@ -339,8 +467,10 @@ static int step(struct llm_grammar *g, const uint32_t *set, size_t n, uint8_t b,
 {
 	g->tmp.n = 0;
 	vis_reset(g);
+	size_t n_stk = 0;
 	for (size_t at = 0; at < n; at += set[at] + 1) {
 		uint32_t l = set[at];
+		n_stk++;
 		if (!l)
 			continue;
 		uint32_t top = set[at + l];
@@ -353,6 +483,8 @@ static int step(struct llm_grammar *g, const uint32_t *set, size_t n, uint8_t b,
 		if (expand(g, &g->tmp, l))
 			return -1;
 	}
+	if (spend(g, n_stk))          /* the scan of the set's tops is work too */
+		return -1;
 	return canon(g, &g->tmp, out);
 }
 
@@ -392,8 +524,10 @@ static int intern(struct llm_grammar *g, const uint32_t *set, size_t n)
 		if (s->len == n && !memcmp(g->pool.w + s->off, set, n * sizeof *set))
 			return g->ht[h];
 	}
-	if (g->pool.n + n > MAX_WORDS || n > INT32_MAX) {
-		g->overflow = 1;
+	if (n > INT32_MAX || g->n_st >= MAX_STATES || !mem_ok(g, (n + g->pool.n < g->pool.cap ? 0 : g->pool.cap * sizeof *g->pool.w) +
+	                             2 * sizeof *g->st)) {
+		if (!g->overflow)
+			g->overflow = OVF_SET;
 		return -1;
 	}
 	if (words_reserve(&g->pool, g->pool.n + n) ||
@@ -418,34 +552,112 @@ static int intern(struct llm_grammar *g, const uint32_t *set, size_t n)
 int llm_grammar_start(struct llm_grammar *g) { return g->start; }
 const struct llm_gvocab *llm_grammar_vocab(const struct llm_grammar *g) { return g->voc; }
 
+/* State S's transition on byte B: a state, -1 refused, -2 not known yet. */
+static int tr_get(const struct gstate *s, uint8_t b)
+{
+	if (s->n_next == TR_FULL)
+		return s->next[b];
+	if (s->no[b >> 5] >> (b & 31) & 1)
+		return -1;
+	for (int i = 0; i < s->n_next; i++)
+		if ((s->next[i] & 0xFF) == b)
+			return (int)((uint32_t)s->next[i] >> 8);
+	return -2;
+}
+
+/* Note S's transition on B to NX (a state or -1): a refusal in its
+ * bitmap, a state in its list while that is short (most states have a
+ * few), else in a table. -1: no memory. */
+static int tr_set(struct llm_grammar *g, struct gstate *s, uint8_t b, int nx)
+{
+	if (s->n_next == TR_FULL) {
+		s->next[b] = nx;
+		return 0;
+	}
+	if (nx < 0) {
+		s->no[b >> 5] |= 1u << (b & 31);
+		return 0;
+	}
+	if (s->n_next < TR_LIST) {
+		int cap = s->n_next;
+		if (!cap || (cap >= 2 && !(cap & (cap - 1)))) {   /* 0, 2, 4, 8 held: full, grow */
+			int nc = cap ? cap * 2 : 2;
+			int32_t *t = mem_ok(g, (size_t)(nc - cap) * sizeof *t) ? realloc(s->next, (size_t)nc * sizeof *t) : NULL;
+			if (!t)
+				return -1;
+			s->next = t;
+			g->held += (size_t)(nc - cap) * sizeof *t;
+		}
+		s->next[s->n_next++] = (int32_t)((uint32_t)b | (uint32_t)nx << 8);
+		return 0;
+	}
+	int32_t *t = mem_ok(g, 256 * sizeof *t) ? malloc(256 * sizeof *t) : NULL;
+	if (!t)
+		return -1;
+	for (int k = 0; k < 256; k++)
+		t[k] = s->no[k >> 5] >> (k & 31) & 1 ? -1 : -2;
+	for (int i = 0; i < s->n_next; i++)
+		t[s->next[i] & 0xFF] = (int32_t)((uint32_t)s->next[i] >> 8);
+	t[b] = nx;
+	free(s->next);
+	g->held += (256 - TR_LIST) * sizeof *t;
+	s->next = t;
+	s->n_next = TR_FULL;
+	return 0;
+}
+
+/* The state after byte B from state ST: from ST's transitions, else
+ * computed (within what is left of the work budget) and kept. -1: refused;
+ * -2: a budget or memory ran out (g->overflow says which). */
+static int trans(struct llm_grammar *g, int st, uint8_t b)
+{
+	int nx = tr_get(&g->st[st], b);
+	if (nx != -2)
+		return nx;
+	struct gstate *s = &g->st[st];
+	if (step(g, g->pool.w + s->off, s->len, b, &g->can))
+		return -2;
+	nx = g->can.n ? intern(g, g->can.w, g->can.n) : -1;
+	if (nx < 0 && g->can.n)
+		return -2;
+	return tr_set(g, &g->st[st], b, nx) ? -2 : nx;
+}
+
+/* The one byte state ST allows, when it allows one and is not a whole
+ * sentence; else -1. */
+static int forced_byte(const struct llm_grammar *g, int st)
+{
+	const struct gstate *s = &g->st[st];
+	const uint32_t *w = g->pool.w + s->off;
+	uint8_t any[32] = { 0 };
+	if (s->accept)
+		return -1;
+	for (size_t at = 0; at < s->len; at += w[at] + 1)
+		for (int k = 0; k < 32; k++)
+			any[k] |= g->bm[g->el[w[at + w[at]]].arg][k];
+	int one = -1;
+	for (int b = 0; b < 256; b++)
+		if (any[b >> 3] >> (b & 7) & 1) {
+			if (one >= 0)
+				return -1;
+			one = b;
+		}
+	return one;
+}
+
 int llm_grammar_next(struct llm_grammar *g, int st, const void *bytes, size_t n)
 {
 	const uint8_t *b = bytes;
 	for (size_t i = 0; i < n && st >= 0; i++) {
-		struct gstate *s = &g->st[st];
-		if (!s->next) {
-			if (!(s->next = malloc(256 * sizeof *s->next))) {
-				llm_fail(LLM_ERR_NOMEM, "grammar: out of memory");
-				return -1;
-			}
-			for (int k = 0; k < 256; k++)
-				s->next[k] = -2;
+		if (tr_get(&g->st[st], b[i]) == -2)
+			work_reset(g);        /* a new transition: the whole budget */
+		if ((st = trans(g, st, b[i])) == -2) {
+			char m[160];
+			llm_fail(LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, m, sizeof m));
+			return -1;
 		}
-		int32_t nx = s->next[b[i]];
-		if (nx == -2) {
-			if (step(g, g->pool.w + s->off, s->len, b[i], &g->can)) {
-				llm_fail(LLM_ERR_NOMEM, "grammar: %s", g->overflow ? "state table full" : "out of memory");
-				return -1;
-			}
-			nx = g->can.n ? intern(g, g->can.w, g->can.n) : -1;
-			if (nx < 0 && g->can.n) {
-				llm_fail(LLM_ERR_NOMEM, "grammar: %s", g->overflow ? "state table full" : "out of memory");
-				return -1;
-			}
-			g->st[st].next[b[i]] = nx;
-		}
-		st = nx;
 	}
+	atomic_store(&g->bytes_pub, grammar_bytes(g));
 	return st;
 }
 
@@ -464,66 +676,92 @@ int llm_grammar_match(struct llm_grammar *g, const void *text, size_t len)
 	return llm_grammar_accepts(g, llm_grammar_next(g, g->start, text, len));
 }
 
-/* The tokens below trie node AT whose bytes the set at depth D takes. */
-static int walk(struct llm_grammar *g, int32_t at, size_t d, uint8_t *mask, int *cnt)
+/* The tokens below trie node AT whose bytes state ST takes, by the
+ * states' transitions (kept: a walk inside a JSON string comes back to one
+ * state after each character, so most of the vocabulary costs a lookup).
+ * Recursion as deep as the longest token (the tokenizer's, not the
+ * grammar's). -1: a budget or memory ran out. */
+static int walk(struct llm_grammar *g, int32_t at, int st, uint8_t *mask, int *cnt)
 {
 	const struct llm_gvocab *v = g->voc;
-	if (d + 1 >= g->n_lvl) {
-		struct words *l = realloc(g->lvl, (g->n_lvl + 8) * sizeof *l);
-		if (!l)
-			return -1;
-		memset(l + g->n_lvl, 0, 8 * sizeof *l);
-		g->lvl = l;
-		g->n_lvl += 8;
-	}
 	for (int32_t c = v->node[at].child; c >= 0; c = v->node[c].sib) {
-		if (step(g, g->lvl[d].w, g->lvl[d].n, v->node[c].byte, &g->lvl[d + 1]))
+		int nx = trans(g, st, v->node[c].byte);
+		if (nx == -2)
 			return -1;
-		if (!g->lvl[d + 1].n)
+		if (nx < 0)
 			continue;
 		for (int32_t t = v->node[c].tok; t >= 0; t = v->tok_next[t]) {
 			mask[t] = 1;
 			(*cnt)++;
 		}
-		if (v->node[c].child >= 0 && walk(g, c, d + 1, mask, cnt))
+		if (v->node[c].child >= 0 && walk(g, c, nx, mask, cnt))
 			return -1;
 	}
 	return 0;
 }
 
-enum llm_status llm_grammar_mask(struct llm_grammar *g, int st, const uint8_t **mask, int *n_allowed)
+/* The mask of state S kept compact from the byte mask M (N tokens, CNT allowed). */
+static int mask_keep(struct llm_grammar *g, struct gstate *s, const uint8_t *m, int n, int cnt)
+{
+	size_t nw = ((size_t)n + 31) / 32, list = (size_t)cnt;
+	int bits = list > nw;
+	size_t words = bits ? nw : list;
+	if (!mem_ok(g, words * 4) || !(s->mask = malloc((words ? words : 1) * 4)))
+		return -1;
+	g->held += words * 4;
+	if (bits) {
+		memset(s->mask, 0, nw * 4);
+		for (int t = 0; t < n; t++)
+			if (m[t])
+				s->mask[t >> 5] |= 1u << (t & 31);
+	} else {
+		size_t k = 0;
+		for (int t = 0; t < n; t++)
+			if (m[t])
+				s->mask[k++] = (uint32_t)t;
+	}
+	s->mask_bits = bits;
+	s->n_allowed = cnt;
+	return 0;
+}
+
+/* State S's kept mask written out as bytes into M (N tokens). */
+static void mask_put(const struct gstate *s, uint8_t *m, int n)
+{
+	if (s->mask_bits) {
+		for (int t = 0; t < n; t++)
+			m[t] = (uint8_t)(s->mask[t >> 5] >> (t & 31) & 1);
+		return;
+	}
+	memset(m, 0, (size_t)n);
+	for (int k = 0; k < s->n_allowed; k++)
+		m[s->mask[k]] = 1;
+}
+
+enum llm_status llm_grammar_mask(struct llm_grammar *g, int st, uint8_t *mask, int *n_allowed)
 {
 	if (!g->voc)
 		return llm_fail(LLM_ERR_USAGE, "grammar: no vocabulary");
+	int n = g->voc->n;
 	struct gstate *s = &g->st[st];
 	if (s->mask) {
 		g->mask_hit++;
-		*mask = s->mask;
+		mask_put(s, mask, n);
 		*n_allowed = s->n_allowed;
 		return LLM_OK;
 	}
-	uint8_t *m = calloc((size_t)g->voc->n + 1, 1);
-	if (!m)
-		return llm_fail(LLM_ERR_NOMEM, "grammar: out of memory");
+	char msg[160];
+	memset(mask, 0, (size_t)n);
 	int cnt = 0;
-	if (!g->n_lvl && !(g->lvl = calloc(g->n_lvl = 8, sizeof *g->lvl)))
-		g->n_lvl = 0;
-	if (!g->n_lvl || words_reserve(&g->lvl[0], s->len)) {
-		free(m);
-		return llm_fail(LLM_ERR_NOMEM, "grammar: out of memory");
-	}
-	memcpy(g->lvl[0].w, g->pool.w + s->off, s->len * sizeof *g->lvl[0].w);
-	g->lvl[0].n = s->len;
-	if (walk(g, 0, 0, m, &cnt)) {
-		free(m);
-		return llm_fail(LLM_ERR_NOMEM, "grammar: %s", g->overflow ? "a state's stack set is too large" : "out of memory");
-	}
+	work_reset(g);
+	if (walk(g, 0, st, mask, &cnt))
+		return llm_fail(g->overflow ? LLM_ERR_RANGE : LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, msg, sizeof msg));
 	s = &g->st[st];
-	s->mask = m;
-	s->n_allowed = cnt;
+	if (mask_keep(g, s, mask, n, cnt))
+		return llm_fail(g->overflow ? LLM_ERR_RANGE : LLM_ERR_NOMEM, "grammar: %s", ovf_msg(g, msg, sizeof msg));
 	g->mask_miss++;
-	*mask = m;
 	*n_allowed = cnt;
+	atomic_store(&g->bytes_pub, grammar_bytes(g));
 	return LLM_OK;
 }
 
@@ -532,6 +770,8 @@ void llm_grammar_stats(const struct llm_grammar *g, struct llm_grammar_stats *s)
 	s->n_states = (long)g->n_st;
 	s->mask_miss = g->mask_miss;
 	s->mask_hit = g->mask_hit;
+	s->bytes = grammar_bytes(g);
+	s->work_peak = g->work_peak > g->work - g->work_left ? g->work_peak : g->work - g->work_left;
 }
 
 struct llm_grammar *llm_grammar_ref(struct llm_grammar *g)
@@ -549,9 +789,6 @@ static void grammar_free(struct llm_grammar *g)
 		free(g->st[i].next);
 		free(g->st[i].mask);
 	}
-	for (size_t i = 0; i < g->n_lvl; i++)
-		free(g->lvl[i].w);
-	free(g->lvl);
 	free(g->el);
 	free(g->bm);
 	free(g->rule);
@@ -564,6 +801,8 @@ static void grammar_free(struct llm_grammar *g)
 	free(g->can.w);
 	free(g->ord);
 	free(g->ord2);
+	free(g->todo.w);
+	free(g->rht);
 	free(g);
 }
 
@@ -583,8 +822,11 @@ struct parser {
 	int line;
 	enum llm_status st;
 	int n_anon;
+	int depth;                        /* groups open: parse_item and parse_alts recurse per group */
+	unsigned long n_alt;              /* alternatives added, for polling the budget's deadline */
 };
 
+static int perr_budget(struct parser *P);
 static int perr(struct parser *P, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int perr(struct parser *P, const char *fmt, ...)
 {
@@ -605,8 +847,19 @@ static int nomem(struct parser *P)
 	return -1;
 }
 
+/* A budget spent while compiling (g->overflow says which): a usage error naming it. */
+static int perr_budget(struct parser *P)
+{
+	char m[160];
+	if (!P->st)
+		P->st = llm_fail(LLM_ERR_USAGE, "grammar: %s", ovf_msg(P->g, m, sizeof m));
+	return -1;
+}
+
 static int seq_add(struct parser *P, struct seq *s, uint32_t type, uint32_t arg)
 {
+	if (s->n + 1 > s->cap && !mem_ok(P->g, 2 * (s->n + 1) * sizeof *s->e))   /* a sequence becomes elements */
+		return perr_budget(P);
 	if (llm_array_reserve(&s->e, &s->cap, s->n + 1, sizeof *s->e))
 		return nomem(P);
 	s->e[s->n++] = (struct gel){ type, arg };
@@ -625,6 +878,8 @@ static int seq_cat(struct parser *P, struct seq *s, const struct seq *t)
 static int bm_new(struct parser *P, const uint8_t set[32])
 {
 	struct llm_grammar *g = P->g;
+	if (!mem_ok(g, sizeof *g->bm))
+		return perr_budget(P);
 	if (llm_array_reserve(&g->bm, &g->cap_bm, g->n_bm + 1, sizeof *g->bm))
 		return nomem(P);
 	memcpy(g->bm[g->n_bm], set, 32);
@@ -636,15 +891,20 @@ static int add_byte_range(struct parser *P, struct seq *s, unsigned lo, unsigned
 	uint8_t set[32] = { 0 };
 	for (unsigned b = lo; b <= hi; b++)
 		set[b >> 3] |= (uint8_t)(1u << (b & 7));
-	int k = bm_new(P, set);
+	int32_t *one = lo == hi ? &P->g->byte_bm[lo] : NULL;   /* a literal's byte: one bitmap per byte value */
+	int k = one && *one >= 0 ? *one : bm_new(P, set);
+	if (one && k >= 0)
+		*one = k;
 	return k < 0 ? -1 : seq_add(P, s, E_BYTES, (uint32_t)k);
 }
+
+static uint64_t name_hash(const char *name, size_t len) { return llm_hash_fmix(llm_hash_fnv1a(LLM_FNV1A_INIT, name, len)); }
 
 static int rule_new(struct parser *P, const char *name, size_t len)
 {
 	struct llm_grammar *g = P->g;
-	if (llm_array_reserve(&g->rule, &g->cap_rule, g->n_rule + 1, sizeof *g->rule))
-		return nomem(P);
+	if (!mem_ok(g, sizeof *g->rule) || llm_array_reserve(&g->rule, &g->cap_rule, g->n_rule + 1, sizeof *g->rule))
+		return g->overflow ? perr_budget(P) : nomem(P);
 	struct grule *r = &g->rule[g->n_rule];
 	memset(r, 0, sizeof *r);
 	snprintf(r->name, sizeof r->name, "%.*s", (int)len, name);
@@ -652,14 +912,43 @@ static int rule_new(struct parser *P, const char *name, size_t len)
 	return (int)g->n_rule++;
 }
 
+/* The named rule NAME: found by its hash (g->rht), or added. */
 static int rule_get(struct parser *P, const char *name, size_t len)
 {
-	if (len >= sizeof P->g->rule[0].name)
+	struct llm_grammar *g = P->g;
+	if (len >= sizeof g->rule[0].name)
 		return perr(P, "rule name '%.*s' is too long", (int)len, name);
-	for (size_t i = 0; i < P->g->n_rule; i++)
-		if (strlen(P->g->rule[i].name) == len && !memcmp(P->g->rule[i].name, name, len))
-			return (int)i;
-	return rule_new(P, name, len);
+	if ((g->n_named + 1) * 2 > g->rht_cap) {
+		size_t cap = g->rht_cap ? g->rht_cap * 2 : 64;
+		int32_t *t = malloc(cap * sizeof *t);
+		if (!t)
+			return nomem(P);
+		for (size_t i = 0; i < cap; i++)
+			t[i] = -1;
+		for (size_t i = 0; i < g->rht_cap; i++)
+			if (g->rht[i] >= 0) {
+				const char *nm = g->rule[g->rht[i]].name;
+				size_t k = name_hash(nm, strlen(nm)) & (cap - 1);
+				while (t[k] >= 0)
+					k = (k + 1) & (cap - 1);
+				t[k] = g->rht[i];
+			}
+		free(g->rht);
+		g->rht = t;
+		g->rht_cap = cap;
+	}
+	size_t k = name_hash(name, len) & (g->rht_cap - 1);
+	for (; g->rht[k] >= 0; k = (k + 1) & (g->rht_cap - 1)) {
+		const char *nm = g->rule[g->rht[k]].name;
+		if (strlen(nm) == len && !memcmp(nm, name, len))
+			return g->rht[k];
+	}
+	int r = rule_new(P, name, len);
+	if (r >= 0) {
+		g->rht[k] = r;
+		g->n_named++;
+	}
+	return r;
 }
 
 static int rule_anon(struct parser *P)
@@ -676,11 +965,15 @@ static int rule_anon(struct parser *P)
 static int alt_add(struct parser *P, int r, const struct seq *s)
 {
 	struct llm_grammar *g = P->g;
+	if (!mem_ok(g, (s->n + 1) * sizeof *g->el + sizeof *g->rule->alt) ||
+	    (++P->n_alt % 4096 == 0 && poll_gone(g)))
+		return perr_budget(P);
 	if (llm_array_reserve(&g->el, &g->cap_el, g->n_el + s->n + 1, sizeof *g->el))
 		return nomem(P);
 	struct grule *ru = &g->rule[r];
 	if (llm_array_reserve(&ru->alt, &ru->cap_alt, ru->n_alt + 1, sizeof *ru->alt))
 		return nomem(P);
+	g->held += sizeof *ru->alt;
 	ru->alt[ru->n_alt++] = (uint32_t)g->n_el;
 	if (s->n)
 		memcpy(g->el + g->n_el, s->e, s->n * sizeof *s->e);
@@ -964,6 +1257,46 @@ static int read_count(struct parser *P, long *v)
 	return 0;
 }
 
+/* A character class [...] or . at P->p, as items of S (not recursive:
+ * its range table stays out of the parser's recursion). */
+static int parse_class(struct parser *P, struct seq *s)
+{
+	struct range rg[129];
+	size_t n = 0;
+	int neg = 0;
+	if (*P->p == '.') {
+		P->p++;
+		rg[n++] = (struct range){ 0, 0x10FFFF };
+		return class_items(P, s, rg, n, neg);
+	}
+	P->p++;
+	if (P->p < P->end && *P->p == '^') {
+		neg = 1;
+		P->p++;
+	}
+	while (P->p < P->end && *P->p != ']') {
+		long lo = read_char(P), hi = lo;
+		if (lo < 0)
+			return -1;
+		if (P->end - P->p >= 2 && P->p[0] == '-' && P->p[1] != ']') {
+			P->p++;
+			if ((hi = read_char(P)) < 0)
+				return -1;
+			if (hi < lo)
+				return perr(P, "range %lX-%lX is backwards", lo, hi);
+		}
+		if (n == sizeof rg / sizeof *rg)
+			return perr(P, "character class of more than %zu ranges", n);
+		rg[n++] = (struct range){ (uint32_t)lo, (uint32_t)hi };
+	}
+	if (P->p >= P->end)
+		return perr(P, "unterminated character class");
+	P->p++;
+	if (!n && !neg)
+		return perr(P, "empty character class");
+	return class_items(P, s, rg, n, neg);
+}
+
 /* One item and its repetition, appended to S. */
 static int parse_item(struct parser *P, struct seq *s)
 {
@@ -988,54 +1321,18 @@ static int parse_item(struct parser *P, struct seq *s)
 		}
 		P->p++;
 	} else if (c == '[' || c == '.') {
-		struct range rg[129];
-		size_t n = 0;
-		int neg = 0;
-		if (c == '.') {
-			P->p++;
-			rg[n++] = (struct range){ 0, 0x10FFFF };
-		} else {
-			P->p++;
-			if (P->p < P->end && *P->p == '^') {
-				neg = 1;
-				P->p++;
-			}
-			while (P->p < P->end && *P->p != ']') {
-				long lo = read_char(P), hi = lo;
-				if (lo < 0)
-					goto out;
-				if (P->end - P->p >= 2 && P->p[0] == '-' && P->p[1] != ']') {
-					P->p++;
-					if ((hi = read_char(P)) < 0)
-						goto out;
-					if (hi < lo) {
-						perr(P, "range %lX-%lX is backwards", lo, hi);
-						goto out;
-					}
-				}
-				if (n == sizeof rg / sizeof *rg) {
-					perr(P, "character class of more than %zu ranges", n);
-					goto out;
-				}
-				rg[n++] = (struct range){ (uint32_t)lo, (uint32_t)hi };
-			}
-			if (P->p >= P->end) {
-				perr(P, "unterminated character class");
-				goto out;
-			}
-			P->p++;
-			if (!n && !neg) {
-				perr(P, "empty character class");
-				goto out;
-			}
-		}
-		if (class_items(P, &it, rg, n, neg))
+		if (parse_class(P, &it))
 			goto out;
 	} else if (c == '(') {
 		P->p++;
+		if (++P->depth > LLM_GRAMMAR_MAX_NEST) {
+			perr(P, "groups nested more than %d deep", LLM_GRAMMAR_MAX_NEST);
+			goto out;
+		}
 		int r = rule_anon(P);
 		if (r < 0 || parse_alts(P, r, 1))
 			goto out;
+		P->depth--;
 		skip_ws(P);
 		if (P->p >= P->end || *P->p != ')') {
 			perr(P, "expected ')'");
@@ -1122,71 +1419,129 @@ static int parse_alts(struct parser *P, int r, int nested)
 	return rc;
 }
 
-/* Undefined rules and left recursion (which the recogniser cannot expand). */
+/* Undefined rules and left recursion (which the recogniser cannot expand),
+ * in time linear in the grammar's size: the nullable rules by a work list
+ * (each alternative waits on the rule at its first element not yet known
+ * nullable), then the left edges (a rule to each rule its alternatives may
+ * start with) searched for a cycle by one depth-first walk on a heap stack. */
 static int check_rules(struct parser *P)
 {
 	struct llm_grammar *g = P->g;
-	size_t n = g->n_rule;
-	for (size_t i = 0; i < n; i++)
+	size_t n = g->n_rule, na = 0;
+	for (size_t i = 0; i < n; i++) {
 		if (!g->rule[i].defined) {
 			P->line = g->rule[i].line;
 			return perr(P, "rule '%s' is not defined", g->rule[i].name);
 		}
-	uint8_t *nul = calloc(n, 1);
-	int rc = 0;
-	if (!nul)
-		return nomem(P);
-	for (int changed = 1; changed; ) {   /* nullable rules, to a fixed point */
-		changed = 0;
-		for (size_t i = 0; i < n; i++)
-			for (size_t a = 0; !nul[i] && a < g->rule[i].n_alt; a++) {
-				uint32_t p = g->rule[i].alt[a];
-				while (g->el[p].type == E_REF && nul[g->el[p].arg])
-					p++;
-				if (g->el[p].type == E_END)
-					nul[i] = changed = 1;
-			}
+		na += g->rule[i].n_alt;
 	}
-	/* left edges i -> j; a rule that reaches itself through them is left-recursive:
-	 * found by iterating reachability from each rule (the grammars are small) */
-	uint8_t *reach = calloc(n, 1);
-	size_t *todo = malloc((n + 1) * sizeof *todo);
-	if (!reach || !todo) {
+	uint8_t *nul = calloc(n + 1, 1), *color = calloc(n + 1, 1);
+	size_t *ap = malloc((na + 1) * sizeof *ap), *ar = malloc((na + 1) * sizeof *ar), *wnext = malloc((na + 1) * sizeof *wnext);
+	size_t *whead = malloc((n + 1) * sizeof *whead), *queue = malloc((n + 1) * sizeof *queue);
+	size_t *eoff = calloc(n + 1, sizeof *eoff), *edge = NULL, *stk = malloc((n + 1) * 2 * sizeof *stk);
+	size_t nq = 0, qh = 0, ne = 0;
+	int rc = 0;
+	const size_t NONE = (size_t)-1;
+	if (!nul || !color || !ap || !ar || !wnext || !whead || !queue || !eoff || !stk) {
 		rc = nomem(P);
 		goto out;
 	}
-	for (size_t i = 0; i < n && !rc; i++) {
-		memset(reach, 0, n);
-		size_t nt = 0;
-		todo[nt++] = i;
-		while (nt && !rc) {
-			size_t u = todo[--nt];
-			for (size_t a = 0; a < g->rule[u].n_alt; a++)
-				for (uint32_t p = g->rule[u].alt[a]; g->el[p].type == E_REF; p++) {
-					uint32_t v = g->el[p].arg;
-					if (v == i) {
-						P->line = g->rule[i].line;
-						rc = g->rule[i].name[0] == '_' ?   /* a group or repetition's rule */
-						     perr(P, "left recursion: a repetition of an item that can be empty, as (x?)*, "
-						          "or a group that starts with its own rule") :
-						     perr(P, "rule '%s' is left-recursive", g->rule[i].name);
-						break;
+	for (size_t i = 0; i < n; i++)
+		whead[i] = NONE;
+	/* nullable rules */
+	for (size_t i = 0, k = 0; i < n; i++)
+		for (size_t a = 0; a < g->rule[i].n_alt; a++, k++) {
+			ar[k] = i;
+			ap[k] = g->rule[i].alt[a];
+			for (size_t k2 = k, first = 1; first || qh < nq; first = 0) {
+				if (!first) {        /* rule queue[qh] became nullable: its waiters go on */
+					size_t v = queue[qh++];
+					if ((k2 = whead[v]) == NONE)
+						continue;
+					whead[v] = NONE;
+					for (size_t nx; k2 != NONE; k2 = nx) {
+						nx = wnext[k2];
+						ap[k2]++;
+						while (g->el[ap[k2]].type == E_REF && nul[g->el[ap[k2]].arg])
+							ap[k2]++;
+						if (g->el[ap[k2]].type == E_END && !nul[ar[k2]]) {
+							nul[ar[k2]] = 1;
+							queue[nq++] = ar[k2];
+						} else if (g->el[ap[k2]].type == E_REF) {
+							wnext[k2] = whead[g->el[ap[k2]].arg];
+							whead[g->el[ap[k2]].arg] = k2;
+						}
 					}
-					if (!reach[v]) {
-						reach[v] = 1;
-						todo[nt++] = v;
-					}
-					if (!nul[v])
+					continue;
+				}
+				while (g->el[ap[k2]].type == E_REF && nul[g->el[ap[k2]].arg])
+					ap[k2]++;
+				if (g->el[ap[k2]].type == E_END && !nul[ar[k2]]) {
+					nul[ar[k2]] = 1;
+					queue[nq++] = ar[k2];
+				} else if (g->el[ap[k2]].type == E_REF) {
+					wnext[k2] = whead[g->el[ap[k2]].arg];
+					whead[g->el[ap[k2]].arg] = k2;
+				}
+			}
+		}
+	/* the left edges, rule by rule (CSR: rule i's are edge[eoff[i] .. eoff[i + 1])) */
+	for (int pass = 0; pass < 2; pass++) {
+		ne = 0;
+		for (size_t i = 0; i < n; i++) {
+			eoff[i] = ne;
+			for (size_t a = 0; a < g->rule[i].n_alt; a++)
+				for (uint32_t p = g->rule[i].alt[a]; g->el[p].type == E_REF; p++) {
+					if (pass)
+						edge[ne] = g->el[p].arg;
+					ne++;
+					if (!nul[g->el[p].arg])
 						break;
 				}
 		}
+		eoff[n] = ne;
+		if (!pass && !(edge = malloc((ne + 1) * sizeof *edge))) {
+			rc = nomem(P);
+			goto out;
+		}
+	}
+	/* a cycle: an edge back to a rule on the walk's path (color 1) */
+	for (size_t i = 0; i < n && !rc; i++) {
+		if (color[i])
+			continue;
+		size_t ns = 0;
+		stk[ns++] = i;
+		stk[ns++] = eoff[i];
+		color[i] = 1;
+		while (ns && !rc) {
+			size_t u = stk[ns - 2], e = stk[ns - 1];
+			if (e == eoff[u + 1]) {
+				color[u] = 2;
+				ns -= 2;
+				continue;
+			}
+			stk[ns - 1]++;
+			size_t v = edge[e];
+			if (color[v] == 1) {
+				P->line = g->rule[v].line;
+				rc = g->rule[v].name[0] == '_' ?   /* a group or repetition's rule */
+				     perr(P, "left recursion: a repetition of an item that can be empty, as (x?)*, "
+				          "or a group that starts with its own rule") :
+				     perr(P, "rule '%s' is left-recursive", g->rule[v].name);
+			} else if (!color[v]) {
+				color[v] = 1;
+				stk[ns++] = v;
+				stk[ns++] = eoff[v];
+			}
+		}
 	}
 out:
-	free(reach), free(todo), free(nul);
+	free(nul), free(color), free(ap), free(ar), free(wnext), free(whead), free(queue), free(eoff), free(edge), free(stk);
 	return rc;
 }
 
-enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, size_t len, const struct llm_gvocab *v)
+enum llm_status llm_grammar_compile_budget(struct llm_grammar **out, const char *src, size_t len,
+                                           const struct llm_gvocab *v, const struct llm_grammar_budget *b)
 {
 	*out = NULL;
 	struct llm_grammar *g = calloc(1, sizeof *g);
@@ -1194,6 +1549,13 @@ enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, s
 		return llm_fail(LLM_ERR_NOMEM, "grammar: out of memory");
 	atomic_init(&g->refs, 1);
 	g->voc = v;
+	g->max_bytes = b && b->max_bytes ? b->max_bytes : LLM_GRAMMAR_MAX_BYTES;
+	g->work = b && b->work > 0 ? (size_t)b->work : (size_t)LLM_GRAMMAR_WORK;
+	g->bud = b;
+	g->work_left = g->work;
+	for (int i = 0; i < 256; i++)
+		g->byte_bm[i] = -1;
+	work_reset(g);
 	struct parser P = { .g = g, .p = src, .end = src + len, .line = 1 };
 	int root = rule_get(&P, "root", 4);
 	while (!P.st) {
@@ -1227,8 +1589,10 @@ enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, s
 		P.line = 1;
 		perr(&P, "no rule 'root'");
 	}
-	if (!P.st)
+	if (!P.st && !poll_gone(g))
 		check_rules(&P);
+	if (!P.st && g->overflow)
+		perr_budget(&P);
 	/* the start: a frame that enters root and ends */
 	struct seq s0 = { 0 };
 	size_t at = g->n_el;
@@ -1247,14 +1611,48 @@ enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, s
 		else {
 			g->stk[0] = (uint32_t)at;
 			vis_reset(g);
+			work_reset(g);
 			if (expand(g, &g->tmp, 1) || canon(g, &g->tmp, &g->can) || (g->start = intern(g, g->can.w, g->can.n)) < 0) {
-				if (g->overflow)
-					perr(&P, "the grammar is too ambiguous (its start has more than %zu stack words)", MAX_SET);
-				else
+				if (g->overflow) {
+					char m[160];
+					P.st = llm_fail(LLM_ERR_USAGE, "grammar: the start state: %s", ovf_msg(g, m, sizeof m));
+				} else {
 					nomem(&P);
+				}
 			}
 		}
 	}
+	/* the bytes the start forces (a tool call's "<tool_call>\n{\"name\":"...),
+	 * then the state where the text has a choice: computed here, so a
+	 * budget the grammar passes there is a compile error */
+	int fst = P.st ? -1 : g->start;
+	for (int k = 0; k < LLM_GRAMMAR_FORCED && fst >= 0; k++) {
+		int b1 = forced_byte(g, fst);
+		if (b1 < 0)
+			break;
+		work_reset(g);
+		if ((fst = trans(g, fst, (uint8_t)b1)) == -2) {
+			char m[160];
+			P.st = llm_fail(g->overflow ? LLM_ERR_USAGE : LLM_ERR_NOMEM, "grammar: after %d bytes that the start "
+			                "forces: %s", k + 1, ovf_msg(g, m, sizeof m));
+		}
+	}
+	/* the start's mask, on the compiling thread rather than the first step's */
+	uint8_t *m = !P.st && v ? malloc((size_t)v->n + 1) : NULL;
+	int na;
+	enum llm_status ms = m ? llm_grammar_mask(g, g->start, m, &na) : LLM_OK;
+	if (!ms && m && fst >= 0 && fst != g->start)   /* and the first choice's */
+		ms = llm_grammar_mask(g, fst, m, &na);
+	if (ms && !P.st) {
+		char why[300];
+		snprintf(why, sizeof why, "%s", llm_errmsg());
+		P.st = llm_fail(ms == LLM_ERR_NOMEM ? ms : LLM_ERR_USAGE, "%s (a mask the compile computes)", why);
+	}
+	else if (!P.st && v && !m)
+		nomem(&P);
+	free(m);
+	g->bud = NULL;                /* the caller's, for the compile only */
+	atomic_store(&g->bytes_pub, grammar_bytes(g));
 	if (P.st) {
 		grammar_free(g);
 		return P.st;
@@ -1263,7 +1661,13 @@ enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, s
 	return LLM_OK;
 }
 
-enum llm_status llm_grammar_compile_cached(struct llm_grammar **out, const char *src, size_t len, struct llm_gvocab *v)
+enum llm_status llm_grammar_compile(struct llm_grammar **out, const char *src, size_t len, const struct llm_gvocab *v)
+{
+	return llm_grammar_compile_budget(out, src, len, v, NULL);
+}
+
+enum llm_status llm_grammar_compile_cached(struct llm_grammar **out, const char *src, size_t len, struct llm_gvocab *v,
+                                           const struct llm_grammar_budget *b)
 {
 	uint64_t h = llm_hash_fnv1a(LLM_FNV1A_INIT, src, len);
 	pthread_mutex_lock(&v->mu);
@@ -1279,20 +1683,46 @@ enum llm_status llm_grammar_compile_cached(struct llm_grammar **out, const char 
 	pthread_mutex_unlock(&v->mu);
 	/* compiled outside the lock; two threads may both compile a new text,
 	 * and the second one's replaces the first in the cache */
-	LLM_TRY(llm_grammar_compile(out, src, len, v));
-	char *t = malloc(len + 1);
+	LLM_TRY(llm_grammar_compile_budget(out, src, len, v, b));
+	size_t bytes = atomic_load(&(*out)->bytes_pub) + len;
+	char *t = bytes <= LLM_GRAMMAR_CACHE_BYTES ? malloc(len + 1) : NULL;
 	if (!t)
 		return LLM_OK;            /* not kept: still compiled */
 	memcpy(t, src, len);
 	pthread_mutex_lock(&v->mu);
-	struct gcache *old = &v->cache[0];   /* a free entry, else the least recently used */
-	for (int i = 1; i < LLM_GRAMMAR_CACHE; i++)
-		if (!v->cache[i].g || (old->g && v->cache[i].use < old->use))
-			old = &v->cache[i];
-	struct llm_grammar *drop = old->g;
-	free(old->text);
-	*old = (struct gcache){ .h = h, .text = t, .len = len, .g = llm_grammar_ref(*out), .use = ++v->clock };
+	/* room: the least recently used go while the cache would pass its bytes
+	 * (each grammar's memory as it is now: the engine's thread adds states
+	 * to the ones in use, each within its own budget) */
+	struct llm_grammar *drop[LLM_GRAMMAR_CACHE];
+	int n_drop = 0;
+	for (;;) {
+		size_t held = bytes;
+		int n_used = 0;
+		struct gcache *old = NULL;
+		for (int i = 0; i < LLM_GRAMMAR_CACHE; i++) {
+			struct gcache *c = &v->cache[i];
+			if (!c->g)
+				continue;
+			n_used++;
+			held += atomic_load(&c->g->bytes_pub) + c->len;
+			if (!old || c->use < old->use)
+				old = c;
+		}
+		if (!old || (held <= LLM_GRAMMAR_CACHE_BYTES && n_used < LLM_GRAMMAR_CACHE))
+			break;
+		drop[n_drop++] = old->g;
+		free(old->text);
+		*old = (struct gcache){ 0 };
+	}
+	struct gcache *e = &v->cache[0];
+	for (int i = 0; i < LLM_GRAMMAR_CACHE; i++)
+		if (!v->cache[i].g) {
+			e = &v->cache[i];
+			break;
+		}
+	*e = (struct gcache){ .h = h, .text = t, .len = len, .g = llm_grammar_ref(*out), .use = ++v->clock };
 	pthread_mutex_unlock(&v->mu);
-	llm_grammar_unref(drop);
+	for (int i = 0; i < n_drop; i++)
+		llm_grammar_unref(drop[i]);
 	return LLM_OK;
 }

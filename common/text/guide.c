@@ -503,9 +503,15 @@ enum llm_status llm_guide_regex(const char *re, size_t len, struct llm_buf *out)
 struct sc {
 	struct llm_buf *out;
 	const json_t *root;
-	struct { const json_t *s; int id; } *memo;
+	struct { const json_t *s; int id, depth, open; } *memo;   /* open: being written, at depth */
 	size_t n_memo, cap_memo;
 	int n_rule, depth;
+	/* left recursion: a schema reached again through $ref and anyOf alone,
+	 * which write no text before their target, is a grammar rule that
+	 * starts with itself */
+	int call_left;             /* the next gen() is entered by $ref or anyOf */
+	int lstart;                /* the depth from which every entry so far was by $ref or anyOf */
+	const char *ref;           /* the $ref being followed */
 	char path[200];
 	enum llm_status st;
 };
@@ -576,17 +582,6 @@ static int emit_rule(struct sc *c, int id, const struct llm_buf *body)
 	return sput(c, c->out, put(c->out, "s%d ::= ", id)) ||
 	       sput(c, c->out, llm_buf_append(c->out, body->p ? body->p : "", body->len)) ||
 	       sput(c, c->out, llm_buf_append_str(c->out, "\n"));
-}
-
-/* A JSON value as a grammar literal of its compact text. */
-static int put_json_lit(struct sc *c, struct llm_buf *b, const json_t *v)
-{
-	char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-	if (!t)
-		return sput(c, b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
-	int r = sput(c, b, put_lit(b, t, strlen(t)));
-	free(t);
-	return r;
 }
 
 static int type_ok(const json_t *v, const char *t)
@@ -817,6 +812,11 @@ static int gen_object(struct sc *c, const json_t *s, struct llm_buf *b)
 		}
 		return sput(c, b, llm_buf_append_str(b, "\"{}\""));
 	}
+	json_t *reqset = json_object();   /* the required names, for lookups in constant time */
+	for (size_t k = 0; reqset && req && k < json_array_size(req); k++)
+		json_object_set(reqset, json_string_value(json_array_get(req, k)), json_true());
+	if (!reqset)
+		return sput(c, b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
 	/* kv_i, then the chains: A_i ::= kv_i B_i+1 (| A_i+1 when optional),
 	 * B_i ::= "," kv_i B_i+1 (| B_i+1 when optional); A_n = B_n = "" */
 	int base = c->n_rule;
@@ -830,9 +830,7 @@ static int gen_object(struct sc *c, const json_t *s, struct llm_buf *b)
 	for (; iter && !rc; iter = json_object_iter_next((json_t *)props, iter), i++) {
 		key = json_object_iter_key(iter);
 		ps = json_object_iter_value(iter);
-		int req_i = 0;
-		for (size_t k = 0; req && k < json_array_size(req); k++)
-			req_i |= !strcmp(json_string_value(json_array_get(req, k)), key);
+		int req_i = json_object_get(reqset, key) != NULL;
 		int id;
 		size_t save = path_push(c, "properties");
 		rc = gen_child(c, ps, key, &id);
@@ -865,6 +863,7 @@ static int gen_object(struct sc *c, const json_t *s, struct llm_buf *b)
 			rc = sput(c, b, LLM_ERR_NOMEM);
 	}
 	llm_buf_free(&rb);
+	json_decref(reqset);
 	if (rc)
 		return -1;
 	return sput(c, b, put(b, "\"{\" s%d \"}\"", base + (int)n));
@@ -914,15 +913,91 @@ static const json_t *resolve(struct sc *c, const char *ref)
 	return NULL;
 }
 
+/* Sorting values' texts (byte order, a prefix first). */
+struct vtext { const char *s; size_t n; };
+static int vtext_cmp(const void *a, const void *b)
+{
+	const struct vtext *x = a, *y = b;
+	int r = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
+	return r ? r : (x->n > y->n) - (x->n < y->n);
+}
+
+/* The N texts VALS (VLEN bytes each) as alternatives into B, factored by
+ * their common prefixes: a rule per branching of the texts' trie, written
+ * from a work list (no recursion), so the grammar is linear in the texts'
+ * bytes and its states stay small (a 100000-value enum would otherwise
+ * start with 100000 stacks, which every byte of every token scans). */
+static int values_trie(struct sc *c, struct llm_buf *b, char **vals, const size_t *vlen, size_t n)
+{
+	struct vtext *v = malloc((n + 1) * sizeof *v);
+	struct task { size_t lo, hi, d; int id; } *todo = malloc((n + 1) * sizeof *todo);
+	struct llm_buf rb = { 0 };
+	size_t nt = 0, m = 0;
+	int rc = 0;
+	if (!v || !todo) {
+		rc = sput(c, b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		v[i] = (struct vtext){ vals[i], vlen[i] };
+	qsort(v, n, sizeof *v, vtext_cmp);
+	for (size_t i = 0; i < n; i++)   /* duplicates once */
+		if (!m || vtext_cmp(&v[m - 1], &v[i]))
+			v[m++] = v[i];
+	todo[nt++] = (struct task){ 0, m, 0, -1 };   /* -1: the node's alternatives go into B */
+	while (nt && !rc) {
+		struct task t = todo[--nt];
+		struct llm_buf *o = t.id < 0 ? b : &rb;
+		rb.len = 0;
+		if (t.id < 0)
+			rc = sput(c, b, llm_buf_append_str(b, "("));
+		for (size_t a = t.lo, first = 1; a < t.hi && !rc; first = 0) {
+			size_t z = a + 1;
+			if (v[a].n == t.d) {      /* a text that ends here */
+				rc = sput(c, o, llm_buf_append_str(o, first ? "\"\"" : " | \"\""));
+				a = z;
+				continue;
+			}
+			while (z < t.hi && v[z].s[t.d] == v[a].s[t.d])
+				z++;
+			size_t l = t.d;           /* the group's common prefix: its first and last text's */
+			while (l < v[a].n && l < v[z - 1].n && v[a].s[l] == v[z - 1].s[l])
+				l++;
+			rc = sput(c, o, llm_buf_append_str(o, first ? "" : " | ")) || sput(c, o, put_lit(o, v[a].s + t.d, l - t.d));
+			if (!rc && z - a > 1) {
+				int id = new_rule(c);
+				todo[nt++] = (struct task){ a, z, l, id };
+				rc = sput(c, o, put(o, " s%d", id));
+			}
+			a = z;
+		}
+		if (!rc)
+			rc = t.id < 0 ? sput(c, b, llm_buf_append_str(b, ")")) : emit_rule(c, t.id, &rb);
+	}
+out:
+	llm_buf_free(&rb);
+	free(v);
+	free(todo);
+	return rc;
+}
+
 static int gen(struct sc *c, const json_t *s, int *id)
 {
-	for (size_t i = 0; i < c->n_memo; i++)
+	int left = c->call_left;
+	c->call_left = 0;
+	for (size_t i = c->n_memo; i-- > 0; )
 		if (c->memo[i].s == s) {
+			if (left && c->memo[i].open && c->lstart <= c->memo[i].depth)
+				return sfail(c, "$ref '%s' comes back to its own schema before any text (left recursion)",
+				             c->ref ? c->ref : "");
 			*id = c->memo[i].id;
 			return 0;
 		}
 	if (++c->depth > 64)
 		return sfail(c, "schema nested too deep");
+	int lstart = c->lstart;
+	if (!left)
+		c->lstart = c->depth;
 	if (json_is_boolean(s)) {
 		if (json_is_false(s))
 			return sfail(c, "the schema false matches nothing");
@@ -932,8 +1007,11 @@ static int gen(struct sc *c, const json_t *s, int *id)
 	*id = new_rule(c);
 	if (llm_array_reserve(&c->memo, &c->cap_memo, c->n_memo + 1, sizeof *c->memo))
 		return sput(c, NULL, llm_fail(LLM_ERR_NOMEM, "out of memory"));
-	c->memo[c->n_memo].s = s;
-	c->memo[c->n_memo++].id = *id;
+	size_t me = c->n_memo++;
+	c->memo[me].s = s;
+	c->memo[me].id = *id;
+	c->memo[me].depth = c->depth;
+	c->memo[me].open = 1;
 	struct llm_buf b = { 0 };
 	int rc = 0;
 	const char *k;
@@ -969,7 +1047,13 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		}
 		const json_t *t = resolve(c, json_string_value(ref));
 		int tid;
-		if (!t || (rc = gen_child(c, t, json_string_value(ref), &tid)))
+		c->ref = json_string_value(ref);
+		c->call_left = 1;
+		if (!t) {                 /* resolve() left the message */
+			rc = -1;
+			goto out;
+		}
+		if ((rc = gen_child(c, t, json_string_value(ref), &tid)))
 			goto out;
 		rc = sput(c, &b, put(&b, "s%d", tid));
 	} else if (any) {
@@ -981,6 +1065,7 @@ static int gen(struct sc *c, const json_t *s, int *id)
 			char key[32];
 			int sid;
 			snprintf(key, sizeof key, "anyOf[%zu]", i);
+			c->call_left = 1;
 			if (!(rc = gen_child(c, json_array_get(any, i), key, &sid)))
 				rc = sput(c, &b, put(&b, "%ss%d", i ? " | " : "", sid));
 		}
@@ -997,6 +1082,14 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		}
 		int nv = 0;
 		size_t n = co ? 1 : json_array_size(en);
+		char **vals = calloc(n, sizeof *vals);
+		size_t *vlen = calloc(n, sizeof *vlen);
+		if (!vals || !vlen) {
+			free(vals);
+			free(vlen);
+			rc = sput(c, &b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
+			goto out;
+		}
 		for (size_t i = 0; i < n && !rc; i++) {
 			const json_t *x = co ? co : json_array_get(en, i);
 			int ok = !ty;
@@ -1010,10 +1103,19 @@ static int gen(struct sc *c, const json_t *s, int *id)
 			}
 			if (!ok)
 				continue;
-			rc = sput(c, &b, llm_buf_append_str(&b, nv++ ? " | " : "")) || put_json_lit(c, &b, x);
+			if (!(vals[nv] = json_dumps(x, JSON_COMPACT | JSON_ENCODE_ANY)))
+				rc = sput(c, &b, llm_fail(LLM_ERR_NOMEM, "out of memory"));
+			else
+				vlen[nv] = strlen(vals[nv]), nv++;
 		}
 		if (!rc && !nv)
 			rc = sfail(c, "no value of enum or const passes the other keywords");
+		if (!rc)
+			rc = values_trie(c, &b, vals, vlen, (size_t)nv);
+		for (int i = 0; i < nv; i++)
+			free(vals[i]);
+		free(vals);
+		free(vlen);
 	} else {
 		const char *types[8];
 		size_t nt = 0;
@@ -1051,8 +1153,68 @@ static int gen(struct sc *c, const json_t *s, int *id)
 		rc = emit_rule(c, *id, &b);
 out:
 	llm_buf_free(&b);
+	c->memo[me].open = 0;
+	c->lstart = lstart;
 	c->depth--;
 	return rc;
+}
+
+enum llm_status llm_guide_tool_call(const char *const *names, const json_t *const *params, size_t n, const char *argkey,
+                                    const char *pre, const char *post, struct llm_buf *out)
+{
+	struct sc c = { .out = out };
+	struct llm_buf root = { 0 };
+	enum llm_status st = llm_buf_append_str(&root, "root ::= ");
+	if (!st)
+		st = put_lit(&root, pre, strlen(pre));
+	if (!st)
+		st = llm_buf_append_str(&root, " (");
+	for (size_t i = 0; i < n && !st; i++) {
+		int id = -1;
+		if (params[i]) {       /* each schema its own: its "#" is itself */
+			c.root = params[i];
+			c.n_memo = 0;
+			snprintf(c.path, sizeof c.path, "tools[%zu] ('%.60s') parameters", i, names[i]);
+			if (gen(&c, params[i], &id)) {
+				st = c.st ? c.st : llm_fail(LLM_ERR_INTERNAL, "schema: failed");
+				break;
+			}
+		}
+		json_t *nm = json_string(names[i]);
+		char *lit = nm ? json_dumps(nm, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+		json_decref(nm);
+		if (!lit) {
+			st = llm_fail(LLM_ERR_NOMEM, "out of memory");
+			break;
+		}
+		char key[80];
+		snprintf(key, sizeof key, ",\"%s\":", argkey);
+		st = i ? llm_buf_append_str(&root, " | ") : LLM_OK;
+		if (!st)
+			st = put_lit(&root, "{\"name\":", 8);
+		if (!st)
+			st = put_lit(&root, lit, strlen(lit));
+		free(lit);
+		if (!st)
+			st = put_lit(&root, key, strlen(key));
+		if (!st)
+			st = id >= 0 ? put(&root, " s%d ", id) : put_lit(&root, "{}", 2);
+		if (!st)
+			st = put_lit(&root, "}", 1);
+	}
+	if (!st)
+		st = llm_buf_append_str(&root, ") ");
+	if (!st)
+		st = put_lit(&root, post, strlen(post));
+	if (!st)
+		st = llm_buf_append_str(&root, "\n");
+	if (!st)
+		st = llm_buf_append(out, root.p, root.len);
+	if (!st)
+		st = llm_buf_append_str(out, JSON_RULES);
+	llm_buf_free(&root);
+	free(c.memo);
+	return st;
 }
 
 enum llm_status llm_guide_json_schema(const json_t *schema, struct llm_buf *out)

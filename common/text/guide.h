@@ -34,6 +34,13 @@ enum llm_status llm_guide_json_schema(const struct json_t *schema, struct llm_bu
  * {m,} {m,n} (lazy forms too); ^ first and $ last only) that the whole
  * text must match. */
 enum llm_status llm_guide_regex(const char *re, size_t len, struct llm_buf *out);
+/* A tool call (tool_choice "required" or a named function): PRE, then one
+ * of the N functions as compact JSON {"name": NAMES[i], ARGKEY: arguments}
+ * with arguments valid for PARAMS[i] (a JSON Schema, its "#" itself; NULL:
+ * the empty object), then POST. Errors name the tool: "tools[1] ('get')
+ * parameters.properties.x: unsupported keyword 'format'". */
+enum llm_status llm_guide_tool_call(const char *const *names, const struct json_t *const *params, size_t n,
+                                    const char *argkey, const char *pre, const char *post, struct llm_buf *out);
 /* The text is one of the N strings of CHOICE. */
 enum llm_status llm_guide_choice(const char *const *choice, size_t n, struct llm_buf *out);
 

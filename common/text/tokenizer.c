@@ -65,7 +65,7 @@ static void pieces_add(struct pieces *ps, const char *s, size_t n)
 static const char *piece(const struct pieces *ps, size_t i, size_t *len)
 {
 	*len = ps->off[i + 1] - ps->off[i];
-	return ps->text.p + ps->off[i];
+	return ps->text.p ? ps->text.p + ps->off[i] : "";   /* all pieces empty: no text buffer yet */
 }
 
 static void pieces_free(struct pieces *ps)

@@ -223,7 +223,7 @@ static void test_spec(struct llm_engine *e, const struct out *ref, struct llm_en
 	static struct out plain[N_REQ], got[N_REQ];
 	for (int pass = 0; pass < 5; pass++) {   /* 0: sampled plain, 1: sampled, 2: greedy (ngram); 3: greedy, 4: sampled (draft) */
 		struct llm_sched_opts so = { .max_running = 6, .max_batch_tokens = 32, .prefix_entries = 2 };
-		if (pass && llm_spec_opts_set(&so.spec, pass < 3 ? "ngram" : "draft", 4, 3, pass < 3 ? NULL : "stories260K"))
+		if (pass && llm_spec_opts_set(&so.spec, pass < 3 ? "ngram" : "draft", 4, pass < 3 ? 3 : 0, pass < 3 ? NULL : "stories260K"))
 			check_diag("spec opts: %s", llm_errmsg());
 		so.draft = pass < 3 ? NULL : draft;
 		if (pass >= 3 && !draft)

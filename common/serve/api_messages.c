@@ -172,9 +172,11 @@ static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
 enum llm_status llm_messages_to_chat(json_t *body, int count, json_t *chat, char *param, size_t n)
 {
 	json_t *v;
-	static const char *const pass[] = { "model", "temperature", "top_p", "top_k", "stream" };
-	for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)
-		if ((!count || !strcmp(pass[i], "model")) && (v = field(body, pass[i])) && json_object_set(chat, pass[i], v))
+	/* vLLM's extras too: the template's variables (enable_thinking), guided_* */
+	static const char *const pass[] = { "model", "chat_template_kwargs", "temperature", "top_p", "top_k", "stream",
+	                                    "guided_json", "guided_regex", "guided_choice", "guided_grammar" };
+	for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)   /* count_tokens: what changes the prompt */
+		if ((!count || i < 2) && (v = field(body, pass[i])) && json_object_set(chat, pass[i], v))
 			return NOMEM();
 	if (!count) {
 		if (!(v = field(body, "max_tokens")))

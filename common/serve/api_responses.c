@@ -5,7 +5,8 @@
  * In: input (a string: one user message; or items: messages with string or
  * input_text/output_text parts, function_call and function_call_output
  * items, reasoning items dropped), instructions (a system message first),
- * max_output_tokens, temperature, top_p (and vLLM's sampling extras),
+ * max_output_tokens, temperature, top_p (and vLLM's sampling extras,
+ * chat_template_kwargs and guided_*),
  * function tools and tool_choice, text.format (text, json_object,
  * json_schema). Out: a message item with one output_text part when there
  * is text (or nothing at all), then one function_call item per call;
@@ -230,7 +231,9 @@ enum llm_status llm_responses_to_chat(json_t *body, json_t *chat, char *param, s
 	if ((v = field(body, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0))
 		return BAD("top_logprobs", "not supported");
 	static const char *const pass[] = { "model", "temperature", "top_p", "stream", "top_k", "min_p", "seed",
-	                                    "repetition_penalty", "frequency_penalty", "presence_penalty" };
+	                                    "repetition_penalty", "frequency_penalty", "presence_penalty",
+	                                    "chat_template_kwargs", "guided_json", "guided_regex", "guided_choice",
+	                                    "guided_grammar" };
 	for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)
 		if ((v = field(body, pass[i])) && json_object_set(chat, pass[i], v))
 			return NOMEM();

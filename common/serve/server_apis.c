@@ -7,10 +7,11 @@
  * A stream sends the text as it comes, except what may still become a tool
  * call (llm_tool_safe_prefix, as chat's streams do); at the end the calls
  * follow as their own items or blocks, or, when there were none, the text
- * held back. Reasoning (text a template marks as thinking) is not split
- * here yet: an answer is all content. The split goes where the text is
- * gathered below: o.reasoning (apis.h) for the bodies, and its deltas
- * through llm_api_stream_reasoning before the text's. */
+ * held back. Reasoning (a <think> block, when the chat template reasons:
+ * reasoning.h, as chat's reasoning_content) is split from the content: a
+ * reasoning item or thinking block before the text (o.reasoning, apis.h),
+ * streamed as it comes before the text's deltas; tool calls are parsed in
+ * the content after it. */
 #define _GNU_SOURCE
 #include "server_http.h"
 #include "toolcall.h"
@@ -50,14 +51,22 @@ json_t *llm_srv_api_full(struct llm_server *s, struct job *j)
 	struct llm_api_out o = out_of(s, j);
 	struct llm_tool_answer ta = { 0 };
 	size_t len = 0;
+	char *t = llm_srv_raw_text(c, 0, c->n_ev, &len);
+	struct llm_reasoning_split sp = { .c_end = t ? len : 0 };
+	if (t)
+		llm_srv_split_answer(j, t, len, 1, &sp);
 	int calls = llm_srv_parse_tools(j, c, &ta);
-	char *t = calls ? NULL : llm_srv_raw_text(c, 0, c->n_ev, &len);
-	json_t *text = calls ? llm_srv_jstr(ta.content, ta.content_len) : llm_srv_jstr(t ? t : "", t ? len : 0);
+	json_t *text = calls ? llm_srv_jstr(ta.content, ta.content_len) :
+	               llm_srv_jstr(t ? t + sp.c_begin : "", t ? sp.c_end - sp.c_begin : 0);
+	json_t *reasoning = sp.has_reasoning ? llm_srv_jstr(t + sp.r_begin, sp.r_end - sp.r_begin) : NULL;
 	o.text = json_string_value(text);
 	o.len = json_string_length(text);
+	o.reasoning = reasoning ? json_string_value(reasoning) : NULL;
+	o.reasoning_len = reasoning ? json_string_length(reasoning) : 0;
 	o.calls = calls ? &ta : NULL;
 	json_t *r = j->kind == K_RESPONSES ? llm_responses_body(&o) : llm_messages_body(&o);
 	json_decref(text);
+	json_decref(reasoning);
 	free(t);
 	if (calls)
 		llm_tool_answer_free(&ta);
@@ -74,7 +83,7 @@ void llm_srv_api_stream(struct llm_server *s, struct job *j)
 	if (c->sent == c->n_ev && !done)
 		return;
 	size_t len = 0;
-	if (!j->tool_fmt && !done) { /* no tools: each event's text as it comes */
+	if (!j->tool_fmt && !j->reasoning && !done) { /* no tools, no reasoning: each event's text as it comes */
 		char *d = llm_srv_raw_text(c, c->sent, c->n_ev, &len);
 		if (!d)
 			return;              /* out of memory: the next call tries again */
@@ -89,10 +98,32 @@ void llm_srv_api_stream(struct llm_server *s, struct job *j)
 	char *t = llm_srv_raw_text(c, 0, c->n_ev, &len);
 	if (!t)
 		return;                  /* out of memory: the next call tries again */
+	/* the reasoning (a prefix of the final one) first, then the content
+	 * that can no longer become part of a call */
+	struct llm_reasoning_split sp;
+	llm_srv_split_answer(j, t, len, done, &sp);
+	if (c->reason_sent < sp.r_begin)
+		c->reason_sent = sp.r_begin;
+	json_t *rs = NULL;
+	if (sp.r_end > c->reason_sent) {
+		json_t *d = llm_srv_jstr(t + c->reason_sent, sp.r_end - c->reason_sent);
+		llm_api_stream_reasoning(api, &j->as, &j->out, &o, json_string_value(d), json_string_length(d));
+		json_decref(d);
+		c->reason_sent = sp.r_end;
+	}
+	if (sp.has_reasoning) {      /* all the reasoning sent: what closing its item or block says */
+		rs = llm_srv_jstr(t + sp.r_begin, c->reason_sent - sp.r_begin);
+		o.reasoning = json_string_value(rs);
+		o.reasoning_len = json_string_length(rs);
+	}
+	if (c->tool_sent < sp.c_begin)
+		c->tool_sent = sp.c_begin;
+	const char *ct = t + sp.c_begin;
+	size_t clen = sp.c_end - sp.c_begin;
 	struct llm_tool_answer ta = { 0 };
 	int calls = done && !j->failed && llm_srv_parse_tools(j, c, &ta);
-	size_t safe = calls ? c->tool_sent : done || !j->tool_fmt ? len :
-	              llm_tool_safe_prefix((enum llm_tool_format)j->tool_fmt, t, len);
+	size_t safe = calls ? c->tool_sent : sp.c_begin + (done || !j->tool_fmt ? clen :
+	              llm_tool_safe_prefix((enum llm_tool_format)j->tool_fmt, ct, clen));
 	if (safe > c->tool_sent) {
 		json_t *d = llm_srv_jstr(t + c->tool_sent, safe - c->tool_sent);
 		llm_api_stream_text(api, &j->as, &j->out, &o, json_string_value(d), json_string_length(d));
@@ -102,13 +133,14 @@ void llm_srv_api_stream(struct llm_server *s, struct job *j)
 	c->sent = c->n_ev;
 	if (done) {
 		j->ended = 1;
-		json_t *sent = llm_srv_jstr(t, c->tool_sent);
+		json_t *sent = llm_srv_jstr(t + sp.c_begin, c->tool_sent - sp.c_begin);
 		o.text = json_string_value(sent);
 		o.len = json_string_length(sent);
 		o.calls = calls ? &ta : NULL;
 		llm_api_stream_end(api, &j->as, &j->out, &o);
 		json_decref(sent);
 	}
+	json_decref(rs);
 	if (calls)
 		llm_tool_answer_free(&ta);
 	free(t);

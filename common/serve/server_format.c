@@ -697,6 +697,11 @@ void llm_srv_stream_format(struct llm_server *s, struct job *j)
 
 json_t *llm_srv_jstr(const char *s, size_t n) { return jstr(s, n); }
 char *llm_srv_raw_text(const struct choice *c, int from, int to, size_t *len) { return raw_text(c, from, to, len); }
+void llm_srv_split_answer(const struct job *j, const char *t, size_t len, int done, struct llm_reasoning_split *sp)
+{
+	split_answer(j, t, len, done, sp);
+}
+
 int llm_srv_parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a)
 {
 	size_t len;

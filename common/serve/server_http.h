@@ -8,6 +8,7 @@
 #define LLM_SERVER_HTTP_H
 
 #include "server_impl.h"
+#include "reasoning.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -36,6 +37,9 @@ void llm_srv_api_stream(struct llm_server *s, struct job *j);
 json_t *llm_srv_jstr(const char *s, size_t n);
 char *llm_srv_raw_text(const struct choice *c, int from, int to, size_t *len);
 int llm_srv_parse_tools(struct job *j, const struct choice *c, struct llm_tool_answer *a);
+/* The answer T (LEN bytes; DONE: whole) split into reasoning and content
+ * when J's template reasons (reasoning.h); else all content. */
+void llm_srv_split_answer(const struct job *j, const char *t, size_t len, int done, struct llm_reasoning_split *sp);
 /* server_api.c: vLLM's /tokenize and /detokenize bodies (O) to *OUT, or a
  * usage error with *PARAM the field (NULL: none); TGI's /info; the metrics
  * under vLLM's names (under srv->mu) */

@@ -111,6 +111,35 @@ ev = [json.loads(l[6:])["choices"][0]["delta"] for l in open(t + "/open1.sse") i
 assert "".join(d.get("reasoning_content") or "" for d in ev) == m["reasoning_content"], ev
 assert "".join(d.get("content") or "" for d in ev) == "Done.", ev
 PY
+# the same answer through the Responses and Messages APIs: a reasoning item
+# (reasoning_text) before the message, a thinking block before the text
+g='"temperature": 0, "guided_regex": "[a-z]{2,5} [a-z]{2,5}\\n</think>\\n\\nDone\\."'
+code open2.out "$U/v1/responses" -d "{\"input\": \"Why?\", \"max_output_tokens\": 60, $g}" >/dev/null
+curl -sN -m 120 "$U/v1/responses" -d "{\"input\": \"Why?\", \"max_output_tokens\": 60, \"stream\": true, $g}" >"$T/open2.sse"
+code open3.out "$U/v1/messages" -d "{\"messages\": [{\"role\": \"user\", \"content\": \"Why?\"}], \"max_tokens\": 60, $g}" >/dev/null
+curl -sN -m 120 "$U/v1/messages" -d "{\"messages\": [{\"role\": \"user\", \"content\": \"Why?\"}], \"max_tokens\": 60, \"stream\": true, $g}" >"$T/open3.sse"
+check "Responses and Messages: the reasoning as a reasoning item and a thinking block before the answer, streamed the same" $PY - "$T" <<'PY'
+import json, re, sys
+t = sys.argv[1]
+m = json.load(open(t + "/open1.out"))["choices"][0]["message"]
+r = json.load(open(t + "/open2.out"))
+kinds = [o["type"] for o in r["output"]]
+assert kinds == ["reasoning", "message"], r
+assert r["output"][0]["content"][0]["text"] == m["reasoning_content"], r
+assert r["output"][1]["content"][0]["text"] == "Done.", r
+ev = [json.loads(l[6:]) for l in open(t + "/open2.sse") if l.startswith("data: {")]
+rd = "".join(e["delta"] for e in ev if e["type"] == "response.reasoning_text.delta")
+td = "".join(e["delta"] for e in ev if e["type"] == "response.output_text.delta")
+assert rd == m["reasoning_content"] and td == "Done.", (rd, td)
+assert ev[-1]["type"] == "response.completed" and [o["type"] for o in ev[-1]["response"]["output"]] == kinds, ev[-1]
+a = json.load(open(t + "/open3.out"))
+assert [b["type"] for b in a["content"]] == ["thinking", "text"], a
+assert a["content"][0]["thinking"] == m["reasoning_content"] and a["content"][1]["text"] == "Done.", a
+ev = [json.loads(l[6:]) for l in open(t + "/open3.sse") if l.startswith("data: {")]
+th = "".join(e["delta"].get("thinking", "") for e in ev if e["type"] == "content_block_delta")
+tx = "".join(e["delta"].get("text", "") for e in ev if e["type"] == "content_block_delta")
+assert th == m["reasoning_content"] and tx == "Done.", (th, tx, ev)
+PY
 kill -TERM $SP; wait $SP
 
 # --- llama3 JSON (tests/data/chat-template-llama3-tools.jinja): tool loops

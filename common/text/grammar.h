@@ -58,7 +58,7 @@ const char *llm_gvocab_token(const struct llm_gvocab *v, int id, size_t *len);
 
 #define LLM_GRAMMAR_MAX_NEST 1000                  /* groups ( ... ) nested in grammar text */
 #define LLM_GRAMMAR_MAX_BYTES ((size_t)128 << 20)  /* one grammar's memory */
-#define LLM_GRAMMAR_WORK (1L << 24)                /* stack words one state's computation copies */
+#define LLM_GRAMMAR_WORK (1L << 22)                /* stack words one state's computation copies */
 #define LLM_GRAMMAR_CACHE_BYTES ((size_t)512 << 20) /* the cached grammars' memory (below) */
 #define LLM_GRAMMAR_FORCED 4096                    /* bytes the start forces, followed by the compile */
 

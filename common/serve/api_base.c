@@ -1,6 +1,7 @@
 /* common/serve/api_base.c: what the translations of the Responses and
  * Messages APIs (api_responses.c, api_messages.c) both use: a usage error
- * naming the API's field, and one server-sent event with its type. They
+ * naming the API's field, one server-sent event with its type, a body's
+ * field and a buffer as a JSON string. They
  * call it, and it calls neither. */
 #define _GNU_SOURCE
 #include "apis.h"
@@ -32,4 +33,15 @@ void llm_api_sse(struct llm_buf *b, const char *event, json_t *data)
 	(void)(llm_buf_append_str(b, "event: ") || llm_buf_append_str(b, event) || llm_buf_append_str(b, "\ndata: ") ||
 	       llm_buf_append_str(b, d) || llm_buf_append_str(b, "\n\n"));
 	free(d);
+}
+
+json_t *llm_api_field(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+	return v && !json_is_null(v) ? v : NULL;
+}
+
+json_t *llm_api_str(const struct llm_buf *b)
+{
+	return json_stringn(b->p ? b->p : "", b->len);
 }

@@ -27,11 +27,6 @@
 #define BAD(...) llm_api_bad(param, n, __VA_ARGS__)
 #define NOMEM() llm_fail(LLM_ERR_NOMEM, "out of memory")
 
-static json_t *field(json_t *o, const char *k)
-{
-	json_t *v = json_object_get(o, k);
-	return v && !json_is_null(v) ? v : NULL;
-}
 
 /* A block's "type" ("" when it has none). */
 static const char *type_of(json_t *blk)
@@ -59,7 +54,6 @@ static int text_of(json_t *ct, struct llm_buf *b, size_t *at)
 	return 0;
 }
 
-static json_t *str_of(const struct llm_buf *b) { return json_stringn(b->p ? b->p : "", b->len); }
 
 /* Message I (ROLE, its content blocks CT) into MSGS. */
 static enum llm_status blocks(json_t *msgs, size_t i, const char *role, json_t *ct, char *param, size_t n)
@@ -82,7 +76,7 @@ static enum llm_status blocks(json_t *msgs, size_t i, const char *role, json_t *
 			         llm_buf_append(&text, json_string_value(tx), json_string_length(tx)))
 				s = NOMEM();
 		} else if (!strcmp(t, "tool_use") && asst) {
-			json_t *id = field(blk, "id"), *nm = field(blk, "name"), *in = field(blk, "input");
+			json_t *id = llm_api_field(blk, "id"), *nm = llm_api_field(blk, "name"), *in = llm_api_field(blk, "input");
 			char *args = json_is_object(in) ? json_dumps(in, JSON_COMPACT) : NULL;
 			if (!json_is_string(id) || !json_is_string(nm) || !json_is_object(in))
 				s = BAD(k, "message %zu: block %zu: expected {\"type\": \"tool_use\", \"id\": string, \"name\": "
@@ -94,7 +88,7 @@ static enum llm_status blocks(json_t *msgs, size_t i, const char *role, json_t *
 			free(args);
 		} else if (!strcmp(t, "tool_result") && !asst) {
 			/* a tool's answer: a tool message, before the turn's text */
-			json_t *id = field(blk, "tool_use_id"), *c = field(blk, "content");
+			json_t *id = llm_api_field(blk, "tool_use_id"), *c = llm_api_field(blk, "content");
 			struct llm_buf r = { 0 };
 			size_t at = 0;
 			int rc = c ? text_of(c, &r, &at) : 0;
@@ -103,7 +97,7 @@ static enum llm_status blocks(json_t *msgs, size_t i, const char *role, json_t *
 				s = BAD(k, "message %zu: block %zu: expected {\"type\": \"tool_result\", \"tool_use_id\": string, "
 				        "\"content\": a string or text blocks}", i, j);
 			else if (rc || !(m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content",
-			                               str_of(&r))) || json_array_append_new(msgs, m))
+			                               llm_api_str(&r))) || json_array_append_new(msgs, m))
 				s = NOMEM();
 			llm_buf_free(&r);
 		} else if (!strcmp(t, "thinking") || !strcmp(t, "redacted_thinking")) {
@@ -115,7 +109,7 @@ static enum llm_status blocks(json_t *msgs, size_t i, const char *role, json_t *
 	}
 	/* the turn itself: its text (a user turn of tool results only has none) */
 	if (!s && (text.len || asst || !json_array_size(ct))) {
-		json_t *m = json_pack("{s:s, s:o}", "role", role, "content", str_of(&text));
+		json_t *m = json_pack("{s:s, s:o}", "role", role, "content", llm_api_str(&text));
 		if (!m || (calls && json_object_set(m, "tool_calls", calls)) || json_array_append_new(msgs, m))
 			s = NOMEM();
 	}
@@ -127,7 +121,7 @@ static enum llm_status blocks(json_t *msgs, size_t i, const char *role, json_t *
 /* tools {"name", "description", "input_schema"} and tool_choice. */
 static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
 {
-	json_t *ts = field(body, "tools"), *tc = field(body, "tool_choice");
+	json_t *ts = llm_api_field(body, "tools"), *tc = llm_api_field(body, "tool_choice");
 	if (ts) {
 		if (!json_is_array(ts))
 			return BAD("tools", "expected an array");
@@ -135,7 +129,7 @@ static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
 		if (!out || json_object_set_new(chat, "tools", out))
 			return NOMEM();
 		for (size_t i = 0; i < json_array_size(ts); i++) {
-			json_t *t = json_array_get(ts, i), *nm = json_object_get(t, "name"), *sc = field(t, "input_schema");
+			json_t *t = json_array_get(ts, i), *nm = json_object_get(t, "name"), *sc = llm_api_field(t, "input_schema");
 			const char *ty = type_of(t);
 			if (ty[0] && strcmp(ty, "custom"))
 				return BAD("tools", "tools[%zu]: type '%s' is not supported (client tools only: name, "
@@ -146,8 +140,8 @@ static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
 			json_t *fn = json_pack("{s:O}", "name", nm);
 			if (!fn)
 				return NOMEM();
-			if (field(t, "description"))
-				json_object_set(fn, "description", field(t, "description"));
+			if (llm_api_field(t, "description"))
+				json_object_set(fn, "description", llm_api_field(t, "description"));
 			if (sc)
 				json_object_set(fn, "parameters", sc);
 			if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
@@ -176,14 +170,14 @@ enum llm_status llm_messages_to_chat(json_t *body, int count, json_t *chat, char
 	static const char *const pass[] = { "model", "chat_template_kwargs", "temperature", "top_p", "top_k", "stream",
 	                                    "guided_json", "guided_regex", "guided_choice", "guided_grammar" };
 	for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)   /* count_tokens: what changes the prompt */
-		if ((!count || i < 2) && (v = field(body, pass[i])) && json_object_set(chat, pass[i], v))
+		if ((!count || i < 2) && (v = llm_api_field(body, pass[i])) && json_object_set(chat, pass[i], v))
 			return NOMEM();
 	if (!count) {
-		if (!(v = field(body, "max_tokens")))
+		if (!(v = llm_api_field(body, "max_tokens")))
 			return BAD("max_tokens", "required");
 		if (json_object_set(chat, "max_tokens", v))
 			return NOMEM();
-		if ((v = field(body, "stop_sequences"))) {
+		if ((v = llm_api_field(body, "stop_sequences"))) {
 			if (!json_is_array(v))
 				return BAD("stop_sequences", "expected an array of strings");
 			if (json_array_size(v) && json_object_set(chat, "stop", v))
@@ -193,12 +187,12 @@ enum llm_status llm_messages_to_chat(json_t *body, int count, json_t *chat, char
 	json_t *msgs = json_array();
 	if (!msgs || json_object_set_new(chat, "messages", msgs))
 		return NOMEM();
-	json_t *sys = field(body, "system"), *in = field(body, "messages");
+	json_t *sys = llm_api_field(body, "system"), *in = llm_api_field(body, "messages");
 	if (sys) {
 		struct llm_buf b = { 0 };
 		size_t at = 0;
 		int rc = text_of(sys, &b, &at);
-		json_t *m = rc ? NULL : json_pack("{s:s, s:o}", "role", "system", "content", str_of(&b));
+		json_t *m = rc ? NULL : json_pack("{s:s, s:o}", "role", "system", "content", llm_api_str(&b));
 		llm_buf_free(&b);
 		if (rc == -1)
 			return BAD("system", "expected a string or an array of text blocks");

@@ -32,11 +32,6 @@
 #define BAD(...) llm_api_bad(param, n, __VA_ARGS__)
 #define NOMEM() llm_fail(LLM_ERR_NOMEM, "out of memory")
 
-static json_t *field(json_t *o, const char *k)
-{
-	json_t *v = json_object_get(o, k);
-	return v && !json_is_null(v) ? v : NULL;
-}
 
 /* Text of a content (a string, or parts of TYPES: "input_text" ...) into B.
  * 0, or -1 with WHY set for a part that is not text. */
@@ -65,12 +60,11 @@ static int content_text(json_t *ct, const char *const *types, struct llm_buf *b,
 	return 0;
 }
 
-static json_t *str_of(const struct llm_buf *b) { return json_stringn(b->p ? b->p : "", b->len); }
 
 /* Append a message (role, text) to MSGS; -1: out of memory. */
 static int add_msg(json_t *msgs, const char *role, const struct llm_buf *text)
 {
-	json_t *m = json_pack("{s:s, s:o}", "role", role, "content", str_of(text));
+	json_t *m = json_pack("{s:s, s:o}", "role", role, "content", llm_api_str(text));
 	return m && !json_array_append_new(msgs, m) ? 0 : -1;
 }
 
@@ -81,7 +75,7 @@ static enum llm_status input_items(json_t *in, json_t *msgs, char *param, size_t
 	const char *k = "input";
 	json_t *calls = NULL;           /* the assistant message taking function_call items */
 	for (size_t i = 0; i < json_array_size(in); i++) {
-		json_t *it = json_array_get(in, i), *ty = field(it, "type"), *role = field(it, "role");
+		json_t *it = json_array_get(in, i), *ty = llm_api_field(it, "type"), *role = llm_api_field(it, "role");
 		const char *t = json_is_string(ty) ? json_string_value(ty) : role ? "message" : "";
 		struct llm_buf b = { 0 };
 		const char *why = NULL;
@@ -92,11 +86,11 @@ static enum llm_status input_items(json_t *in, json_t *msgs, char *param, size_t
 			const char *r = json_is_string(role) ? json_string_value(role) : "";
 			if (strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "system") && strcmp(r, "developer"))
 				return BAD(k, "item %zu: role: expected user, assistant, system or developer", i);
-			int rc = content_text(field(it, "content"), text_types, &b, &why, &at);
+			int rc = content_text(llm_api_field(it, "content"), text_types, &b, &why, &at);
 			if (!rc && add_msg(msgs, !strcmp(r, "developer") ? "system" : r, &b))
 				rc = -2;
 			llm_buf_free(&b);
-			if (rc == -1 && json_is_array(field(it, "content")))
+			if (rc == -1 && json_is_array(llm_api_field(it, "content")))
 				return BAD(k, "item %zu: content part %zu: %s", i, at, why);
 			if (rc == -1)
 				return BAD(k, "item %zu: content: %s", i, why);
@@ -104,7 +98,7 @@ static enum llm_status input_items(json_t *in, json_t *msgs, char *param, size_t
 				return NOMEM();
 			calls = !strcmp(r, "assistant") ? json_array_get(msgs, json_array_size(msgs) - 1) : NULL;
 		} else if (!strcmp(t, "function_call")) {
-			json_t *id = field(it, "call_id"), *nm = field(it, "name"), *args = field(it, "arguments");
+			json_t *id = llm_api_field(it, "call_id"), *nm = llm_api_field(it, "name"), *args = llm_api_field(it, "arguments");
 			if (!json_is_string(id) || !json_is_string(nm) || !json_is_string(args))
 				return BAD(k, "item %zu: expected {\"type\": \"function_call\", \"call_id\": string, \"name\": "
 				           "string, \"arguments\": string}", i);
@@ -120,15 +114,15 @@ static enum llm_status input_items(json_t *in, json_t *msgs, char *param, size_t
 			                                        "function", "name", nm, "arguments", args)))
 				return NOMEM();
 		} else if (!strcmp(t, "function_call_output")) {
-			json_t *id = field(it, "call_id");
-			int rc = content_text(field(it, "output"), text_types, &b, &why, &at);
+			json_t *id = llm_api_field(it, "call_id");
+			int rc = content_text(llm_api_field(it, "output"), text_types, &b, &why, &at);
 			if (!json_is_string(id) || rc == -1) {
 				llm_buf_free(&b);
 				return BAD(k, "item %zu: expected {\"type\": \"function_call_output\", \"call_id\": string, "
 				           "\"output\": string}", i);
 			}
 			json_t *m = rc ? NULL : json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content",
-			                                  str_of(&b));
+			                                  llm_api_str(&b));
 			llm_buf_free(&b);
 			if (!m || json_array_append_new(msgs, m))
 				return NOMEM();
@@ -147,7 +141,7 @@ static enum llm_status input_items(json_t *in, json_t *msgs, char *param, size_t
  * "parameters", "strict"} as chat's {"type": "function", "function": {...}}. */
 static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
 {
-	json_t *ts = field(body, "tools"), *tc = field(body, "tool_choice");
+	json_t *ts = llm_api_field(body, "tools"), *tc = llm_api_field(body, "tool_choice");
 	if (ts) {
 		if (!json_is_array(ts))
 			return BAD("tools", "expected an array");
@@ -167,8 +161,8 @@ static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
 				return NOMEM();
 			const char *keys[] = { "description", "parameters" };
 			for (size_t k = 0; k < 2; k++)
-				if (field(t, keys[k]))
-					json_object_set(fn, keys[k], field(t, keys[k]));
+				if (llm_api_field(t, keys[k]))
+					json_object_set(fn, keys[k], llm_api_field(t, keys[k]));
 			if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
 				return NOMEM();
 		}
@@ -192,7 +186,7 @@ static enum llm_status tools(json_t *body, json_t *chat, char *param, size_t n)
  * "schema", "strict"} as chat's response_format. */
 static enum llm_status text_format(json_t *body, json_t *chat, char *param, size_t n)
 {
-	json_t *tx = field(body, "text"), *f = field(tx, "format");
+	json_t *tx = llm_api_field(body, "text"), *f = llm_api_field(tx, "format");
 	if (tx && !json_is_object(tx))
 		return BAD("text", "expected an object");
 	if (!f)
@@ -204,8 +198,8 @@ static enum llm_status text_format(json_t *body, json_t *chat, char *param, size
 		return LLM_OK;
 	if (!strcmp(t, "json_object"))
 		rf = json_pack("{s:s}", "type", "json_object");
-	else if (!strcmp(t, "json_schema") && field(f, "schema"))
-		rf = json_pack("{s:s, s:{s:O}}", "type", "json_schema", "json_schema", "schema", field(f, "schema"));
+	else if (!strcmp(t, "json_schema") && llm_api_field(f, "schema"))
+		rf = json_pack("{s:s, s:{s:O}}", "type", "json_schema", "json_schema", "schema", llm_api_field(f, "schema"));
 	else if (!strcmp(t, "json_schema"))
 		return BAD("text.format", "expected {\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}");
 	else
@@ -217,32 +211,32 @@ enum llm_status llm_responses_to_chat(json_t *body, json_t *chat, char *param, s
 {
 	/* what would need a response kept by the server, or is not done */
 	json_t *v;
-	if (field(body, "previous_response_id"))
+	if (llm_api_field(body, "previous_response_id"))
 		return BAD("previous_response_id", "not supported: llm-serve keeps no responses; send the whole "
 		           "conversation in input");
-	if (field(body, "conversation"))
+	if (llm_api_field(body, "conversation"))
 		return BAD("conversation", "not supported: llm-serve keeps no conversations; send them in input");
-	if ((v = field(body, "store")) && !json_is_false(v))
+	if ((v = llm_api_field(body, "store")) && !json_is_false(v))
 		return BAD("store", "only false: llm-serve keeps no responses");
-	if ((v = field(body, "background")) && !json_is_false(v))
+	if ((v = llm_api_field(body, "background")) && !json_is_false(v))
 		return BAD("background", "only false");
-	if (field(body, "prompt"))
+	if (llm_api_field(body, "prompt"))
 		return BAD("prompt", "not supported: stored prompt templates are kept by OpenAI only");
-	if ((v = field(body, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0))
+	if ((v = llm_api_field(body, "top_logprobs")) && !(json_is_integer(v) && json_integer_value(v) == 0))
 		return BAD("top_logprobs", "not supported");
 	static const char *const pass[] = { "model", "temperature", "top_p", "stream", "top_k", "min_p", "seed",
 	                                    "repetition_penalty", "frequency_penalty", "presence_penalty",
 	                                    "chat_template_kwargs", "guided_json", "guided_regex", "guided_choice",
 	                                    "guided_grammar" };
 	for (size_t i = 0; i < sizeof pass / sizeof *pass; i++)
-		if ((v = field(body, pass[i])) && json_object_set(chat, pass[i], v))
+		if ((v = llm_api_field(body, pass[i])) && json_object_set(chat, pass[i], v))
 			return NOMEM();
-	if ((v = field(body, "max_output_tokens")) && json_object_set(chat, "max_tokens", v))
+	if ((v = llm_api_field(body, "max_output_tokens")) && json_object_set(chat, "max_tokens", v))
 		return NOMEM();
 	json_t *msgs = json_array();
 	if (!msgs || json_object_set_new(chat, "messages", msgs))
 		return NOMEM();
-	json_t *ins = field(body, "instructions"), *in = field(body, "input");
+	json_t *ins = llm_api_field(body, "instructions"), *in = llm_api_field(body, "input");
 	if (ins && !json_is_string(ins))
 		return BAD("instructions", "expected a string");
 	if (ins && json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins)))

@@ -97,6 +97,9 @@ void llm_api_stream_end(enum llm_api_kind kind, struct llm_api_stream *st, struc
 struct json_t *llm_messages_error(unsigned status, const char *msg);
 
 /* api_base.c: what both translations use */
+/* O's member K, NULL when absent or null; B's bytes as a new JSON string */
+struct json_t *llm_api_field(struct json_t *o, const char *k);
+struct json_t *llm_api_str(const struct llm_buf *b);
 void llm_api_sse(struct llm_buf *b, const char *event, struct json_t *data);   /* takes DATA */
 enum llm_status llm_api_bad(char *param, size_t n, const char *field, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));

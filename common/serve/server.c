@@ -41,6 +41,17 @@ struct conn {                    /* per connection request: the body */
 
 /* ---- small helpers ----------------------------------------------------- */
 
+/* MS milliseconds from now on the realtime clock (pthread_cond_timedwait's). */
+static struct timespec deadline_ms(long ms)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += ms % 1000 * 1000000;
+	ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000;
+	ts.tv_nsec %= 1000000000;
+	return ts;
+}
+
 static int client_gone(int fd)
 {
 	if (fd < 0)
@@ -289,13 +300,7 @@ static void *watch_main(void *arg)
 	struct llm_server *s = arg;
 	pthread_mutex_lock(&s->cmu);
 	while (!s->watch_stop) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 250 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
+		struct timespec ts = deadline_ms(250);
 		pthread_cond_timedwait(&s->wcv, &s->cmu, &ts);
 		double now = now_s();
 		char msg[160];
@@ -427,13 +432,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			waited = 1;
 			idle_timeout(sr->conn, 0);
 		}
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 100 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
+		struct timespec ts = deadline_ms(100);
 		pthread_cond_timedwait(&j->cv, &s->mu, &ts);
 		if (j->n_done < j->n && client_gone(j->fd)) {
 			j->cancelled = 1;
@@ -769,13 +768,7 @@ static enum MHD_Result do_generate(struct llm_server *s, struct MHD_Connection *
 	idle_timeout(conn, 0);       /* the engine's time is not the client's */
 	pthread_mutex_lock(&s->mu);
 	while (j->n_done < j->n) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 100 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
+		struct timespec ts = deadline_ms(100);
 		pthread_cond_timedwait(&j->cv, &s->mu, &ts);
 		if (j->n_done < j->n && !j->cancelled && client_gone(j->fd)) {
 			j->cancelled = 1;

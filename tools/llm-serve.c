@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -124,21 +123,6 @@ static int host_is_loopback(const char *host)
 	return 0;
 }
 
-/* Why KEY cannot be a key (NULL: it can): blank, or a space or tab at
- * either end, which no Authorization header can carry (its value's ends
- * are trimmed), so no client could ever match it. */
-static const char *key_flaw(const char *key)
-{
-	size_t n = strlen(key), i = 0;
-	while (i < n && (key[i] == ' ' || key[i] == '\t'))
-		i++;
-	if (i == n)
-		return "is blank (spaces or tabs only)";
-	if (i > 0 || key[n - 1] == ' ' || key[n - 1] == '\t')
-		return "has a space or tab at an end (no Authorization header can carry it)";
-	return NULL;
-}
-
 /* The API key: --api-key or --api-key-file (not both), else LLM_API_KEY;
  * NULL when none. *OWNED gets what to free. Exits 2 on a usage error, 1
  * on an unreadable file. */
@@ -149,37 +133,20 @@ static const char *api_key(char **owned)
 		exit(llm_args_usage_error(&cli, "--api-key and --api-key-file are two ways to say one thing; give one"));
 	if (cfg.api_key && !*cfg.api_key)
 		exit(llm_args_usage_error(&cli, "--api-key: empty"));
-	if (cfg.api_key && key_flaw(cfg.api_key))
-		exit(llm_args_usage_error(&cli, "--api-key: the key %s", key_flaw(cfg.api_key)));
+	if (cfg.api_key && llm_server_key_flaw(cfg.api_key))
+		exit(llm_args_usage_error(&cli, "--api-key: the key %s", llm_server_key_flaw(cfg.api_key)));
 	if (cfg.api_key)
 		return cfg.api_key;
 	if (cfg.api_key_file) {
-		char *b;
-		size_t len;
-		if (llm_read_file(cfg.api_key_file, &b, &len))
+		if (llm_server_key_file(cfg.api_key_file, owned))
 			llm_die("--api-key-file: %s", llm_errmsg());
-		size_t n = 0;
-		while (n < len && b[n] != '\n' && b[n] != '\0')
-			n++;
-		if (n > 0 && b[n - 1] == '\r')
-			n--;
-		b[n] = '\0';
-		if (!n) {
-			free(b);
-			llm_die("--api-key-file: %s: the first line is empty (it holds the key)", cfg.api_key_file);
-		}
-		if (key_flaw(b)) {
-			const char *why = key_flaw(b);
-			free(b);
-			llm_die("--api-key-file: %s: the key on the first line %s", cfg.api_key_file, why);
-		}
-		return *owned = b;
+		return *owned;
 	}
 	const char *e = getenv("LLM_API_KEY");
 	if (e && !*e)
 		exit(llm_args_usage_error(&cli, "LLM_API_KEY is set but empty; unset it or give the key"));
-	if (e && key_flaw(e))
-		exit(llm_args_usage_error(&cli, "LLM_API_KEY: the key %s", key_flaw(e)));
+	if (e && llm_server_key_flaw(e))
+		exit(llm_args_usage_error(&cli, "LLM_API_KEY: the key %s", llm_server_key_flaw(e)));
 	return e;
 }
 
@@ -322,17 +289,7 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGINT);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	/* a descriptor per connection, and some for the process: the soft
-	 * limit goes up to the hard one when --max-connections needs it */
-	struct rlimit nf;
-	rlim_t need = (rlim_t)llm_server_socket_limit((unsigned)cfg.max_connections) + 64;
-	if (!getrlimit(RLIMIT_NOFILE, &nf) && nf.rlim_cur != RLIM_INFINITY && nf.rlim_cur < need) {
-		nf.rlim_cur = nf.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &nf);
-		if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < need)
-			llm_warn("--max-connections %lld: only %llu file descriptors (ulimit -Hn); connections past them are refused",
-			         (long long)cfg.max_connections, (unsigned long long)nf.rlim_max);
-	}
+	llm_server_fd_limit((unsigned)cfg.max_connections);   /* a descriptor per connection */
 	if (llm_comm_init(&world, &argc, &argv))
 		llm_die("%s", llm_errmsg());
 	int dist = world->size > 1;

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <strings.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -1244,4 +1245,52 @@ void llm_server_stop(struct llm_server *s)
 	free(s->touched);
 	free(s->template_src);
 	free(s);
+}
+
+/* ---- the tool's checks and limits --------------------------------------- */
+
+const char *llm_server_key_flaw(const char *key)
+{
+	size_t n = strlen(key), i = 0;
+	while (i < n && (key[i] == ' ' || key[i] == '\t'))
+		i++;
+	if (i == n)
+		return "is blank (spaces or tabs only)";
+	if (i > 0 || key[n - 1] == ' ' || key[n - 1] == '\t')
+		return "has a space or tab at an end (no Authorization header can carry it)";
+	return NULL;
+}
+
+enum llm_status llm_server_key_file(const char *path, char **key)
+{
+	char *b;
+	size_t len, n = 0;
+	*key = NULL;
+	LLM_TRY(llm_read_file(path, &b, &len));
+	while (n < len && b[n] != '\n' && b[n] != '\0')
+		n++;
+	if (n > 0 && b[n - 1] == '\r')
+		n--;
+	b[n] = '\0';
+	const char *why = !n ? "the first line is empty (it holds the key)" : llm_server_key_flaw(b);
+	if (why) {
+		enum llm_status s = llm_fail(LLM_ERR_USAGE, "%s: %s%s", path, n ? "the key on the first line " : "", why);
+		free(b);
+		return s;
+	}
+	*key = b;
+	return LLM_OK;
+}
+
+void llm_server_fd_limit(unsigned max_connections)
+{
+	struct rlimit nf;
+	rlim_t need = (rlim_t)llm_server_socket_limit(max_connections) + 64;
+	if (getrlimit(RLIMIT_NOFILE, &nf) || nf.rlim_cur == RLIM_INFINITY || nf.rlim_cur >= need)
+		return;
+	nf.rlim_cur = nf.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &nf);
+	if (nf.rlim_max != RLIM_INFINITY && nf.rlim_max < need)
+		llm_warn("--max-connections %u: only %llu file descriptors (ulimit -Hn); connections past them are refused",
+		         max_connections, (unsigned long long)nf.rlim_max);
 }

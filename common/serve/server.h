@@ -83,6 +83,18 @@ void llm_server_drain(struct llm_server *s);
  * connections over it are taken for a moment to be shed or refused with
  * 503, so the file descriptors needed are this plus the process's own. */
 unsigned llm_server_socket_limit(unsigned max_connections);
+/* Raise the soft limit on open files to the hard one when MAX_CONNECTIONS
+ * (their sockets and the process's own) need it; a warning when even the
+ * hard one is short. */
+void llm_server_fd_limit(unsigned max_connections);
+/* Why KEY cannot be an API key (NULL: it can): blank, or a space or tab at
+ * either end, which no Authorization header can carry (its value's ends
+ * are trimmed), so no client could ever match it. */
+const char *llm_server_key_flaw(const char *key);
+/* The API key on the first line of file PATH into *KEY (the caller frees
+ * it): an unreadable file, an empty first line or a flawed key is an error
+ * naming PATH. */
+enum llm_status llm_server_key_file(const char *path, char **key);
 /* Requests accepted and not yet answered. */
 int llm_server_in_flight(struct llm_server *s);
 /* Cancel what is left, stop the threads, close everything. */

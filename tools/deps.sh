@@ -4,7 +4,7 @@
 # make demo and make test.
 #   Debian packages: apt-get update + install -y as root, through sudo
 #     otherwise; without either, one line naming the command to run, exit 1.
-#   tests/js: the npm clients (openai, @anthropic-ai/sdk, the AI SDK, Hugging
+#   tests/js: the npm clients (openai, @anthropic-ai/sdk, the AI SDK, LangChain, Hugging
 #     Face's @huggingface/inference; lockfile pinned, no install scripts) for
 #     tests/cli/serve_openai.sh, serve_tools.sh, serve_apis.sh and
 #     serve_clients.sh, when npm is present (those tests skip without).

@@ -1,6 +1,6 @@
 # tests/cli/serve_clients.sh: the clients users already have, against
 # llm-serve on loopback: whole tool loops (openai runTools, the AI SDK's
-# multi-step calls; tests/js/toolloop.mjs) on the hermes and llama3 formats
+# multi-step calls, LangChain's bindTools; tests/js/toolloop.mjs) on the hermes and llama3 formats
 # and on Qwen3's own template; Hugging Face's InferenceClient with
 # endpointUrl and no model (tests/js/hf.mjs), TGI's chat response_format;
 # reasoning split from the answer (tests/js/reasoning.mjs) on Qwen3's
@@ -17,7 +17,7 @@ PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 JS=1
 if ! command -v node >/dev/null; then JS=0; why="no node"; fi
-for p in openai ai @ai-sdk/openai-compatible @huggingface/inference; do
+for p in openai ai @ai-sdk/openai-compatible @huggingface/inference @langchain/openai @langchain/core; do
 	[ $JS = 1 ] && [ ! -d "tests/js/node_modules/$p" ] && JS=0 why="tests/js/node_modules lacks $p (npm ci --prefix tests/js)"
 done
 node_run() {   # DESC SCRIPT [VAR=VALUE...]: the script's TAP lines, or a skip

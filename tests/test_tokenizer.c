@@ -415,8 +415,31 @@ static void expect_error(const char *what, const char *text, enum llm_status wan
 
 #define MINI_VOCAB "{\"a\":0,\"b\":1,\"ab\":2,\"<unk>\":3}"
 
+/* Decoding no ids (or only skipped ones) through a decoder chain whose
+ * first step writes no byte (ByteLevel of nothing) left the next step
+ * reading pieces with no text buffer: a null pointer plus 0, undefined
+ * behaviour that clang's UBSan reports (gcc's does not); the text is "". */
+static void decode_nothing(void)
+{
+	static const char json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": " MINI_VOCAB ", \"merges\": [\"a b\"]}, "
+		"\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}, {\"type\": \"Replace\", "
+		"\"pattern\": {\"String\": \"x\"}, \"content\": \"y\"}]}}";
+	struct llm_tokenizer *tk = NULL;
+	const char *dir = write_tok("decode-nothing", json, strlen(json));
+	if (!check(llm_tokenizer_open(&tk, dir) == LLM_OK, "a ByteLevel then Replace decoder opens (%s)", llm_errmsg()))
+		return;
+	int32_t ids[1] = { 0 };
+	char *text = NULL;
+	size_t len = 1;
+	enum llm_status s = llm_tokenizer_decode(tk, ids, 0, false, &text, &len);
+	check(s == LLM_OK && text && len == 0 && !*text, "no ids through ByteLevel then Replace decode to \"\"");
+	free(text);
+	llm_tokenizer_close(tk);
+}
+
 static void malformed(const char *ref)
 {
+	decode_nothing();
 	expect_error("not json", "{\"model\": {\"type\": \"BPE\",", LLM_ERR_FORMAT, "line");
 	expect_error("not an object", "[1, 2]", LLM_ERR_FORMAT, "not a JSON object");
 	expect_error("no model", "{\"version\": \"1.0\"}", LLM_ERR_FORMAT, "model");

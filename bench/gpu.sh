@@ -278,8 +278,10 @@ B=build/cuda
 use_tools() { TB=$1 GEN=$1/llm-generate QUANT=$1/llm-quantize BENCH=$1/llm-bench REPART=$1/llm-repartition; }
 use_tools "$ROOT/$B/bin"
 # make of this tree alone: a make above this one (make test, make asan)
-# passes its variables (B, CFLAGS) down in MAKEFLAGS
-MAKE="env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make"
+# passes its variables down in MAKEFLAGS, and exports those given on its
+# command line (make asan's B, BIN, CFLAGS, LDFLAGS, CUDA) to the
+# environment, where this make's ?= would take them
+MAKE="env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u B -u BIN -u CFLAGS -u LDFLAGS -u CUDA -u CC make"
 have_tools() { local t; for t in $TOOLS; do [ -x "$1/$t" ] || return 1; done; }
 
 s_build() {

@@ -7,7 +7,8 @@
  * crashes) and the whole job comes down with a message naming the rank,
  * never a hang; a rank killed or cut off is ended by the launcher, or
  * else found lost by the others' watchdogs within LLM_COMM_TIMEOUT seconds
- * (llm_comm_on_lost). Collectives are deterministic: the same inputs give the same
+ * (llm_comm_on_lost; a rank lost inside MPI_Init ends the others after
+ * 3 x LLM_COMM_TIMEOUT seconds, at least 30: comm_mpi.c). Collectives are deterministic: the same inputs give the same
  * bits on every rank (MPI's reductions are in a fixed order for a fixed
  * communicator size). Byte counters per communicator let the engine report
  * what crossed each link (-v).

@@ -14,16 +14,27 @@
  * collective waiting for it waits forever, unless mpirun ends the job,
  * which it does by default). The watchdog is a thread of each rank (with
  * MPI_THREAD_MULTIPLE) that sends every other rank a heartbeat each second
- * on a communicator of its own and listens for theirs; a rank silent for
+ * on MPI_COMM_WORLD (which nothing else sends on: the ranks' own traffic
+ * goes through a duplicate) and listens for theirs; a rank silent for
  * LLM_COMM_TIMEOUT seconds (default 10) is lost: the watchdog names it on
  * stderr and ends this rank with status 1, or hands it to the hook a
  * server set (llm_comm_on_lost). A rank leaving normally says goodbye
- * first (llm_comm_finalize), so it is never taken for lost. */
+ * first (llm_comm_finalize), so it is never taken for lost.
+ *
+ * Start-up: the watchdog starts as soon as MPI_Init_thread returns, before
+ * any collective of this file (it needs none: no communicator of its own),
+ * so a rank lost after the others' MPI_Init is named like any other. A
+ * rank lost inside MPI_Init leaves the others waiting there, where no MPI
+ * call can be made: a plain thread, armed before MPI_Init_thread, ends this
+ * rank with status 1 and a line saying so when MPI_Init has not returned
+ * within 3 x LLM_COMM_TIMEOUT seconds (at least 30; none when the timeout
+ * is 0). */
 #ifdef LLM_MPI
 #define _GNU_SOURCE
 #include "comm.h"
 #include "args.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
@@ -262,7 +273,7 @@ static struct {
 	pthread_t th;
 	int running;
 	atomic_int stop;
-	MPI_Comm comm;               /* a duplicate of the world, for heartbeats only */
+	MPI_Comm comm;               /* the world, for heartbeats only */
 	double timeout, period;      /* seconds */
 	pthread_mutex_t mu;          /* guards on_lost */
 	void (*on_lost)(int rank, const char *msg, void *ctx);
@@ -388,18 +399,23 @@ out:
 
 /* LLM_COMM_TIMEOUT: seconds of silence after which a rank is lost; 0: no
  * watchdog. */
-static enum llm_status watchdog_start(void)
+static enum llm_status comm_timeout(int64_t *t)
 {
 	const char *v = getenv("LLM_COMM_TIMEOUT");
-	int64_t t = 10;
-	if (v && *v && llm_parse_int(v, 0, 86400, &t))
+	*t = 10;
+	if (v && *v && llm_parse_int(v, 0, 86400, t))
 		return llm_fail(LLM_ERR_USAGE, "LLM_COMM_TIMEOUT=%s: not a number of seconds from 0 to 86400", v);
+	return LLM_OK;
+}
+
+/* Start the watchdog (after MPI_Init_thread; no collective). */
+static enum llm_status watchdog_start(int64_t t)
+{
 	if (t == 0 || g_size < 2)
 		return LLM_OK;
 	g_wd.timeout = (double)t;
 	g_wd.period = t >= 4 ? 1.0 : (double)t / 4;
-	if (MPI_Comm_dup(MPI_COMM_WORLD, &g_wd.comm) != MPI_SUCCESS)
-		return llm_fail(LLM_ERR_COMM, "rank %d of %d: MPI_Comm_dup failed", g_rank, g_size);
+	g_wd.comm = MPI_COMM_WORLD;
 	atomic_store(&g_wd.stop, 0);
 	if (pthread_create(&g_wd.th, NULL, watchdog, NULL))
 		return llm_fail(LLM_ERR_COMM, "rank %d of %d: cannot start the watchdog thread", g_rank, g_size);
@@ -414,7 +430,57 @@ static void watchdog_stop(void)
 	atomic_store(&g_wd.stop, 1);
 	pthread_join(g_wd.th, NULL);
 	g_wd.running = 0;
-	MPI_Comm_free(&g_wd.comm);
+}
+
+/* ---- the start-up guard: MPI_Init with a bound ------------------------ */
+
+static struct {
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done;
+	double bound;                /* seconds */
+} g_start = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+static void *start_guard(void *arg)
+{
+	(void)arg;
+	struct timespec end;
+	clock_gettime(CLOCK_REALTIME, &end);
+	end.tv_sec += (time_t)g_start.bound;
+	pthread_mutex_lock(&g_start.mu);
+	while (!g_start.done)
+		if (pthread_cond_timedwait(&g_start.cv, &g_start.mu, &end) == ETIMEDOUT && !g_start.done) {
+			const char *r = getenv("OMPI_COMM_WORLD_RANK"), *n = getenv("OMPI_COMM_WORLD_SIZE");
+			fprintf(stderr, "%s: rank %s of %s: MPI_Init did not return within %.0f s (a rank lost while "
+			        "starting, or the launcher stalled); ending this rank\n", llm_progname(), r ? r : "?",
+			        n ? n : "?", g_start.bound);
+			fflush(stderr);
+			_exit(1);          /* the main thread is inside MPI_Init */
+		}
+	pthread_mutex_unlock(&g_start.mu);
+	return NULL;
+}
+
+/* MPI_Init_thread, ended by the guard past its bound (T: LLM_COMM_TIMEOUT,
+ * 0 for no guard). */
+static int init_guarded(int *argc, char ***argv, int64_t t, int *provided)
+{
+	int guard = 0;
+	if (t > 0) {
+		g_start.bound = 3.0 * (double)t < 30.0 ? 30.0 : 3.0 * (double)t;
+		g_start.done = 0;
+		guard = !pthread_create(&g_start.th, NULL, start_guard, NULL);
+	}
+	int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, provided);
+	if (guard) {
+		pthread_mutex_lock(&g_start.mu);
+		g_start.done = 1;
+		pthread_cond_signal(&g_start.cv);
+		pthread_mutex_unlock(&g_start.mu);
+		pthread_join(g_start.th, NULL);
+	}
+	return rc;
 }
 
 void llm_comm_mpi_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void *ctx)
@@ -428,8 +494,10 @@ void llm_comm_mpi_on_lost(void (*fn)(int rank, const char *msg, void *ctx), void
 enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***argv)
 {
 	int provided = 0, init = 0;
+	int64_t t;
+	LLM_TRY(comm_timeout(&t));
 	MPI_Initialized(&init);
-	if (!init && MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+	if (!init && init_guarded(argc, argv, t, &provided) != MPI_SUCCESS)
 		return llm_fail(LLM_ERR_COMM, "MPI_Init_thread failed");
 	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 	/* a write to a lost peer's TCP socket would end this rank by SIGPIPE,
@@ -438,15 +506,16 @@ enum llm_status llm_comm_mpi_init(struct llm_comm **world, int *argc, char ***ar
 	MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &g_size);
 	atexit(exit_hook);
-	MPI_Comm dup;
-	if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
-		return llm_fail(LLM_ERR_COMM, "rank %d of %d: MPI_Comm_dup failed", g_rank, g_size);
 	/* the watchdog's thread calls MPI beside the main thread: without
-	 * MPI_THREAD_MULTIPLE a lost rank is left to the launcher */
+	 * MPI_THREAD_MULTIPLE a lost rank is left to the launcher. It runs
+	 * before the first collective, so a rank lost from here on is named */
 	if (init)
 		MPI_Query_thread(&provided);
 	if (provided >= MPI_THREAD_MULTIPLE)
-		LLM_TRY(watchdog_start());
+		LLM_TRY(watchdog_start(t));
+	MPI_Comm dup;
+	if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
+		return llm_fail(LLM_ERR_COMM, "rank %d of %d: MPI_Comm_dup failed", g_rank, g_size);
 	struct llm_comm base = { .world_rank = g_rank, .world_size = g_size };
 	return wrap(&base, dup, world);
 }

@@ -14,7 +14,8 @@
 # - llm-finetune (-np 2, --save-every 1): rank 1 killed under plain mpirun,
 #   then again under --enable-recovery after resuming: each time the state
 #   rank 0 saved resumes, and the run ends with the adapter of the
-#   uninterrupted run, bit for bit.
+#   uninterrupted run, bit for bit; and rank 1 killed while the ranks start
+#   (rank 0 ends all the same).
 # Every bound is a safety bound for a loaded machine (the job is killed
 # past it and the check fails), never a measured time.
 . tests/lib/tap.sh
@@ -193,9 +194,12 @@ fi
 # llm-finetune: rank 1 killed twice; the saved state resumes each time
 FT=$(command -v llm-finetune)
 D=tests/data/finetune
-CMP="--data $D/train.jsonl --seq-len 64 --micro-batch 2 --lr 3e-3 --seed 3 --steps 40 --save-every 1 -q"
+# steps enough that a kill lands mid-run: a step takes about 80 ms here,
+# and a kill follows the log line that triggers it by up to 20 steps (1.6 s)
+NST=160
+CMP="--data $D/train.jsonl --seq-len 64 --micro-batch 2 --lr 3e-3 --seed 3 --steps $NST --save-every 1 -q"
 mpijob -np 2 "$FT" -m "$S" $CMP -o "$T/whole" --log "$T/whole.csv" 2>"$T/whole.err"
-check "llm-finetune -np 2: the uninterrupted 40 steps" test -f "$T/whole/adapter_model.safetensors"
+check "llm-finetune -np 2: the uninterrupted $NST steps" test -f "$T/whole/adapter_model.safetensors"
 # ft AT MODE...: train (resuming when a state is there); rank 1 killed once
 # the log has AT steps
 ft() {
@@ -211,13 +215,31 @@ ft() {
 	return $k
 }
 ft 5; k=$?
-check "llm-finetune, plain mpirun: rank 1 killed at step $STEPS of 40 ends the job (exit $RC, ${SECS}s); no adapter, a saved state" \
-	sh -c "[ $k = 0 ] && [ $RC != 0 ] && [ $RC != 124 ] && [ $STEPS -lt 40 ] && [ ! -e '$T/ft/adapter_model.safetensors' ] && [ -f '$T/ft/training_state.bin' ]"
-# under --enable-recovery, a fresh-clone run once found rank 0's end
-# unrecorded (status none) after rank 1 was killed: left out until that is
-# understood (issue 45)
-skip "llm-finetune under mpirun --enable-recovery, rank 1 killed" "rank 0's end went unrecorded in one fresh-clone run (issue 45)"
+check "llm-finetune, plain mpirun: rank 1 killed at step $STEPS of $NST ends the job (exit $RC, ${SECS}s); no adapter, a saved state" \
+	sh -c "[ $k = 0 ] && [ $RC != 0 ] && [ $RC != 124 ] && [ $STEPS -lt $NST ] && [ ! -e '$T/ft/adapter_model.safetensors' ] && [ -f '$T/ft/training_state.bin' ]"
+# resumed under --enable-recovery, rank 1 killed 3 steps after the resume
+ft $(($(lines "$T/ft.csv") + 2)) --enable-recovery; k=$?
+if [ $k = 0 ] && [ "$STEPS" -lt $NST ] && why=$(others_named 1 2) && [ -f "$T/ft/training_state.bin" ] && [ ! -e "$T/ft/adapter_model.safetensors" ]; then
+	ok "llm-finetune, mpirun --enable-recovery, resumed, rank 1 killed at step $STEPS: rank 0 named it and exited 1 (${SECS}s); a saved state"
+else
+	notok "llm-finetune, --enable-recovery: kill $k, step $STEPS, ${why:-}"; grep -v PMIX "$T/err" | sed 's/^/#   /' | head -5
+fi
+# rank 1 killed the moment it exists, while the ranks start (inside or
+# just after MPI_Init, where no watchdog ran before): rank 0 still ends,
+# status 1, naming the lost rank or the start-up that did not complete
+rm -f "$T"/rc.* "$T"/err*
+mpijob --enable-recovery -np 2 sh -c "$WRAP" "$FT" -m "$S" $CMP -o "$T/ft0" --log "$T/ft0.csv" 2>"$T/err" &
+job=$!
+kill_rank 1 "^$FT -m $S .* -o $T/ft0"; k=$?
+ended $job
+if [ $k = 0 ] && [ $SECS -lt $BOUND ] && [ "$(cat "$T/rc.0" 2>/dev/null)" = 1 ] &&
+   grep -qE "rank 0 of 2: (lost rank 1: no heartbeat|MPI_Init did not return)" "$T/err"; then
+	ok "llm-finetune, mpirun --enable-recovery, rank 1 killed while starting: rank 0 exited 1 (${SECS}s): $(grep -m1 -E 'lost rank 1|MPI_Init' "$T/err")"
+else
+	notok "llm-finetune, rank 1 killed while starting: kill $k, ${SECS}s, rank 0 status $(cat "$T/rc.0" 2>/dev/null || echo none)"
+	grep -v PMIX "$T/err" | sed 's/^/#   /' | head -5
+fi
 mpijob -np 2 "$FT" -m "$S" $CMP -o "$T/ft" --log "$T/ft.csv" --resume 2>"$T/err"; rc=$?
-check "llm-finetune: --resume from the state saved before the kill ends with the uninterrupted run's adapter, bit for bit (exit $rc)" \
+check "llm-finetune: --resume from the state saved before the second kill ends with the uninterrupted run's adapter, bit for bit (exit $rc)" \
 	cmp -s "$T/whole/adapter_model.safetensors" "$T/ft/adapter_model.safetensors"
 tap_done

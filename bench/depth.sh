@@ -7,7 +7,10 @@
 #   bench/depth.sh [WORKDIR]
 #
 # Environment (defaults in brackets):
-#   POSITIONS [100 4096 32769 49152 65535]   0-based positions compared
+#   POSITIONS [100 4096 32769 49152 65535]   0-based positions compared;
+#                    A-B stands for every position from A to B
+#   SUMMARY [0]      1: print one line per model (positions, worst difference,
+#                    argmax agreement, failures) instead of one per position
 #   THREADS [1]      CPU threads of each engine (run one after the other)
 #   TOL [2e-3]       largest |log-prob difference| allowed over the top 10
 #   MODEL            random (default: a tiny Llama-3.2-1B-shape model with
@@ -87,9 +90,24 @@ random)
 	OURS=$W/random/hf-f32 GGUF=$W/random/model-f32.gguf NV=2048 ;;
 stories260K)
 	OURS=${STORIES:-../shared/models/stories260K} GGUF=$OURS/stories260K-f32.gguf NV=512 ;;
+config:*)
+	$PY -c 'import numpy' 2>/dev/null || skip "python3-numpy is missing (mkrandom.py needs it)"
+	C=${MODEL#config:}
+	case $C in */*|*.json) ;; *) C=../shared/tools/configs/$C.json ;; esac
+	[ -f "$C" ] || { echo "depth.sh: MODEL $MODEL: no config $C" >&2; exit 2; }
+	D=$W/$(basename "$C" .json)
+	if [ ! -f "$D/model-f32.gguf" ]; then
+		$PY ../shared/tools/mkrandom.py --config "$C" --out "$D" --formats st-f32,gguf-f32 --seed 1 \
+			>"$W/mkrandom.log" 2>&1 || { echo "depth.sh: mkrandom.py failed:" >&2; tail -3 "$W/mkrandom.log" >&2; exit 1; }
+	fi
+	OURS=$D/hf-f32 GGUF=$D/model-f32.gguf
+	NV=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$C")
+	MODEL=$(basename "$C" .json) ;;
 *)
-	echo "depth.sh: MODEL '$MODEL': expected random or stories260K" >&2; exit 2 ;;
+	echo "depth.sh: MODEL '$MODEL': expected random, stories260K or config:NAME" >&2; exit 2 ;;
 esac
+# A-B: every position from A to B
+POSITIONS=$(for p in $POSITIONS; do case $p in *-*) seq "${p%-*}" "${p#*-}" ;; *) echo "$p" ;; esac; done)
 
 # the sequence and our prompts, one per position
 MAXP=$(printf '%s\n' $POSITIONS | sort -n | tail -1)
@@ -110,9 +128,9 @@ t1=$(date +%s.%N)
 	<"$W/prompts.jsonl" >"$W/ours.jsonl" 2>"$W/ours.log" || { echo "depth.sh: llm-generate failed:" >&2; tail -3 "$W/ours.log" >&2; exit 1; }
 t2=$(date +%s.%N)
 
-$PY - "$W/theirs.jsonl" "$W/ours.jsonl" "$TOL" "$MODEL" "$THREADS" "$t0" "$t1" "$t2" "${OUT:-}" <<'EOF'
+$PY - "$W/theirs.jsonl" "$W/ours.jsonl" "$TOL" "$MODEL" "$THREADS" "$t0" "$t1" "$t2" "${OUT:-}" "${SUMMARY:-0}" <<'EOF'
 import json, sys
-theirs_f, ours_f, tol, model, threads, t0, t1, t2, out = sys.argv[1:]
+theirs_f, ours_f, tol, model, threads, t0, t1, t2, out, summary = sys.argv[1:]
 tol = float(tol)
 theirs = [json.loads(l) for l in open(theirs_f)]
 ours = [json.loads(l) for l in open(ours_f)]
@@ -120,7 +138,8 @@ ours.sort(key=lambda o: len(o["prompt_ids"]))
 lines = ["# model %s, %s thread(s); llama.cpp %.1f s, llm-generate %.1f s (wall)" % (
     model, threads, float(t1) - float(t0), float(t2) - float(t1)),
     "position  argmax_theirs  argmax_ours  argmax  top10_set  max_abs_diff  within_%g" % tol]
-bad = 0
+bad = agreed = 0
+worst_all = 0.0
 for th, o in zip(theirs, ours):
     assert th["pos"] == len(o["prompt_ids"]) - 1, "positions out of order"
     mine = {e["id"]: e["logprob"] for e in o["top_logprobs"][0]}
@@ -135,9 +154,14 @@ for th, o in zip(theirs, ours):
     same = set(mine) == {t[0] for t in th["top"]}
     ok = ok and agree and worst <= tol
     bad += not ok
+    agreed += agree
+    worst_all = max(worst_all, worst)
     lines.append("%8d  %13d  %11d  %6s  %9s  %12.2e  %s" % (th["pos"], th["top"][0][0],
         o["top_logprobs"][0][0]["id"], "same" if agree else "DIFF", "same" if same else "diff",
         worst, "yes" if ok else "NO"))
+if summary == "1":
+    lines = [lines[0], "%s: %d positions %d..%d: argmax equal at %d, worst top-10 |dlogprob| %.2e, %d beyond %g" % (
+        model, len(theirs), theirs[0]["pos"], theirs[-1]["pos"], agreed, worst_all, bad, tol)]
 text = "\n".join(lines)
 print(text)
 if out:

@@ -12,6 +12,8 @@
 #   SUMMARY [0]      1: print one line per model (positions, worst difference,
 #                    argmax agreement, failures) instead of one per position
 #   THREADS [1]      CPU threads of each engine (run one after the other)
+#   PARALLEL [1]     llm-generate --parallel (the prompts a step batches; the
+#                    outputs are the same bits, batch invariance)
 #   TOL [2e-3]       largest |log-prob difference| allowed over the top 10
 #   MODEL            random (default: a tiny Llama-3.2-1B-shape model with
 #                    llama3 RoPE scaling and 131072 positions, from
@@ -34,7 +36,7 @@
 # calls, F32 K and V, flash attention off: plain F32 attention), with logits
 # kept at the positions only.
 # Ours: llm-generate -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json on one
-# prompt per position, ids[0..P] (--parallel 1: one after another; the
+# prompt per position, ids[0..P] (--parallel PARALLEL, default 1: one after another; the
 # prefix cache shares the longer prompts' leading blocks with the shorter
 # ones'); its first top_logprobs entry is the distribution at P.
 # Per position: whether the argmax agrees, whether the top-10 id sets agree,
@@ -124,7 +126,7 @@ t0=$(date +%s.%N)
 "$W/depth_logits" "$L" "$GGUF" "$IDS" "$(printf '%s\n' $POSITIONS | sort -n | paste -sd,)" "$THREADS" 0 \
 	>"$W/theirs.jsonl" 2>"$W/theirs.log" || { echo "depth.sh: depth_logits failed:" >&2; tail -3 "$W/theirs.log" >&2; exit 1; }
 t1=$(date +%s.%N)
-"$B/llm-generate" -m "$OURS" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t "$THREADS" --parallel 1 \
+"$B/llm-generate" -m "$OURS" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t "$THREADS" --parallel "${PARALLEL:-1}" \
 	<"$W/prompts.jsonl" >"$W/ours.jsonl" 2>"$W/ours.log" || { echo "depth.sh: llm-generate failed:" >&2; tail -3 "$W/ours.log" >&2; exit 1; }
 t2=$(date +%s.%N)
 

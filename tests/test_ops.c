@@ -1129,6 +1129,48 @@ static void test_kv(void)
 	llm_backend_close(be);
 }
 
+/* A sliding window of 6 over blocks of 4: a step's blocks wholly before
+ * its first query's window go back to the pool; a fork or a step that would
+ * read one is refused. */
+static void test_kv_window(void)
+{
+	struct llm_backend *be;
+	struct llm_backend_opts o = { 1, LLM_ISA_SCALAR, 0 };
+	llm_backend_open("cpu", &o, &be);
+	struct llm_kv_opts ko = { 1, 1, 4, LLM_DTYPE_F32, 4, 8, 4, 32 };
+	struct llm_kv kv;
+	llm_kv_init(&kv, be, &ko);
+	llm_kv_set_window(&kv, 6);
+	int a, f;
+	int32_t tok[8] = { 0 }, pos[8], seq[8];
+	llm_kv_seq_new(&kv, &a);
+	for (int i = 0; i < 8; i++)
+		pos[i] = i, seq[i] = a;
+	struct llm_batch b = { 8, tok, pos, seq, NULL, NULL };
+	check(llm_kv_prepare(&kv, &b) == LLM_OK && kv.n_free == 6 && kv.seq[a].blk[0] >= 0,
+	      "window: a prefill of 8 from position 0 keeps its 2 blocks");
+	pos[0] = 8;
+	b.n_tok = 1;
+	check(llm_kv_prepare(&kv, &b) == LLM_OK && kv.n_free == 5 && kv.seq[a].blk[0] >= 0,
+	      "window: position 8 (keys from 3 on) keeps block 0");
+	pos[0] = 9;
+	check(llm_kv_prepare(&kv, &b) == LLM_OK && kv.n_free == 6 && kv.seq[a].blk[0] == -1,
+	      "window: position 9 (keys from 4 on) releases block 0");
+	check(llm_kv_can_fork(&kv, a, 10) && llm_kv_seq_fork(&kv, a, 10, &f) == LLM_OK && kv.n_free == 6,
+	      "window: a fork at 10 shares the held blocks");
+	check(!llm_kv_can_fork(&kv, a, 4) && llm_kv_seq_fork(&kv, a, 4, &f) == LLM_ERR_RANGE,
+	      "window: a fork at 4 would read block 0 and is refused: %s", llm_errmsg());
+	llm_kv_seq_free(&kv, f);
+	llm_kv_seq_truncate(&kv, a, 3);
+	pos[0] = 3;
+	check(llm_kv_prepare(&kv, &b) == LLM_ERR_USAGE, "window: a step that reads a released block is refused: %s",
+	      llm_errmsg());
+	llm_kv_seq_free(&kv, a);
+	check(kv.n_free == 8, "window: every block back after the sequence ends");
+	llm_kv_free(&kv);
+	llm_backend_close(be);
+}
+
 /* ---- every op against the plain reference (common/engine/cpu_ref.h) -------------
  * The backend at each level this CPU runs (scalar included: it is the
  * optimised code too, threads, tables and all), 2 threads, against
@@ -1568,5 +1610,6 @@ int main(void)
 	test_chain(best);
 	test_ref(best);
 	test_kv();
+	test_kv_window();
 	return check_done();
 }

@@ -9,8 +9,10 @@
 # forward: greedy id equal and top-10 log-probs within 2e-3 at every
 # position. Against hfref with the family's feature left out (--abl) the same
 # comparison must fail, so it bites. --parallel 1 gives the same bits
-# (batch invariance). With stories260K's tokenizer on a 512-id variant of
-# each config: the BF16 model quantized to FP8 (llm-quantize) generates and
+# (batch invariance), and so does --prefix-cache 0 (the prompts are
+# prefixes of each other: with the cache they fork cached prompts, past the
+# window too, whose released blocks they must not read). With stories260K's
+# tokenizer on a 512-id variant of each config: the BF16 model quantized to FP8 (llm-quantize) generates and
 # its perplexity of a short story is within 1% of the BF16 model's.
 # llm-quantize --random of each config writes a checkpoint that generates,
 # and refuses a mixture-of-experts config with the engine's own line;
@@ -35,6 +37,7 @@ if [ -n "$why" ]; then
 		skip "$f: greedy ids and top-10 log-probs match hfref.py at $N positions" "$why"
 		skip "$f: the comparison fails against hfref without ${fa#*:}" "$why"
 		skip "$f: --parallel 1 and --parallel 8 give the same bits" "$why"
+		skip "$f: the prefix cache (forks of cached prompts) changes no bit" "$why"
 		skip "$f: FP8 generates and its perplexity is within 1% of BF16's" "$why"
 		skip "$f: llm-quantize --random writes an FP8 checkpoint that generates" "$why"
 		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "$why"
@@ -80,9 +83,11 @@ for fa in $FAMS; do
 		continue
 	fi
 	$PY tests/lib/families_cmp.py prompts "$M" $N "$T/$f.prompts"
-	for par in 8 1; do
-		llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel $par \
-			<"$T/$f.prompts" >"$T/$f.p$par" 2>"$T/$f.err" || { sed 's/^/#   /' "$T/$f.err" | tail -3; }
+	for run in "8 8" "1 1" "0 1 --prefix-cache 0"; do
+		set -- $run
+		out=$1; shift
+		llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel "$@" \
+			<"$T/$f.prompts" >"$T/$f.p$out" 2>"$T/$f.err" || { sed 's/^/#   /' "$T/$f.err" | tail -3; }
 	done
 	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" >"$T/$f.cmp" 2>&1; rc=$?
 	diag "$f: $(tail -1 "$T/$f.cmp")"
@@ -90,9 +95,10 @@ for fa in $FAMS; do
 	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" --abl="$abl" >"$T/$f.abl" 2>&1; rc=$?
 	diag "$f without $abl: $(tail -1 "$T/$f.abl")"
 	check "$f: the comparison fails against hfref without $abl" [ "$rc" = 3 ]
-	answers "$T/$f.p8" >"$T/$f.a8"; answers "$T/$f.p1" >"$T/$f.a1"
+	answers "$T/$f.p8" >"$T/$f.a8"; answers "$T/$f.p1" >"$T/$f.a1"; answers "$T/$f.p0" >"$T/$f.a0"
 	check "$f: --parallel 1 and --parallel 8 give the same bits" \
 		sh -c "[ \$(wc -l <'$T/$f.a8') = $N ] && cmp -s '$T/$f.a8' '$T/$f.a1'"
+	check "$f: the prefix cache (forks of cached prompts) changes no bit" cmp -s "$T/$f.a1" "$T/$f.a0"
 	# FP8 against BF16 on a 512-id variant with stories260K's tokenizer
 	$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c['vocab_size'] = 512; json.dump(c, open(sys.argv[2], 'w'))" \
 		"$TOOLS/configs/$f.json" "$T/$f-512.json"

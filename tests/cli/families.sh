@@ -14,7 +14,8 @@
 # window too, whose released blocks they must not read). With stories260K's
 # tokenizer on a 512-id variant of each config: the BF16 model quantized to FP8 (llm-quantize) generates and
 # its perplexity of a short story is within 1% of the BF16 model's.
-# llm-quantize --random of each config writes a checkpoint that generates,
+# A random PEFT adapter (tests/cli/lora_make.py) gives the same ids at run
+# time as merged (llm-finetune --merge). llm-quantize --random of each config writes a checkpoint that generates,
 # and refuses a mixture-of-experts config with the engine's own line;
 # llm-finetune refuses these families (its forward is Llama's). Under
 # mpirun (when present), llm-repartition --tp 2 --pp 2 of each model runs on
@@ -39,6 +40,7 @@ if [ -n "$why" ]; then
 		skip "$f: --parallel 1 and --parallel 8 give the same bits" "$why"
 		skip "$f: the prefix cache (forks of cached prompts) changes no bit" "$why"
 		skip "$f: FP8 generates and its perplexity is within 1% of BF16's" "$why"
+		skip "$f: a LoRA adapter at run time gives the ids of its merge" "$why"
 		skip "$f: llm-quantize --random writes an FP8 checkpoint that generates" "$why"
 		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "$why"
 	done
@@ -116,6 +118,19 @@ for fa in $FAMS; do
 	else
 		notok "$f: FP8 generates and its perplexity is within 1% of BF16's"
 		cat "$T/$f.mk2" "$T/$f.q" "$T/$f.err" | sed 's/^/#   /' | tail -4
+	fi
+	# a PEFT adapter (q_proj ... down_proj, the names every dense family
+	# shares) applied at run time, and merged into the weights: the same ids
+	ids5() { head -5 "$T/$f.prompts" | llm-generate -m "$1" ${2:+--lora "$2"} -n 3 --temp 0 --json |
+		python3 -c "import json, sys; print([json.loads(l)['ids'] for l in sys.stdin])"; }
+	if $PY tests/cli/lora_make.py "$M/config.json" "$T/$f-lora" --rank 4 --seed 1 >"$T/$f.lm" 2>&1 &&
+		llm-finetune -q -m "$M" --merge "$T/$f-lora" -o "$T/$f-merged" >"$T/$f.mg" 2>&1; then
+		a=$(ids5 "$M" "$T/$f-lora") b=$(ids5 "$T/$f-merged") c=$(ids5 "$M")
+		check "$f: a LoRA adapter at run time gives the ids of its merge, not the base's ($a)" \
+			sh -c "[ -n '$a' ] && [ '$a' = '$b' ] && [ '$a' != '$c' ]"
+	else
+		notok "$f: a LoRA adapter at run time gives the ids of its merge"
+		cat "$T/$f.lm" "$T/$f.mg" | sed 's/^/#   /' | tail -3
 	fi
 	R=$T/$f-random
 	check "$f: llm-quantize --random writes an FP8 checkpoint that generates" sh -c \

@@ -281,9 +281,15 @@ void llm_sched_close(struct llm_sched *s)
 
 /* ---- requests ---------------------------------------------------------- */
 
+/* Blocks a sequence of N_POS positions holds at once: one per block_size
+ * positions, or under a sliding window (kvcache.h) at most the window, a
+ * step's tokens and two partly used blocks */
 static int64_t blocks_for(const struct llm_sched *s, int64_t n_pos)
 {
-	return (n_pos + s->kv->block_size - 1) / s->kv->block_size;
+	int64_t bs = s->kv->block_size, most = (int64_t)s->kv->window + s->o.max_batch_tokens + 2 * bs;
+	if (s->kv->window && n_pos > most)
+		n_pos = most;
+	return (n_pos + bs - 1) / bs;
 }
 
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)

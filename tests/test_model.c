@@ -781,6 +781,28 @@ static void test_rope_scaling(void)
 		double div = llm_config_attn_div(&m.cfg), wdiv = sqrt(32.0) / (af * af);
 		check(!bad && fabs(div - wdiv) < 1e-5 * wdiv, "rope_scaling %s: %d of 16 frequencies off, score divisor %.6f "
 		      "(want %.6f)", scal[k], bad, div, wdiv);
+		if (k == 1) {
+			/* a backend without a family op (as CUDA lacks them) refuses the
+			 * model before any compute, naming the op */
+			struct llm_backend *be;
+			if (llm_backend_open("cpu", NULL, &be) == LLM_OK) {
+				check(llm_model_check_backend(&m, be) == LLM_OK, "qwen2 with yarn: the cpu backend runs it");
+				struct llm_backend_ops ops = *be->ops;
+				const struct llm_backend_ops *real = be->ops;
+				ops.add_bias = NULL;
+				be->ops = &ops;
+				enum llm_status s = llm_model_check_backend(&m, be);
+				check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "add_bias"), "without add_bias: %s",
+				      llm_errmsg());
+				ops.add_bias = real->add_bias;
+				ops.attention_ex = NULL;
+				s = llm_model_check_backend(&m, be);
+				check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "attention_ex"), "without attention_ex: %s",
+				      llm_errmsg());
+				be->ops = real;
+				llm_backend_close(be);
+			}
+		}
 		llm_model_close(&m);
 	}
 }

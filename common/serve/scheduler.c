@@ -518,7 +518,7 @@ static int parent_ready(struct llm_sched *s, struct sreq *r)
 static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 {
 	struct sreq *par = r->n_shared > 0 ? find(s, r->parent) : NULL;
-	if (par && !llm_kv_can_fork(s->kv, par->seq, r->n_shared))
+	if (par && par->seq >= 0 && !llm_kv_can_fork(s->kv, par->seq, r->n_shared))
 		drop_parent(s, r);              /* the window released what it shares: compute it */
 	if (r->n_shared > 0) {
 		struct sreq *p = find(s, r->parent);

@@ -18,8 +18,17 @@
 #   MODEL            random (default: a tiny Llama-3.2-1B-shape model with
 #                    llama3 RoPE scaling and 131072 positions, from
 #                    ../shared/tools/mkrandom.py, seed 1, F32 safetensors and
-#                    F32 GGUF of the same numbers) or stories260K (the real
-#                    model in STORIES, its F32 GGUF; positions < 511)
+#                    F32 GGUF of the same numbers), stories260K (the real
+#                    model in STORIES, its F32 GGUF; positions < 511), or
+#                    config:NAME (the seeded random model of
+#                    ../shared/tools/configs/NAME.json, or of NAME when it is
+#                    a path, any family mkrandom.py writes: F32 safetensors
+#                    and F32 GGUF; tiny-NAME alone stands for config:tiny-NAME,
+#                    mixtral and qwen3moe for config:tiny-mixtral and
+#                    config:tiny-qwen3moe). llama.cpp has no sliding window
+#                    for mistral (compare positions below the window only)
+#                    and computes gemma2's GELU through an fp16 table (about
+#                    3e-4 on tiny-gemma2)
 #   STORIES [../shared/models/stories260K]
 #   OUT              also write the table to this file
 #   LLAMA_LIB        the prebuilt llama.cpp folder (libllama, libggml*; unset:
@@ -82,6 +91,7 @@ cc -O2 -Wall -Wextra -std=c11 -D_POSIX_C_SOURCE=200809L -I"$S/include" -I"$S/ggm
 	-o "$W/depth_logits" bench/depth_logits.c -L"$W/lib" -Wl,-rpath,"$L" -lllama -lggml -lggml-base -lm
 
 # the weights: ours (a model directory) and theirs (a GGUF) of the same numbers
+case $MODEL in tiny-*) MODEL=config:$MODEL ;; mixtral|qwen3moe) MODEL=config:tiny-$MODEL ;; esac
 case $MODEL in
 random)
 	$PY -c 'import numpy' 2>/dev/null || skip "python3-numpy is missing (mkrandom.py needs it)"

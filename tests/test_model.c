@@ -457,7 +457,8 @@ static void test_bad_input(void)
 	/* a config the engine does not support, with the field named */
 	const char *edits[][3] = {
 		{ "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act" },
-		{ "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}", "rope_scaling" },
+		{ "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4}", "rope_scaling" },
+		{ "\"model_type\": \"llama\"", "\"model_type\": \"phi3\"", "model_type: 'phi3'" },
 		{ "\"num_key_value_heads\": 4", "\"num_key_value_heads\": 3", "num_key_value_heads" },
 		{ "\"hidden_size\": 64", "\"hidden_size\": 96", "shape" },
 	};
@@ -725,6 +726,87 @@ static void test_quantized(void)
 	}
 }
 
+/* rope_scaling linear and yarn on a random model (llm-quantize --random):
+ * the engine's RoPE frequencies against Hugging Face's definitions written
+ * out here (_compute_linear_scaling_rope_parameters: f / factor;
+ * _compute_yarn_parameters: the correction range of beta_fast 32 and
+ * beta_slow 1 rotations at the original context, floored and ceiled, a
+ * linear ramp between f / factor and f), and the attention factor
+ * 0.1 ln(factor) + 1 (or attention_factor) on cos and sin, which the
+ * engine folds into the score divisor as its square. */
+static void test_rope_scaling(void)
+{
+	const char *bin = getenv("LLM_BIN");
+	char q[1200], cfg[1300], out[1300], cmd[4000];
+	snprintf(q, sizeof q, "%s/llm-quantize", bin && *bin ? bin : "bin");
+	if (access(q, X_OK)) {
+		check_skip("no llm-quantize built", "rope_scaling linear and yarn");
+		return;
+	}
+	static const char *scal[3] = {
+		"{\"rope_type\": \"linear\", \"factor\": 4.0}",
+		"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128}",
+		"{\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128, \"attention_factor\": 1.0}",
+	};
+	for (int k = 0; k < 3; k++) {
+		snprintf(cfg, sizeof cfg, "%s/rs%d.json", test_tmpdir(), k);
+		FILE *f = fopen(cfg, "w");
+		fprintf(f, "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+		        " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+		        " \"vocab_size\": 64, \"max_position_embeddings\": 512, \"rope_theta\": 10000.0,"
+		        " \"rope_scaling\": %s}", scal[k]);
+		fclose(f);
+		snprintf(out, sizeof out, "%s/rs%d", test_tmpdir(), k);
+		snprintf(cmd, sizeof cmd, "%s --random %s --dtype f32 --seed 5 %s 2>&1", q, cfg, out);
+		struct llm_model m;
+		if (!check(system(cmd) == 0 && llm_model_open(&m, out) == LLM_OK, "rope_scaling %d: a random model opens", k)) {
+			check_diag("%s", llm_errmsg());
+			continue;
+		}
+		int d = 32, bad = 0;
+		/* yarn's correction dims: d ln(128 / (2 pi r)) / (2 ln 10000), r = 32 and 1 */
+		double lo = floor(d * log(128 / (2 * M_PI * 32)) / (2 * log(10000.0)));
+		double hi = ceil(d * log(128 / (2 * M_PI * 1)) / (2 * log(10000.0)));
+		lo = lo < 0 ? 0 : lo;
+		hi = hi > d - 1 ? d - 1 : hi;
+		for (int j = 0; j < d / 2; j++) {
+			double f0 = 1.0 / pow(10000.0, 2.0 * j / d), want = f0 / 4;
+			if (k > 0) {
+				double ramp = (j - lo) / (hi - lo), ex = 1 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp);
+				want = f0 / 4 * (1 - ex) + f0 * ex;
+			}
+			bad += fabs(m.inv_freq[j] - want) > 1e-5 * want;
+		}
+		double af = k == 1 ? 0.1 * log(4.0) + 1 : 1.0;
+		double div = llm_config_attn_div(&m.cfg), wdiv = sqrt(32.0) / (af * af);
+		check(!bad && fabs(div - wdiv) < 1e-5 * wdiv, "rope_scaling %s: %d of 16 frequencies off, score divisor %.6f "
+		      "(want %.6f)", scal[k], bad, div, wdiv);
+		if (k == 1) {
+			/* a backend without a family op (as CUDA lacks them) refuses the
+			 * model before any compute, naming the op */
+			struct llm_backend *be;
+			if (llm_backend_open("cpu", NULL, &be) == LLM_OK) {
+				check(llm_model_check_backend(&m, be) == LLM_OK, "qwen2 with yarn: the cpu backend runs it");
+				struct llm_backend_ops ops = *be->ops;
+				const struct llm_backend_ops *real = be->ops;
+				ops.add_bias = NULL;
+				be->ops = &ops;
+				enum llm_status s = llm_model_check_backend(&m, be);
+				check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "add_bias"), "without add_bias: %s",
+				      llm_errmsg());
+				ops.add_bias = real->add_bias;
+				ops.attention_ex = NULL;
+				s = llm_model_check_backend(&m, be);
+				check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "attention_ex"), "without attention_ex: %s",
+				      llm_errmsg());
+				be->ops = real;
+				llm_backend_close(be);
+			}
+		}
+		llm_model_close(&m);
+	}
+}
+
 /* A random Llama 3 style model (llm-quantize --random): untied lm_head,
  * GQA, explicit head_dim, rope_scaling llama3. Checks the scaled RoPE
  * frequencies band by band (Hugging Face _compute_llama3_parameters) and
@@ -861,5 +943,6 @@ int main(void)
 	test_bf16();
 	test_quantized();
 	test_llama3_random();
+	test_rope_scaling();
 	return check_done();
 }

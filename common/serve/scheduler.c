@@ -281,9 +281,15 @@ void llm_sched_close(struct llm_sched *s)
 
 /* ---- requests ---------------------------------------------------------- */
 
+/* Blocks a sequence of N_POS positions holds at once: one per block_size
+ * positions, or under a sliding window (kvcache.h) at most the window, a
+ * step's tokens and two partly used blocks */
 static int64_t blocks_for(const struct llm_sched *s, int64_t n_pos)
 {
-	return (n_pos + s->kv->block_size - 1) / s->kv->block_size;
+	int64_t bs = s->kv->block_size, most = (int64_t)s->kv->window + s->o.max_batch_tokens + 2 * bs;
+	if (s->kv->window && n_pos > most)
+		n_pos = most;
+	return (n_pos + bs - 1) / bs;
 }
 
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
@@ -511,6 +517,9 @@ static int parent_ready(struct llm_sched *s, struct sreq *r)
  * to feed and every position to score), or a fresh one. */
 static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 {
+	struct sreq *par = r->n_shared > 0 ? find(s, r->parent) : NULL;
+	if (par && par->seq >= 0 && !llm_kv_can_fork(s->kv, par->seq, r->n_shared))
+		drop_parent(s, r);              /* the window released what it shares: compute it */
 	if (r->n_shared > 0) {
 		struct sreq *p = find(s, r->parent);
 		LLM_TRY(llm_engine_kv_fork(s->e, p->seq, r->n_shared, &r->seq));
@@ -528,7 +537,7 @@ static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 		if (p->seq < 0 || p->adapter != r->adapter)   /* another adapter's KV differs */
 			continue;
 		int m = lcp(p->ids, p->n, r->ids, limit) / bs * bs;
-		if (m > best) {
+		if (m > best && llm_kv_can_fork(s->kv, p->seq, m)) {
 			best = m;
 			src = p;
 		}

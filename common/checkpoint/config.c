@@ -1,5 +1,5 @@
 /* common/checkpoint/config.c: parse and check a Llama-family config.json (Hugging Face
- * LlamaConfig / MistralConfig fields) into struct llm_config. Anything the
+ * LlamaConfig / MistralConfig / MixtralConfig fields) into struct llm_config. Anything the
  * engine does not support is refused here, with the field named (config.h). */
 #include "config.h"
 
@@ -45,12 +45,58 @@ static enum llm_status get_float(json_t *root, const char *path, const char *key
 	return LLM_OK;
 }
 
+/* The mixture-of-experts fields of model_type MT (config.h, struct
+ * llm_moe_config); nothing for a dense family. */
+static enum llm_status moe_check(struct llm_config *c, json_t *root, const char *path, const char *mt)
+{
+	struct llm_moe_config *e = &c->moe;
+	int qwen = !strcmp(mt, "qwen3_moe");
+	if (!qwen && strcmp(mt, "mixtral"))
+		return LLM_OK;
+	e->names = qwen ? LLM_MOE_NAMES_QWEN3 : LLM_MOE_NAMES_MIXTRAL;
+	/* absent fields take the defaults of MixtralConfig / Qwen3MoeConfig */
+	LLM_TRY(get_int(root, path, qwen ? "num_experts" : "num_local_experts", 0, 1, 1 << 16, qwen ? 128 : 8,
+	                &e->n_expert));
+	LLM_TRY(get_int(root, path, "num_experts_per_tok", 0, 1, 1 << 16, qwen ? 8 : 2, &e->n_expert_used));
+	if (e->n_expert_used > e->n_expert)
+		return llm_fail(LLM_ERR_FORMAT, "%s: num_experts_per_tok: %d is more than the %d experts",
+		                path, e->n_expert_used, e->n_expert);
+	e->norm_topk = 1;
+	e->d_ff_expert = c->d_ff;
+	if (!qwen)
+		return LLM_OK;
+	LLM_TRY(get_int(root, path, "moe_intermediate_size", 0, 1, 1 << 22, 768, &e->d_ff_expert));
+	json_t *v = json_object_get(root, "norm_topk_prob");
+	if (v && !json_is_null(v) && !json_is_boolean(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: norm_topk_prob: not a boolean", path);
+	e->norm_topk = json_is_true(v);       /* Qwen3MoeConfig's default: false */
+	int step;
+	LLM_TRY(get_int(root, path, "decoder_sparse_step", 0, 1, LLM_MAX_LAYERS, 1, &step));
+	for (int l = 0; l < c->n_layer; l++)
+		if ((l + 1) % step)
+			e->dense[l / 8] |= (unsigned char)(1u << (l % 8));
+	v = json_object_get(root, "mlp_only_layers");
+	if (v && !json_is_null(v) && !json_is_array(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: mlp_only_layers: not an array", path);
+	size_t i;
+	json_t *x;
+	json_array_foreach(v, i, x) {
+		if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->n_layer)
+			return llm_fail(LLM_ERR_FORMAT, "%s: mlp_only_layers[%zu]: not a layer index below %d",
+			                path, i, c->n_layer);
+		int l = (int)json_integer_value(x);
+		e->dense[l / 8] |= (unsigned char)(1u << (l % 8));
+	}
+	return LLM_OK;
+}
+
 static enum llm_status config_check(struct llm_config *c, json_t *root, const char *path)
 {
 	json_t *v;
 	const char *mt = json_string_value(json_object_get(root, "model_type"));
-	if (mt && strcmp(mt, "llama") && strcmp(mt, "mistral"))
-		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: model_type: '%s' is not supported (llama, mistral)", path, mt);
+	if (mt && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "mixtral"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: model_type: '%s' is not supported (llama, mistral, mixtral)",
+		                path, mt);
 	const char *act = json_string_value(json_object_get(root, "hidden_act"));
 	if (act && strcmp(act, "silu"))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: hidden_act: '%s' is not supported (silu)", path, act);
@@ -116,6 +162,8 @@ static enum llm_status config_check(struct llm_config *c, json_t *root, const ch
 			                path, t);
 		}
 	}
+	if (mt)
+		LLM_TRY(moe_check(c, root, path, mt));
 	c->bos_id = -1;
 	v = json_object_get(root, "bos_token_id");
 	if (json_is_integer(v))

@@ -2,7 +2,8 @@
  * forward pass.
  *
  * Supported (anything else is refused at load with the field named):
- * model_type "llama" or "mistral" (no sliding window), hidden_act "silu", no
+ * model_type "llama", "mistral" (no sliding window) or "mixtral" (experts:
+ * moe.h, on the cpu backend), hidden_act "silu", no
  * attention or MLP bias, grouped-query attention (num_key_value_heads
  * dividing num_attention_heads), any head_dim, tied or untied embeddings,
  * rope_scaling null or of type "llama3" (Llama 3.1/3.2) or "default".
@@ -19,11 +20,14 @@
 #include "backend.h"
 #include "kvcache.h"
 #include "comm.h"
+#include "moe.h"
 
 #define LLM_LORA_SLOTS 32         /* LoRA adapters a model serves at once */
 
 struct llm_layer {
 	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+	struct llm_moe_weights moe;   /* a mixture-of-experts layer (llm_moe_layer): the router
+	                                 and experts, and no w_gate, w_up, w_down */
 };
 /* Weight I (0 .. LLM_LAYER_WEIGHTS - 1) of a layer, in the order above. */
 #define LLM_LAYER_WEIGHTS 9
@@ -80,6 +84,8 @@ struct llm_model {
 	 * slice (partition.h). The KV cache holds these layers and kv heads. */
 	int layer_begin, layer_end;
 	int n_head_loc, n_kv_head_loc, d_ff_loc;
+	int d_ff_expert_loc;        /* this process's share of an expert's FFN (moe.d_ff_expert) */
+	struct llm_weight *experts; /* (n_layer, n_expert, 3) the layers' moe.expert arrays */
 	int64_t vocab_begin, n_vocab_loc;
 	struct llm_model_dist *dist;   /* NULL: a single process */
 	/* LoRA adapters applied on top of the frozen projections (lora.h),
@@ -180,6 +186,7 @@ struct llm_scratch {
 	/* distributed only (host memory: distributed runs use the CPU backend) */
 	int32_t *tok_loc;           /* (max_tok) token ids within this rank's vocabulary slice */
 	float *lbuf;                /* (max_logits, largest vocabulary slice) logits slices */
+	struct llm_moe_scratch moe; /* a mixture of experts' activations */
 };
 enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
                                  struct llm_backend *be, int max_tok, int max_logits);

@@ -457,7 +457,8 @@ static void test_bad_input(void)
 	/* a config the engine does not support, with the field named */
 	const char *edits[][3] = {
 		{ "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act" },
-		{ "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}", "rope_scaling" },
+		{ "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4}", "rope_scaling" },
+		{ "\"model_type\": \"llama\"", "\"model_type\": \"phi3\"", "model_type: 'phi3'" },
 		{ "\"num_key_value_heads\": 4", "\"num_key_value_heads\": 3", "num_key_value_heads" },
 		{ "\"hidden_size\": 64", "\"hidden_size\": 96", "shape" },
 	};

@@ -1,9 +1,12 @@
-/* common/checkpoint/config.c: parse and check a Llama-family config.json (Hugging Face
- * LlamaConfig / MistralConfig / MixtralConfig fields) into struct llm_config. Anything the
+/* common/checkpoint/config.c: parse and check a config.json (Hugging Face
+ * LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config,
+ * MixtralConfig, Qwen3MoeConfig fields)
+ * into struct llm_config, its family's traits from family.c. Anything the
  * engine does not support is refused here, with the field named (config.h). */
 #include "config.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "banned.h"
@@ -45,13 +48,13 @@ static enum llm_status get_float(json_t *root, const char *path, const char *key
 	return LLM_OK;
 }
 
-/* The mixture-of-experts fields of model_type MT (config.h, struct
- * llm_moe_config); nothing for a dense family. */
-static enum llm_status moe_check(struct llm_config *c, json_t *root, const char *path, const char *mt)
+/* The mixture-of-experts fields of a family with the moe trait (config.h,
+ * struct llm_moe_config); nothing for a dense family. */
+static enum llm_status moe_check(struct llm_config *c, json_t *root, const char *path)
 {
 	struct llm_moe_config *e = &c->moe;
-	int qwen = !strcmp(mt, "qwen3_moe");
-	if (!qwen && strcmp(mt, "mixtral"))
+	int qwen = c->fam->moe == LLM_MOE_TOPK_CONFIG;
+	if (c->fam->moe == LLM_MOE_NONE)
 		return LLM_OK;
 	e->names = qwen ? LLM_MOE_NAMES_QWEN3 : LLM_MOE_NAMES_MIXTRAL;
 	/* absent fields take the defaults of MixtralConfig / Qwen3MoeConfig */
@@ -90,17 +93,126 @@ static enum llm_status moe_check(struct llm_config *c, json_t *root, const char 
 	return LLM_OK;
 }
 
+/* The family from model_type, else architectures[0]; one line naming
+ * either when the table lacks it or the engine does not run it. */
+static enum llm_status config_family(struct llm_config *c, json_t *root, const char *path)
+{
+	char list[256];
+	const char *mt = json_string_value(json_object_get(root, "model_type"));
+	const char *arch = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+	const struct llm_family *f = llm_family_find(mt, mt ? NULL : arch);
+	const char *key = mt ? "model_type" : "architectures", *name = mt ? mt : arch;
+	if (!f)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: '%s' is not supported (model_type %s)", path, key, name,
+		                llm_family_list(list, sizeof list));
+	if (!f->supported)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: '%s' is not supported: %s (model_type %s)", path, key,
+		                name, f->moe ? "a mixture of experts" : "not run by this engine",
+		                llm_family_list(list, sizeof list));
+	c->fam = f;
+	return LLM_OK;
+}
+
+/* rope_scaling V (an object or null) into C, of a type the family allows */
+static enum llm_status config_rope(struct llm_config *c, json_t *v, const char *path)
+{
+	c->rope_kind = LLM_ROPE_DEFAULT;
+	c->rope_factor = 1.0f;
+	c->rope_attn_factor = 1.0f;
+	if (!v || json_is_null(v))
+		return LLM_OK;
+	if (!json_is_object(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: rope_scaling: not an object", path);
+	json_t *ty = json_object_get(v, "rope_type");
+	if (!ty)
+		ty = json_object_get(v, "type");
+	const char *t = json_string_value(ty);
+	if (!t)
+		return llm_fail(LLM_ERR_FORMAT, "%s: rope_scaling.rope_type: missing", path);
+	char p2[512];
+	snprintf(p2, sizeof p2, "%s: rope_scaling", path);
+	for (int k = LLM_ROPE_DEFAULT; k <= LLM_ROPE_YARN; k <<= 1)
+		if (!strcmp(t, llm_rope_kind_name((enum llm_rope_kind)k)))
+			c->rope_kind = (enum llm_rope_kind)k;
+	if (strcmp(t, llm_rope_kind_name(c->rope_kind)) || !(c->fam->rope & c->rope_kind)) {
+		char allowed[128] = "";
+		for (int k = LLM_ROPE_DEFAULT; k <= LLM_ROPE_YARN; k <<= 1)
+			if (c->fam->rope & (unsigned)k)
+				snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
+				         allowed[0] ? ", " : "", llm_rope_kind_name((enum llm_rope_kind)k));
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: rope_scaling.rope_type: '%s' is not supported for %s (%s)",
+		                path, t, c->fam->model_type, allowed);
+	}
+	switch (c->rope_kind) {
+	case LLM_ROPE_DEFAULT:
+		break;
+	case LLM_ROPE_LINEAR:
+		LLM_TRY(get_float(v, p2, "factor", 1.0, 1.0, 1e6, &c->rope_factor));
+		break;
+	case LLM_ROPE_LLAMA3:
+		LLM_TRY(get_float(v, p2, "factor", 8.0, 1.0, 1e6, &c->rope_factor));
+		LLM_TRY(get_float(v, p2, "low_freq_factor", 1.0, 1e-6, 1e6, &c->rope_low_freq));
+		LLM_TRY(get_float(v, p2, "high_freq_factor", 4.0, 1e-6, 1e6, &c->rope_high_freq));
+		LLM_TRY(get_int(v, p2, "original_max_position_embeddings", 0, 1, 1 << 24, 8192, &c->rope_orig_ctx));
+		if (!(c->rope_high_freq > c->rope_low_freq))
+			return llm_fail(LLM_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", p2);
+		break;
+	case LLM_ROPE_YARN: {
+		/* Hugging Face _compute_yarn_parameters: the attention factor is
+		 * attention_factor, else mscale(factor, mscale) / mscale(factor,
+		 * mscale_all_dim) where both are set, else 0.1 ln(factor) + 1 */
+		float ms = 0, ms_all = 0;
+		LLM_TRY(get_float(v, p2, "factor", 1.0, 1.0, 1e6, &c->rope_factor));
+		LLM_TRY(get_int(v, p2, "original_max_position_embeddings", 0, 1, 1 << 24, c->max_ctx, &c->rope_orig_ctx));
+		LLM_TRY(get_float(v, p2, "beta_fast", 32.0, 1e-6, 1e6, &c->rope_beta_fast));
+		LLM_TRY(get_float(v, p2, "beta_slow", 1.0, 1e-6, 1e6, &c->rope_beta_slow));
+		LLM_TRY(get_float(v, p2, "mscale", 0.0, 0.0, 1e6, &ms));
+		LLM_TRY(get_float(v, p2, "mscale_all_dim", 0.0, 0.0, 1e6, &ms_all));
+		json_t *tr = json_object_get(v, "truncate");
+		c->rope_truncate = !tr || !json_is_false(tr);
+		double f = c->rope_factor;
+#define MSCALE(m) (f <= 1 ? 1.0 : 0.1 * (m) * log(f) + 1.0)
+		double af = ms && ms_all ? MSCALE(ms) / MSCALE(ms_all) : MSCALE(1.0);
+#undef MSCALE
+		LLM_TRY(get_float(v, p2, "attention_factor", af, 1e-6, 1e6, &c->rope_attn_factor));
+		break;
+	}
+	}
+	return LLM_OK;
+}
+
+/* The gate activation's name (hidden_act, or Gemma's hidden_activation)
+ * must be the family's. */
+static enum llm_status config_act(const struct llm_config *c, json_t *root, const char *path)
+{
+	const char *key = "hidden_act", *act = json_string_value(json_object_get(root, key));
+	if (c->fam->act == LLM_ACT_GELU_TANH && json_string_value(json_object_get(root, "hidden_activation")))
+		act = json_string_value(json_object_get(root, key = "hidden_activation"));
+	const char *want = c->fam->act == LLM_ACT_SILU ? "silu" : "gelu_pytorch_tanh";
+	if (act && strcmp(act, want))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: '%s' is not supported for %s (%s)", path, key, act,
+		                c->fam->model_type, want);
+	return LLM_OK;
+}
+
+/* A softcap: absent, the family's default DEF; null or 0, none */
+static enum llm_status get_cap(json_t *root, const char *path, const char *key, double def, float *out)
+{
+	json_t *v = json_object_get(root, key);
+	if (v && json_is_null(v)) {
+		*out = 0;
+		return LLM_OK;
+	}
+	return get_float(root, path, key, def, 0.0, 1e6, out);
+}
+
 static enum llm_status config_check(struct llm_config *c, json_t *root, const char *path)
 {
 	json_t *v;
-	const char *mt = json_string_value(json_object_get(root, "model_type"));
-	if (mt && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "mixtral"))
-		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: model_type: '%s' is not supported (llama, mistral, mixtral)",
-		                path, mt);
-	const char *act = json_string_value(json_object_get(root, "hidden_act"));
-	if (act && strcmp(act, "silu"))
-		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: hidden_act: '%s' is not supported (silu)", path, act);
-	if (json_is_true(json_object_get(root, "attention_bias")))
+	LLM_TRY(config_family(c, root, path));
+	const struct llm_family *f = c->fam;
+	LLM_TRY(config_act(c, root, path));
+	if (!f->qkv_bias && json_is_true(json_object_get(root, "attention_bias")))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: attention_bias: true is not supported", path);
 	if (json_is_true(json_object_get(root, "mlp_bias")))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: mlp_bias: true is not supported", path);
@@ -126,44 +238,42 @@ static enum llm_status config_check(struct llm_config *c, json_t *root, const ch
 	c->tied = v && json_is_true(v);
 	if (v && !json_is_boolean(v))
 		return llm_fail(LLM_ERR_FORMAT, "%s: tie_word_embeddings: not a boolean", path);
+	/* Gemma2Config's defaults: tied embeddings, both softcaps, a scalar of 256 */
+	if (f->sandwich && !v)
+		c->tied = 1;
+	c->query_scalar = (float)c->d_head;
+	if (f->query_scalar)
+		LLM_TRY(get_float(root, path, "query_pre_attn_scalar", 256.0, 1e-6, 1e9, &c->query_scalar));
+	if (f->attn_softcap)
+		LLM_TRY(get_cap(root, path, "attn_logit_softcapping", 50.0, &c->attn_softcap));
+	if (f->final_softcap)
+		LLM_TRY(get_cap(root, path, "final_logit_softcapping", 30.0, &c->final_softcap));
+	c->embed_scale = f->embed_scale ? sqrtf((float)c->d_model) : 1.0f;
+	/* the sliding window: Mistral's when below the context (at or past it
+	 * no key ever leaves it), Gemma 2's on its even layers (4096 unless
+	 * set); Qwen's use_sliding_window is refused */
+	if (json_is_true(json_object_get(root, "use_sliding_window")))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: use_sliding_window: true is not supported for %s",
+		                path, f->model_type);
 	v = json_object_get(root, "sliding_window");
-	if (v && !json_is_null(v)) {
-		if (!json_is_integer(v))
-			return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: not an integer", path);
-		if (json_integer_value(v) < c->max_ctx)
-			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported "
-			                "(sliding-window attention; null or >= max_position_embeddings)",
-			                path, (long long)json_integer_value(v));
+	if (v && !json_is_null(v) && !json_is_integer(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: not an integer", path);
+	if (f->window != LLM_WINDOW_NONE) {
+		json_int_t w = v && !json_is_null(v) ? json_integer_value(v) : f->window == LLM_WINDOW_EVEN ? 4096 : 0;
+		if (w < 0 || (v && !json_is_null(v) && w == 0))
+			return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: %lld is not a window", path, (long long)w);
+		c->window = w < c->max_ctx ? (int)w : 0;
+		if (c->window)
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported yet "
+			                "(null or >= max_position_embeddings)", path, (long long)w);
+	} else if (json_is_integer(v) && json_integer_value(v) < c->max_ctx
+	           && !json_object_get(root, "use_sliding_window")) {
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported for %s "
+		                "(null or >= max_position_embeddings)", path, (long long)json_integer_value(v),
+		                f->model_type);
 	}
-	v = json_object_get(root, "rope_scaling");
-	c->rope_factor = 1.0f;
-	if (v && !json_is_null(v)) {
-		if (!json_is_object(v))
-			return llm_fail(LLM_ERR_FORMAT, "%s: rope_scaling: not an object", path);
-		json_t *ty = json_object_get(v, "rope_type");
-		if (!ty)
-			ty = json_object_get(v, "type");
-		const char *t = json_string_value(ty);
-		if (!t)
-			return llm_fail(LLM_ERR_FORMAT, "%s: rope_scaling.rope_type: missing", path);
-		if (!strcmp(t, "llama3")) {
-			char p2[512];
-			snprintf(p2, sizeof p2, "%s: rope_scaling", path);
-			c->rope_llama3 = 1;
-			LLM_TRY(get_float(v, p2, "factor", 8.0, 1.0, 1e6, &c->rope_factor));
-			LLM_TRY(get_float(v, p2, "low_freq_factor", 1.0, 1e-6, 1e6, &c->rope_low_freq));
-			LLM_TRY(get_float(v, p2, "high_freq_factor", 4.0, 1e-6, 1e6, &c->rope_high_freq));
-			LLM_TRY(get_int(v, p2, "original_max_position_embeddings", 0, 1, 1 << 24, 8192,
-			                &c->rope_orig_ctx));
-			if (!(c->rope_high_freq > c->rope_low_freq))
-				return llm_fail(LLM_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", p2);
-		} else if (strcmp(t, "default")) {
-			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: rope_scaling.rope_type: '%s' is not supported (llama3)",
-			                path, t);
-		}
-	}
-	if (mt)
-		LLM_TRY(moe_check(c, root, path, mt));
+	LLM_TRY(config_rope(c, json_object_get(root, "rope_scaling"), path));
+	LLM_TRY(moe_check(c, root, path));
 	c->bos_id = -1;
 	v = json_object_get(root, "bos_token_id");
 	if (json_is_integer(v))
@@ -192,4 +302,16 @@ enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t 
 	                    : llm_fail(LLM_ERR_FORMAT, "%s: not a JSON object", path);
 	json_decref(root);
 	return s;
+}
+
+int llm_config_window(const struct llm_config *c, int layer)
+{
+	if (c->fam->window == LLM_WINDOW_EVEN && layer % 2)
+		return 0;
+	return c->window;
+}
+
+float llm_config_attn_div(const struct llm_config *c)
+{
+	return sqrtf(c->query_scalar) / (c->rope_attn_factor * c->rope_attn_factor);
 }

@@ -27,13 +27,42 @@
 #include "banned.h"
 
 /* RoPE inverse frequencies, in f32 as run.c (1 / powf(theta, 2j / d_head)),
- * then the llama3 band scaling of Hugging Face _compute_llama3_parameters. */
+ * then rope_scaling's: linear divides them by factor; llama3 is the band
+ * scaling of Hugging Face _compute_llama3_parameters; yarn blends the
+ * interpolated (f / factor) and original frequencies with a linear ramp
+ * over the correction range of beta_fast and beta_slow rotations at the
+ * original context (_compute_yarn_parameters; its attention factor scales
+ * the scores instead: llm_config_attn_div). */
 static void rope_freqs(const struct llm_config *c, float *f)
 {
 	int half = c->d_head / 2;
 	for (int j = 0; j < half; j++)
 		f[j] = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)c->d_head);
-	if (!c->rope_llama3)
+	if (c->rope_kind == LLM_ROPE_LINEAR) {
+		for (int j = 0; j < half; j++)
+			f[j] /= c->rope_factor;
+	} else if (c->rope_kind == LLM_ROPE_YARN) {
+		/* the dimension at which a frequency turns R times over the original context */
+		double dim = c->d_head, base = c->rope_theta, orig = c->rope_orig_ctx;
+#define CORR_DIM(r) (dim * log(orig / ((r) * 2 * M_PI)) / (2 * log(base)))
+		double lo = CORR_DIM(c->rope_beta_fast), hi = CORR_DIM(c->rope_beta_slow);
+#undef CORR_DIM
+		if (c->rope_truncate) {
+			lo = floor(lo);
+			hi = ceil(hi);
+		}
+		lo = lo > 0 ? lo : 0;
+		hi = hi < dim - 1 ? hi : dim - 1;
+		if (lo == hi)
+			hi += 0.001;
+		for (int j = 0; j < half; j++) {
+			float ramp = (float)(((double)j - lo) / (hi - lo));
+			ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+			float extra = 1.0f - ramp;        /* the share of the original frequency */
+			f[j] = f[j] / c->rope_factor * (1.0f - extra) + f[j] * extra;
+		}
+	}
+	if (c->rope_kind != LLM_ROPE_LLAMA3)
 		return;
 	double low_wl = c->rope_orig_ctx / c->rope_low_freq;
 	double high_wl = c->rope_orig_ctx / c->rope_high_freq;

@@ -132,10 +132,12 @@ static enum llm_status resolve_experts(struct llm_model *m, struct llm_layer *L,
 	const char *p = qwen ? "mlp" : "block_sparse_moe";
 	L->moe.expert = ew;
 	LLM_TRY(weight(m, &L->moe.router, e->n_expert, dm, "model.layers.%d.%s.gate.weight", l, p));
+	size_t before = m->weight_bytes;
 	for (int x = 0; x < e->n_expert; x++)
 		for (int i = 0; i < 3; i++)
 			LLM_TRY(weight(m, &ew[3 * x + i], i == 2 ? dm : ff, i == 2 ? ff : dm,
 			               "model.layers.%d.%s.experts.%d.%s.weight", l, p, x, proj[qwen][i]));
+	m->expert_bytes += m->weight_bytes - before;
 	return LLM_OK;
 }
 

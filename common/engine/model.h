@@ -79,6 +79,7 @@ struct llm_model {
 	float *inv_freq;            /* (d_head / 2) RoPE frequencies, scaling applied */
 	enum llm_dtype wdtype;      /* dtype of the decoder linear weights */
 	size_t weight_bytes;        /* bytes of all weights and scales (this rank's) */
+	size_t expert_bytes;        /* of weight_bytes, the experts' (moe.h; routers not counted) */
 	/* This process's share of the model: the whole model in a single
 	 * process; a distributed rank's layers, heads, FFN columns and vocabulary
 	 * slice (partition.h). The KV cache holds these layers and kv heads. */

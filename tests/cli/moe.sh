@@ -190,6 +190,11 @@ gen "$T/mix-k3" "$T/mixtral-k3.jsonl"
 check "mixtral routed to 3 experts: greedy ids and top-10 log-probs within 2e-3 of hfref" \
 	cmp_ref "$T/mix-k3" "$T/mixtral-k3.jsonl"
 batch mixtral-k3 "$T/mix-k3"
+llm-serve -m "$MIX" --plan >"$T/plan.json" 2>"$T/plan.err" || sed 's/^/#   /' "$T/plan.err"
+check "mixtral: llm-serve --plan counts the experts, their bytes and the bytes a token reads" $PY -c 'import json, sys
+p = json.load(open(sys.argv[1])); e = 2 * 4 * 3 * 128 * 128 * 4    # 2 layers, 4 experts, 3 F32 matrices
+assert p["experts"] == 4 and p["experts_per_token"] == 2 and p["expert_bytes"] == e, p
+assert p["active_weight_bytes"] == p["weight_bytes"] - e // 2, p' "$T/plan.json"
 fp8 mixtral "$TOOLS/configs/tiny-mixtral.json"
 random_ckpt mixtral "$TOOLS/configs/tiny-mixtral.json"
 

@@ -263,9 +263,6 @@ static enum llm_status config_check(struct llm_config *c, json_t *root, const ch
 		if (w < 0 || (v && !json_is_null(v) && w == 0))
 			return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: %lld is not a window", path, (long long)w);
 		c->window = w < c->max_ctx ? (int)w : 0;
-		if (c->window)
-			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported yet "
-			                "(null or >= max_position_embeddings)", path, (long long)w);
 	} else if (json_is_integer(v) && json_integer_value(v) < c->max_ctx
 	           && !json_object_get(root, "use_sliding_window")) {
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported for %s "

@@ -8,23 +8,23 @@
 #include <string.h>
 #include "banned.h"
 
-#define ROPE_ALL (LLM_ROPE_DEFAULT | LLM_ROPE_LINEAR | LLM_ROPE_LLAMA3)
+#define ROPE_ALL (LLM_ROPE_DEFAULT | LLM_ROPE_LINEAR | LLM_ROPE_LLAMA3 | LLM_ROPE_YARN)
 
 static const struct llm_family families[] = {
 	/* model_type   architectures[0]       act                 what changes */
 	{ "llama",     "LlamaForCausalLM",    LLM_ACT_SILU,       .rope = ROPE_ALL, .supported = 1 },
 	{ "mistral",   "MistralForCausalLM",  LLM_ACT_SILU,       .window = LLM_WINDOW_ALL, .rope = ROPE_ALL,
 	               .supported = 1 },
-	{ "qwen2",     "Qwen2ForCausalLM",    LLM_ACT_SILU,       .qkv_bias = 1, .rope = ROPE_ALL },
-	{ "qwen3",     "Qwen3ForCausalLM",    LLM_ACT_SILU,       .qk_norm = 1, .rope = ROPE_ALL },
+	{ "qwen2",     "Qwen2ForCausalLM",    LLM_ACT_SILU,       .qkv_bias = 1, .rope = ROPE_ALL, .supported = 1 },
+	{ "qwen3",     "Qwen3ForCausalLM",    LLM_ACT_SILU,       .qk_norm = 1, .rope = ROPE_ALL, .supported = 1 },
 	{ "gemma2",    "Gemma2ForCausalLM",   LLM_ACT_GELU_TANH,  .norm_plus_one = 1, .embed_scale = 1,
 	               .attn_softcap = 1, .final_softcap = 1, .window = LLM_WINDOW_EVEN, .query_scalar = 1,
-	               .sandwich = 1, .rope = LLM_ROPE_DEFAULT | LLM_ROPE_LINEAR },
+	               .sandwich = 1, .rope = LLM_ROPE_DEFAULT | LLM_ROPE_LINEAR, .supported = 1 },
 	/* mixtures of experts (moe.h) */
 	{ "mixtral",   "MixtralForCausalLM",  LLM_ACT_SILU,       .window = LLM_WINDOW_ALL, .rope = ROPE_ALL,
 	               .moe = LLM_MOE_TOPK_RENORM, .supported = 1 },
 	{ "qwen3_moe", "Qwen3MoeForCausalLM", LLM_ACT_SILU,       .qk_norm = 1, .rope = ROPE_ALL,
-	               .moe = LLM_MOE_TOPK_CONFIG },
+	               .moe = LLM_MOE_TOPK_CONFIG, .supported = 1 },
 };
 
 #define N_FAMILIES ((int)(sizeof families / sizeof *families))

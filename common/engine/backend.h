@@ -75,6 +75,16 @@ struct llm_backend_opts {
 
 struct llm_backend;
 
+/* How attention_ex scores: s = q . k / div; with softcap > 0, s =
+ * tanh(s / softcap) * softcap; with window > 0, a query at position i sees
+ * the keys at positions i - window + 1 .. i only (Hugging Face's sliding
+ * window: key position > i - window). */
+struct llm_attn_opts {
+	float div;                  /* sqrtf(d_head) for Llama */
+	float softcap;              /* 0: none */
+	int window;                 /* 0: every earlier position */
+};
+
 struct llm_backend_ops {
 	const char *name;                                    /* "cpu", "cuda" */
 	bool (*supports)(enum llm_op op, enum llm_dtype w, enum llm_dtype act);
@@ -176,6 +186,24 @@ struct llm_backend_ops {
 	 * finishes the backend's queued work (sync) before each call. */
 	enum llm_status (*comm_open)(struct llm_backend *be, struct llm_comm *boot, struct llm_comm **out);
 	enum llm_status (*sync)(struct llm_backend *be);   /* NULL: always synchronous */
+	/* The model families' ops (family.h), optional: where one is NULL, a
+	 * model of a family that needs it is refused by
+	 * llm_model_check_backend, naming the op, before any compute.
+	 * attention_ex: attention with O's score divisor, softcap and window
+	 * (struct llm_attn_opts); with div sqrtf(d_head), no cap and no window,
+	 * the same bits as attention.
+	 * add_bias: x[i] += w, w an F32 vector (1, x.cols), every row.
+	 * geglu: out = gelu_tanh(gate) * up, elementwise, gelu_tanh(g) =
+	 * 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+	 * scale: x *= s. softcap: x = tanh(x / cap) * cap, elementwise. */
+	enum llm_status (*attention_ex)(struct llm_backend *be, struct llm_view out, struct llm_view q,
+	                                struct llm_kv *kv, int layer, const struct llm_batch *b, int n_head,
+	                                const struct llm_attn_opts *o);
+	enum llm_status (*add_bias)(struct llm_backend *be, struct llm_view x, const struct llm_weight *w);
+	enum llm_status (*geglu)(struct llm_backend *be, struct llm_view out, struct llm_view gate,
+	                         struct llm_view up);
+	enum llm_status (*scale)(struct llm_backend *be, struct llm_view x, float s);
+	enum llm_status (*softcap)(struct llm_backend *be, struct llm_view x, float cap);
 	/* Optional (NULL: the caller's loop). Run FN(CTX, i, N) once for every
 	 * i < N on the host threads the backend owns (the CPU backend's pool),
 	 * as llm_pool_run does: host work of a step that splits by rows, such

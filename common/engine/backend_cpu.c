@@ -614,7 +614,14 @@ struct attn_job {
 	const int32_t *seg;    /* (n_seg + 1) the runs of rows: first tokens, then n_tok */
 	struct cpu_be *c;
 	uint16_t *xb;          /* chain_out's bf16 copy of out, or NULL */
+	struct llm_attn_opts o;   /* the divisor of the scores, their softcap, the window */
 };
+
+/* The first key position that a query at position POS sees under a window W (0: none) */
+static int32_t win_lo(int W, int32_t pos)
+{
+	return W && pos - W + 1 > 0 ? pos - W + 1 : 0;
+}
 
 /* Ask for one block's rows of a KV group (ROWS rows STRIDE bytes apart, BYTES
  * each from P) to come into L2. The cache is far larger than L3 and its
@@ -670,6 +677,15 @@ static struct kv_rows kv_rows_of(const struct llm_kv *kv, enum llm_cpu_isa isa, 
 	return (struct kv_rows){ buf, LLM_DTYPE_F32, kv->d_head, NULL, 0 };
 }
 
+/* R from its row N on */
+static struct kv_rows kv_rows_skip(struct kv_rows r, int n)
+{
+	r.p = (const char *)r.p + (size_t)n * (size_t)r.stride * llm_dtype_size(r.dt);
+	if (r.sc)
+		r.sc += (size_t)n * r.scs;
+	return r;
+}
+
 /* One item: a run of query rows (consecutive tokens of one sequence at
  * consecutive positions, a prefill chunk or a part of it) and GS heads of
  * one KV group. Each cached key and value block is read once for all of
@@ -696,7 +712,8 @@ static void attn_task(void *ctx, int ith, int nth)
 	float *att = j->c->scratch + (size_t)ith * j->c->scratch_per;   /* (rows, gs, max_ctx) */
 	float *kf = att + (size_t)j->c->attn_rows * ATTN_GS * as;       /* (block_size, d) an E4M3 block as f32 */
 	float *rf = kf + (size_t)kv->block_size * (size_t)d;            /* (d) a bf16 row as f32 */
-	float scale = sqrtf((float)d);
+	float scale = j->o.div, cap = j->o.softcap;
+	int W = j->o.window;
 	enum llm_cpu_isa isa = j->c->isa;
 	for (int64_t it = b; it < e; it++) {
 		int sg = (int)(it / per_seg), h0 = (int)(it % per_seg) * gs, kh = h0 / group;
@@ -706,10 +723,14 @@ static void attn_task(void *ctx, int ith, int nth)
 		bool direct = nr <= ATTN_DIRECT_ROWS && llm_cpu_attn_reads(isa, kv->dtype, d);
 		const int32_t *blk = kv->seq[seq].blk;
 		int bs = kv->block_size;
+		/* the blocks from the one holding the first row's first visible key
+		 * (block 0 without a window); row r reads from win_lo(W, pos0 + r) */
+		int32_t bi0 = win_lo(W, pos0) / bs, pb = bi0 * bs;
 		size_t lstride = (size_t)d * kv->elt, lbytes = lstride;
-		kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[0], kh, 0), lstride, pos + 1 < bs ? pos + 1 : bs, lbytes);
+		kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi0], kh, 0), lstride, pos - pb + 1 < bs ? pos - pb + 1 : bs,
+		            lbytes);
 		/* positions a block at a time: one table lookup per block */
-		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
+		for (int32_t p0 = pb, bi = bi0; p0 <= pos; p0 += bs, bi++) {
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			if (pe < pos)
 				kv_prefetch(kv_slice(kv, kv->k, j->layer, blk[bi + 1], kh, 0), lstride,
@@ -719,11 +740,14 @@ static void attn_task(void *ctx, int ith, int nth)
 			for (int r = p0 > pos0 ? p0 - pos0 : 0; r < nr; r++) {
 				const float *q = row(j->q, t0 + r) + (size_t)h0 * (size_t)d;
 				float *ar = att + (size_t)r * ATTN_GS * as;
-				int32_t pr = pos0 + r, pl = pe < pr ? pe : pr;
-				if (llm_cpu_attn_scores(isa, ar + p0, as, q, gs, kr.p, kr.dt, kr.stride, kr.sc, kr.scs,
-				                        pl - p0 + 1, d, scale))
+				int32_t pr = pos0 + r, pl = pe < pr ? pe : pr, lo = win_lo(W, pr), ps = p0 > lo ? p0 : lo;
+				if (ps > pl)
 					continue;
-				for (int32_t p = p0; p <= pl; p++) {
+				struct kv_rows ks = kv_rows_skip(kr, ps - p0);
+				if (llm_cpu_attn_scores(isa, ar + ps, as, q, gs, ks.p, ks.dt, ks.stride, ks.sc, ks.scs,
+				                        pl - ps + 1, d, scale))
+					continue;
+				for (int32_t p = ps; p <= pl; p++) {
 					const void *rp = (const char *)kr.p + (size_t)(p - p0) * (size_t)kr.stride * llm_dtype_size(kr.dt);
 					const float *kp = rp;
 					if (kr.dt != LLM_DTYPE_F32) {
@@ -737,22 +761,31 @@ static void attn_task(void *ctx, int ith, int nth)
 		}
 		for (int r = 0; r < nr; r++) {
 			float *o = row(j->out, t0 + r) + (size_t)h0 * (size_t)d;
-			for (int h = 0; h < gs; h++)
-				llm_cpu_softmax(isa, att + ((size_t)r * ATTN_GS + (size_t)h) * as, (int64_t)pos0 + r + 1);
+			int32_t pr = pos0 + r, lo = win_lo(W, pr);
+			for (int h = 0; h < gs; h++) {
+				float *ah = att + ((size_t)r * ATTN_GS + (size_t)h) * as;
+				if (cap > 0)
+					for (int32_t p = lo; p <= pr; p++)
+						ah[p] = tanhf(ah[p] / cap) * cap;
+				llm_cpu_softmax(isa, ah + lo, (int64_t)(pr - lo) + 1);
+			}
 			for (int i = 0; i < gs * d; i++)
 				o[i] = 0.0f;
 		}
-		for (int32_t p0 = 0, bi = 0; p0 <= pos; p0 += bs, bi++) {
+		for (int32_t p0 = pb, bi = bi0; p0 <= pos; p0 += bs, bi++) {
 			int32_t pe = p0 + bs - 1 < pos ? p0 + bs - 1 : pos;
 			struct kv_rows vr = kv_rows_of(kv, isa, kv->v, kv->vs, j->layer, blk[bi], kh, pe - p0 + 1, kf, direct);
 			for (int r = p0 > pos0 ? p0 - pos0 : 0; r < nr; r++) {
 				float *o = row(j->out, t0 + r) + (size_t)h0 * (size_t)d;
 				const float *ar = att + (size_t)r * ATTN_GS * as;
-				int32_t pr = pos0 + r, pl = pe < pr ? pe : pr;
-				if (llm_cpu_attn_wsum(isa, o, gs, ar + p0, as, vr.p, vr.dt, vr.stride, vr.sc, vr.scs,
-				                      pl - p0 + 1, d, 0, d))
+				int32_t pr = pos0 + r, pl = pe < pr ? pe : pr, lo = win_lo(W, pr), ps = p0 > lo ? p0 : lo;
+				if (ps > pl)
 					continue;
-				for (int32_t p = p0; p <= pl; p++) {
+				struct kv_rows vs = kv_rows_skip(vr, ps - p0);
+				if (llm_cpu_attn_wsum(isa, o, gs, ar + ps, as, vs.p, vs.dt, vs.stride, vs.sc, vs.scs,
+				                      pl - ps + 1, d, 0, d))
+					continue;
+				for (int32_t p = ps; p <= pl; p++) {
 					const void *rp = (const char *)vr.p + (size_t)(p - p0) * (size_t)vr.stride * llm_dtype_size(vr.dt);
 					const float *vp = rp;
 					if (vr.dt != LLM_DTYPE_F32) {
@@ -807,7 +840,7 @@ static void split_scores_task(void *ctx, int ith, int nth)
 	struct llm_kv *kv = j->kv;
 	int d = kv->d_head, bs = kv->block_size, per_seg = j->n_head / j->gs;
 	size_t as = (size_t)kv->max_ctx, lstride = (size_t)d * kv->elt, lbytes = lstride;
-	float scale = sqrtf((float)d);
+	float scale = j->o.div;
 	int64_t b, e;
 	split((int64_t)j->n_seg * per_seg * x->n_run, ith, nth, 1, &b, &e);
 	for (int64_t it = b; it < e; it++) {
@@ -898,6 +931,7 @@ static bool split_plan(struct attn_job *j, int nt, struct attn_split *x)
 	struct llm_kv *kv = j->kv;
 	int base = j->n_seg * (j->n_head / j->gs), d = kv->d_head;
 	if (nt < 2 || base >= nt || !llm_cpu_attn_reads(c->isa, kv->dtype, d) || d % 8
+	    || j->o.window || j->o.softcap > 0
 	    || (size_t)j->n_seg * (size_t)j->n_head * (size_t)kv->max_ctx
 	       > (size_t)(CHUNKS_PER_THREAD * nt) * c->scratch_per)
 		return false;
@@ -935,9 +969,9 @@ static int attn_segs(struct cpu_be *c, const struct llm_batch *b, int per_seg, i
 #define ATTN_SCORES ((size_t)1 << 24)
 #define ATTN_ROWS_MAX 32
 
-static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out, struct llm_view q,
-                                     struct llm_kv *kv, int layer, const struct llm_batch *b,
-                                     int n_head)
+static enum llm_status cpu_attention_ex(struct llm_backend *be, struct llm_view out, struct llm_view q,
+                                        struct llm_kv *kv, int layer, const struct llm_batch *b,
+                                        int n_head, const struct llm_attn_opts *o)
 {
 	struct cpu_be *c = cpu(be);
 	LLM_TRY(need_f32("attention", q));
@@ -964,7 +998,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	}
 	double work = 0;
 	for (int i = 0; i < b->n_tok; i++)
-		work += (double)(b->pos[i] + 1);
+		work += (double)(b->pos[i] + 1 - win_lo(o->window, b->pos[i]));
 	work *= 2.0 * n_head * kv->d_head;
 	int n_chunk = nth_for(be, work);
 	/* heads of a KV group together (the largest divisor of the group up to
@@ -981,7 +1015,7 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 			break;
 		}
 	struct attn_job j = { out, q, kv, layer, n_head, gs, attn_segs(c, b, n_head / gs, n_chunk), b, c->seg, c,
-	                      chain_out(c, out) };
+	                      chain_out(c, out), *o };
 	struct attn_split x;
 	if (n_chunk > 1 && split_plan(&j, nt, &x)) {
 		int per_seg = n_head / gs;
@@ -997,6 +1031,14 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	}
 	chain_made(c, j.xb, out);
 	return LLM_OK;
+}
+
+static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out, struct llm_view q,
+                                     struct llm_kv *kv, int layer, const struct llm_batch *b,
+                                     int n_head)
+{
+	struct llm_attn_opts o = { sqrtf((float)kv->d_head), 0.0f, 0 };
+	return cpu_attention_ex(be, out, q, kv, layer, b, n_head, &o);
 }
 
 struct swiglu_job { struct llm_view out, gate, up; enum llm_cpu_isa isa; uint16_t *xb; };
@@ -1022,6 +1064,77 @@ static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
 	/* an exp costs about what 16 multiply-adds do */
 	llm_pool_run(cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
 	chain_made(cpu(be), j.xb, out);
+	return LLM_OK;
+}
+
+/* GeGLU: the same split and chain as swiglu, gelu_tanh in f32 (tanhf) */
+static void geglu_task(void *ctx, int ith, int nth)
+{
+	struct swiglu_job *j = ctx;
+	int64_t b, e, n = j->gate.cols;
+	split(j->gate.rows * n, ith, nth, 16, &b, &e);
+	for (int64_t k = b; k < e; ) {
+		int64_t t = k / n, i0 = k % n, i1 = n < i0 + (e - k) ? n : i0 + (e - k);
+		float *o = row(j->out, t);
+		const float *g = row(j->gate, t), *u = row(j->up, t);
+		for (int64_t i = i0; i < i1; i++) {
+			float x = g[i];
+			o[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * u[i];
+		}
+		chain_row(j->xb, j->out, t, i0, i1);
+		k += i1 - i0;
+	}
+}
+
+static enum llm_status cpu_geglu(struct llm_backend *be, struct llm_view out,
+                                 struct llm_view gate, struct llm_view up)
+{
+	LLM_TRY(need_f32("geglu", gate));
+	struct swiglu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out) };
+	llm_pool_run(cpu(be)->pool, nth_for(be, 32.0 * (double)gate.rows * (double)gate.cols), geglu_task, &j);
+	chain_made(cpu(be), j.xb, out);
+	return LLM_OK;
+}
+
+/* The elementwise ops below write in place: a bf16 copy the chain made of
+ * X (chain_made) no longer holds it, so it is dropped. */
+static enum llm_status cpu_add_bias(struct llm_backend *be, struct llm_view x, const struct llm_weight *w)
+{
+	LLM_TRY(need_f32("add_bias", x));
+	if (w->dtype != LLM_DTYPE_F32 || w->cols != x.cols)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "add_bias: tensor '%s' is not an F32 vector of %lld",
+		                w->name, (long long)x.cols);
+	cpu(be)->xbf_of.data = NULL;
+	const float *bv = w->data;
+	for (int64_t t = 0; t < x.rows; t++) {
+		float *r = row(x, t);
+		for (int64_t i = 0; i < x.cols; i++)
+			r[i] += bv[i];
+	}
+	return LLM_OK;
+}
+
+static enum llm_status cpu_scale(struct llm_backend *be, struct llm_view x, float s)
+{
+	LLM_TRY(need_f32("scale", x));
+	cpu(be)->xbf_of.data = NULL;
+	for (int64_t t = 0; t < x.rows; t++) {
+		float *r = row(x, t);
+		for (int64_t i = 0; i < x.cols; i++)
+			r[i] *= s;
+	}
+	return LLM_OK;
+}
+
+static enum llm_status cpu_softcap(struct llm_backend *be, struct llm_view x, float cap)
+{
+	LLM_TRY(need_f32("softcap", x));
+	cpu(be)->xbf_of.data = NULL;
+	for (int64_t t = 0; t < x.rows; t++) {
+		float *r = row(x, t);
+		for (int64_t i = 0; i < x.cols; i++)
+			r[i] = tanhf(r[i] / cap) * cap;
+	}
 	return LLM_OK;
 }
 
@@ -1136,5 +1249,10 @@ const struct llm_backend_ops llm_cpu_ops = {
 	.gather = cpu_gather,
 	.chain = cpu_chain,
 	.sync = NULL,
+	.attention_ex = cpu_attention_ex,
+	.add_bias = cpu_add_bias,
+	.geglu = cpu_geglu,
+	.scale = cpu_scale,
+	.softcap = cpu_softcap,
 	.host_for = cpu_host_for,
 };

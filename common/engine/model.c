@@ -101,6 +101,43 @@ static enum llm_status weight(struct llm_model *m, struct llm_weight *w, int64_t
 	return LLM_OK;
 }
 
+/* A vector of the family (family.h): weight NAME, 1 x N, converted to F32
+ * into the model's arena at *AT (as 1 + w with PLUS_ONE: the (1 + w) norms
+ * of norm_plus_one, added once here in f32 as Hugging Face computes
+ * 1.0 + weight.float()), which W then points at. */
+static enum llm_status vec(struct llm_model *m, struct llm_weight *w, int64_t n, int plus_one, float **at,
+                           const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static enum llm_status vec(struct llm_model *m, struct llm_weight *w, int64_t n, int plus_one, float **at,
+                           const char *fmt, ...)
+{
+	char name[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(name, sizeof name, fmt, ap);
+	va_end(ap);
+	LLM_TRY(weight(m, w, 1, n, "%s", name));
+	float *f = *at;
+	llm_weight_row_f32(w, 0, f);
+	if (plus_one)
+		for (int64_t i = 0; i < n; i++)
+			f[i] += 1.0f;
+	w->dtype = LLM_DTYPE_F32;
+	w->data = f;
+	w->scale = NULL;
+	w->scale_rows = w->scale_cols = w->block_rows = w->block_cols = 0;
+	*at = f + n;
+	return LLM_OK;
+}
+
+/* A norm: in place, or with norm_plus_one a vector as 1 + w */
+static enum llm_status norm_weight(struct llm_model *m, struct llm_weight *w, float **at, const char *name)
+{
+	if (m->cfg.fam->norm_plus_one)
+		return vec(m, w, m->cfg.d_model, 1, at, "%s", name);
+	return weight(m, w, 1, m->cfg.d_model, "%s", name);
+}
+
 /* Parse the checkpoint's config.json into m->cfg. */
 static enum llm_status open_config(struct llm_model *m, const char *path)
 {
@@ -147,29 +184,55 @@ static enum llm_status resolve_experts(struct llm_model *m, struct llm_layer *L,
 static enum llm_status resolve(struct llm_model *m, const char *path)
 {
 	const struct llm_config *c = &m->cfg;
+	const struct llm_family *f = c->fam;
 	enum llm_status s;
 	int64_t dq = (int64_t)m->n_head_loc * c->d_head, dkv = (int64_t)m->n_kv_head_loc * c->d_head;
 	int64_t ff = m->d_ff_loc, nv = m->n_vocab_loc;
+	/* the family's vectors, converted into one arena */
+	int64_t per = (f->qkv_bias ? dq + 2 * dkv : 0) + (f->qk_norm ? 2 * c->d_head : 0)
+	              + (f->norm_plus_one ? (f->sandwich ? 4 : 2) * (int64_t)c->d_model : 0);
+	int64_t n_vec = per * (m->layer_end - m->layer_begin) + (f->norm_plus_one ? c->d_model : 0);
 	m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
 	m->inv_freq = malloc((size_t)(c->d_head / 2) * sizeof(float));
+	m->vecs = n_vec ? malloc((size_t)n_vec * sizeof(float)) : NULL;
 	size_t n_ex = (size_t)c->n_layer * (size_t)c->moe.n_expert * 3;
 	if (n_ex)
 		m->experts = calloc(n_ex, sizeof *m->experts);
-	if (!m->layers || !m->inv_freq || (n_ex && !m->experts))
+	if (!m->layers || !m->inv_freq || (n_vec && !m->vecs) || (n_ex && !m->experts))
 		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
+	float *at = m->vecs;
 	rope_freqs(c, m->inv_freq);
+	m->attn_ex = c->window || c->attn_softcap > 0 || llm_config_attn_div(c) != sqrtf((float)c->d_head);
 	int first = m->layer_begin == 0, last = m->layer_end == c->n_layer;
 	if (first && (s = weight(m, &m->embed, nv, c->d_model, "model.embed_tokens.weight")))
 		return s;
 	for (int l = m->layer_begin; l < m->layer_end; l++) {
 		struct llm_layer *L = &m->layers[l];
 		const char *p = "model.layers";
-		LLM_TRY(weight(m, &L->attn_norm, 1, c->d_model, "%s.%d.input_layernorm.weight", p, l));
+		char nm[256];
+#define NM(what) (snprintf(nm, sizeof nm, "%s.%d.%s", p, l, what), nm)
+		LLM_TRY(norm_weight(m, &L->attn_norm, &at, NM("input_layernorm.weight")));
 		LLM_TRY(weight(m, &L->wq, dq, c->d_model, "%s.%d.self_attn.q_proj.weight", p, l));
 		LLM_TRY(weight(m, &L->wk, dkv, c->d_model, "%s.%d.self_attn.k_proj.weight", p, l));
 		LLM_TRY(weight(m, &L->wv, dkv, c->d_model, "%s.%d.self_attn.v_proj.weight", p, l));
 		LLM_TRY(weight(m, &L->wo, c->d_model, dq, "%s.%d.self_attn.o_proj.weight", p, l));
-		LLM_TRY(weight(m, &L->ffn_norm, 1, c->d_model, "%s.%d.post_attention_layernorm.weight", p, l));
+		if (f->qkv_bias) {
+			LLM_TRY(vec(m, &L->bq, dq, 0, &at, "%s.%d.self_attn.q_proj.bias", p, l));
+			LLM_TRY(vec(m, &L->bk, dkv, 0, &at, "%s.%d.self_attn.k_proj.bias", p, l));
+			LLM_TRY(vec(m, &L->bv, dkv, 0, &at, "%s.%d.self_attn.v_proj.bias", p, l));
+		}
+		if (f->qk_norm) {
+			LLM_TRY(vec(m, &L->q_norm, c->d_head, 0, &at, "%s.%d.self_attn.q_norm.weight", p, l));
+			LLM_TRY(vec(m, &L->k_norm, c->d_head, 0, &at, "%s.%d.self_attn.k_norm.weight", p, l));
+		}
+		if (f->sandwich) {
+			LLM_TRY(norm_weight(m, &L->post_attn_norm, &at, NM("post_attention_layernorm.weight")));
+			LLM_TRY(norm_weight(m, &L->ffn_norm, &at, NM("pre_feedforward_layernorm.weight")));
+			LLM_TRY(norm_weight(m, &L->post_ffn_norm, &at, NM("post_feedforward_layernorm.weight")));
+		} else {
+			LLM_TRY(norm_weight(m, &L->ffn_norm, &at, NM("post_attention_layernorm.weight")));
+		}
+#undef NM
 		if (llm_moe_layer(c, l)) {
 			LLM_TRY(resolve_experts(m, L, l, m->experts + (size_t)l * (size_t)c->moe.n_expert * 3));
 			if (l == m->layer_begin)
@@ -184,7 +247,7 @@ static enum llm_status resolve(struct llm_model *m, const char *path)
 	}
 	if (!last)
 		return LLM_OK;
-	LLM_TRY(weight(m, &m->norm, 1, c->d_model, "model.norm.weight"));
+	LLM_TRY(norm_weight(m, &m->norm, &at, "model.norm.weight"));
 	if (!c->tied || llm_ckpt_find(&m->ck, "lm_head.weight"))
 		return weight(m, &m->lm_head, nv, c->d_model, "lm_head.weight");
 	if (first) {
@@ -582,6 +645,7 @@ void llm_model_close(struct llm_model *m)
 	free(m->layers);
 	free(m->experts);
 	free(m->inv_freq);
+	free(m->vecs);
 	if (m->wmap)
 		munmap(m->wmap, m->wmap_len);
 	free(m->head_fp8);
@@ -602,6 +666,21 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 	if (m->dist && strcmp(be->ops->name, "cpu") && !be->ops->comm_open)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: a distributed run on it needs its communicator "
 		                "(NCCL), which this build lacks: use --backend cpu, or build with NCCL", be->ops->name);
+	/* the family's ops (family.h): one line naming the first one missing */
+	const struct llm_family *f = m->cfg.fam;
+	const struct { int need, have; const char *name, *why; } fops[] = {
+		{ m->attn_ex, be->ops->attention_ex != NULL, "attention_ex",
+		  "a sliding window, an attention softcap or another score scale" },
+		{ f->qkv_bias, be->ops->add_bias != NULL, "add_bias", "q/k/v biases" },
+		{ f->act == LLM_ACT_GELU_TANH, be->ops->geglu != NULL, "geglu", "GeGLU" },
+		{ f->embed_scale, be->ops->scale != NULL, "scale", "the embedding scale" },
+		{ m->cfg.final_softcap > 0, be->ops->softcap != NULL, "softcap", "the final logit softcap" },
+	};
+	for (size_t i = 0; i < sizeof fops / sizeof *fops; i++)
+		if (fops[i].need && !fops[i].have)
+			return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: model_type %s needs op %s (%s), which this "
+			                "backend lacks: use --backend cpu", be->ops->name, f->model_type, fops[i].name,
+			                fops[i].why);
 	int lora = 0;
 	for (int i = 1; i <= m->n_lora; i++)
 		lora |= m->lora[i] != NULL;
@@ -922,8 +1001,10 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, stru
 	const struct llm_layer *L = &m->layers[l];
 	struct llm_model_dist *d = m->dist;
 	size_t n_el = (size_t)(x.rows * x.cols);
+	const struct llm_family *f = m->cfg.fam;
 	int moe = L->moe.router.data != NULL;
-	int fuse = !moe && op->matmul_add && (!d || (d->grid.n_tp == 1 && !d->always)) && s->n_lgroup == 0;
+	int fuse = !moe && op->matmul_add && (!d || (d->grid.n_tp == 1 && !d->always)) && s->n_lgroup == 0 &&
+	           !f->sandwich;
 	*added = fuse;
 	if (fuse) {
 		LLM_TRY(op->matmul_add(be, x, att, &L->wo));
@@ -933,6 +1014,8 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, stru
 		lora(m, s, l, LLM_LORA_O, xb, att);
 		if (d)                          /* row-parallel: partial sums */
 			LLM_TRY(tp_sum(d, xb.data, n_el));
+		if (f->sandwich)                /* the attention output normed before the residual add */
+			LLM_TRY(op->rmsnorm(be, xb, xb, &L->post_attn_norm, m->cfg.rms_eps));
 		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
 	}
 	if (moe) {
@@ -946,14 +1029,33 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, stru
 		lora(m, s, l, LLM_LORA_GATE, hb, xb);
 		lora(m, s, l, LLM_LORA_UP, hb2, xb);
 	}
-	LLM_TRY(op->swiglu(be, hb, hb, hb2));
+	if (f->act == LLM_ACT_GELU_TANH)
+		LLM_TRY(op->geglu(be, hb, hb, hb2));
+	else
+		LLM_TRY(op->swiglu(be, hb, hb, hb2));
 	if (fuse)
 		return op->matmul_add(be, x, hb, &L->w_down);
 	LLM_TRY(op->matmul(be, xb, hb, &L->w_down));
 	lora(m, s, l, LLM_LORA_DOWN, xb, hb);
 	if (d)
 		LLM_TRY(tp_sum(d, xb.data, n_el));
+	if (f->sandwich)                    /* the MLP output normed before the residual add */
+		LLM_TRY(op->rmsnorm(be, xb, xb, &L->post_ffn_norm, m->cfg.rms_eps));
 	return LLM_OK;
+}
+
+/* Causal attention of layer L (KL in the cache) as the family scores it:
+ * the plain op where it is Llama's (scores / sqrt(d_head), every earlier
+ * position), else attention_ex with the divisor (query_pre_attn_scalar, the
+ * YaRN attention factor), the softcap and the layer's window. */
+static enum llm_status attend(const struct llm_model *m, struct llm_backend *be, struct llm_view out,
+                              struct llm_view q, struct llm_kv *kv, int l, const struct llm_batch *b)
+{
+	int kl = l - m->layer_begin;
+	if (!m->attn_ex)
+		return be->ops->attention(be, out, q, kv, kl, b, m->n_head_loc);
+	struct llm_attn_opts o = { llm_config_attn_div(&m->cfg), m->cfg.attn_softcap, llm_config_window(&m->cfg, l) };
+	return be->ops->attention_ex(be, out, q, kv, kl, b, m->n_head_loc, &o);
 }
 
 /* The model's last layer after its K and V are stored, for the N_SEL rows
@@ -983,7 +1085,7 @@ static enum llm_status last_layer_rows(struct llm_model *m, struct llm_backend *
 	struct llm_view xr = llm_view_f32(s->xl, n_sel, dm), xb = llm_view_f32(s->xb, n_sel, dm);
 	LLM_TRY(be->ops->gather(be, qr, q, s->rows));
 	LLM_TRY(be->ops->gather(be, xr, x, s->rows));
-	LLM_TRY(be->ops->attention(be, att, qr, kv, l - m->layer_begin, &rb, m->n_head_loc));
+	LLM_TRY(attend(m, be, att, qr, kv, l, &rb));
 	int added;
 	LLM_TRY(out_mlp(m, be, s, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff),
 	                &added));
@@ -1016,6 +1118,8 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		LLM_TRY(embed_dist(m, be, s, b, xp));
 	else
 		LLM_TRY(stage_recv(d, xp, (int64_t)n_el));
+	if (c->fam->embed_scale && (!d || d->first))
+		LLM_TRY(op->scale(be, x, c->embed_scale));
 	int normed = 0;         /* xb holds this layer's attention norm (fused with the last add) */
 	for (int l = m->layer_begin; l < m->layer_end; l++) {
 		const struct llm_layer *L = &m->layers[l];
@@ -1029,6 +1133,17 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 			for (int t = LLM_LORA_Q; t <= LLM_LORA_V; t++)
 				lora(m, s, l, t, ys[t - LLM_LORA_Q], xb);
 		}
+		if (c->fam->qkv_bias) {
+			LLM_TRY(op->add_bias(be, q, &L->bq));
+			LLM_TRY(op->add_bias(be, k, &L->bk));
+			LLM_TRY(op->add_bias(be, v, &L->bv));
+		}
+		if (c->fam->qk_norm) {          /* each head's d_head elements, before RoPE */
+			struct llm_view qh = llm_view_f32(s->q, n * m->n_head_loc, c->d_head);
+			struct llm_view kh = llm_view_f32(s->k, n * m->n_kv_head_loc, c->d_head);
+			LLM_TRY(op->rmsnorm(be, qh, qh, &L->q_norm, c->rms_eps));
+			LLM_TRY(op->rmsnorm(be, kh, kh, &L->k_norm, c->rms_eps));
+		}
 		if (op->rope_store) {
 			LLM_TRY(op->rope_store(be, q, k, v, kv, kl, b, m->n_head_loc, m->n_kv_head_loc, c->d_head,
 			                       m->inv_freq));
@@ -1039,7 +1154,7 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 		}
 		if (n_sel >= 0 && l == c->n_layer - 1)
 			return last_layer_rows(m, be, kv, s, b, l, n_sel, x, q);
-		LLM_TRY(op->attention(be, att, q, kv, kl, b, m->n_head_loc));
+		LLM_TRY(attend(m, be, att, q, kv, l, b));
 		int added;
 		LLM_TRY(out_mlp(m, be, s, l, x, xb, att, hb, hb2, &added));
 		normed = !added && op->add_rmsnorm && l + 1 < m->layer_end;
@@ -1094,6 +1209,8 @@ static enum llm_status forward(struct llm_model *m, struct llm_backend *be, stru
 		LLM_TRY(op->gather(be, xl, x, s->rows));
 	LLM_TRY(op->rmsnorm(be, xl, xl, &m->norm, c->rms_eps));
 	LLM_TRY(op->matmul(be, llm_view_f32(out, n_out, m->n_vocab_loc), xl, &m->lm_head));
+	if (c->final_softcap > 0)
+		LLM_TRY(op->softcap(be, llm_view_f32(out, n_out, m->n_vocab_loc), c->final_softcap));
 	if (op->sync)
 		LLM_TRY(op->sync(be));
 	return LLM_OK;

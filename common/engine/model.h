@@ -1,12 +1,12 @@
-/* common/engine/model.h: the Llama-family model: config.json (config.h), weights,
- * forward pass.
+/* common/engine/model.h: the model: config.json (config.h), weights, forward
+ * pass, for the families of family.h (Llama and the families that change it
+ * in the ways that table lists: one forward reading the traits).
  *
- * Supported (anything else is refused at load with the field named):
- * model_type "llama", "mistral" (no sliding window) or "mixtral" (experts:
- * moe.h, on the cpu backend), hidden_act "silu", no
- * attention or MLP bias, grouped-query attention (num_key_value_heads
+ * Supported (anything else is refused at load with the field named): the
+ * families config.h lists (a mixture of experts: moe.h, on the cpu
+ * backend), grouped-query attention (num_key_value_heads
  * dividing num_attention_heads), any head_dim, tied or untied embeddings,
- * rope_scaling null or of type "llama3" (Llama 3.1/3.2) or "default".
+ * rope_scaling null or of a type the family allows.
  * Weights F32, F16, BF16 or FP8 E4M3 with block, row-group or per-channel
  * scales, read in place from the checkpoint mapping.
  *
@@ -26,6 +26,12 @@
 
 struct llm_layer {
 	struct llm_weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+	/* the families' own (family.h), F32 vectors held by the model (vecs),
+	 * unset where the family has none: */
+	struct llm_weight bq, bk, bv;             /* qkv_bias: (dq), (dkv), (dkv) */
+	struct llm_weight q_norm, k_norm;         /* qk_norm: (d_head) each */
+	struct llm_weight post_attn_norm, post_ffn_norm;   /* sandwich: (d_model) each;
+	                                             ffn_norm is then pre_feedforward_layernorm */
 	struct llm_moe_weights moe;   /* a mixture-of-experts layer (llm_moe_layer): the router
 	                                 and experts, and no w_gate, w_up, w_down */
 };
@@ -77,6 +83,10 @@ struct llm_model {
 	struct llm_layer *layers;   /* (n_layer) indexed by global layer; distributed:
 	                               only [layer_begin, layer_end) are set */
 	float *inv_freq;            /* (d_head / 2) RoPE frequencies, scaling applied */
+	float *vecs;                /* the F32 vectors of the family's weights that are
+	                               converted at load: biases, q/k norms, and every
+	                               norm of a norm_plus_one family, as 1 + w */
+	int attn_ex;                /* the family's attention needs attention_ex */
 	enum llm_dtype wdtype;      /* dtype of the decoder linear weights */
 	size_t weight_bytes;        /* bytes of all weights and scales (this rank's) */
 	size_t expert_bytes;        /* of weight_bytes, the experts' (moe.h; routers not counted) */

@@ -1,0 +1,88 @@
+# tests/cli/families.sh: the model families of common/checkpoint/family.c
+# (Qwen2's q/k/v biases, Qwen3's q/k norms, Mistral's sliding window,
+# Gemma 2) against an independent reference on the same random weights:
+# ../shared/tools/mkrandom.py writes each tiny model (seed 1, F32
+# safetensors), llm-generate answers 130 prompts, ids[0..P] of one sequence
+# (past tiny-mistral-sw's window of 64 and tiny-gemma2's of 8), with its
+# top 10 log-probs (F32 KV, --parallel 8, two threads), and
+# tests/lib/families_cmp.py holds them to ../shared/tools/hfref.py's float64
+# forward: greedy id equal and top-10 log-probs within 2e-3 at every
+# position. Against hfref with the family's feature left out (--abl) the same
+# comparison must fail, so it bites. --parallel 1 gives the same bits
+# (batch invariance). With stories260K's tokenizer on a 512-id variant of
+# each config: the BF16 model quantized to FP8 (llm-quantize) generates and
+# its perplexity of a short story is within 1% of the BF16 model's.
+# Skipped without ../shared/tools or numpy for /usr/bin/python3.
+. tests/lib/tap.sh
+T=$TMPD
+TOOLS=${LLM_TEST_TOOLS:-../shared/tools}
+PY=/usr/bin/python3
+N=130
+FAMS="tiny-qwen2:bias tiny-qwen3:qknorm tiny-mistral-sw:sw tiny-gemma2:acap"
+why=
+{ [ -f "$TOOLS/mkrandom.py" ] && [ -f "$TOOLS/hfref.py" ]; } || why="no mkrandom.py and hfref.py in $TOOLS"
+[ -n "$why" ] || $PY -c 'import numpy' 2>/dev/null || why="no numpy for $PY (apt-get install python3-numpy)"
+[ -n "$why" ] || have_stories || why="no stories260K in \$LLM_TEST_MODELS (its tokenizer)"
+if [ -n "$why" ]; then
+	for fa in $FAMS; do
+		f=${fa%%:*}
+		skip "$f: greedy ids and top-10 log-probs match hfref.py at $N positions" "$why"
+		skip "$f: the comparison fails against hfref without ${fa#*:}" "$why"
+		skip "$f: --parallel 1 and --parallel 8 give the same bits" "$why"
+		skip "$f: FP8 generates and its perplexity is within 1% of BF16's" "$why"
+	done
+	tap_done
+fi
+# the ids and top log-probs of each answer, in prompt order
+answers() { python3 -c "
+import json, sys
+for o in sorted(map(json.loads, open(sys.argv[1])), key=lambda o: o['index']):
+    print(json.dumps([o['prompt_ids'], o['ids'], o['top_logprobs']]))" "$1"; }
+ppl() { python3 -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['ppl'])" "$1"; }
+cat >"$T/story.txt" <<'TXT'
+Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her
+friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog got there first.
+The dog was happy and wagged its tail. Lily laughed and they played together all day long.
+TXT
+for fa in $FAMS; do
+	f=${fa%%:*} abl=${fa#*:}
+	M=$T/$f/hf-f32
+	if ! $PY "$TOOLS/mkrandom.py" --config "$TOOLS/configs/$f.json" --out "$T/$f" --formats st-f32 --seed 1 \
+		>"$T/$f.mk" 2>&1; then
+		notok "$f: mkrandom.py writes the model"; sed 's/^/#   /' "$T/$f.mk" | tail -3
+		continue
+	fi
+	$PY tests/lib/families_cmp.py prompts "$M" $N "$T/$f.prompts"
+	for par in 8 1; do
+		llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel $par \
+			<"$T/$f.prompts" >"$T/$f.p$par" 2>"$T/$f.err" || { sed 's/^/#   /' "$T/$f.err" | tail -3; }
+	done
+	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" >"$T/$f.cmp" 2>&1; rc=$?
+	diag "$f: $(tail -1 "$T/$f.cmp")"
+	check "$f: greedy ids and top-10 log-probs match hfref.py at $N positions" [ "$rc" = 0 ]
+	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" --abl="$abl" >"$T/$f.abl" 2>&1; rc=$?
+	diag "$f without $abl: $(tail -1 "$T/$f.abl")"
+	check "$f: the comparison fails against hfref without $abl" [ "$rc" = 3 ]
+	answers "$T/$f.p8" >"$T/$f.a8"; answers "$T/$f.p1" >"$T/$f.a1"
+	check "$f: --parallel 1 and --parallel 8 give the same bits" \
+		sh -c "[ \$(wc -l <'$T/$f.a8') = $N ] && cmp -s '$T/$f.a8' '$T/$f.a1'"
+	# FP8 against BF16 on a 512-id variant with stories260K's tokenizer
+	$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c['vocab_size'] = 512; json.dump(c, open(sys.argv[2], 'w'))" \
+		"$TOOLS/configs/$f.json" "$T/$f-512.json"
+	B=$T/$f-512/hf-bf16 Q=$T/$f-512-fp8
+	if $PY "$TOOLS/mkrandom.py" --config "$T/$f-512.json" --out "$T/$f-512" --formats st-bf16 --seed 1 \
+		--tokenizer "$(stories)/tokenizer.json" >"$T/$f.mk2" 2>&1 &&
+		llm-quantize "$B" "$Q" >"$T/$f.q" 2>&1 &&
+		llm-generate -m "$Q" -p "Once upon a time" -n 8 --temp 0 >"$T/$f.gen" 2>"$T/$f.err" &&
+		llm-generate -m "$B" --perplexity "$T/story.txt" --json >"$T/$f.pb" 2>"$T/$f.err" &&
+		llm-generate -m "$Q" --perplexity "$T/story.txt" --json >"$T/$f.pq" 2>"$T/$f.err"; then
+		pb=$(ppl "$T/$f.pb") pq=$(ppl "$T/$f.pq")
+		diag "$f: perplexity BF16 $pb, FP8 $pq"
+		check "$f: FP8 generates and its perplexity is within 1% of BF16's" \
+			python3 -c "import sys; b, q = map(float, sys.argv[1:]); sys.exit(abs(q / b - 1) > 0.01)" "$pb" "$pq"
+	else
+		notok "$f: FP8 generates and its perplexity is within 1% of BF16's"
+		cat "$T/$f.mk2" "$T/$f.q" "$T/$f.err" | sed 's/^/#   /' | tail -4
+	fi
+done
+tap_done

@@ -202,6 +202,86 @@ assert p["active_weight_bytes"] == p["weight_bytes"] - e // 2, p' "$T/plan.json"
 fp8 mixtral "$TOOLS/configs/tiny-mixtral.json"
 random_ckpt mixtral "$TOOLS/configs/tiny-mixtral.json"
 
+# ---- Qwen3-MoE ------------------------------------------------------------
+# Qwen3 attention (q/k norm) with the MoE FFN: norm_topk_prob true (the
+# config's, what llama.cpp always does) and false (Qwen3MoeConfig's default,
+# where hfref.py is the only reference); a model that renormalises when the
+# reference does not must fail
+mkmodel "$TOOLS/configs/tiny-qwen3moe.json" "$T/q3"
+Q3=$T/q3/hf-f32
+gen "$Q3" "$T/qwen3moe.jsonl"
+check "qwen3_moe (norm_topk_prob true): 128 positions, greedy ids and top-10 log-probs within 2e-3 of hfref" \
+	cmp_ref "$Q3" "$T/qwen3moe.jsonl"
+editcfg "$Q3" "$T/q3-nonorm" norm_topk_prob=false
+gen "$T/q3-nonorm" "$T/qwen3moe-nonorm.jsonl"
+check "qwen3_moe (norm_topk_prob false): 128 positions, greedy ids and top-10 log-probs within 2e-3 of hfref" \
+	cmp_ref "$T/q3-nonorm" "$T/qwen3moe-nonorm.jsonl"
+check "qwen3_moe: the renormalised model fails the comparison with norm_topk_prob false" \
+	fails cmp_ref "$T/q3-nonorm" "$T/qwen3moe.jsonl"
+batch qwen3moe "$Q3"
+
+# dense layers (mlp_only_layers, decoder_sparse_step): with one expert, a
+# layer's MoE FFN is that expert's MLP (weight 1), so a model whose layer 0
+# is dense and holds expert 0's weights as its MLP must give the one-expert
+# model's log-probs bit for bit; that model matches hfref.py
+editcfg "$Q3" "$T/q3-e1" num_experts=1 num_experts_per_tok=1
+$PY - "$T/q3-e1/model.safetensors" <<'PY'
+import json, struct, sys
+import numpy as np
+f = sys.argv[1]
+b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+t = {k: np.frombuffer(b[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]], "<f4").reshape(v["shape"])
+     for k, v in h.items() if k != "__metadata__"}
+out = {}
+for k, v in t.items():
+    if ".mlp.experts." in k and ".experts.0." not in k:
+        continue                                  # experts 1..3 dropped
+    if k.endswith(".mlp.gate.weight"):
+        v = v[:1]                                 # the router of expert 0
+    out[k] = v
+def write(path, ts):
+    hd, off, blobs = {}, 0, []
+    for k in sorted(ts):
+        a = np.ascontiguousarray(ts[k], "<f4"); hd[k] = {"dtype": "F32", "shape": list(a.shape),
+                                                       "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes; blobs.append(a.tobytes())
+    j = json.dumps(hd).encode(); j += b" " * (-len(j) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+write(f, out)
+dense = dict(out)
+for p in ("gate", "up", "down"):
+    dense["model.layers.0.mlp.%s_proj.weight" % p] = dense.pop("model.layers.0.mlp.experts.0.%s_proj.weight" % p)
+del dense["model.layers.0.mlp.gate.weight"]
+write(f.replace("q3-e1", "q3-dense0"), dense)
+PY
+gen "$T/q3-e1" "$T/qwen3moe-e1.jsonl"
+check "qwen3_moe with one expert: greedy ids and top-10 log-probs within 2e-3 of hfref" \
+	cmp_ref "$T/q3-e1" "$T/qwen3moe-e1.jsonl"
+for how in 'mlp_only_layers=[0]' 'decoder_sparse_step=2'; do
+	editcfg "$T/q3-e1" "$T/q3-d" "$how" intermediate_size=64
+	cp "$T/q3-dense0/model.safetensors" "$T/q3-d/"
+	gen "$T/q3-d" "$T/qwen3moe-d.jsonl"
+	check "qwen3_moe with $how: layer 0 dense, the one-expert model's log-probs bit for bit" \
+		same_out "$T/qwen3moe-e1.jsonl" "$T/qwen3moe-d.jsonl"
+	rm -rf "$T/q3-d"
+done
+fp8 qwen3moe "$TOOLS/configs/tiny-qwen3moe.json"
+random_ckpt qwen3moe "$TOOLS/configs/tiny-qwen3moe.json"
+editcfg "$Q3" "$T/q3-cfg" 'mlp_only_layers=[0]' decoder_sparse_step=1
+llm-quantize -q --random "$T/q3-cfg/config.json" --seed 3 "$T/q3-rnd-dense0" 2>"$T/q.err" || sed 's/^/#   /' "$T/q.err"
+check "llm-quantize --random with mlp_only_layers [0]: layer 0 has the dense MLP, layer 1 the experts" \
+	$PY - "$T/q3-rnd-dense0/model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+assert "model.layers.0.mlp.gate_proj.weight" in h and not any(k.startswith("model.layers.0.mlp.experts") for k in h)
+assert "model.layers.1.mlp.gate.weight" in h and "model.layers.1.mlp.experts.3.down_proj.weight" in h
+assert "model.layers.1.mlp.gate_proj.weight" not in h
+PY
+check_fails "qwen3_moe: mlp_only_layers naming a layer past the model is refused with one line" 1 \
+	sh -c "$PY -c \"import json; c = json.load(open('$Q3/config.json')); c['mlp_only_layers'] = [5]; json.dump(c, open('$T/bad.json', 'w'))\" &&
+	llm-quantize -q --random '$T/bad.json' '$T/bad-out'"
+grep -q "mlp_only_layers" "$T/err" && ok "the line names mlp_only_layers" || notok "the line names mlp_only_layers: $(cat "$T/err")"
+
 # ---- tensor parallel: each expert's FFN split like the dense FFN ----------
 # llm-repartition splits every expert's gate and up by rows, down by columns,
 # and replicates the router; the round trip gives the file back byte for

@@ -96,6 +96,11 @@ static void tiny_init(struct tiny *t, int n_layer, int d_model, int n_head, int 
 	c->rms_eps = 1e-5f;
 	c->rope_theta = 10000.0f;
 	c->tied = tied;
+	c->fam = llm_family_find("llama", NULL);
+	c->query_scalar = (float)c->d_head;
+	c->rope_kind = LLM_ROPE_DEFAULT;
+	c->rope_factor = c->rope_attn_factor = 1.0f;
+	c->embed_scale = 1.0f;
 	c->bos_id = 1;
 	c->n_eos = 1;
 	c->eos_id[0] = 2;

@@ -137,6 +137,8 @@ void llm_quantize_band(const float *x, int64_t rows, int64_t cols, int64_t block
 struct source {
 	struct llm_ckpt *ck;        /* file source; NULL for random */
 	uint64_t seed;
+	float norm;                 /* random: the norm weights' value (1; 0 where the
+	                               family stores them as w of 1 + w) */
 };
 
 static int is_norm(const char *name)
@@ -145,14 +147,14 @@ static int is_norm(const char *name)
 	return n >= 11 && !strcmp(name + n - 11, "norm.weight");
 }
 
-/* Random rows: uniform with standard deviation 0.02 (norm weights 1), from a
- * stream that depends only on (seed, tensor name, row). */
-static void random_rows(uint64_t seed, const struct llm_tensor *t, int64_t r0, int64_t r1,
+/* Random rows: uniform with standard deviation 0.02 (norm weights NORM: a
+ * scale of 1), from a stream that depends only on (seed, tensor name, row). */
+static void random_rows(uint64_t seed, float norm, const struct llm_tensor *t, int64_t r0, int64_t r1,
                         int64_t cols, float *dst)
 {
 	if (is_norm(t->name)) {
 		for (int64_t i = 0; i < (r1 - r0) * cols; i++)
-			dst[i] = 1.0f;
+			dst[i] = norm;
 		return;
 	}
 	const float a = 0.02f * 1.7320508f;           /* sqrt(3) * std */
@@ -175,7 +177,7 @@ static void source_rows(const struct source *src, const struct llm_tensor *t, co
                         int64_t r0, int64_t r1, int64_t cols, float *dst)
 {
 	if (!src->ck) {
-		random_rows(src->seed, t, r0, r1, cols, dst);
+		random_rows(src->seed, src->norm, t, r0, r1, cols, dst);
 		return;
 	}
 	size_t es = llm_dtype_size(t->dtype);
@@ -807,13 +809,16 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 	int64_t nkv = cfg_int(root, "num_key_value_heads", nh, &s, config);
 	int64_t nv = cfg_int(root, "vocab_size", -1, &s, config);
 	int64_t dh = cfg_int(root, "head_dim", s ? 1 : d / nh, &s, config);
-	int tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
-	/* what the engine cannot run is refused here too, with its line */
-	struct llm_config mc;
-	if (s || (s = llm_config_parse(&mc, cfg.data, cfg.len, config)))
+	/* what the engine would refuse, refused with its line; the family's tensors */
+	struct llm_config lc;
+	if (!s)
+		s = llm_config_parse(&lc, cfg.data, cfg.len, config);
+	if (s)
 		goto out;
-	int64_t ne = mc.moe.n_expert, ffe = mc.moe.d_ff_expert;
-	size_t nt = 3 + (9 + 1 + 3 * (size_t)ne) * (size_t)nl;
+	const struct llm_family *fam = lc.fam;
+	int tied = lc.tied;
+	int64_t ne = lc.moe.n_expert, ffe = lc.moe.d_ff_expert;
+	size_t nt = 3 + (16 + 1 + 3 * (size_t)ne) * (size_t)nl;
 	descs = calloc(nt + 1, sizeof *descs);     /* NULL name ends the list */
 	j.items = calloc(2 * nt, sizeof *j.items);
 	if (!descs || !j.items) {
@@ -834,18 +839,36 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 		int64_t cols[7] = { d, d, d, nh * dh, d, d, ff };
 		snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)l);
 		DESC(name, d, 0);
-		int moe = llm_moe_layer(&mc, (int)l);
+		int moe = llm_moe_layer(&lc, (int)l);
 		for (int i = 0; i < (moe ? 4 : 7); i++) {
 			snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, lin[i]);
 			DESC(name, rows[i], cols[i]);
+			if (i < 3 && fam->qkv_bias) {
+				snprintf(name, sizeof name, "model.layers.%lld.%s.bias", (long long)l, lin[i]);
+				DESC(name, rows[i], 0);
+			}
+			if (i == 2 && fam->qk_norm) {
+				snprintf(name, sizeof name, "model.layers.%lld.self_attn.q_norm.weight", (long long)l);
+				DESC(name, dh, 0);
+				snprintf(name, sizeof name, "model.layers.%lld.self_attn.k_norm.weight", (long long)l);
+				DESC(name, dh, 0);
+			}
 			if (i == 3) {
 				snprintf(name, sizeof name, "model.layers.%lld.post_attention_layernorm.weight", (long long)l);
+				DESC(name, d, 0);
+				if (fam->sandwich) {
+					snprintf(name, sizeof name, "model.layers.%lld.pre_feedforward_layernorm.weight", (long long)l);
+					DESC(name, d, 0);
+				}
+			}
+			if (i == 6 && fam->sandwich) {
+				snprintf(name, sizeof name, "model.layers.%lld.post_feedforward_layernorm.weight", (long long)l);
 				DESC(name, d, 0);
 			}
 		}
 		/* a mixture-of-experts layer: the router, then each expert's gate, up, down */
 		static const char *proj[2][3] = { { "w1", "w3", "w2" }, { "gate_proj", "up_proj", "down_proj" } };
-		int qwen = mc.moe.names == LLM_MOE_NAMES_QWEN3;
+		int qwen = lc.moe.names == LLM_MOE_NAMES_QWEN3;
 		const char *blk = qwen ? "mlp" : "block_sparse_moe";
 		for (int64_t e = -1; moe && e < ne; e++) {
 			if (e < 0) {
@@ -881,6 +904,7 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 	if (s)
 		goto out;
 	j.src.seed = o->seed;
+	j.src.norm = fam->norm_plus_one ? 0.0f : 1.0f;
 	if (o->tokenizer_dir) {
 		static const char *tok[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
 		                             "tokenizer.model", "generation_config.json" };

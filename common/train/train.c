@@ -291,6 +291,10 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	if (o->seq_len > c->max_ctx)
 		return llm_fail(LLM_ERR_USAGE, "trainer: sequence length %d exceeds the model context %d",
 		                o->seq_len, c->max_ctx);
+	if (!llm_config_is_llama(c))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "trainer: model_type %s: fine-tuning runs the Llama forward "
+		                "only, and this model's family changes it (biases, norms, window, softcaps: "
+		                "family.h)", c->fam->model_type);
 	if (lo->n_layer != c->n_layer || lo->d_in[LLM_LORA_Q] != c->d_model || lo->d_out[LLM_LORA_UP] != c->d_ff)
 		return llm_fail(LLM_ERR_USAGE, "trainer: the adapter does not fit the model");
 	struct llm_trainer *t = calloc(1, sizeof *t);

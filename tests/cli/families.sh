@@ -12,6 +12,12 @@
 # (batch invariance). With stories260K's tokenizer on a 512-id variant of
 # each config: the BF16 model quantized to FP8 (llm-quantize) generates and
 # its perplexity of a short story is within 1% of the BF16 model's.
+# llm-quantize --random of each config writes a checkpoint that generates,
+# and refuses a mixture-of-experts config with the engine's own line;
+# llm-finetune refuses these families (its forward is Llama's). Under
+# mpirun (when present), llm-repartition --tp 2 --pp 2 of each model runs on
+# 4 ranks (q/k/v biases split by head, q/k and Gemma's norms replicated)
+# with the single process's greedy ids and log-probs within 1e-5.
 # Skipped without ../shared/tools or numpy for /usr/bin/python3.
 . tests/lib/tap.sh
 T=$TMPD
@@ -30,14 +36,35 @@ if [ -n "$why" ]; then
 		skip "$f: the comparison fails against hfref without ${fa#*:}" "$why"
 		skip "$f: --parallel 1 and --parallel 8 give the same bits" "$why"
 		skip "$f: FP8 generates and its perplexity is within 1% of BF16's" "$why"
+		skip "$f: llm-quantize --random writes an FP8 checkpoint that generates" "$why"
+		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "$why"
 	done
+	skip "llm-quantize --random refuses tiny-mixtral with the engine's line" "$why"
+	skip "llm-finetune refuses a qwen2 model in one line" "$why"
 	tap_done
 fi
-# the ids and top log-probs of each answer, in prompt order
+MPIRUN=
+if command -v mpirun >/dev/null 2>&1; then
+	MPIRUN="mpirun --oversubscribe"
+	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+fi
+# the greedy ids and top log-probs of two answer files agree within 1e-5
+close() { python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert len(a) == len(b) == 20, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x[1] == y[1], (x[1], y[1])
+    for e, f in zip(x[2][0], y[2][0]):
+        assert e["id"] == f["id"] and abs(e["logprob"] - f["logprob"]) <= 1e-5, (e, f)
+PY
+}
+# the ids and top log-probs of each answer (the first N: all), in prompt order
 answers() { python3 -c "
 import json, sys
-for o in sorted(map(json.loads, open(sys.argv[1])), key=lambda o: o['index']):
-    print(json.dumps([o['prompt_ids'], o['ids'], o['top_logprobs']]))" "$1"; }
+for o in sorted(map(json.loads, open(sys.argv[1])), key=lambda o: o['index'])[:int(sys.argv[2])]:
+    print(json.dumps([o['prompt_ids'], o['ids'], o['top_logprobs']]))" "$1" "${2:-1000000}"; }
 ppl() { python3 -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['ppl'])" "$1"; }
 cat >"$T/story.txt" <<'TXT'
 Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her
@@ -84,5 +111,30 @@ for fa in $FAMS; do
 		notok "$f: FP8 generates and its perplexity is within 1% of BF16's"
 		cat "$T/$f.mk2" "$T/$f.q" "$T/$f.err" | sed 's/^/#   /' | tail -4
 	fi
+	R=$T/$f-random
+	check "$f: llm-quantize --random writes an FP8 checkpoint that generates" sh -c \
+		"llm-quantize --random '$TOOLS/configs/$f.json' --dtype fp8 --seed 1 '$R' >/dev/null 2>&1 &&
+		 echo '{\"prompt_ids\": [1, 5, 9]}' | llm-generate -m '$R' -n 4 --temp 0 --json | grep -q '\"ids\":\\[[0-9]*,[0-9]*,[0-9]*,[0-9]*\\]'"
+	if [ -z "$MPIRUN" ]; then
+		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "mpirun not found"
+		continue
+	fi
+	head -20 "$T/$f.prompts" >"$T/$f.p20"
+	if llm-repartition -q "$M" "$T/$f-tp2pp2" --tp 2 --pp 2 >"$T/$f.rp" 2>&1 &&
+		$MPIRUN -np 4 "$LLM_BIN/llm-generate" -m "$T/$f-tp2pp2" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json \
+			-t 1 <"$T/$f.p20" >"$T/$f.mpi" 2>"$T/$f.err"; then
+		answers "$T/$f.mpi" >"$T/$f.am"; answers "$T/$f.p1" 20 >"$T/$f.a20"
+		check "$f: --tp 2 --pp 2 under mpirun matches one process" close "$T/$f.a20" "$T/$f.am"
+	else
+		notok "$f: --tp 2 --pp 2 under mpirun matches one process"
+		cat "$T/$f.rp" "$T/$f.err" | sed 's/^/#   /' | tail -4
+	fi
 done
+check_fails "llm-quantize --random refuses tiny-mixtral with the engine's line" 1 \
+	llm-quantize --random "$TOOLS/configs/tiny-mixtral.json" --seed 1 "$T/mixtral"
+grep -q "model_type: 'mixtral' is not supported" "$TMPD/err" || notok "the line names model_type mixtral: $(cat "$TMPD/err")"
+printf '{"instruction": "Once upon a time", "output": "there was a cat."}\n' >"$T/data.jsonl"
+check_fails "llm-finetune refuses a qwen2 model in one line" 1 \
+	llm-finetune -m "$T/tiny-qwen2-512/hf-bf16" --data "$T/data.jsonl" -o "$T/adapter" --steps 1
+grep -q "model_type qwen2" "$TMPD/err" || notok "the line names model_type qwen2: $(cat "$TMPD/err")"
 tap_done

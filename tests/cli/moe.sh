@@ -225,6 +225,7 @@ batch qwen3moe "$Q3"
 # is dense and holds expert 0's weights as its MLP must give the one-expert
 # model's log-probs bit for bit; that model matches hfref.py
 editcfg "$Q3" "$T/q3-e1" num_experts=1 num_experts_per_tok=1
+mkdir -p "$T/q3-dense0"
 $PY - "$T/q3-e1/model.safetensors" <<'PY'
 import json, struct, sys
 import numpy as np

@@ -194,6 +194,49 @@ gen "$T/mix-k3" "$T/mixtral-k3.jsonl"
 check "mixtral routed to 3 experts: greedy ids and top-10 log-probs within 2e-3 of hfref" \
 	cmp_ref "$T/mix-k3" "$T/mixtral-k3.jsonl"
 batch mixtral-k3 "$T/mix-k3"
+# only the chosen experts are read: a fifth expert of NaN weights whose
+# router row is zero, while the four others' rows are v, -v, w, -w (one of
+# each pair is above zero for any input), is never among a token's top 2;
+# finite log-probs equal to the four-expert model's show its weights were
+# never used (computing it with weight 0 would give NaN)
+mkdir -p "$T/mix-nan" "$T/mix-4"
+cp "$MIX"/* "$T/mix-nan"/
+cp "$MIX"/* "$T/mix-4"/
+$PY - "$MIX/model.safetensors" "$T/mix-nan/model.safetensors" "$T/mix-nan/config.json" \
+	"$T/mix-4/model.safetensors" <<'PY'
+import json, struct, sys
+import numpy as np
+src, dst, cfg, four = sys.argv[1:5]
+b = open(src, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+t = {k: np.frombuffer(b[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]], "<f4").reshape(v["shape"]).copy()
+     for k, v in h.items() if k != "__metadata__"}
+def write(path, ts):
+    hd, off, blobs = {}, 0, []
+    for k in sorted(ts):
+        a = np.ascontiguousarray(ts[k], "<f4"); hd[k] = {"dtype": "F32", "shape": list(a.shape),
+                                                       "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes; blobs.append(a.tobytes())
+    j = json.dumps(hd).encode(); j += b" " * (-len(j) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+for l in range(2):
+    g = "model.layers.%d.block_sparse_moe.gate.weight" % l
+    v, w = t[g][0], t[g][1]
+    t[g] = np.stack([v, -v, w, -w])
+write(four, t)
+for l in range(2):
+    g = "model.layers.%d.block_sparse_moe.gate.weight" % l
+    t[g] = np.concatenate([t[g], np.zeros((1, t[g].shape[1]), "<f4")])
+    for p in ("w1", "w2", "w3"):
+        e0 = t["model.layers.%d.block_sparse_moe.experts.0.%s.weight" % (l, p)]
+        t["model.layers.%d.block_sparse_moe.experts.4.%s.weight" % (l, p)] = np.full(e0.shape, np.nan, "<f4")
+write(dst, t)
+c = json.load(open(cfg)); c["num_local_experts"] = 5; json.dump(c, open(cfg, "w"))
+PY
+gen "$T/mix-4" "$T/mix-4.jsonl"
+gen "$T/mix-nan" "$T/mix-nan.jsonl"
+check "mixtral: an expert no token chooses is never computed (its NaN weights leave the log-probs as without it)" \
+	same_out "$T/mix-4.jsonl" "$T/mix-nan.jsonl"
+
 llm-serve -m "$MIX" --plan >"$T/plan.json" 2>"$T/plan.err" || sed 's/^/#   /' "$T/plan.err"
 check "mixtral: llm-serve --plan counts the experts, their bytes and the bytes a token reads" $PY -c 'import json, sys
 p = json.load(open(sys.argv[1])); e = 2 * 4 * 3 * 128 * 128 * 4    # 2 layers, 4 experts, 3 F32 matrices

@@ -1129,6 +1129,48 @@ static void test_kv(void)
 	llm_backend_close(be);
 }
 
+/* A sliding window of 6 over blocks of 4: a step's blocks wholly before
+ * its first query's window go back to the pool; a fork or a step that would
+ * read one is refused. */
+static void test_kv_window(void)
+{
+	struct llm_backend *be;
+	struct llm_backend_opts o = { 1, LLM_ISA_SCALAR, 0 };
+	llm_backend_open("cpu", &o, &be);
+	struct llm_kv_opts ko = { 1, 1, 4, LLM_DTYPE_F32, 4, 8, 4, 32 };
+	struct llm_kv kv;
+	llm_kv_init(&kv, be, &ko);
+	llm_kv_set_window(&kv, 6);
+	int a, f;
+	int32_t tok[8] = { 0 }, pos[8], seq[8];
+	llm_kv_seq_new(&kv, &a);
+	for (int i = 0; i < 8; i++)
+		pos[i] = i, seq[i] = a;
+	struct llm_batch b = { 8, tok, pos, seq, NULL, NULL };
+	check(llm_kv_prepare(&kv, &b) == LLM_OK && kv.n_free == 6 && kv.seq[a].blk[0] >= 0,
+	      "window: a prefill of 8 from position 0 keeps its 2 blocks");
+	pos[0] = 8;
+	b.n_tok = 1;
+	check(llm_kv_prepare(&kv, &b) == LLM_OK && kv.n_free == 5 && kv.seq[a].blk[0] >= 0,
+	      "window: position 8 (keys from 3 on) keeps block 0");
+	pos[0] = 9;
+	check(llm_kv_prepare(&kv, &b) == LLM_OK && kv.n_free == 6 && kv.seq[a].blk[0] == -1,
+	      "window: position 9 (keys from 4 on) releases block 0");
+	check(llm_kv_can_fork(&kv, a, 10) && llm_kv_seq_fork(&kv, a, 10, &f) == LLM_OK && kv.n_free == 6,
+	      "window: a fork at 10 shares the held blocks");
+	check(!llm_kv_can_fork(&kv, a, 4) && llm_kv_seq_fork(&kv, a, 4, &f) == LLM_ERR_RANGE,
+	      "window: a fork at 4 would read block 0 and is refused: %s", llm_errmsg());
+	llm_kv_seq_free(&kv, f);
+	llm_kv_seq_truncate(&kv, a, 3);
+	pos[0] = 3;
+	check(llm_kv_prepare(&kv, &b) == LLM_ERR_USAGE, "window: a step that reads a released block is refused: %s",
+	      llm_errmsg());
+	llm_kv_seq_free(&kv, a);
+	check(kv.n_free == 8, "window: every block back after the sequence ends");
+	llm_kv_free(&kv);
+	llm_backend_close(be);
+}
+
 /* ---- every op against the plain reference (common/engine/cpu_ref.h) -------------
  * The backend at each level this CPU runs (scalar included: it is the
  * optimised code too, threads, tables and all), 2 threads, against
@@ -1332,6 +1374,25 @@ static void ref_rowwise(struct llm_backend *be)
 		llm_ref_swiglu(llm_view_f32(ref, R, C), llm_view_f32(x2, R, C), llm_view_f32(y, R, C));
 		snprintf(name, sizeof name, "ref: swiglu %s %lldx%lld, rtol 8 u, atol 1e-30", isa, (long long)R, (long long)C);
 		check_close(name, got, ref, n, 1e-30, 8 * U24);
+		/* geglu, |g| to 12 and some to 120: 1 + tanhf(z) loses relative
+		 * precision where tanh nears -1, so the bound is absolute in
+		 * |g u| (the product's size): tanhf within a few ulp of 1, z's own
+		 * rounding damped by tanh' <= 1 times |z| sech^2 z <= 0.45: 32 u |g u| */
+		be->ops->geglu(be, llm_view_f32(got, R, C), llm_view_f32(x2, R, C), llm_view_f32(y, R, C));
+		llm_ref_geglu(llm_view_f32(ref, R, C), llm_view_f32(x2, R, C), llm_view_f32(y, R, C));
+		{
+			int gok = 1;
+			for (size_t i = 0; i < n; i++)
+				gok &= fabs((double)got[i] - ref[i]) <= 32 * U24 * fabs((double)x2[i] * y[i]) + 1e-30;
+			check(gok, "ref: geglu %s %lldx%lld, atol 32 u |g u|", isa, (long long)R, (long long)C);
+		}
+		/* softcap: x / cap, tanhf, * cap: a few u of the cap */
+		memcpy(got, x2, n * 4);
+		memcpy(ref, x2, n * 4);
+		be->ops->softcap(be, llm_view_f32(got, R, C), 30.0f);
+		llm_ref_softcap(llm_view_f32(ref, R, C), 30.0f);
+		snprintf(name, sizeof name, "ref: softcap %s %lldx%lld, cap 30: atol 8 u cap", isa, (long long)R, (long long)C);
+		check_close(name, got, ref, n, 8 * U24 * 30.0, 0);
 		/* add and gather: exact */
 		memcpy(got, x, n * 4);
 		memcpy(ref, x, n * 4);
@@ -1452,8 +1513,8 @@ static void ref_attention(struct llm_backend *be)
 			float *v = malloc(NMAX * (size_t)dkv * 4), *qr = malloc(NMAX * (size_t)dq * 4);
 			float *kr2 = malloc(NMAX * (size_t)dkv * 4), *got = malloc(NMAX * (size_t)dq * 4);
 			float *ref = malloc(NMAX * (size_t)dq * 4);
-			int store_same = 1, rope_ok = 1, attn_ok = 1;
-			double worst_rope = 0, worst_attn = 0;
+			int store_same = 1, rope_ok = 1, attn_ok = 1, ex_ok = 1;
+			double worst_rope = 0, worst_attn = 0, worst_ex = 0;
 			for (int st = 0; st < STEPS; st++) {
 				int n = 0;
 				for (int s = 0; s < 3; s++)
@@ -1507,12 +1568,28 @@ static void ref_attention(struct llm_backend *be)
 						attn_ok &= e <= 1.0;
 						worst_attn = e > worst_attn || isnan(e) ? e : worst_attn;
 					}
+					/* attention_ex: another divisor, a softcap of 0.7 and a
+					 * window of 37 (a block and a part): the same bound, with
+					 * tanhf's few ulp of the cap added to each score (the
+					 * cap's derivative is at most 1, so nothing else grows) */
+					struct llm_attn_opts ao = { sqrtf((float)d) * 0.8f, 0.7f, 37 };
+					be->ops->attention_ex(be, llm_view_f32(got, n, dq), llm_view_f32(q, n, dq), &kc, layer, &b,
+					                      nh, &ao);
+					llm_ref_attention_ex(llm_view_f32(ref, n, dq), llm_view_f32(q, n, dq), &kr, layer, &b, nh,
+					                     &ao);
+					for (int i = 0; i < n * dq; i++) {
+						double e = fabs((double)got[i] - ref[i]) / (tol + 16 * U24);
+						ex_ok &= e <= 1.0;
+						worst_ex = e > worst_ex || isnan(e) ? e : worst_ex;
+					}
 				}
 			}
 			size_t bytes = (size_t)ko.n_layer * (size_t)ko.n_block * (size_t)ko.block_size * (size_t)dkv * kc.elt;
 			store_same = !memcmp(kc.k, kr.k, bytes) && !memcmp(kc.v, kr.v, bytes);
 			if (kc.ks)             /* one f32 scale per (token, head) */
 				store_same &= !memcmp(kc.ks, kr.ks, bytes / (size_t)d * 4) && !memcmp(kc.vs, kr.vs, bytes / (size_t)d * 4);
+			check(ex_ok, "ref: attention_ex %s %d/%d heads d %d, %s KV: divisor, softcap 0.7, window 37 "
+			      "(worst %.3f of the bound)", isa, nh, nkv, d, llm_dtype_name(kdt), worst_ex);
 			check(rope_ok, "ref: rope_store and rope %s %d/%d heads d %d, %s KV: q, k within 8 u (worst %.3f of it)",
 			      isa, nh, nkv, d, llm_dtype_name(kdt), worst_rope);
 			check(store_same, "ref: kv_store and rope_store %s %d/%d heads d %d, %s KV, 3 sequences, 12 steps: "
@@ -1568,5 +1645,6 @@ int main(void)
 	test_chain(best);
 	test_ref(best);
 	test_kv();
+	test_kv_window();
 	return check_done();
 }

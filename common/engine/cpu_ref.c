@@ -323,17 +323,21 @@ static double kv_at(const struct llm_kv *kv, const void *arr, size_t at, int i)
 }
 
 /* q . k_p / sqrt(d) for head QH (its query Q) over KV head KH. */
-static double score(const struct llm_kv *kv, int layer, int seq, int32_t p, int kh, const float *q)
+/* A score as the opts define it: q . k_p / div, capped where cap > 0 */
+static double score(const struct llm_kv *kv, int layer, int seq, int32_t p, int kh, const float *q, double div,
+                    double cap)
 {
 	size_t at = kv_index(kv, layer, seq, p, kh);
 	double s = 0;
 	for (int i = 0; i < kv->d_head; i++)
 		s += (double)q[i] * kv_at(kv, kv->k, at, i);
-	return s / sqrt((double)kv->d_head);
+	s /= div;
+	return cap > 0 ? tanh(s / cap) * cap : s;
 }
 
-enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const struct llm_kv *kv,
-                                  int layer, const struct llm_batch *b, int n_head)
+static enum llm_status attention(struct llm_view out, struct llm_view q, const struct llm_kv *kv,
+                                 int layer, const struct llm_batch *b, int n_head, double div, double cap,
+                                 int window)
 {
 	int d = kv->d_head;
 	LLM_TRY(need_f32("attention", q));
@@ -348,7 +352,7 @@ enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const 
 	double acc[REF_D_MAX];
 	for (int t = 0; t < b->n_tok; t++) {
 		int seq = b->seq[t];
-		int32_t pos = b->pos[t];
+		int32_t pos = b->pos[t], lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 		for (int h = 0; h < n_head; h++) {
 			const float *qh = vrow(q, t) + (size_t)h * (size_t)d;
 			int kh = h / group;
@@ -356,16 +360,16 @@ enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const 
 			 * recomputed, the same doubles each time): max, sum, then
 			 * the weighted sum of the values */
 			double mx = -INFINITY, sum = 0;
-			for (int32_t p = 0; p <= pos; p++) {
-				double s = score(kv, layer, seq, p, kh, qh);
+			for (int32_t p = lo; p <= pos; p++) {
+				double s = score(kv, layer, seq, p, kh, qh, div, cap);
 				mx = s > mx ? s : mx;
 			}
-			for (int32_t p = 0; p <= pos; p++)
-				sum += exp(score(kv, layer, seq, p, kh, qh) - mx);
+			for (int32_t p = lo; p <= pos; p++)
+				sum += exp(score(kv, layer, seq, p, kh, qh, div, cap) - mx);
 			for (int i = 0; i < d; i++)
 				acc[i] = 0;
-			for (int32_t p = 0; p <= pos; p++) {
-				double a = exp(score(kv, layer, seq, p, kh, qh) - mx) / sum;
+			for (int32_t p = lo; p <= pos; p++) {
+				double a = exp(score(kv, layer, seq, p, kh, qh, div, cap) - mx) / sum;
 				size_t at = kv_index(kv, layer, seq, p, kh);
 				for (int i = 0; i < d; i++)
 					acc[i] += a * kv_at(kv, kv->v, at, i);
@@ -375,6 +379,42 @@ enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const 
 				o[i] = (float)acc[i];
 		}
 	}
+	return LLM_OK;
+}
+
+enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const struct llm_kv *kv,
+                                  int layer, const struct llm_batch *b, int n_head)
+{
+	return attention(out, q, kv, layer, b, n_head, sqrt((double)kv->d_head), 0, 0);
+}
+
+enum llm_status llm_ref_attention_ex(struct llm_view out, struct llm_view q, const struct llm_kv *kv,
+                                     int layer, const struct llm_batch *b, int n_head,
+                                     const struct llm_attn_opts *o)
+{
+	return attention(out, q, kv, layer, b, n_head, o->div, o->softcap, o->window);
+}
+
+enum llm_status llm_ref_geglu(struct llm_view out, struct llm_view gate, struct llm_view up)
+{
+	LLM_TRY(need_f32("geglu", gate));
+	LLM_TRY(need_shape("geglu", up, gate.rows, gate.cols));
+	LLM_TRY(need_shape("geglu", out, gate.rows, gate.cols));
+	for (int64_t t = 0; t < gate.rows; t++)
+		for (int64_t i = 0; i < gate.cols; i++) {
+			double g = vrow(gate, t)[i];
+			double z = 0.79788456080286536 * (g + 0.044715 * g * g * g);   /* sqrt(2 / pi) */
+			vrow(out, t)[i] = (float)(0.5 * g * (1.0 + tanh(z)) * (double)vrow(up, t)[i]);
+		}
+	return LLM_OK;
+}
+
+enum llm_status llm_ref_softcap(struct llm_view x, float cap)
+{
+	LLM_TRY(need_f32("softcap", x));
+	for (int64_t t = 0; t < x.rows; t++)
+		for (int64_t i = 0; i < x.cols; i++)
+			vrow(x, t)[i] = (float)(tanh((double)vrow(x, t)[i] / cap) * cap);
 	return LLM_OK;
 }
 

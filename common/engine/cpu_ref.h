@@ -92,6 +92,21 @@ enum llm_status llm_ref_rope_store(struct llm_view q, struct llm_view k, struct 
 enum llm_status llm_ref_attention(struct llm_view out, struct llm_view q, const struct llm_kv *kv,
                                   int layer, const struct llm_batch *b, int n_head);
 
+/* llm_ref_attention with O's scoring (backend.h, struct llm_attn_opts):
+ * scores q . k_p / div, then tanh(s / softcap) * softcap where softcap > 0,
+ * over the positions pos - window + 1 .. pos where window > 0. */
+enum llm_status llm_ref_attention_ex(struct llm_view out, struct llm_view q, const struct llm_kv *kv,
+                                     int layer, const struct llm_batch *b, int n_head,
+                                     const struct llm_attn_opts *o);
+
+/* out = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi)
+ * (g + 0.044715 g^3))) (gelu_pytorch_tanh, Gemma's MLP). In double, one
+ * rounding. */
+enum llm_status llm_ref_geglu(struct llm_view out, struct llm_view gate, struct llm_view up);
+
+/* x = tanh(x / cap) * cap, in double, one rounding. */
+enum llm_status llm_ref_softcap(struct llm_view x, float cap);
+
 /* out = silu(gate) * up, silu(g) = g / (1 + e^-g): LlamaMLP's act_fn
  * (SiLU) times up_proj. In double, one rounding. OUT may be GATE or UP. */
 enum llm_status llm_ref_swiglu(struct llm_view out, struct llm_view gate, struct llm_view up);

@@ -110,8 +110,35 @@ void llm_kv_free(struct llm_kv *kv)
 
 static void block_unref(struct llm_kv *kv, int32_t b)
 {
-	if (--kv->ref[b] == 0)
+	if (b >= 0 && --kv->ref[b] == 0)
 		kv->free_list[kv->n_free++] = b;
+}
+
+void llm_kv_set_window(struct llm_kv *kv, int w)
+{
+	kv->window = w > 0 ? w : 0;
+}
+
+/* The first block a query at position POS reads under the window (0: none) */
+static int32_t window_block(const struct llm_kv *kv, int32_t pos)
+{
+	return kv->window && pos - kv->window + 1 > 0 ? (pos - kv->window + 1) / kv->block_size : 0;
+}
+
+/* Whether the blocks of S from the one a query at POS first reads to the
+ * one holding position END - 1 are all held */
+static int window_held(const struct llm_kv *kv, const struct llm_kv_seq *s, int32_t pos, int32_t end)
+{
+	int32_t last = end > 0 ? (end - 1) / kv->block_size : -1;
+	for (int32_t i = window_block(kv, pos); i <= last && i < s->n_blk; i++)
+		if (s->blk[i] < 0)
+			return 0;
+	return 1;
+}
+
+int llm_kv_can_fork(const struct llm_kv *kv, int seq, int32_t n)
+{
+	return window_held(kv, &kv->seq[seq], n, n);
 }
 
 enum llm_status llm_kv_seq_new(struct llm_kv *kv, int *seq)
@@ -146,12 +173,16 @@ enum llm_status llm_kv_seq_fork(struct llm_kv *kv, int src, int32_t n, int *dst)
 	if (n < 0 || n > kv->seq[src].len)
 		return llm_fail(LLM_ERR_RANGE, "kv cache: fork of %d positions from a sequence of %d",
 		                n, kv->seq[src].len);
+	if (!llm_kv_can_fork(kv, src, n))
+		return llm_fail(LLM_ERR_RANGE, "kv cache: fork of %d positions: the window of %d released blocks "
+		                "it reads", n, kv->window);
 	LLM_TRY(llm_kv_seq_new(kv, dst));
 	struct llm_kv_seq *s = &kv->seq[src], *d = &kv->seq[*dst];
 	d->n_blk = (n + kv->block_size - 1) / kv->block_size;
 	for (int32_t i = 0; i < d->n_blk; i++) {
 		d->blk[i] = s->blk[i];
-		kv->ref[d->blk[i]]++;
+		if (d->blk[i] >= 0)
+			kv->ref[d->blk[i]]++;
 	}
 	d->len = n;
 	return LLM_OK;
@@ -247,6 +278,9 @@ enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b)
 		if (kv->mark[s] != stamp) {
 			kv->mark[s] = stamp;
 			kv->next[s] = kv->seq[s].len;
+			if (!window_held(kv, &kv->seq[s], b->pos[i], kv->seq[s].len))
+				return llm_fail(LLM_ERR_USAGE, "batch token %d: sequence %d at position %d reads blocks "
+				                "the window of %d released", i, s, b->pos[i], kv->window);
 		}
 		if (b->pos[i] != kv->next[s])
 			return llm_fail(LLM_ERR_USAGE, "batch token %d: position %d of sequence %d, expected %d",
@@ -270,6 +304,17 @@ enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b)
 		for (int j = 0; j < i; j++)
 			llm_kv_seq_truncate(kv, b->seq[j], kv->seq[b->seq[j]].len);
 		return st;
+	}
+	/* each sequence's first token of the step (at its length): no query
+	 * of this step or a later one reads a key before its window (positions
+	 * only grow from here), so those blocks go back */
+	for (i = 0; kv->window && i < b->n_tok; i++) {
+		struct llm_kv_seq *q = &kv->seq[b->seq[i]];
+		if (q->len == b->pos[i])
+			for (int32_t k = window_block(kv, b->pos[i]) - 1; k >= 0 && q->blk[k] >= 0; k--) {
+				block_unref(kv, q->blk[k]);
+				q->blk[k] = -1;
+			}
 	}
 	for (i = 0; i < b->n_tok; i++)
 		if (kv->seq[b->seq[i]].len < b->pos[i] + 1)

@@ -26,7 +26,13 @@
  * Measured on stories260K (story NLL, f32 KV 555.03): per (token, head)
  * 557.90 (+0.5%); a (block, head) scale fixed by the block's first row
  * 1373.8, and with that scale times 2, 4 or 16 for headroom 783.6, 744.9,
- * 771.9 (later rows clip or sink into E4M3's subnormals). */
+ * 771.9 (later rows clip or sink into E4M3's subnormals).
+ *
+ * Sliding window (window > 0: every layer of the model attends to the last
+ * window positions only, Mistral's): a step whose first query of a
+ * sequence is at position p needs no key before p - window + 1, so
+ * llm_kv_prepare releases the blocks wholly before it (the table holds -1
+ * there); a fork or a step that would need a released block is refused. */
 #ifndef LLM_KVCACHE_H
 #define LLM_KVCACHE_H
 
@@ -63,7 +69,8 @@ struct llm_kv_seq {
 	int used;
 	int32_t len;              /* positions written */
 	int32_t n_blk;            /* blocks in the table */
-	int32_t *blk;             /* (max_ctx / block_size, rounded up) */
+	int32_t *blk;             /* (max_ctx / block_size, rounded up); -1: released,
+	                             out of the window */
 };
 
 struct llm_kv {
@@ -74,6 +81,7 @@ struct llm_kv {
 	struct llm_backend *be;   /* owns k, v */
 	void *k, *v;              /* (n_layer, n_block, n_kv_head, block_size, d_head) */
 	float *ks, *vs;           /* (n_layer, n_block, n_kv_head, block_size) E4M3 scales; else NULL */
+	int window;               /* llm_kv_set_window; 0: none */
 	int32_t *ref;             /* (n_block) reference counts; 0: free */
 	int32_t *free_list;       /* (n_block) stack of free blocks */
 	int64_t n_free;
@@ -89,12 +97,21 @@ void llm_kv_free(struct llm_kv *kv);
 /* Bytes of K+V per token position (all layers), and of the pool. */
 size_t llm_kv_bytes_per_token(const struct llm_kv_opts *o);
 
+/* Every layer attends to the last W positions only (0: all of them): from
+ * now on llm_kv_prepare releases the blocks that fall out of the window. */
+void llm_kv_set_window(struct llm_kv *kv, int w);
+/* Whether a sequence forked from the first N positions of SEQ could go on:
+ * the blocks its next position reads are all held (always, without a window). */
+int llm_kv_can_fork(const struct llm_kv *kv, int seq, int32_t n);
+
 /* A fresh empty sequence; LLM_ERR_RANGE when every slot is in use. */
 enum llm_status llm_kv_seq_new(struct llm_kv *kv, int *seq);
 /* Drop the sequence and its block references. Safe on an unused id. */
 void llm_kv_seq_free(struct llm_kv *kv, int seq);
 /* A new sequence sharing the first N positions of SRC (its blocks'
- * reference counts go up; nothing is copied until one side writes). */
+ * reference counts go up; nothing is copied until one side writes).
+ * LLM_ERR_RANGE when the window released a block it would read
+ * (llm_kv_can_fork). */
 enum llm_status llm_kv_seq_fork(struct llm_kv *kv, int src, int32_t n, int *dst);
 /* Forget positions >= N (blocks no longer needed are released). */
 void llm_kv_seq_truncate(struct llm_kv *kv, int seq, int32_t n);
@@ -106,9 +123,10 @@ int64_t llm_kv_blocks_needed(const struct llm_kv *kv, int seq, int32_t n);
  * is exhausted (then nothing changed). */
 enum llm_status llm_kv_reserve(struct llm_kv *kv, int seq, int32_t n);
 /* Check B against the cache (sequence ids open, positions contiguous from
- * each sequence's length, within max_ctx), reserve its positions and, on
- * success, advance the lengths. Called by llm_model_forward() before any
- * compute. Errors name the token index. */
+ * each sequence's length, within max_ctx, no block it reads released by the
+ * window), reserve its positions and, on success, advance the lengths and
+ * release the blocks out of the window. Called by llm_model_forward()
+ * before any compute. Errors name the token index. */
 enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b);
 /* Undo llm_kv_prepare() after a failed step: each sequence of B goes back
  * to the position of its first token in B. */

@@ -513,6 +513,9 @@ static int parent_ready(struct llm_sched *s, struct sreq *r)
  * to feed and every position to score), or a fresh one. */
 static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 {
+	struct sreq *par = r->n_shared > 0 ? find(s, r->parent) : NULL;
+	if (par && !llm_kv_can_fork(s->kv, par->seq, r->n_shared))
+		drop_parent(s, r);              /* the window released what it shares: compute it */
 	if (r->n_shared > 0) {
 		struct sreq *p = find(s, r->parent);
 		LLM_TRY(llm_engine_kv_fork(s->e, p->seq, r->n_shared, &r->seq));
@@ -530,7 +533,7 @@ static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 		if (p->seq < 0 || p->adapter != r->adapter)   /* another adapter's KV differs */
 			continue;
 		int m = lcp(p->ids, p->n, r->ids, limit) / bs * bs;
-		if (m > best) {
+		if (m > best && llm_kv_can_fork(s->kv, p->seq, m)) {
 			best = m;
 			src = p;
 		}

@@ -9,10 +9,13 @@
 # forward: greedy id equal and top-10 log-probs within 2e-3 at every
 # position. Against hfref with the family's feature left out (--abl) the same
 # comparison must fail, so it bites. --parallel 1 gives the same bits
-# (batch invariance). With stories260K's tokenizer on a 512-id variant of
-# each config: the BF16 model quantized to FP8 (llm-quantize) generates and
+# (batch invariance), and so does --prefix-cache 0 (the prompts are
+# prefixes of each other: with the cache they fork cached prompts, past the
+# window too, whose released blocks they must not read). With stories260K's
+# tokenizer on a 512-id variant of each config: the BF16 model quantized to FP8 (llm-quantize) generates and
 # its perplexity of a short story is within 1% of the BF16 model's.
-# llm-quantize --random of each config writes a checkpoint that generates,
+# A random PEFT adapter (tests/cli/lora_make.py) gives the same ids at run
+# time as merged (llm-finetune --merge). llm-quantize --random of each config writes a checkpoint that generates,
 # and refuses a family the engine does not run (phi3) with the engine's own line;
 # llm-finetune refuses these families (its forward is Llama's). Under
 # mpirun (when present), llm-repartition --tp 2 --pp 2 of each model runs on
@@ -35,7 +38,9 @@ if [ -n "$why" ]; then
 		skip "$f: greedy ids and top-10 log-probs match hfref.py at $N positions" "$why"
 		skip "$f: the comparison fails against hfref without ${fa#*:}" "$why"
 		skip "$f: --parallel 1 and --parallel 8 give the same bits" "$why"
+		skip "$f: the prefix cache (forks of cached prompts) changes no bit" "$why"
 		skip "$f: FP8 generates and its perplexity is within 1% of BF16's" "$why"
+		skip "$f: a LoRA adapter at run time gives the ids of its merge" "$why"
 		skip "$f: llm-quantize --random writes an FP8 checkpoint that generates" "$why"
 		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "$why"
 	done
@@ -80,9 +85,11 @@ for fa in $FAMS; do
 		continue
 	fi
 	$PY tests/lib/families_cmp.py prompts "$M" $N "$T/$f.prompts"
-	for par in 8 1; do
-		llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel $par \
-			<"$T/$f.prompts" >"$T/$f.p$par" 2>"$T/$f.err" || { sed 's/^/#   /' "$T/$f.err" | tail -3; }
+	for run in "8 8" "1 1" "0 1 --prefix-cache 0"; do
+		set -- $run
+		out=$1; shift
+		llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel "$@" \
+			<"$T/$f.prompts" >"$T/$f.p$out" 2>"$T/$f.err" || { sed 's/^/#   /' "$T/$f.err" | tail -3; }
 	done
 	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" >"$T/$f.cmp" 2>&1; rc=$?
 	diag "$f: $(tail -1 "$T/$f.cmp")"
@@ -90,9 +97,10 @@ for fa in $FAMS; do
 	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" --abl="$abl" >"$T/$f.abl" 2>&1; rc=$?
 	diag "$f without $abl: $(tail -1 "$T/$f.abl")"
 	check "$f: the comparison fails against hfref without $abl" [ "$rc" = 3 ]
-	answers "$T/$f.p8" >"$T/$f.a8"; answers "$T/$f.p1" >"$T/$f.a1"
+	answers "$T/$f.p8" >"$T/$f.a8"; answers "$T/$f.p1" >"$T/$f.a1"; answers "$T/$f.p0" >"$T/$f.a0"
 	check "$f: --parallel 1 and --parallel 8 give the same bits" \
 		sh -c "[ \$(wc -l <'$T/$f.a8') = $N ] && cmp -s '$T/$f.a8' '$T/$f.a1'"
+	check "$f: the prefix cache (forks of cached prompts) changes no bit" cmp -s "$T/$f.a1" "$T/$f.a0"
 	# FP8 against BF16 on a 512-id variant with stories260K's tokenizer
 	$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c['vocab_size'] = 512; json.dump(c, open(sys.argv[2], 'w'))" \
 		"$TOOLS/configs/$f.json" "$T/$f-512.json"
@@ -110,6 +118,19 @@ for fa in $FAMS; do
 	else
 		notok "$f: FP8 generates and its perplexity is within 1% of BF16's"
 		cat "$T/$f.mk2" "$T/$f.q" "$T/$f.err" | sed 's/^/#   /' | tail -4
+	fi
+	# a PEFT adapter (q_proj ... down_proj, the names every dense family
+	# shares) applied at run time, and merged into the weights: the same ids
+	ids5() { head -5 "$T/$f.prompts" | llm-generate -m "$1" ${2:+--lora "$2"} -n 3 --temp 0 --json |
+		python3 -c "import json, sys; print([json.loads(l)['ids'] for l in sys.stdin])"; }
+	if $PY tests/cli/lora_make.py "$M/config.json" "$T/$f-lora" --rank 4 --seed 1 >"$T/$f.lm" 2>&1 &&
+		llm-finetune -q -m "$M" --merge "$T/$f-lora" -o "$T/$f-merged" >"$T/$f.mg" 2>&1; then
+		a=$(ids5 "$M" "$T/$f-lora") b=$(ids5 "$T/$f-merged") c=$(ids5 "$M")
+		check "$f: a LoRA adapter at run time gives the ids of its merge, not the base's ($a)" \
+			sh -c "[ -n '$a' ] && [ '$a' = '$b' ] && [ '$a' != '$c' ]"
+	else
+		notok "$f: a LoRA adapter at run time gives the ids of its merge"
+		cat "$T/$f.lm" "$T/$f.mg" | sed 's/^/#   /' | tail -3
 	fi
 	R=$T/$f-random
 	check "$f: llm-quantize --random writes an FP8 checkpoint that generates" sh -c \

@@ -13,8 +13,11 @@
 #   MODEL            random (default: a tiny Llama-3.2-1B-shape model with
 #                    llama3 RoPE scaling and 131072 positions, from
 #                    ../shared/tools/mkrandom.py, seed 1, F32 safetensors and
-#                    F32 GGUF of the same numbers) or stories260K (the real
-#                    model in STORIES, its F32 GGUF; positions < 511)
+#                    F32 GGUF of the same numbers), stories260K (the real
+#                    model in STORIES, its F32 GGUF; positions < 511), or
+#                    mixtral or qwen3moe (../shared/tools/configs/tiny-MODEL.json
+#                    from mkrandom.py, seed 1, F32 safetensors and GGUF: the
+#                    mixtures of experts; positions < 512)
 #   STORIES [../shared/models/stories260K]
 #   OUT              also write the table to this file
 #   LLAMA_LIB        the prebuilt llama.cpp folder (libllama, libggml*; unset:
@@ -87,8 +90,15 @@ random)
 	OURS=$W/random/hf-f32 GGUF=$W/random/model-f32.gguf NV=2048 ;;
 stories260K)
 	OURS=${STORIES:-../shared/models/stories260K} GGUF=$OURS/stories260K-f32.gguf NV=512 ;;
+mixtral|qwen3moe)
+	$PY -c 'import numpy' 2>/dev/null || skip "python3-numpy is missing (mkrandom.py needs it)"
+	if [ ! -f "$W/$MODEL/model-f32.gguf" ]; then
+		$PY ../shared/tools/mkrandom.py --config ../shared/tools/configs/tiny-$MODEL.json --out "$W/$MODEL" \
+			--formats st-f32,gguf-f32 --seed 1 >"$W/mkrandom.log" 2>&1
+	fi
+	OURS=$W/$MODEL/hf-f32 GGUF=$W/$MODEL/model-f32.gguf NV=1024 ;;
 *)
-	echo "depth.sh: MODEL '$MODEL': expected random or stories260K" >&2; exit 2 ;;
+	echo "depth.sh: MODEL '$MODEL': expected random, stories260K, mixtral or qwen3moe" >&2; exit 2 ;;
 esac
 
 # the sequence and our prompts, one per position

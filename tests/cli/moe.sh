@@ -8,8 +8,12 @@
 # hfref's log-softmax (and no id of hfref's top 10 missing unless below our
 # tenth by more than that). A config that routes otherwise must fail the
 # same comparison. Then batch invariance (each prompt alone equals the batch,
-# bit for bit), FP8 (llm-quantize, generation, perplexity within 1% of
-# BF16) and llm-quantize --random of both families.
+# bit for bit), experts no token chooses left uncomputed, --plan's expert
+# counts, FP8 (llm-quantize, generation, perplexity within 1% of BF16),
+# llm-finetune's refusal, llm-quantize --random of both families, Qwen3-MoE's
+# dense layers, llama.cpp on the GGUF of the same numbers (bench/depth.sh,
+# when its prebuilt library is on this machine), and the tensor-parallel
+# split of the experts (llm-repartition, mpirun).
 . tests/lib/tap.sh
 T=$TMPD
 PY=/usr/bin/python3
@@ -325,6 +329,39 @@ check_fails "qwen3_moe: mlp_only_layers naming a layer past the model is refused
 	sh -c "$PY -c \"import json; c = json.load(open('$Q3/config.json')); c['mlp_only_layers'] = [5]; json.dump(c, open('$T/bad.json', 'w'))\" &&
 	llm-quantize -q --random '$T/bad.json' '$T/bad-out'"
 grep -q "mlp_only_layers" "$T/err" && ok "the line names mlp_only_layers" || notok "the line names mlp_only_layers: $(cat "$T/err")"
+
+# ---- against llama.cpp ----------------------------------------------------
+# bench/depth.sh MODEL=mixtral and qwen3moe: llama.cpp (the prebuilt library
+# of npm's node-llama-cpp, when bench/engine.sh has put it on this machine;
+# nothing is downloaded here) on the GGUF of the same random numbers, F32
+# weights and KV cache, at every position 0..127; a tolerance of 1e-9 must fail
+NPM_DIR=${LLM_TEST_NPM:-/tmp/llm-bench-engine/npm}
+LIB=$NPM_DIR/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+why=
+[ -f "$LIB/libggml-base.so" ] || why="no node-llama-cpp in $NPM_DIR (bench/engine.sh installs it)"
+[ -f "$NPM_DIR/llsrc/include/llama.h" ] || [ -f "$NPM_DIR/node_modules/node-llama-cpp/llama/gitRelease.bundle" ] ||
+	why=${why:-"no llama.cpp headers or source bundle in $NPM_DIR"}
+for f in mixtral qwen3moe; do
+	if [ -n "$why" ]; then
+		skip "$f: llama.cpp and llm-generate agree at positions 0..127 (bench/depth.sh)" "$why"
+		continue
+	fi
+	MODEL=$f POSITIONS="$(seq 0 127 | tr '\n' ' ')" LLAMA_LIB=$LIB NPM_DIR=$NPM_DIR LLM_BIN=$LLM_BIN \
+		bench/depth.sh "$T/depth" >"$T/depth.out" 2>&1; rc=$?
+	check "$f: llama.cpp and llm-generate agree at positions 0..127 (bench/depth.sh, exit $rc)" $PY - "$T/depth.out" "$rc" <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l[:1] == " " or l[:1].isdigit()]
+assert sys.argv[2] == "0", sys.argv[2]
+assert [int(r[0]) for r in rows] == list(range(128)), len(rows)
+assert all(r[3] == "same" and float(r[5]) <= 2e-3 and r[6] == "yes" for r in rows)
+print("#   worst top-10 |logprob - llama.cpp| %.2e" % max(float(r[5]) for r in rows))
+PY
+done
+if [ -z "$why" ]; then
+	TOL=1e-9 MODEL=mixtral POSITIONS="0 64 127" LLAMA_LIB=$LIB NPM_DIR=$NPM_DIR LLM_BIN=$LLM_BIN \
+		bench/depth.sh "$T/depth" >"$T/depth.out" 2>&1; rc=$?
+	check "mixtral: bench/depth.sh at a tolerance of 1e-9 fails with exit 3 (exit $rc)" [ "$rc" = 3 ]
+fi
 
 # ---- tensor parallel: each expert's FFN split like the dense FFN ----------
 # llm-repartition splits every expert's gate and up by rows, down by columns,

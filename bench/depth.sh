@@ -10,14 +10,15 @@
 #   POSITIONS [100 4096 32769 49152 65535]   0-based positions compared
 #   THREADS [1]      CPU threads of each engine (run one after the other)
 #   TOL [2e-3]       largest |log-prob difference| allowed over the top 10
-#   MODEL            random (default: a tiny Llama-3.2-1B-shape model with
+#   MODEL            tiny-qwen2, tiny-qwen3, tiny-gemma2, tiny-mistral-sw,
+#                    tiny-check, tiny-mixtral or tiny-qwen3moe: that config of
+#                    ../shared/tools/configs through
+#                    mkrandom.py (seed 1, F32 safetensors and GGUF); or
+#                    random (default: a tiny Llama-3.2-1B-shape model with
 #                    llama3 RoPE scaling and 131072 positions, from
 #                    ../shared/tools/mkrandom.py, seed 1, F32 safetensors and
-#                    F32 GGUF of the same numbers), stories260K (the real
-#                    model in STORIES, its F32 GGUF; positions < 511), or
-#                    mixtral or qwen3moe (../shared/tools/configs/tiny-MODEL.json
-#                    from mkrandom.py, seed 1, F32 safetensors and GGUF: the
-#                    mixtures of experts; positions < 512)
+#                    F32 GGUF of the same numbers) or stories260K (the real
+#                    model in STORIES, its F32 GGUF; positions < 511)
 #   STORIES [../shared/models/stories260K]
 #   OUT              also write the table to this file
 #   LLAMA_LIB        the prebuilt llama.cpp folder (libllama, libggml*; unset:
@@ -90,15 +91,19 @@ random)
 	OURS=$W/random/hf-f32 GGUF=$W/random/model-f32.gguf NV=2048 ;;
 stories260K)
 	OURS=${STORIES:-../shared/models/stories260K} GGUF=$OURS/stories260K-f32.gguf NV=512 ;;
-mixtral|qwen3moe)
+tiny-qwen2|tiny-qwen3|tiny-gemma2|tiny-mistral-sw|tiny-check|tiny-mixtral|tiny-qwen3moe)
+	# a family's tiny config of ../shared/tools (seed 1, F32): llama.cpp has
+	# no sliding window for mistral (compare positions below 64 only) and
+	# computes gemma2's GELU through an fp16 table (about 3e-4)
 	$PY -c 'import numpy' 2>/dev/null || skip "python3-numpy is missing (mkrandom.py needs it)"
 	if [ ! -f "$W/$MODEL/model-f32.gguf" ]; then
-		$PY ../shared/tools/mkrandom.py --config ../shared/tools/configs/tiny-$MODEL.json --out "$W/$MODEL" \
+		$PY ../shared/tools/mkrandom.py --config "../shared/tools/configs/$MODEL.json" --out "$W/$MODEL" \
 			--formats st-f32,gguf-f32 --seed 1 >"$W/mkrandom.log" 2>&1
 	fi
-	OURS=$W/$MODEL/hf-f32 GGUF=$W/$MODEL/model-f32.gguf NV=1024 ;;
+	OURS=$W/$MODEL/hf-f32 GGUF=$W/$MODEL/model-f32.gguf
+	NV=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$OURS/config.json") ;;
 *)
-	echo "depth.sh: MODEL '$MODEL': expected random, stories260K, mixtral or qwen3moe" >&2; exit 2 ;;
+	echo "depth.sh: MODEL '$MODEL': expected random, stories260K or a tiny family config" >&2; exit 2 ;;
 esac
 
 # the sequence and our prompts, one per position

@@ -726,6 +726,87 @@ static void test_quantized(void)
 	}
 }
 
+/* rope_scaling linear and yarn on a random model (llm-quantize --random):
+ * the engine's RoPE frequencies against Hugging Face's definitions written
+ * out here (_compute_linear_scaling_rope_parameters: f / factor;
+ * _compute_yarn_parameters: the correction range of beta_fast 32 and
+ * beta_slow 1 rotations at the original context, floored and ceiled, a
+ * linear ramp between f / factor and f), and the attention factor
+ * 0.1 ln(factor) + 1 (or attention_factor) on cos and sin, which the
+ * engine folds into the score divisor as its square. */
+static void test_rope_scaling(void)
+{
+	const char *bin = getenv("LLM_BIN");
+	char q[1200], cfg[1300], out[1300], cmd[4000];
+	snprintf(q, sizeof q, "%s/llm-quantize", bin && *bin ? bin : "bin");
+	if (access(q, X_OK)) {
+		check_skip("no llm-quantize built", "rope_scaling linear and yarn");
+		return;
+	}
+	static const char *scal[3] = {
+		"{\"rope_type\": \"linear\", \"factor\": 4.0}",
+		"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128}",
+		"{\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128, \"attention_factor\": 1.0}",
+	};
+	for (int k = 0; k < 3; k++) {
+		snprintf(cfg, sizeof cfg, "%s/rs%d.json", test_tmpdir(), k);
+		FILE *f = fopen(cfg, "w");
+		fprintf(f, "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+		        " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+		        " \"vocab_size\": 64, \"max_position_embeddings\": 512, \"rope_theta\": 10000.0,"
+		        " \"rope_scaling\": %s}", scal[k]);
+		fclose(f);
+		snprintf(out, sizeof out, "%s/rs%d", test_tmpdir(), k);
+		snprintf(cmd, sizeof cmd, "%s --random %s --dtype f32 --seed 5 %s 2>&1", q, cfg, out);
+		struct llm_model m;
+		if (!check(system(cmd) == 0 && llm_model_open(&m, out) == LLM_OK, "rope_scaling %d: a random model opens", k)) {
+			check_diag("%s", llm_errmsg());
+			continue;
+		}
+		int d = 32, bad = 0;
+		/* yarn's correction dims: d ln(128 / (2 pi r)) / (2 ln 10000), r = 32 and 1 */
+		double lo = floor(d * log(128 / (2 * M_PI * 32)) / (2 * log(10000.0)));
+		double hi = ceil(d * log(128 / (2 * M_PI * 1)) / (2 * log(10000.0)));
+		lo = lo < 0 ? 0 : lo;
+		hi = hi > d - 1 ? d - 1 : hi;
+		for (int j = 0; j < d / 2; j++) {
+			double f0 = 1.0 / pow(10000.0, 2.0 * j / d), want = f0 / 4;
+			if (k > 0) {
+				double ramp = (j - lo) / (hi - lo), ex = 1 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp);
+				want = f0 / 4 * (1 - ex) + f0 * ex;
+			}
+			bad += fabs(m.inv_freq[j] - want) > 1e-5 * want;
+		}
+		double af = k == 1 ? 0.1 * log(4.0) + 1 : 1.0;
+		double div = llm_config_attn_div(&m.cfg), wdiv = sqrt(32.0) / (af * af);
+		check(!bad && fabs(div - wdiv) < 1e-5 * wdiv, "rope_scaling %s: %d of 16 frequencies off, score divisor %.6f "
+		      "(want %.6f)", scal[k], bad, div, wdiv);
+		if (k == 1) {
+			/* a backend without a family op (as CUDA lacks them) refuses the
+			 * model before any compute, naming the op */
+			struct llm_backend *be;
+			if (llm_backend_open("cpu", NULL, &be) == LLM_OK) {
+				check(llm_model_check_backend(&m, be) == LLM_OK, "qwen2 with yarn: the cpu backend runs it");
+				struct llm_backend_ops ops = *be->ops;
+				const struct llm_backend_ops *real = be->ops;
+				ops.add_bias = NULL;
+				be->ops = &ops;
+				enum llm_status s = llm_model_check_backend(&m, be);
+				check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "add_bias"), "without add_bias: %s",
+				      llm_errmsg());
+				ops.add_bias = real->add_bias;
+				ops.attention_ex = NULL;
+				s = llm_model_check_backend(&m, be);
+				check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "attention_ex"), "without attention_ex: %s",
+				      llm_errmsg());
+				be->ops = real;
+				llm_backend_close(be);
+			}
+		}
+		llm_model_close(&m);
+	}
+}
+
 /* A random Llama 3 style model (llm-quantize --random): untied lm_head,
  * GQA, explicit head_dim, rope_scaling llama3. Checks the scaled RoPE
  * frequencies band by band (Hugging Face _compute_llama3_parameters) and
@@ -814,6 +895,92 @@ static void test_llama3_random(void)
 	}
 }
 
+/* A mixture of experts (llm-quantize --random of a small Qwen3-MoE config
+ * whose layer 1 is dense by mlp_only_layers): its MoE fields, each layer's
+ * weights (router and experts, or the dense MLP), --plan's expert bytes, a
+ * refusal of bad MoE fields naming them, and a backend other than the cpu
+ * refusing it at llm_model_check_backend in one line (the routing runs on
+ * the host). */
+static void test_moe(void)
+{
+	const char *bin = getenv("LLM_BIN");
+	char q[1200], cfg[1300], out[1300], cmd[4000];
+	snprintf(q, sizeof q, "%s/llm-quantize", bin && *bin ? bin : "bin");
+	if (access(q, X_OK)) {
+		check_skip("no llm-quantize built", "a random Qwen3-MoE model");
+		return;
+	}
+	static const char *base = "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+		" \"moe_intermediate_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 2,"
+		" \"num_key_value_heads\": 1, \"vocab_size\": 64, \"max_position_embeddings\": 128,"
+		" \"num_experts\": 6, \"num_experts_per_tok\": 2, %s}";
+	snprintf(cfg, sizeof cfg, "%s/moe.json", test_tmpdir());
+	FILE *f = fopen(cfg, "w");
+	fprintf(f, base, "\"mlp_only_layers\": [1]");
+	fclose(f);
+	snprintf(out, sizeof out, "%s/moe", test_tmpdir());
+	snprintf(cmd, sizeof cmd, "%s --random %s --dtype fp8 --seed 5 %s 2>&1", q, cfg, out);
+	struct llm_model m;
+	if (!check(system(cmd) == 0 && llm_model_open(&m, out) == LLM_OK, "a random Qwen3-MoE model opens")) {
+		check_diag("%s", llm_errmsg());
+		return;
+	}
+	const struct llm_moe_config *e = &m.cfg.moe;
+	check(e->n_expert == 6 && e->n_expert_used == 2 && e->d_ff_expert == 32 && !e->norm_topk &&
+	      llm_moe_layer(&m.cfg, 0) && !llm_moe_layer(&m.cfg, 1) && llm_moe_layer(&m.cfg, 2),
+	      "qwen3_moe: 6 experts, top 2 of 32 columns, norm_topk_prob false (the default), layer 1 dense");
+	int ok = 1;
+	for (int l = 0; l < 3; l++) {
+		const struct llm_layer *L = &m.layers[l];
+		if (l == 1) {
+			ok &= !L->moe.router.data && L->w_gate.rows == 96 && L->w_down.cols == 96;
+			continue;
+		}
+		ok &= L->moe.router.rows == 6 && L->moe.router.dtype != LLM_DTYPE_E4M3 && !L->w_gate.data;
+		for (int x = 0; x < 6; x++)
+			ok &= L->moe.expert[3 * x].rows == 32 && L->moe.expert[3 * x + 2].cols == 32 &&
+			      L->moe.expert[3 * x + 1].dtype == LLM_DTYPE_E4M3;
+	}
+	check(ok, "qwen3_moe: layers 0 and 2 hold a plain router and 6 FP8 experts of 32, layer 1 the dense MLP of 96");
+	/* 2 layers x 6 experts x 3 matrices of 32 x 64 codes, one scale each (a 128 x 128 block) */
+	check(m.expert_bytes == 2 * 6 * 3 * (32 * 64 + 4), "qwen3_moe: %zu expert bytes", m.expert_bytes);
+	struct llm_backend *be;
+	if (llm_backend_open("cpu", NULL, &be) == LLM_OK) {
+		check(llm_model_check_backend(&m, be) == LLM_OK, "qwen3_moe: the cpu backend runs it");
+		struct llm_backend_ops ops = *be->ops;
+		const struct llm_backend_ops *real = be->ops;
+		ops.name = "cuda";
+		be->ops = &ops;
+		enum llm_status s = llm_model_check_backend(&m, be);
+		check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "mixture-of-experts") && !strchr(llm_errmsg(), '\n'),
+		      "qwen3_moe: another backend refuses it in one line: %s", llm_errmsg());
+		be->ops = real;
+		llm_backend_close(be);
+	}
+	llm_model_close(&m);
+	/* bad MoE fields: one line naming the field */
+	static const char *bad[][2] = {
+		{ "\"num_experts_per_tok\": 7", "num_experts_per_tok" },
+		{ "\"norm_topk_prob\": 1", "norm_topk_prob" },
+		{ "\"mlp_only_layers\": [3]", "mlp_only_layers" },
+		{ "\"decoder_sparse_step\": 0", "decoder_sparse_step" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		char js[1024], fld[200];
+		snprintf(fld, sizeof fld, "%s", bad[i][0]);
+		if (!strncmp(fld, "\"num_experts_per_tok\"", 21))    /* replaces the base's own field */
+			snprintf(js, sizeof js, "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+			         " \"num_hidden_layers\": 3, \"num_attention_heads\": 2, \"vocab_size\": 64,"
+			         " \"num_experts\": 6, %s}", fld);
+		else
+			snprintf(js, sizeof js, base, fld);
+		struct llm_config c;
+		enum llm_status st = llm_config_parse(&c, js, strlen(js), "config.json");
+		check(st != LLM_OK && strstr(llm_errmsg(), bad[i][1]), "qwen3_moe with %s is refused naming it: %s",
+		      bad[i][0], llm_errmsg());
+	}
+}
+
 int main(void)
 {
 	const char *models = test_models_dir(), *ref = test_ref_dir();
@@ -862,5 +1029,7 @@ int main(void)
 	test_bf16();
 	test_quantized();
 	test_llama3_random();
+	test_rope_scaling();
+	test_moe();
 	return check_done();
 }

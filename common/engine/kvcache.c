@@ -290,8 +290,21 @@ enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b)
 			                i, b->pos[i], kv->max_ctx);
 		kv->next[s]++;
 	}
-	enum llm_status st = LLM_OK;
+	/* each sequence's first token of the step (at its length): no query
+	 * of this step or a later one reads a key before its window (positions
+	 * only grow from here; a truncation back is refused above), so those
+	 * blocks go back, before the step's new ones are taken: a sequence
+	 * holds at most its window, the step's tokens and two partly used blocks */
 	int i;
+	for (i = 0; kv->window && i < b->n_tok; i++) {
+		struct llm_kv_seq *q = &kv->seq[b->seq[i]];
+		if (q->len == b->pos[i])
+			for (int32_t k = window_block(kv, b->pos[i]) - 1; k >= 0 && q->blk[k] >= 0; k--) {
+				block_unref(kv, q->blk[k]);
+				q->blk[k] = -1;
+			}
+	}
+	enum llm_status st = LLM_OK;
 	for (i = 0; i < b->n_tok; i++) {
 		int s = b->seq[i];
 		if (kv->mark[s] != stamp)
@@ -304,17 +317,6 @@ enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b)
 		for (int j = 0; j < i; j++)
 			llm_kv_seq_truncate(kv, b->seq[j], kv->seq[b->seq[j]].len);
 		return st;
-	}
-	/* each sequence's first token of the step (at its length): no query
-	 * of this step or a later one reads a key before its window (positions
-	 * only grow from here), so those blocks go back */
-	for (i = 0; kv->window && i < b->n_tok; i++) {
-		struct llm_kv_seq *q = &kv->seq[b->seq[i]];
-		if (q->len == b->pos[i])
-			for (int32_t k = window_block(kv, b->pos[i]) - 1; k >= 0 && q->blk[k] >= 0; k--) {
-				block_unref(kv, q->blk[k]);
-				q->blk[k] = -1;
-			}
 	}
 	for (i = 0; i < b->n_tok; i++)
 		if (kv->seq[b->seq[i]].len < b->pos[i] + 1)

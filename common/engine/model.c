@@ -10,7 +10,17 @@
  * logits = lm_head(rmsnorm(x)) for the rows that ask for them. The
  * last layer stores K and V of every row, and computes its attention
  * output and MLP only for those rows (the same bits: every op is row-wise).
- * q and k are in Hugging Face layout: RoPE pairs (j, j + d_head/2). */
+ * q and k are in Hugging Face layout: RoPE pairs (j, j + d_head/2).
+ *
+ * The other families (family.h) change that forward where their traits
+ * say, in this one function, not in a copy (Hugging Face Qwen2, Qwen3,
+ * Mistral, Gemma2 ForCausalLM): q/k/v biases after the projections
+ * (qkv_bias); q and k RMS-normed per head before RoPE (qk_norm); the
+ * embedding times sqrt(d_model) (embed_scale); attention through
+ * attention_ex with the family's divisor, softcap and the layer's window;
+ * the attention and MLP outputs normed before their residual adds
+ * (sandwich); GeGLU for SwiGLU (act); logits softcapped (final_softcap);
+ * (1 + w) norm weights added once at load (norm_plus_one). */
 #define _GNU_SOURCE
 #include "model.h"
 #include "lora.h"

@@ -283,9 +283,15 @@ void llm_sched_close(struct llm_sched *s)
 
 /* ---- requests ---------------------------------------------------------- */
 
+/* Blocks a sequence of N_POS positions holds at once: one per block_size
+ * positions, or under a sliding window (kvcache.h) at most the window, a
+ * step's tokens and two partly used blocks */
 static int64_t blocks_for(const struct llm_sched *s, int64_t n_pos)
 {
-	return (n_pos + s->kv->block_size - 1) / s->kv->block_size;
+	int64_t bs = s->kv->block_size, most = (int64_t)s->kv->window + s->o.max_batch_tokens + 2 * bs;
+	if (s->kv->window && n_pos > most)
+		n_pos = most;
+	return (n_pos + bs - 1) / bs;
 }
 
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
@@ -514,7 +520,7 @@ static int parent_ready(struct llm_sched *s, struct sreq *r)
 static enum llm_status attach_seq(struct llm_sched *s, struct sreq *r)
 {
 	struct sreq *par = r->n_shared > 0 ? find(s, r->parent) : NULL;
-	if (par && !llm_kv_can_fork(s->kv, par->seq, r->n_shared))
+	if (par && par->seq >= 0 && !llm_kv_can_fork(s->kv, par->seq, r->n_shared))
 		drop_parent(s, r);              /* the window released what it shares: compute it */
 	if (r->n_shared > 0) {
 		struct sreq *p = find(s, r->parent);

@@ -331,7 +331,7 @@ check_fails "qwen3_moe: mlp_only_layers naming a layer past the model is refused
 grep -q "mlp_only_layers" "$T/err" && ok "the line names mlp_only_layers" || notok "the line names mlp_only_layers: $(cat "$T/err")"
 
 # ---- against llama.cpp ----------------------------------------------------
-# bench/depth.sh MODEL=mixtral and qwen3moe: llama.cpp (the prebuilt library
+# bench/depth.sh MODEL=tiny-mixtral and tiny-qwen3moe: llama.cpp (the prebuilt library
 # of npm's node-llama-cpp, when bench/engine.sh has put it on this machine;
 # nothing is downloaded here) on the GGUF of the same random numbers, F32
 # weights and KV cache, at every position 0..127; a tolerance of 1e-9 must fail
@@ -346,7 +346,7 @@ for f in mixtral qwen3moe; do
 		skip "$f: llama.cpp and llm-generate agree at positions 0..127 (bench/depth.sh)" "$why"
 		continue
 	fi
-	MODEL=$f POSITIONS="$(seq 0 127 | tr '\n' ' ')" LLAMA_LIB=$LIB NPM_DIR=$NPM_DIR LLM_BIN=$LLM_BIN \
+	MODEL=tiny-$f POSITIONS="$(seq 0 127 | tr '\n' ' ')" LLAMA_LIB=$LIB NPM_DIR=$NPM_DIR LLM_BIN=$LLM_BIN \
 		bench/depth.sh "$T/depth" >"$T/depth.out" 2>&1; rc=$?
 	check "$f: llama.cpp and llm-generate agree at positions 0..127 (bench/depth.sh, exit $rc)" $PY - "$T/depth.out" "$rc" <<'PY'
 import sys
@@ -358,7 +358,7 @@ print("#   worst top-10 |logprob - llama.cpp| %.2e" % max(float(r[5]) for r in r
 PY
 done
 if [ -z "$why" ]; then
-	TOL=1e-9 MODEL=mixtral POSITIONS="0 64 127" LLAMA_LIB=$LIB NPM_DIR=$NPM_DIR LLM_BIN=$LLM_BIN \
+	TOL=1e-9 MODEL=tiny-mixtral POSITIONS="0 64 127" LLAMA_LIB=$LIB NPM_DIR=$NPM_DIR LLM_BIN=$LLM_BIN \
 		bench/depth.sh "$T/depth" >"$T/depth.out" 2>&1; rc=$?
 	check "mixtral: bench/depth.sh at a tolerance of 1e-9 fails with exit 3 (exit $rc)" [ "$rc" = 3 ]
 fi

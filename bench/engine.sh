@@ -41,7 +41,8 @@
 # bench/cpu_bandwidth.c measures the read bandwidth; the roofline of a
 # decode step is (weight bytes read + KV bytes read) / bandwidth, with
 # weight bytes = every tensor but the embedding table (one row of it is
-# read; a tied lm_head reads all of it) and KV bytes = 2 * n_layer *
+# read; a tied lm_head reads all of it; of a mixture of experts' experts,
+# num_experts_per_tok of every num_experts) and KV bytes = 2 * n_layer *
 # n_kv_head * d_head * depth * bytes per element.
 # Writes bench/results/engine-<machine>-<date>.json and .txt (the table).
 set -euo pipefail
@@ -203,8 +204,11 @@ for r in rows:
 		bw.setdefault(r["threads"], []).append(r["best_gb_s"])
 bw = {t: med(v) for t, v in bw.items()}
 def st_bytes(dirp):
-	"""weight bytes a decode step reads, and the model's shape"""
+	"""weight bytes a decode step reads, and the model's shape (a mixture of
+	experts: a token reads num_experts_per_tok of each layer's experts)"""
 	tot = emb = 0; lm_head = False
+	cfg = json.load(open(os.path.join(dirp, "config.json")))
+	ne = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
 	for fn in sorted(os.listdir(dirp)):
 		if not fn.endswith(".safetensors"): continue
 		with open(os.path.join(dirp, fn), "rb") as f:
@@ -212,10 +216,10 @@ def st_bytes(dirp):
 		for k, v in h.items():
 			if k == "__metadata__": continue
 			b = v["data_offsets"][1] - v["data_offsets"][0]
+			if ne and ".experts." in k: b = b * cfg["num_experts_per_tok"] / ne
 			tot += b
 			if "embed_tokens" in k: emb += b
 			if "lm_head" in k: lm_head = True
-	cfg = json.load(open(os.path.join(dirp, "config.json")))
 	return tot - emb + (0 if lm_head else emb), emb, cfg
 speed = {}
 for r in rows:

@@ -895,6 +895,92 @@ static void test_llama3_random(void)
 	}
 }
 
+/* A mixture of experts (llm-quantize --random of a small Qwen3-MoE config
+ * whose layer 1 is dense by mlp_only_layers): its MoE fields, each layer's
+ * weights (router and experts, or the dense MLP), --plan's expert bytes, a
+ * refusal of bad MoE fields naming them, and a backend other than the cpu
+ * refusing it at llm_model_check_backend in one line (the routing runs on
+ * the host). */
+static void test_moe(void)
+{
+	const char *bin = getenv("LLM_BIN");
+	char q[1200], cfg[1300], out[1300], cmd[4000];
+	snprintf(q, sizeof q, "%s/llm-quantize", bin && *bin ? bin : "bin");
+	if (access(q, X_OK)) {
+		check_skip("no llm-quantize built", "a random Qwen3-MoE model");
+		return;
+	}
+	static const char *base = "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+		" \"moe_intermediate_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 2,"
+		" \"num_key_value_heads\": 1, \"vocab_size\": 64, \"max_position_embeddings\": 128,"
+		" \"num_experts\": 6, \"num_experts_per_tok\": 2, %s}";
+	snprintf(cfg, sizeof cfg, "%s/moe.json", test_tmpdir());
+	FILE *f = fopen(cfg, "w");
+	fprintf(f, base, "\"mlp_only_layers\": [1]");
+	fclose(f);
+	snprintf(out, sizeof out, "%s/moe", test_tmpdir());
+	snprintf(cmd, sizeof cmd, "%s --random %s --dtype fp8 --seed 5 %s 2>&1", q, cfg, out);
+	struct llm_model m;
+	if (!check(system(cmd) == 0 && llm_model_open(&m, out) == LLM_OK, "a random Qwen3-MoE model opens")) {
+		check_diag("%s", llm_errmsg());
+		return;
+	}
+	const struct llm_moe_config *e = &m.cfg.moe;
+	check(e->n_expert == 6 && e->n_expert_used == 2 && e->d_ff_expert == 32 && !e->norm_topk &&
+	      llm_moe_layer(&m.cfg, 0) && !llm_moe_layer(&m.cfg, 1) && llm_moe_layer(&m.cfg, 2),
+	      "qwen3_moe: 6 experts, top 2 of 32 columns, norm_topk_prob false (the default), layer 1 dense");
+	int ok = 1;
+	for (int l = 0; l < 3; l++) {
+		const struct llm_layer *L = &m.layers[l];
+		if (l == 1) {
+			ok &= !L->moe.router.data && L->w_gate.rows == 96 && L->w_down.cols == 96;
+			continue;
+		}
+		ok &= L->moe.router.rows == 6 && L->moe.router.dtype != LLM_DTYPE_E4M3 && !L->w_gate.data;
+		for (int x = 0; x < 6; x++)
+			ok &= L->moe.expert[3 * x].rows == 32 && L->moe.expert[3 * x + 2].cols == 32 &&
+			      L->moe.expert[3 * x + 1].dtype == LLM_DTYPE_E4M3;
+	}
+	check(ok, "qwen3_moe: layers 0 and 2 hold a plain router and 6 FP8 experts of 32, layer 1 the dense MLP of 96");
+	/* 2 layers x 6 experts x 3 matrices of 32 x 64 codes, one scale each (a 128 x 128 block) */
+	check(m.expert_bytes == 2 * 6 * 3 * (32 * 64 + 4), "qwen3_moe: %zu expert bytes", m.expert_bytes);
+	struct llm_backend *be;
+	if (llm_backend_open("cpu", NULL, &be) == LLM_OK) {
+		check(llm_model_check_backend(&m, be) == LLM_OK, "qwen3_moe: the cpu backend runs it");
+		struct llm_backend_ops ops = *be->ops;
+		const struct llm_backend_ops *real = be->ops;
+		ops.name = "cuda";
+		be->ops = &ops;
+		enum llm_status s = llm_model_check_backend(&m, be);
+		check(s == LLM_ERR_UNSUPPORTED && strstr(llm_errmsg(), "mixture-of-experts") && !strchr(llm_errmsg(), '\n'),
+		      "qwen3_moe: another backend refuses it in one line: %s", llm_errmsg());
+		be->ops = real;
+		llm_backend_close(be);
+	}
+	llm_model_close(&m);
+	/* bad MoE fields: one line naming the field */
+	static const char *bad[][2] = {
+		{ "\"num_experts_per_tok\": 7", "num_experts_per_tok" },
+		{ "\"norm_topk_prob\": 1", "norm_topk_prob" },
+		{ "\"mlp_only_layers\": [3]", "mlp_only_layers" },
+		{ "\"decoder_sparse_step\": 0", "decoder_sparse_step" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		char js[1024], fld[200];
+		snprintf(fld, sizeof fld, "%s", bad[i][0]);
+		if (!strncmp(fld, "\"num_experts_per_tok\"", 21))    /* replaces the base's own field */
+			snprintf(js, sizeof js, "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+			         " \"num_hidden_layers\": 3, \"num_attention_heads\": 2, \"vocab_size\": 64,"
+			         " \"num_experts\": 6, %s}", fld);
+		else
+			snprintf(js, sizeof js, base, fld);
+		struct llm_config c;
+		enum llm_status st = llm_config_parse(&c, js, strlen(js), "config.json");
+		check(st != LLM_OK && strstr(llm_errmsg(), bad[i][1]), "qwen3_moe with %s is refused naming it: %s",
+		      bad[i][0], llm_errmsg());
+	}
+}
+
 int main(void)
 {
 	const char *models = test_models_dir(), *ref = test_ref_dir();
@@ -944,5 +1030,6 @@ int main(void)
 	test_quantized();
 	test_llama3_random();
 	test_rope_scaling();
+	test_moe();
 	return check_done();
 }

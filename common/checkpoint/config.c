@@ -1,5 +1,6 @@
 /* common/checkpoint/config.c: parse and check a config.json (Hugging Face
- * LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config fields)
+ * LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Gemma2Config,
+ * MixtralConfig, Qwen3MoeConfig fields)
  * into struct llm_config, its family's traits from family.c. Anything the
  * engine does not support is refused here, with the field named (config.h). */
 #include "config.h"
@@ -44,6 +45,51 @@ static enum llm_status get_float(json_t *root, const char *path, const char *key
 	if (!(d >= min && d <= max))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: %s: %g is outside [%g, %g]", path, key, d, min, max);
 	*out = (float)d;
+	return LLM_OK;
+}
+
+/* The mixture-of-experts fields of a family with the moe trait (config.h,
+ * struct llm_moe_config); nothing for a dense family. */
+static enum llm_status moe_check(struct llm_config *c, json_t *root, const char *path)
+{
+	struct llm_moe_config *e = &c->moe;
+	int qwen = c->fam->moe == LLM_MOE_TOPK_CONFIG;
+	if (c->fam->moe == LLM_MOE_NONE)
+		return LLM_OK;
+	e->names = qwen ? LLM_MOE_NAMES_QWEN3 : LLM_MOE_NAMES_MIXTRAL;
+	/* absent fields take the defaults of MixtralConfig / Qwen3MoeConfig */
+	LLM_TRY(get_int(root, path, qwen ? "num_experts" : "num_local_experts", 0, 1, 1 << 16, qwen ? 128 : 8,
+	                &e->n_expert));
+	LLM_TRY(get_int(root, path, "num_experts_per_tok", 0, 1, 1 << 16, qwen ? 8 : 2, &e->n_expert_used));
+	if (e->n_expert_used > e->n_expert)
+		return llm_fail(LLM_ERR_FORMAT, "%s: num_experts_per_tok: %d is more than the %d experts",
+		                path, e->n_expert_used, e->n_expert);
+	e->norm_topk = 1;
+	e->d_ff_expert = c->d_ff;
+	if (!qwen)
+		return LLM_OK;
+	LLM_TRY(get_int(root, path, "moe_intermediate_size", 0, 1, 1 << 22, 768, &e->d_ff_expert));
+	json_t *v = json_object_get(root, "norm_topk_prob");
+	if (v && !json_is_null(v) && !json_is_boolean(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: norm_topk_prob: not a boolean", path);
+	e->norm_topk = json_is_true(v);       /* Qwen3MoeConfig's default: false */
+	int step;
+	LLM_TRY(get_int(root, path, "decoder_sparse_step", 0, 1, LLM_MAX_LAYERS, 1, &step));
+	for (int l = 0; l < c->n_layer; l++)
+		if ((l + 1) % step)
+			e->dense[l / 8] |= (unsigned char)(1u << (l % 8));
+	v = json_object_get(root, "mlp_only_layers");
+	if (v && !json_is_null(v) && !json_is_array(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: mlp_only_layers: not an array", path);
+	size_t i;
+	json_t *x;
+	json_array_foreach(v, i, x) {
+		if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->n_layer)
+			return llm_fail(LLM_ERR_FORMAT, "%s: mlp_only_layers[%zu]: not a layer index below %d",
+			                path, i, c->n_layer);
+		int l = (int)json_integer_value(x);
+		e->dense[l / 8] |= (unsigned char)(1u << (l % 8));
+	}
 	return LLM_OK;
 }
 
@@ -224,6 +270,7 @@ static enum llm_status config_check(struct llm_config *c, json_t *root, const ch
 		                f->model_type);
 	}
 	LLM_TRY(config_rope(c, json_object_get(root, "rope_scaling"), path));
+	LLM_TRY(moe_check(c, root, path));
 	c->bos_id = -1;
 	v = json_object_get(root, "bos_token_id");
 	if (json_is_integer(v))

@@ -10,7 +10,8 @@
  * family's, grouped-query attention (num_key_value_heads dividing
  * num_attention_heads), any head_dim, tied or untied embeddings,
  * rope_scaling null or of a type the family allows (default, linear,
- * llama3, yarn). */
+ * llama3, yarn). A mixture of experts (mixtral, qwen3_moe): struct
+ * llm_moe_config. */
 #ifndef LLM_CONFIG_H
 #define LLM_CONFIG_H
 
@@ -20,6 +21,29 @@
 #include "family.h"
 
 #define LLM_MAX_EOS 8
+#define LLM_MAX_LAYERS 4096
+
+/* A mixture-of-experts FFN (n_expert 0: every layer is dense), of a family
+ * whose moe trait is set (family.h). Mixtral: every layer routes each token
+ * to num_experts_per_tok of num_local_experts experts of intermediate_size,
+ * the top-k router weights renormalised to sum to 1 (the softmax over the
+ * top-k logits). Qwen3-MoE: num_experts experts of moe_intermediate_size,
+ * renormalised when norm_topk_prob is true; layer l is dense (the
+ * intermediate_size MLP) when it is in mlp_only_layers or (l + 1) is not a
+ * multiple of decoder_sparse_step. router_aux_loss_coef, router_jitter_noise
+ * and output_router_logits only matter to training and are ignored. */
+enum llm_moe_names {
+	LLM_MOE_NAMES_MIXTRAL,      /* block_sparse_moe.gate, .experts.E.w1 (gate) / w3 (up) / w2 (down) */
+	LLM_MOE_NAMES_QWEN3,        /* mlp.gate, mlp.experts.E.gate_proj / up_proj / down_proj */
+};
+struct llm_moe_config {
+	int n_expert;               /* num_local_experts / num_experts */
+	int n_expert_used;          /* num_experts_per_tok: the top k */
+	int d_ff_expert;            /* an expert's FFN width: moe_intermediate_size, else intermediate_size */
+	int norm_topk;              /* 1: the top-k weights divided by their sum (Mixtral always) */
+	enum llm_moe_names names;
+	unsigned char dense[LLM_MAX_LAYERS / 8];   /* bit l: layer l has the dense FFN (d_ff) */
+};
 
 struct llm_config {
 	int n_layer, n_head, n_kv_head;
@@ -44,7 +68,14 @@ struct llm_config {
 	int32_t bos_id;             /* -1: none */
 	int n_eos;
 	int32_t eos_id[LLM_MAX_EOS];
+	struct llm_moe_config moe;
 };
+
+/* Whether layer L's FFN is a mixture of experts. */
+static inline int llm_moe_layer(const struct llm_config *c, int l)
+{
+	return c->moe.n_expert > 0 && !(c->moe.dense[l / 8] >> (l % 8) & 1);
+}
 
 /* Parse and check config.json (JSON of LEN bytes; PATH names it in errors). */
 enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t len, const char *path);

@@ -1,8 +1,7 @@
 /* common/checkpoint/family.c: the table of model families (family.h says
  * what each column means). One row a family; the forward pass (model.c)
  * reads these traits, so adding a dense family that only recombines them is
- * a row here. The mixture-of-experts rows are placeholders: marked
- * unsupported until the engine runs their MLP. */
+ * a row here. The mixture-of-experts rows run their MLP in moe.c (moe.h). */
 #include "family.h"
 
 #include <stdio.h>
@@ -21,11 +20,11 @@ static const struct llm_family families[] = {
 	{ "gemma2",    "Gemma2ForCausalLM",   LLM_ACT_GELU_TANH,  .norm_plus_one = 1, .embed_scale = 1,
 	               .attn_softcap = 1, .final_softcap = 1, .window = LLM_WINDOW_EVEN, .query_scalar = 1,
 	               .sandwich = 1, .rope = LLM_ROPE_DEFAULT | LLM_ROPE_LINEAR, .supported = 1 },
-	/* mixtures of experts: not run yet */
+	/* mixtures of experts (moe.h) */
 	{ "mixtral",   "MixtralForCausalLM",  LLM_ACT_SILU,       .window = LLM_WINDOW_ALL, .rope = ROPE_ALL,
-	               .moe = LLM_MOE_TOPK_RENORM },
+	               .moe = LLM_MOE_TOPK_RENORM, .supported = 1 },
 	{ "qwen3_moe", "Qwen3MoeForCausalLM", LLM_ACT_SILU,       .qk_norm = 1, .rope = ROPE_ALL,
-	               .moe = LLM_MOE_TOPK_CONFIG },
+	               .moe = LLM_MOE_TOPK_CONFIG, .supported = 1 },
 };
 
 #define N_FAMILIES ((int)(sizeof families / sizeof *families))

@@ -72,7 +72,7 @@ enum llm_status llm_part_balance(const int64_t *cost, int n_layer, int64_t first
 
 /* ---- planning ---------------------------------------------------------- */
 
-enum kind { K_OTHER, K_LAYER, K_EMBED, K_HEAD, K_FNORM, K_Q, K_KV, K_O, K_FF, K_DOWN, K_SCALE };
+enum kind { K_OTHER, K_LAYER, K_EMBED, K_HEAD, K_FNORM, K_Q, K_KV, K_O, K_FF, K_DOWN, K_EFF, K_EDOWN, K_SCALE };
 
 struct cls {
 	enum kind k;
@@ -124,6 +124,28 @@ static long find_whole(const struct plan *pl, const char *name)
 	return -1;
 }
 
+/* An expert's weight (after "model.layers.N."): gate and up split by rows,
+ * down by columns, as the dense FFN's; the router ("...gate.weight")
+ * stays whole on every rank. */
+static void expert(const char *n, struct cls *c)
+{
+	static const struct { const char *suf; enum kind k; int dim; } ex[] = {
+		{ "w1.weight", K_EFF, 0 }, { "w3.weight", K_EFF, 0 }, { "w2.weight", K_EDOWN, 1 },
+		{ "gate_proj.weight", K_EFF, 0 }, { "up_proj.weight", K_EFF, 0 }, { "down_proj.weight", K_EDOWN, 1 },
+	};
+	const char *p = !strncmp(n, "block_sparse_moe.experts.", 25) ? n + 25 :
+	                !strncmp(n, "mlp.experts.", 12) ? n + 12 : NULL;
+	if (!p || *p < '0' || *p > '9')
+		return;
+	while (*p >= '0' && *p <= '9')
+		p++;
+	for (size_t m = 0; *p == '.' && m < sizeof ex / sizeof *ex; m++)
+		if (!strcmp(p + 1, ex[m].suf)) {
+			c->k = ex[m].k;
+			c->dim = ex[m].dim;
+		}
+}
+
 static void classify(struct plan *pl, size_t i)
 {
 	const char *n = pl->w[i]->name;
@@ -149,6 +171,7 @@ static void classify(struct plan *pl, size_t i)
 					c->k = mods[m].k;
 					c->dim = mods[m].dim;
 				}
+			expert(e + 1, c);
 		}
 	} else if (!strcmp(n, "model.embed_tokens.weight")) {
 		c->k = K_EMBED, c->dim = 0;
@@ -211,6 +234,9 @@ static struct llm_slice tp_slice(const struct plan *pl, size_t i, int t)
 	case K_FF: case K_DOWN:
 		s.start = (int64_t)t * (g->d_ff / T), s.len = g->d_ff / T;
 		break;
+	case K_EFF: case K_EDOWN:
+		s.start = (int64_t)t * (g->moe.d_ff_expert / T), s.len = g->moe.d_ff_expert / T;
+		break;
 	default:
 		llm_part_range(s.full, T, t, &s.start, &s.len);
 	}
@@ -248,7 +274,7 @@ static enum llm_status check_tp(struct plan *pl)
 {
 	int T = pl->o->tp;
 	const struct llm_config *g = &pl->cfg;
-	static const enum kind order[] = { K_Q, K_O, K_KV, K_FF, K_DOWN, K_EMBED, K_HEAD };
+	static const enum kind order[] = { K_Q, K_O, K_KV, K_FF, K_DOWN, K_EFF, K_EDOWN, K_EMBED, K_HEAD };
 	for (size_t i = 0; i < pl->n_w; i++)
 		if (pl->c[i].layer >= g->n_layer)
 			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': layer %d, but config.json has %d layers",
@@ -263,22 +289,26 @@ static enum llm_status check_tp(struct plan *pl)
 		const struct llm_tensor *w = pl->w[i];
 		if (c->dim < 0 || c->k == K_SCALE)
 			continue;
+		int ex = c->k == K_EFF || c->k == K_EDOWN;
 		int64_t want = c->k == K_Q || c->k == K_O ? (int64_t)g->n_head * g->d_head :
 		               c->k == K_KV ? (int64_t)g->n_kv_head * g->d_head :
-		               c->k == K_FF || c->k == K_DOWN ? g->d_ff : g->n_vocab;
+		               c->k == K_FF || c->k == K_DOWN ? g->d_ff : ex ? g->moe.d_ff_expert : g->n_vocab;
 		if (w->shape[c->dim] != want)
 			return llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': %lld along dimension %d, config.json implies %lld",
 			                pl->ck.path, w->name, (long long)w->shape[c->dim], c->dim, (long long)want);
 		if (T == 1)
 			continue;
 		int64_t n = c->k == K_Q || c->k == K_O ? g->n_head : c->k == K_KV ? g->n_kv_head :
-		            c->k == K_FF || c->k == K_DOWN ? g->d_ff : g->n_vocab;
+		            c->k == K_FF || c->k == K_DOWN ? g->d_ff : ex ? g->moe.d_ff_expert : g->n_vocab;
 		if ((c->k == K_Q || c->k == K_O) && n % T)
 			return llm_fail(LLM_ERR_USAGE, "tensor '%s': %lld attention heads do not split evenly over --tp %d",
 			                w->name, (long long)n, T);
 		if ((c->k == K_FF || c->k == K_DOWN) && n % T)
 			return llm_fail(LLM_ERR_USAGE, "tensor '%s': intermediate_size %lld does not split evenly over --tp %d",
 			                w->name, (long long)n, T);
+		if (ex && n % T)
+			return llm_fail(LLM_ERR_USAGE, "tensor '%s': the experts' intermediate size %lld does not split "
+			                "evenly over --tp %d", w->name, (long long)n, T);
 		if (c->k == K_KV && (T <= n ? n % T : T % n))
 			return llm_fail(LLM_ERR_USAGE, "tensor '%s': %lld key-value heads cannot be shared by --tp %d ranks "
 			                "(T must divide them or be a multiple of them)", w->name, (long long)n, T);

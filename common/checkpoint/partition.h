@@ -29,12 +29,17 @@
  *   o_proj        cols  the columns of its query heads (row-parallel)
  *   gate, up      rows  [t*F/T, (t+1)*F/T)
  *   down_proj     cols  [t*F/T, (t+1)*F/T)            (row-parallel)
+ *   experts       each expert's gate and up (Mixtral w1, w3) rows, its down (w2)
+ *                 cols, [t*E/T, (t+1)*E/T) for E = the experts' d_ff_expert; the
+ *                 router (mlp.gate / block_sparse_moe.gate) whole (replicated),
+ *                 so every rank routes alike and the expert sum is a partial
+ *                 sum, all-reduced as down_proj's (moe.h)
  *   embed_tokens, lm_head rows [v0(t), v0(t+1)), v0(t) = floor(t*V/T)
  *   norms         whole (replicated)
  *   FP8 "<w>_scale_inv"/"<w>_scale": the scale blocks of its slice (block
  *                 rows or columns); replicated when the weight has a single
  *                 block along the split dimension.
- *   Requirements (refused otherwise): T | H; T | K or K | T; T | F; each
+ *   Requirements (refused otherwise): T | H; T | K or K | T; T | F; T | E; each
  *   shard boundary on an FP8 block boundary of its weight; P <= n_layer.
  *
  * Forward on rank (p, t), activations x (n_tok, d_model) f32, replicated on

@@ -497,7 +497,7 @@ static enum llm_status select_init(struct select *sel, const struct llm_quant_op
 	sel->n_re = 1;
 	LLM_TRY(compile_re(&sel->vocab, LLM_QUANT_VOCAB_INCLUDE, "vocabulary"));
 	sel->n_re = 2;
-	LLM_TRY(compile_re(&sel->peer, LLM_QUANT_DEFAULT_INCLUDE "|^lm_head\\.weight$", "peer"));
+	LLM_TRY(compile_re(&sel->peer, LLM_QUANT_DEFAULT_INCLUDE "|^lm_head\\.weight$|" LLM_QUANT_ROUTER, "peer"));
 	sel->n_re = 3;
 	if (o->exclude) {
 		LLM_TRY(compile_re(&sel->exc, o->exclude, "--exclude"));
@@ -817,7 +817,8 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 		goto out;
 	const struct llm_family *fam = lc.fam;
 	int tied = lc.tied;
-	size_t nt = 3 + 16 * (size_t)nl;
+	int64_t ne = lc.moe.n_expert, ffe = lc.moe.d_ff_expert;
+	size_t nt = 3 + (16 + 1 + 3 * (size_t)ne) * (size_t)nl;
 	descs = calloc(nt + 1, sizeof *descs);     /* NULL name ends the list */
 	j.items = calloc(2 * nt, sizeof *j.items);
 	if (!descs || !j.items) {
@@ -838,7 +839,8 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 		int64_t cols[7] = { d, d, d, nh * dh, d, d, ff };
 		snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)l);
 		DESC(name, d, 0);
-		for (int i = 0; i < 7; i++) {
+		int moe = llm_moe_layer(&lc, (int)l);
+		for (int i = 0; i < (moe ? 4 : 7); i++) {
 			snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, lin[i]);
 			DESC(name, rows[i], cols[i]);
 			if (i < 3 && fam->qkv_bias) {
@@ -862,6 +864,22 @@ enum llm_status llm_quantize_random(const char *config, const char *out, const s
 			if (i == 6 && fam->sandwich) {
 				snprintf(name, sizeof name, "model.layers.%lld.post_feedforward_layernorm.weight", (long long)l);
 				DESC(name, d, 0);
+			}
+		}
+		/* a mixture-of-experts layer: the router, then each expert's gate, up, down */
+		static const char *proj[2][3] = { { "w1", "w3", "w2" }, { "gate_proj", "up_proj", "down_proj" } };
+		int qwen = lc.moe.names == LLM_MOE_NAMES_QWEN3;
+		const char *blk = qwen ? "mlp" : "block_sparse_moe";
+		for (int64_t e = -1; moe && e < ne; e++) {
+			if (e < 0) {
+				snprintf(name, sizeof name, "model.layers.%lld.%s.gate.weight", (long long)l, blk);
+				DESC(name, ne, d);
+				continue;
+			}
+			for (int i = 0; i < 3; i++) {
+				snprintf(name, sizeof name, "model.layers.%lld.%s.experts.%lld.%s.weight", (long long)l, blk,
+				         (long long)e, proj[qwen][i]);
+				DESC(name, i == 2 ? d : ffe, i == 2 ? ffe : d);
 			}
 		}
 	}

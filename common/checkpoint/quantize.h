@@ -31,11 +31,18 @@ struct llm_quant_opts {
 };
 
 /* The default set of quantized tensors: the linear weights of the decoder
- * layers (q, k, v, o, gate, up, down), what transformers' and vLLM's fp8
- * loaders quantize; the embedding and lm_head stay in their dtype and are
- * named in quantization_config.modules_to_not_convert (lm_head). */
+ * layers (q, k, v, o, gate, up, down, and each expert's gate, up and down:
+ * Qwen3-MoE's mlp.experts.E.*_proj, Mixtral's block_sparse_moe.experts.E.w1,
+ * w3, w2), what transformers' and vLLM's fp8 loaders quantize; the
+ * embedding, lm_head and the experts' routers stay in their dtype, lm_head
+ * and the routers named in quantization_config.modules_to_not_convert. */
 #define LLM_QUANT_DEFAULT_INCLUDE \
-	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(gate|up|down)_proj)\\.weight$"
+	"^model\\.layers\\.[0-9]+\\.(self_attn\\.(q|k|v|o)_proj|mlp\\.(experts\\.[0-9]+\\.)?(gate|up|down)_proj|" \
+	"block_sparse_moe\\.experts\\.[0-9]+\\.w[123])\\.weight$"
+/* The routers of mixture-of-experts layers (Qwen3-MoE's mlp.gate, Mixtral's
+ * block_sparse_moe.gate): linears the peers' fp8 loaders keep plain
+ * (vLLM builds them unquantized: they pick the experts). */
+#define LLM_QUANT_ROUTER "^model\\.layers\\.[0-9]+\\.(mlp|block_sparse_moe)\\.gate\\.weight$"
 /* What fp8_vocab (llm-quantize --fp8-vocab) adds, with one scale per row:
  * a file that only llm-tools load, marked so in quantization_config
  * ("llm_tools_fp8_vocab": the modules in FP8 that the peers keep plain). */

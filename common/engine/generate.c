@@ -120,6 +120,9 @@ void llm_mem_plan(const struct llm_model *m, const struct llm_engine_opts *in, s
 	struct llm_kv_opts k = kv_opts(m, &o, n_ctx);
 	memset(p, 0, sizeof *p);
 	p->weight_bytes = m->weight_bytes;
+	p->n_expert = m->cfg.moe.n_expert;
+	p->n_expert_used = m->cfg.moe.n_expert_used;
+	p->expert_bytes = m->expert_bytes;
 	/* the head quantized at load: its codes and scales, in place of a plain
 	 * head of its own (a tied one stays, as the embedding) */
 	const char *be = !strcmp(o.backend, "auto") ? (llm_backend_cuda_devices() > 0 ? "cuda" : "cpu") : o.backend;

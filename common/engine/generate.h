@@ -96,6 +96,9 @@ struct llm_engine_opts {
  * pages, the same bytes). */
 struct llm_mem_plan {
 	size_t weight_bytes;        /* every weight and scale of the checkpoint in use */
+	int n_expert, n_expert_used;   /* a mixture of experts: experts a layer, chosen a token (else 0) */
+	size_t expert_bytes;        /* of weight_bytes, the experts' (a token reads n_expert_used of
+	                               n_expert of them; the routers are not counted here) */
 	size_t kv_bytes_per_token;  /* K+V of one position, all layers */
 	int64_t kv_blocks;
 	int kv_block_size;

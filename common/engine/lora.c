@@ -61,6 +61,9 @@ static enum llm_status layout(struct llm_lora *lo, const struct llm_config *c, i
                               float dropout, unsigned targets)
 {
 	memset(lo, 0, sizeof *lo);
+	if (c->moe.n_expert)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "LoRA on a mixture of experts (%s, %d experts) is not supported",
+		                c->fam ? c->fam->model_type : "?", c->moe.n_expert);
 	if (rank < 1 || rank > LORA_MAX_RANK)
 		return llm_fail(LLM_ERR_USAGE, "LoRA rank %d is outside [1, %d]", rank, LORA_MAX_RANK);
 	if (!(dropout >= 0.0f && dropout < 1.0f))

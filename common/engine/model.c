@@ -6,7 +6,8 @@
  * run.c, which computes the same thing in f32): per layer
  *   h = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = rmsnorm(x)
  *   x = h + down_proj(silu(gate_proj(m)) * up_proj(m)),                  m = rmsnorm(h)
- * then logits = lm_head(rmsnorm(x)) for the rows that ask for them. The
+ * (in a mixture-of-experts layer the second line's FFN is moe.c's), then
+ * logits = lm_head(rmsnorm(x)) for the rows that ask for them. The
  * last layer stores K and V of every row, and computes its attention
  * output and MLP only for those rows (the same bits: every op is row-wise).
  * q and k are in Hugging Face layout: RoPE pairs (j, j + d_head/2).
@@ -167,6 +168,26 @@ static enum llm_status open_config(struct llm_model *m, const char *path)
 	return llm_config_parse(&m->cfg, cj->data, cj->len, cpath);
 }
 
+/* Layer L's router and experts into L->moe, their weights at EW (n_expert
+ * * 3), by the family's names (config.h, enum llm_moe_names). */
+static enum llm_status resolve_experts(struct llm_model *m, struct llm_layer *L, int l, struct llm_weight *ew)
+{
+	static const char *proj[2][3] = { { "w1", "w3", "w2" }, { "gate_proj", "up_proj", "down_proj" } };
+	const struct llm_moe_config *e = &m->cfg.moe;
+	int64_t dm = m->cfg.d_model, ff = m->d_ff_expert_loc;
+	int qwen = e->names == LLM_MOE_NAMES_QWEN3;
+	const char *p = qwen ? "mlp" : "block_sparse_moe";
+	L->moe.expert = ew;
+	LLM_TRY(weight(m, &L->moe.router, e->n_expert, dm, "model.layers.%d.%s.gate.weight", l, p));
+	size_t before = m->weight_bytes;
+	for (int x = 0; x < e->n_expert; x++)
+		for (int i = 0; i < 3; i++)
+			LLM_TRY(weight(m, &ew[3 * x + i], i == 2 ? dm : ff, i == 2 ? ff : dm,
+			               "model.layers.%d.%s.experts.%d.%s.weight", l, p, x, proj[qwen][i]));
+	m->expert_bytes += m->weight_bytes - before;
+	return LLM_OK;
+}
+
 /* Resolve this process's weights (layers [layer_begin, layer_end), local
  * head, FFN and vocabulary counts; the embedding when the first layer is
  * ours, norm and lm_head when the last is), checking shapes. */
@@ -184,7 +205,10 @@ static enum llm_status resolve(struct llm_model *m, const char *path)
 	m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
 	m->inv_freq = malloc((size_t)(c->d_head / 2) * sizeof(float));
 	m->vecs = n_vec ? malloc((size_t)n_vec * sizeof(float)) : NULL;
-	if (!m->layers || !m->inv_freq || (n_vec && !m->vecs))
+	size_t n_ex = (size_t)c->n_layer * (size_t)c->moe.n_expert * 3;
+	if (n_ex)
+		m->experts = calloc(n_ex, sizeof *m->experts);
+	if (!m->layers || !m->inv_freq || (n_vec && !m->vecs) || (n_ex && !m->experts))
 		return llm_fail(LLM_ERR_NOMEM, "%s: out of memory", path);
 	float *at = m->vecs;
 	rope_freqs(c, m->inv_freq);
@@ -219,6 +243,12 @@ static enum llm_status resolve(struct llm_model *m, const char *path)
 			LLM_TRY(norm_weight(m, &L->ffn_norm, &at, NM("post_attention_layernorm.weight")));
 		}
 #undef NM
+		if (llm_moe_layer(c, l)) {
+			LLM_TRY(resolve_experts(m, L, l, m->experts + (size_t)l * (size_t)c->moe.n_expert * 3));
+			if (l == m->layer_begin)
+				m->wdtype = L->wq.dtype;
+			continue;
+		}
 		LLM_TRY(weight(m, &L->w_gate, ff, c->d_model, "%s.%d.mlp.gate_proj.weight", p, l));
 		LLM_TRY(weight(m, &L->w_up, ff, c->d_model, "%s.%d.mlp.up_proj.weight", p, l));
 		LLM_TRY(weight(m, &L->w_down, c->d_model, ff, "%s.%d.mlp.down_proj.weight", p, l));
@@ -246,6 +276,7 @@ static void share_all(struct llm_model *m)
 	m->n_head_loc = c->n_head;
 	m->n_kv_head_loc = c->n_kv_head;
 	m->d_ff_loc = c->d_ff;
+	m->d_ff_expert_loc = c->moe.d_ff_expert;
 	m->vocab_begin = 0;
 	m->n_vocab_loc = c->n_vocab;
 }
@@ -324,7 +355,8 @@ enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct
 	const struct llm_part_rank *me = &p->ranks[world->rank];
 	int t = me->tp_rank;
 	if (p->tp != T || p->pp != P || me->stage != d->grid.stage || t != d->grid.tp_rank ||
-	    p->n_layer != c->n_layer || c->n_head % T || c->d_ff % T || (c->n_kv_head % T && T % c->n_kv_head)) {
+	    p->n_layer != c->n_layer || c->n_head % T || c->d_ff % T || c->moe.d_ff_expert % T ||
+	    (c->n_kv_head % T && T % c->n_kv_head)) {
 		s = llm_fail(LLM_ERR_FORMAT, "%s: %s (--tp %d x --pp %d, %d layers) does not fit the grid or "
 		             "config.json (%d layers, %d heads, %d kv heads, intermediate_size %d)", dir, me->file,
 		             p->tp, p->pp, p->n_layer, c->n_layer, c->n_head, c->n_kv_head, c->d_ff);
@@ -335,6 +367,7 @@ enum llm_status llm_model_open_dist(struct llm_model *m, const char *dir, struct
 	m->n_head_loc = c->n_head / T;
 	m->n_kv_head_loc = T <= c->n_kv_head ? c->n_kv_head / T : 1;
 	m->d_ff_loc = c->d_ff / T;
+	m->d_ff_expert_loc = c->moe.d_ff_expert / T;
 	llm_part_range(c->n_vocab, T, t, &m->vocab_begin, &m->n_vocab_loc);
 	d->v0 = malloc(((size_t)T + 1) * sizeof *d->v0);
 	if (!d->v0) {
@@ -381,9 +414,16 @@ static int model_weights(struct llm_model *m, struct llm_weight **ws)
 	int n = 0;
 	ws[n++] = &m->embed;
 	ws[n++] = &m->norm;
-	for (int l = m->layer_begin; l < m->layer_end; l++)
+	for (int l = m->layer_begin; l < m->layer_end; l++) {
+		struct llm_layer *L = &m->layers[l];
 		for (int i = 0; i < LLM_LAYER_WEIGHTS; i++)
-			ws[n++] = (struct llm_weight *)llm_layer_weight(&m->layers[l], i);
+			ws[n++] = (struct llm_weight *)llm_layer_weight(L, i);
+		if (!L->moe.router.data)
+			continue;
+		ws[n++] = &L->moe.router;
+		for (int i = 0; i < 3 * m->cfg.moe.n_expert; i++)
+			ws[n++] = &L->moe.expert[i];
+	}
 	ws[n++] = &m->lm_head;
 	return n;
 }
@@ -414,7 +454,8 @@ void llm_model_copy_abort(struct llm_model_copy *c)
 /* The weights this process reads, tied lm_head left out (one copy). */
 static int copy_list(struct llm_model *m, struct llm_weight ***out, int *tied)
 {
-	struct llm_weight **ws = malloc(((size_t)(m->layer_end - m->layer_begin) * LLM_LAYER_WEIGHTS + 3) * sizeof *ws);
+	size_t per = LLM_LAYER_WEIGHTS + 1 + 3 * (size_t)m->cfg.moe.n_expert;
+	struct llm_weight **ws = malloc(((size_t)(m->layer_end - m->layer_begin) * per + 3) * sizeof *ws);
 	if (!ws)
 		return -1;
 	int n = model_weights(m, ws);
@@ -612,6 +653,7 @@ void llm_model_close(struct llm_model *m)
 		free(m->dist);
 	}
 	free(m->layers);
+	free(m->experts);
 	free(m->inv_freq);
 	free(m->vecs);
 	if (m->wmap)
@@ -624,9 +666,13 @@ void llm_model_close(struct llm_model *m)
 
 enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_backend *be)
 {
+	const struct llm_config *c = &m->cfg;
 	const struct llm_layer *L = &m->layers[m->layer_begin];
+	const struct llm_moe_weights *E = &L->moe;
 	const struct llm_weight *ws[] = { &m->embed, &m->norm, &m->lm_head, &L->wq, &L->wk, &L->wv,
-	                                  &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->attn_norm };
+	                                  &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->attn_norm,
+	                                  &E->router, E->expert ? &E->expert[0] : &L->w_gate,
+	                                  E->expert ? &E->expert[2] : &L->w_down };
 	if (m->dist && strcmp(be->ops->name, "cpu") && !be->ops->comm_open)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: a distributed run on it needs its communicator "
 		                "(NCCL), which this build lacks: use --backend cpu, or build with NCCL", be->ops->name);
@@ -651,6 +697,12 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 	if (lora && m->dist)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "a LoRA adapter on a distributed run is not supported: "
 		                "merge it into the checkpoint (llm-finetune --merge) and partition that");
+	if (c->moe.n_expert && lora)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "a LoRA adapter on a mixture-of-experts model (%d experts) "
+		                "is not supported", c->moe.n_expert);
+	if (c->moe.n_expert && strcmp(be->ops->name, "cpu"))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: the mixture-of-experts FFN (%d experts) runs on "
+		                "the cpu backend only: use --backend cpu", be->ops->name, c->moe.n_expert);
 	if (lora && strcmp(be->ops->name, "cpu"))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: a LoRA adapter is applied on the cpu backend "
 		                "only: use --backend cpu, or merge it (llm-finetune --merge)", be->ops->name);
@@ -692,7 +744,8 @@ static size_t scratch_floats(const struct llm_config *c, int max_tok, int max_lo
 	size_t t = (size_t)max_tok, dq = (size_t)c->n_head * (size_t)c->d_head;
 	size_t dkv = (size_t)c->n_kv_head * (size_t)c->d_head;
 	size_t dx = (size_t)c->d_model > dq ? (size_t)c->d_model : dq;
-	return t * (2 * dx + dq + 2 * dkv + dq + 2 * (size_t)c->d_ff) + (size_t)max_logits * (size_t)c->d_model;
+	return t * (2 * dx + dq + 2 * dkv + dq + 2 * (size_t)c->d_ff) + (size_t)max_logits * (size_t)c->d_model +
+	       llm_moe_scratch_floats(c, max_tok);
 }
 
 size_t llm_scratch_bytes(const struct llm_config *c, int max_tok, int max_logits)
@@ -723,7 +776,8 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 	s->att = p; p += t * dq;
 	s->hb = p;  p += t * (size_t)c->d_ff;
 	s->hb2 = p; p += t * (size_t)c->d_ff;
-	s->xl = p;
+	s->xl = p;  p += (size_t)max_logits * (size_t)c->d_model;
+	int moe_fail = llm_moe_scratch_init(&s->moe, c, p, max_tok) != LLM_OK;
 	s->rows = malloc(5 * (size_t)max_logits * sizeof(int32_t));
 	s->sub = s->rows + max_logits;
 	s->lrows = malloc((size_t)max_tok * sizeof(int32_t));
@@ -737,7 +791,7 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 		s->lbuf = malloc((size_t)max_logits * (size_t)most * sizeof(float));
 		dist_fail = !s->tok_loc || !s->lbuf;
 	}
-	if (!s->rows || !s->lrows || dist_fail) {
+	if (!s->rows || !s->lrows || dist_fail || moe_fail) {
 		llm_scratch_free(s);
 		return llm_fail(LLM_ERR_NOMEM, "scratch: out of memory");
 	}
@@ -752,6 +806,7 @@ void llm_scratch_free(struct llm_scratch *s)
 	free(s->lrows);
 	free(s->tok_loc);
 	free(s->lbuf);
+	llm_moe_scratch_free(&s->moe);
 	memset(s, 0, sizeof *s);
 }
 
@@ -947,7 +1002,7 @@ static enum llm_status add_norm(struct llm_backend *be, struct llm_view xb, stru
  * backend has matmul_add (and no TP partial sums or LoRA term come
  * between the product and the add), both projections add into x from the
  * GEMM's epilogue, the same bits as matmul then add. */
-static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, const struct llm_scratch *s, int l,
+static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, struct llm_scratch *s, int l,
                                struct llm_view x,
                                struct llm_view xb, struct llm_view att, struct llm_view hb, struct llm_view hb2,
                                int *added)
@@ -957,7 +1012,9 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, cons
 	struct llm_model_dist *d = m->dist;
 	size_t n_el = (size_t)(x.rows * x.cols);
 	const struct llm_family *f = m->cfg.fam;
-	int fuse = op->matmul_add && (!d || (d->grid.n_tp == 1 && !d->always)) && s->n_lgroup == 0 && !f->sandwich;
+	int moe = L->moe.router.data != NULL;
+	int fuse = !moe && op->matmul_add && (!d || (d->grid.n_tp == 1 && !d->always)) && s->n_lgroup == 0 &&
+	           !f->sandwich;
 	*added = fuse;
 	if (fuse) {
 		LLM_TRY(op->matmul_add(be, x, att, &L->wo));
@@ -970,6 +1027,10 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, cons
 		if (f->sandwich)                /* the attention output normed before the residual add */
 			LLM_TRY(op->rmsnorm(be, xb, xb, &L->post_attn_norm, m->cfg.rms_eps));
 		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
+	}
+	if (moe) {
+		LLM_TRY(llm_moe_ffn(be, &m->cfg.moe, &L->moe, &s->moe, xb));
+		return d ? tp_sum(d, xb.data, n_el) : LLM_OK;
 	}
 	{
 		struct llm_view ys[2] = { hb, hb2 };

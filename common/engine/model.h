@@ -3,7 +3,8 @@
  * in the ways that table lists: one forward reading the traits).
  *
  * Supported (anything else is refused at load with the field named): the
- * families config.h lists, grouped-query attention (num_key_value_heads
+ * families config.h lists (a mixture of experts: moe.h, on the cpu
+ * backend), grouped-query attention (num_key_value_heads
  * dividing num_attention_heads), any head_dim, tied or untied embeddings,
  * rope_scaling null or of a type the family allows.
  * Weights F32, F16, BF16 or FP8 E4M3 with block, row-group or per-channel
@@ -19,6 +20,7 @@
 #include "backend.h"
 #include "kvcache.h"
 #include "comm.h"
+#include "moe.h"
 
 #define LLM_LORA_SLOTS 32         /* LoRA adapters a model serves at once */
 
@@ -30,6 +32,8 @@ struct llm_layer {
 	struct llm_weight q_norm, k_norm;         /* qk_norm: (d_head) each */
 	struct llm_weight post_attn_norm, post_ffn_norm;   /* sandwich: (d_model) each;
 	                                             ffn_norm is then pre_feedforward_layernorm */
+	struct llm_moe_weights moe;   /* a mixture-of-experts layer (llm_moe_layer): the router
+	                                 and experts, and no w_gate, w_up, w_down */
 };
 /* Weight I (0 .. LLM_LAYER_WEIGHTS - 1) of a layer, in the order above. */
 #define LLM_LAYER_WEIGHTS 9
@@ -85,11 +89,14 @@ struct llm_model {
 	int attn_ex;                /* the family's attention needs attention_ex */
 	enum llm_dtype wdtype;      /* dtype of the decoder linear weights */
 	size_t weight_bytes;        /* bytes of all weights and scales (this rank's) */
+	size_t expert_bytes;        /* of weight_bytes, the experts' (moe.h; routers not counted) */
 	/* This process's share of the model: the whole model in a single
 	 * process; a distributed rank's layers, heads, FFN columns and vocabulary
 	 * slice (partition.h). The KV cache holds these layers and kv heads. */
 	int layer_begin, layer_end;
 	int n_head_loc, n_kv_head_loc, d_ff_loc;
+	int d_ff_expert_loc;        /* this process's share of an expert's FFN (moe.d_ff_expert) */
+	struct llm_weight *experts; /* (n_layer, n_expert, 3) the layers' moe.expert arrays */
 	int64_t vocab_begin, n_vocab_loc;
 	struct llm_model_dist *dist;   /* NULL: a single process */
 	/* LoRA adapters applied on top of the frozen projections (lora.h),
@@ -190,6 +197,7 @@ struct llm_scratch {
 	/* distributed only (host memory: distributed runs use the CPU backend) */
 	int32_t *tok_loc;           /* (max_tok) token ids within this rank's vocabulary slice */
 	float *lbuf;                /* (max_logits, largest vocabulary slice) logits slices */
+	struct llm_moe_scratch moe; /* a mixture of experts' activations */
 };
 enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *m,
                                  struct llm_backend *be, int max_tok, int max_logits);

@@ -146,13 +146,17 @@ char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, const s
 	if (fit->measured)
 		snprintf(src, sizeof src, "\"%s\"", fit->source);
 	char *out = NULL;
-	if (asprintf(&out, "{\"model\": \"%s\", \"weight_bytes\": %zu, \"kv_bytes_per_token\": %zu, \"kv_block_size\": %d, "
+	/* the bytes of weights one token reads: all but the experts it is not routed to */
+	size_t active = p->n_expert ? p->weight_bytes - p->expert_bytes +
+	                (size_t)((double)p->expert_bytes * p->n_expert_used / p->n_expert) : p->weight_bytes;
+	if (asprintf(&out, "{\"model\": \"%s\", \"weight_bytes\": %zu, \"experts\": %d, \"experts_per_token\": %d, "
+	             "\"expert_bytes\": %zu, \"active_weight_bytes\": %zu, \"kv_bytes_per_token\": %zu, \"kv_block_size\": %d, "
 	             "\"kv_blocks\": %lld, \"kv_bytes\": %zu, \"kv_tokens\": %lld, \"activation_bytes\": %zu, "
 	             "\"logits_bytes\": %zu, \"total_bytes\": %zu, \"n_ctx\": %d, \"max_running\": %d, "
 	             "\"max_batch_tokens\": %d, \"max_context_that_fits\": %lld, \"seqs_that_fit\": %lld, "
 	             "\"memory_available\": %s, \"memory_source\": %s, \"kv_memory_fraction\": %.2f, "
 	             "\"kv_budget_bytes\": %s, \"seqs_memory_holds\": %s, \"short_bytes\": %zu, \"fits\": %s}",
-	             model, p->weight_bytes, p->kv_bytes_per_token, p->kv_block_size, (long long)p->kv_blocks,
+	             model, p->weight_bytes, p->n_expert, p->n_expert_used, p->expert_bytes, active, p->kv_bytes_per_token, p->kv_block_size, (long long)p->kv_blocks,
 	             p->kv_bytes, (long long)kv_tokens, p->scratch_bytes, p->logits_bytes, p->total, p->n_ctx,
 	             max_running, p->max_batch_tokens, (long long)(kv_tokens < p->n_ctx ? kv_tokens : p->n_ctx),
 	             (long long)fit->seqs, num_or_null(fit->measured, fit->available, av, sizeof av), src,

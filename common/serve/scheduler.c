@@ -119,7 +119,9 @@ struct llm_sched {
 static double ctx_cost(const struct llm_config *c)
 {
 	double dq = (double)c->n_head * c->d_head, dkv = (double)c->n_kv_head * c->d_head;
-	double w = (double)c->d_model * (dq + 2 * dkv) + dq * c->d_model + 3.0 * c->d_model * c->d_ff;
+	/* a mixture of experts: a token's FFN is its chosen experts' */
+	double ff = c->moe.n_expert ? (double)c->moe.n_expert_used * c->moe.d_ff_expert : c->d_ff;
+	double w = (double)c->d_model * (dq + 2 * dkv) + dq * c->d_model + 3.0 * c->d_model * ff;
 	return w / (ATTN_COST * 2.0 * dq);
 }
 

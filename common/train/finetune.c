@@ -532,6 +532,11 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 	if ((s = llm_model_open(&m, o->model)))
 		goto setup_done;
 	model_open = 1;
+	if (m.cfg.moe.n_expert) {
+		s = llm_fail(LLM_ERR_UNSUPPORTED, "%s: LoRA fine-tuning of a mixture of experts (%d experts) is not "
+		             "supported", o->model, m.cfg.moe.n_expert);
+		goto setup_done;
+	}
 	if ((s = llm_finetune_tokenizer(&m, o->model, &tk)))
 		goto setup_done;
 	struct llm_data_opts dopt = o->data_o;
@@ -849,6 +854,12 @@ enum llm_status llm_finetune_sample(const char *model, const char *adapter, cons
 	*out = NULL;
 	struct llm_model m;
 	LLM_TRY(llm_model_open(&m, model));
+	if (m.cfg.moe.n_expert) {
+		int ne = m.cfg.moe.n_expert;
+		llm_model_close(&m);
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: LoRA fine-tuning of a mixture of experts (%d experts) is not "
+		                "supported", model, ne);
+	}
 	struct llm_tokenizer *tk = NULL;
 	struct llm_lora lo = { 0 };
 	struct llm_trainer *tr = NULL;

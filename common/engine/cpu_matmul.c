@@ -13,7 +13,9 @@
  *   once, in f32 (code * scale rounded once: the same product on every level,
  *   the SIMD paths fold the 2^8 of the F16 trick into the scale, which is an
  *   exact power of two). The AVX512_BF16 level then rounds that product to
- *   bf16, as it rounds x.
+ *   bf16, as it rounds x. The AVX2 level instead multiplies x by the scale
+ *   (rounded once: fl(x * s) * code, see "AVX2 E4M3: the block scale on the
+ *   activations") for a weight whose scales are all plain, on every path.
  * - Accumulation is f32. The scalar level sums c = 0, 1, ... in order (as
  *   llama2.c run.c does); SIMD levels keep one accumulator per lane over
  *   16 (AVX-512) or 8 (AVX2) column chunks and reduce the lanes at the end.

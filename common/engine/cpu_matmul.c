@@ -678,9 +678,12 @@ static int e4m3_xs(const struct llm_weight *w)
  * per-chunk tests), and the line DEC_PF_BYTES or more further on (whole
  * rows ahead, at least the next tile) is prefetched into L2 once a step.
  * XS: the scaled activations above; otherwise tile_256's operations in the
- * same order (the same bits). tile_256's 4-rows-ahead prefetch into L1,
- * tested per chunk, kept it at 4.5 GB/s from memory on one Zen 5 core
- * under LLM_CPU_ISA=avx2 (matmul_bench, 1 token, 2048 x 2048). */
+ * same order (the same bits). One Zen 5 core under LLM_CPU_ISA=avx2, 1
+ * token, 2048 x 2048 from memory (thread CPU time): tile_256, with its
+ * 4-rows-ahead prefetch into L1 tested per chunk and the per-code
+ * multiply, 12-14 GB/s on codes with almost no subnormals (6-8 on
+ * matmul_bench's uniform codes, 1/16 subnormal); these tiles 15-17
+ * (17.7-18.9). */
 #define DEC_STEP 64
 #define DEC_PF_BYTES 8192
 

@@ -278,6 +278,27 @@ static void matmul_prefill(enum llm_cpu_isa isa, enum llm_dtype dt, int64_t br, 
 	free_weight(&b);
 }
 
+/* AVX2 puts an E4M3 weight's block scale on the activations only where
+ * every scale of the weight is plain (0, or 2^-40 to 2^16: cpu_matmul.c);
+ * one other scale (ODD) sends the whole weight to code * scale. Either way a
+ * token alone, in decode batches of 1..8 and in a prompt of 37 gives the
+ * same bits, in split row ranges. */
+static void matmul_odd_scale(enum llm_cpu_isa isa)
+{
+	static const float odd[] = { 0x1p20f, 0x1p-60f, 0.0f };
+	int same = 1;
+	for (size_t k = 0; k < sizeof odd / sizeof *odd; k++) {
+		struct wbuf b;
+		make_weight(&b, LLM_DTYPE_E4M3, 70, 1000, 16, 128, 0);
+		b.scale[13] = odd[k];           /* scale row 1: rows 16..31 */
+		same &= matmul_vs_alone(isa, &b, 1, 8, 1011, 9);
+		same &= matmul_vs_alone(isa, &b, 37, 37, 1000, 31);
+		free_weight(&b);
+	}
+	check(same, "matmul %s E4M3 16x128 70x1000 with one scale of 2^20, 2^-60 or 0: 1..8 and 37 tokens, "
+	      "split rows: the bits of each token alone", llm_cpu_isa_name(isa));
+}
+
 /* Every E4M3 code through the SIMD decode: W (1, 256) = codes 0..255 with
  * one scale, x one-hot: y = table[code] * scale, rounded once, whatever
  * the scale: 2^-3, one whose product with 2^120 would overflow (256 and
@@ -394,6 +415,7 @@ static void test_matmul(enum llm_cpu_isa best)
 		 * of 128), in the bf16 copy (n <= 8192) and in registers */
 		matmul_case(isa, LLM_DTYPE_E4M3, 5, 4000, 2, 24);
 		matmul_case(isa, LLM_DTYPE_E4M3, 3, 8300, 1, 64);
+		matmul_odd_scale(isa);
 		e4m3_codes(isa);
 		if (isa == LLM_ISA_AVX512BF16) {
 			e4m3_vbmi();

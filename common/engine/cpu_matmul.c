@@ -13,7 +13,9 @@
  *   once, in f32 (code * scale rounded once: the same product on every level,
  *   the SIMD paths fold the 2^8 of the F16 trick into the scale, which is an
  *   exact power of two). The AVX512_BF16 level then rounds that product to
- *   bf16, as it rounds x.
+ *   bf16, as it rounds x. The AVX2 level instead multiplies x by the scale
+ *   (rounded once: fl(x * s) * code, see "AVX2 E4M3: the block scale on the
+ *   activations") for a weight whose scales are all plain, on every path.
  * - Accumulation is f32. The scalar level sums c = 0, 1, ... in order (as
  *   llama2.c run.c does); SIMD levels keep one accumulator per lane over
  *   16 (AVX-512) or 8 (AVX2) column chunks and reduce the lanes at the end.
@@ -625,6 +627,207 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
 	}
 }
 
+/* ---- AVX2 E4M3: the block scale on the activations ----------------------
+ * AVX2 has no instruction that multiplies bf16 or E4M3 pairs, so each code
+ * becomes an f32 first (e4m3x8_256: three operations for 8 codes) and the
+ * per-element product code * scale of tile_256 is a fourth, on the FMA
+ * ports, with a slow path on subnormal f32 inputs (the E4M3 subnormals);
+ * at one token that bounded a decode step (Zen 5 at LLM_CPU_ISA=avx2, 1024
+ * x 512 from L2, one thread: 29 us, 36 with 1/16 subnormal codes; the same
+ * loop without the multiply 22 us either way). So for a weight whose
+ * scales are all "plain" (e4m3_xs: 0, or 2^-40 <= |s| <= 2^16: every
+ * quantizer's) the scale goes on x instead, once per token and 8 columns
+ * for every row of the tile that shares the scale row:
+ *
+ *   y[t, r] = 2^64 * hsum( sum over 8-column chunks c, in order, of
+ *             fma(xs, w', acc) ),  xs = x[t, c] * (s * 2^56)  (rounded once),
+ *                                  w' = code * 2^-120        (exact, e4m3x8_256)
+ *
+ * The real product xs * w' is fl(x * s) * code * 2^-64: code * (x * s) with
+ * one rounding, as the reference's fl(code * s) * x has one, so the
+ * bound of test_ops (n 2^-24 sum|x w|) holds the same way; the powers of
+ * two are exact while |x s| < 2^72 (no overflow of xs) and a term under
+ * 2^-62 loses bits to subnormals (absolute error below 2^-85 each).
+ * Decode tiles and the prefill panel (which stores w' and scales the
+ * token tile's x once per column block) compute exactly this, so a token's
+ * bits do not depend on the batch. A weight with any other scale (a huge
+ * one, a subnormal one, NaN) keeps tile_256's numerics on every path. */
+#define XS_Y 0x1p64f                /* y = XS_Y * the sum */
+#define XS_S 0x1p56f                /* xs = x * (s * XS_S) */
+
+/* Whether W (E4M3, whole 8-column chunks) takes the scaled activations:
+ * every scale 0 or 2^-40 <= |s| <= 2^16. Reads all the scales (a few
+ * thousand at most for block scales; d_out for a per-row head, ~1% of its
+ * codes), so each thread's row range decides alike. */
+static int e4m3_xs(const struct llm_weight *w)
+{
+	if (w->dtype != LLM_DTYPE_E4M3 || w->cols % 8 || w->block_cols % 8)
+		return 0;
+	int64_t ns = w->scale_rows * w->scale_cols;
+	int ok = 1;
+	for (int64_t i = 0; i < ns; i++) {
+		float a = fabsf(w->scale[i]);
+		ok &= a == 0.0f || (a >= 0x1p-40f && a <= 0x1p16f);
+	}
+	return ok;
+}
+
+/* ---- AVX2 decode: 1 to 4 tokens over E4M3 rows ---------------------------
+ * Where the columns and the scale blocks are whole 8-column chunks, each
+ * row's codes go in steps of one 64-byte line (eight chunks unrolled, no
+ * per-chunk tests), and the line DEC_PF_BYTES or more further on (whole
+ * rows ahead, at least the next tile) is prefetched into L2 once a step.
+ * XS: the scaled activations above; otherwise tile_256's operations in the
+ * same order (the same bits). One Zen 5 core under LLM_CPU_ISA=avx2, 1
+ * token, 2048 x 2048 from memory (thread CPU time): tile_256, with its
+ * 4-rows-ahead prefetch into L1 tested per chunk and the per-code
+ * multiply, 12-14 GB/s on codes with almost no subnormals (6-8 on
+ * matmul_bench's uniform codes, 1/16 subnormal); these tiles 15-17
+ * (17.7-18.9). */
+#define DEC_STEP 64
+#define DEC_PF_BYTES 8192
+
+/* One chunk at column C of rows WP into the accumulators. XS: SC holds
+ * the rows' s * XS_S, SHARED: all rows the same (one scaled x a token). */
+T256 static INL void dec_chunk_e4m3(__m256 acc[4][4], const float *x, int64_t xs, const int nt, const int nr,
+                                    const uint8_t *const wp[4], int64_t c, const __m256 sc[4], const int wide,
+                                    const int xsc, const int shared)
+{
+	__m256 xv[4];
+	UNROLL
+	for (int t = 0; t < nt; t++) {
+		xv[t] = _mm256_loadu_ps(x + t * xs + c);
+		if (xsc && shared)
+			xv[t] = _mm256_mul_ps(xv[t], sc[0]);
+	}
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		__m256 wv = e4m3x8_256(_mm_loadl_epi64((const __m128i *)(wp[i] + c)), xsc ? 1 : wide);
+		if (!xsc)
+			wv = _mm256_mul_ps(wv, sc[i]);
+		UNROLL
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = _mm256_fmadd_ps(xsc && !shared ? _mm256_mul_ps(xv[t], sc[i]) : xv[t], wv, acc[i][t]);
+	}
+}
+
+/* Columns [c0, ce) (whole chunks) of one scale block for rows WP. */
+T256 static INL void dec_block_e4m3(__m256 acc[4][4], const float *x, int64_t xs, const int nt, const int nr,
+                                    const uint8_t *const wp[4], int64_t c0, int64_t ce, const __m256 sc[4],
+                                    const int wide, const int xsc, const int shared, size_t pf)
+{
+	int64_t c = c0;
+	for (; c + DEC_STEP <= ce; c += DEC_STEP) {
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			_mm_prefetch((const char *)(wp[i] + c + pf), _MM_HINT_T1);
+		UNROLL
+		for (int j = 0; j < DEC_STEP; j += 8)
+			dec_chunk_e4m3(acc, x, xs, nt, nr, wp, c + j, sc, wide, xsc, shared);
+	}
+	for (; c < ce; c += 8) {        /* a block's last chunks short of a step */
+		if ((c & (DEC_STEP - 1)) == 0) {
+			UNROLL
+			for (int i = 0; i < nr; i++)
+				_mm_prefetch((const char *)(wp[i] + c + pf), _MM_HINT_T1);
+		}
+		dec_chunk_e4m3(acc, x, xs, nt, nr, wp, c, sc, wide, xsc, shared);
+	}
+}
+
+T256 static INL void dec_tile_e4m3(float *y, int64_t ys, const float *x, int64_t xs, const int nt, const int nr,
+                                   const struct llm_weight *w, int64_t r, const int xsc, const int shared, size_t pf)
+{
+	__m256 acc[4][4];
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = _mm256_setzero_ps();
+	}
+	int64_t n = w->cols, bk = w->block_cols;
+	const uint8_t *wp[4] = { 0 };
+	const float *srow[4] = { 0 };
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		wp[i] = (const uint8_t *)w->data + (size_t)(r + i) * (size_t)n;
+		srow[i] = w->scale + ((r + i) / w->block_rows) * w->scale_cols;
+	}
+	for (int64_t c0 = 0, b = 0; c0 < n; c0 += bk, b++) {
+		int64_t ce = c0 + bk < n ? c0 + bk : n;
+		__m256 sc[4];
+		if (xsc) {
+			for (int i = 0; i < (shared ? 1 : nr); i++)
+				sc[i] = _mm256_set1_ps(srow[i][b] * XS_S);
+			dec_block_e4m3(acc, x, xs, nt, nr, wp, c0, ce, sc, 1, 1, shared, pf);
+			continue;
+		}
+		int wide = 1;
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			wide &= e4m3_wide(srow[i][b]);
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			sc[i] = _mm256_set1_ps(e4m3_scale_256(srow[i][b], wide));
+		if (wide)
+			dec_block_e4m3(acc, x, xs, nt, nr, wp, c0, ce, sc, 1, 0, 0, pf);
+		else
+			dec_block_e4m3(acc, x, xs, nt, nr, wp, c0, ce, sc, 0, 0, 0, pf);
+	}
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
+		for (int t = 0; t < nt; t++)
+			y[t * ys + r + i] = xsc ? hsum_256(acc[i][t]) * XS_Y : hsum_256(acc[i][t]);
+	}
+}
+
+#define DEC_SHAPES(XSC, SH)                                                                       \
+	switch (nt * 8 + nr) {                                                                    \
+	case 1 * 8 + 4: dec_tile_e4m3(y, ys, x, xs, 1, 4, w, r, XSC, SH, pf); break;              \
+	case 2 * 8 + 4: dec_tile_e4m3(y, ys, x, xs, 2, 4, w, r, XSC, SH, pf); break;              \
+	case 3 * 8 + 2: dec_tile_e4m3(y, ys, x, xs, 3, 2, w, r, XSC, SH, pf); break;              \
+	case 4 * 8 + 2: dec_tile_e4m3(y, ys, x, xs, 4, 2, w, r, XSC, SH, pf); break;              \
+	case 4 * 8 + 1: dec_tile_e4m3(y, ys, x, xs, 4, 1, w, r, XSC, SH, pf); break;              \
+	case 3 * 8 + 1: dec_tile_e4m3(y, ys, x, xs, 3, 1, w, r, XSC, SH, pf); break;              \
+	case 2 * 8 + 1: dec_tile_e4m3(y, ys, x, xs, 2, 1, w, r, XSC, SH, pf); break;              \
+	default: dec_tile_e4m3(y, ys, x, xs, 1, 1, w, r, XSC, SH, pf); break;                     \
+	}
+
+/* XSC: the weight takes the scaled activations (e4m3_xs); the rows of a
+ * tile then share one scaled x when they share a scale row. */
+T256 static void dec_tile_e4m3_any(float *y, int64_t ys, const float *x, int64_t xs, int nt, int nr,
+                                   const struct llm_weight *w, int64_t r, int xsc, size_t pf)
+{
+	if (!xsc)
+		DEC_SHAPES(0, 0)
+	else if (r / w->block_rows == (r + nr - 1) / w->block_rows)
+		DEC_SHAPES(1, 1)
+	else
+		DEC_SHAPES(1, 0)
+}
+
+/* Whether the decode tiles above take W for N_TOK tokens. */
+static int dec_fits(const struct llm_weight *w, int64_t n_tok)
+{
+	return w->dtype == LLM_DTYPE_E4M3 && n_tok <= 4 && w->cols % 8 == 0 && w->block_cols % 8 == 0;
+}
+
+/* N_TOK <= 4 tokens, every one in one tile: rows in tiles of 4 (1 or 2
+ * tokens) or 2 (3 or 4: 8 accumulators), the rest one at a time. */
+T256 static void matmul_avx2_dec(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
+                                 const struct llm_weight *w, int64_t r0, int64_t r1, int xsc)
+{
+	int nt = (int)n_tok, nr = nt >= 3 ? 2 : 4;
+	size_t n = (size_t)w->cols, ahead = (DEC_PF_BYTES + n - 1) / n;
+	size_t pf = (ahead > 4 ? ahead : 4) * n;
+	int64_t r = r0;
+	for (; r + nr <= r1; r += nr)
+		dec_tile_e4m3_any(y, ys, x, xs, nt, nr, w, r, xsc, pf);
+	for (; r < r1; r++)
+		dec_tile_e4m3_any(y, ys, x, xs, nt, 1, w, r, xsc, pf);
+}
+
 /* ---- AVX2 prefill: many tokens ------------------------------------------
  * A step of n_tok >= PP_MIN_TOK tokens: the rows of a row block are
  * converted once (E4M3, BF16, F16 -> f32, E4M3 times its block scale: the
@@ -650,9 +853,9 @@ T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t
 #define PP_MB_MAX 96                /* rows of a panel (the scratch's size) */
 #define KC_MAX 768                  /* a 4-token x tile of 12 KiB */
 
-T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t xs,
+T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
                                  const float *p, int64_t ps, int64_t c0, int64_t c1,
-                                 float *acc_save, int first, int last, int nt, int nr)
+                                 float *acc_save, int first, int last, float yk, int nt, int nr)
 {
 	/* acc_save: (nr, nt, 8) f32, this tile's accumulators between column blocks */
 	__m256 acc[PP_NR][PP_NT];
@@ -669,7 +872,7 @@ T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t x
 			wv[i] = _mm256_loadu_ps(p + i * ps + c);   /* F32 weights: their own, unaligned panel */
 		UNROLL
 		for (int t = 0; t < nt; t++) {
-			__m256 xv = _mm256_loadu_ps(x + t * xs + c);
+			__m256 xv = _mm256_loadu_ps(x + t * xs + (c - xo));
 			UNROLL
 			for (int i = 0; i < nr; i++)
 				acc[i][t] = _mm256_fmadd_ps(xv, wv[i], acc[i][t]);
@@ -680,32 +883,36 @@ T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t x
 		UNROLL
 		for (int t = 0; t < nt; t++) {
 			if (last)
-				y[t * ys + i] = hsum_256(acc[i][t]);
+				y[t * ys + i] = hsum_256(acc[i][t]) * yk;
 			else
 				_mm256_store_ps(acc_save + (i * nt + t) * 8, acc[i][t]);
 		}
 	}
 }
 
-T256 static void pp_tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs,
+/* XO: the column x[0] holds (the scaled token tile starts at its column
+ * block); YK: the factor of the sums (XS_Y for scaled activations, else 1,
+ * an exact multiply). */
+T256 static void pp_tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
                                       const float *p, int64_t ps, int64_t c0, int64_t c1,
-                                      float *acc_save, int first, int last, int nt, int nr)
+                                      float *acc_save, int first, int last, float yk, int nt, int nr)
 {
 #define PP_CASE(T, R) case T * 8 + R:                                                       \
-	pp_tile_256(y, ys, x, xs, p, ps, c0, c1, acc_save, first, last, T, R); break;
+	pp_tile_256(y, ys, x, xs, xo, p, ps, c0, c1, acc_save, first, last, yk, T, R); break;
 	switch (nt * 8 + nr) {
 	PP_CASE(4, 3) PP_CASE(4, 2) PP_CASE(4, 1)
 	PP_CASE(3, 3) PP_CASE(3, 2) PP_CASE(3, 1)
 	PP_CASE(2, 3) PP_CASE(2, 2) PP_CASE(2, 1)
 	PP_CASE(1, 3) PP_CASE(1, 2)
-	default: pp_tile_256(y, ys, x, xs, p, ps, c0, c1, acc_save, first, last, 1, 1); break;
+	default: pp_tile_256(y, ys, x, xs, xo, p, ps, c0, c1, acc_save, first, last, yk, 1, 1); break;
 	}
 #undef PP_CASE
 }
 
 /* Rows [r, r + nr) of W as f32 into p (nr, cols): the values tile_256 feeds
- * its FMAs (whole 8-column chunks only, see above). */
-T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr)
+ * its FMAs (whole 8-column chunks only, see above); XSC: those of the decode
+ * tiles with scaled activations, code * 2^-120. */
+T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr, int xsc)
 {
 	int64_t n = w->cols;
 	enum llm_dtype dt = w->dtype;
@@ -716,7 +923,10 @@ T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, i
 		float *pr = p + i * n;
 		for (int64_t c0 = 0; c0 < n; c0 += bk) {
 			int64_t ce = c0 + bk < n ? c0 + bk : n;
-			if (fp8) {
+			if (fp8 && xsc) {
+				for (int64_t c = c0; c < ce; c += 8)
+					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8, 1));
+			} else if (fp8) {
 				int wide = e4m3_wide(srow[c0 / bk]);
 				__m256 sc = _mm256_set1_ps(e4m3_scale_256(srow[c0 / bk], wide));
 				if (wide)
@@ -743,31 +953,63 @@ static int pp_fits(const struct llm_weight *w, int64_t n_tok)
 }
 
 /* not inlined: a decode would otherwise set up (and probe) its 140 KiB frame */
+/* XSC: scaled activations (e4m3_xs): a panel's rows then lie in one scale
+ * row, and each token tile's x is scaled once per column block. */
 T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
-                                const struct llm_weight *w, int64_t r0, int64_t r1)
+                                const struct llm_weight *w, int64_t r0, int64_t r1, int xsc)
 {
 	_Alignas(32) float panel[PANEL_FLOATS];                 /* (mb, n) f32 */
 	_Alignas(32) float acc_save[PP_MB_MAX * PP_NT * 8];     /* (mb, PP_NT, 8) f32 */
+	_Alignas(32) float xsb[PP_NT * KC_MAX];                 /* (PP_NT, kc) scaled x */
 	int64_t n = w->cols;
 	int64_t mb = PANEL_FLOATS / n < PP_MB_MAX ? PANEL_FLOATS / n : PP_MB_MAX;
 	mb = mb >= PP_NR ? mb / PP_NR * PP_NR : mb;
 	int64_t nkb = (n + KC_MAX - 1) / KC_MAX, kc = (n / 8 + nkb - 1) / nkb * 8;
-	for (int64_t rb = r0; rb < r1; rb += mb) {
-		int64_t re = rb + mb < r1 ? rb + mb : r1;
+	for (int64_t rb = r0, re; rb < r1; rb = re) {
+		re = rb + mb < r1 ? rb + mb : r1;
+		if (xsc) {
+			/* to the scale row's end, in panels of about equal size
+			 * (whole PP_NR-row tiles where they fit): 128 rows of
+			 * mb 63 as 45 + 45 + 38, not 63 + 63 + 2 */
+			int64_t end = (rb / w->block_rows + 1) * w->block_rows;
+			end = end < r1 ? end : r1;
+			int64_t left = end - rb, k = (left + mb - 1) / mb;
+			int64_t size = (left + k - 1) / k;
+			size = (size + PP_NR - 1) / PP_NR * PP_NR;
+			re = rb + (size < mb ? size : mb);
+			re = re < end ? re : end;
+		}
 		const float *p = panel;
 		if (w->dtype == LLM_DTYPE_F32)
 			p = (const float *)w->data + (size_t)rb * (size_t)n;
 		else
-			pp_panel_256(panel, w, rb, re - rb);
+			pp_panel_256(panel, w, rb, re - rb, xsc);
+		const float *srow = xsc ? w->scale + (rb / w->block_rows) * w->scale_cols : NULL;
 		for (int64_t t = 0; t < n_tok; t += PP_NT) {
 			int nt = n_tok - t < PP_NT ? (int)(n_tok - t) : PP_NT;
 			for (int64_t c0 = 0; c0 < n; c0 += kc) {
 				int64_t c1 = c0 + kc < n ? c0 + kc : n;
+				const float *xt = x + t * xs;
+				int64_t xts = xs, xo = 0;
+				if (xsc) {            /* the decode tiles' x * (s * XS_S) */
+					int64_t bk = w->block_cols;
+					for (int64_t b0 = c0 / bk * bk; b0 < c1; b0 += bk) {
+						__m256 sv = _mm256_set1_ps(srow[b0 / bk] * XS_S);
+						int64_t lo = b0 > c0 ? b0 : c0, hi = b0 + bk < c1 ? b0 + bk : c1;
+						for (int tt = 0; tt < nt; tt++)
+							for (int64_t c = lo; c < hi; c += 8)
+								_mm256_store_ps(xsb + tt * kc + (c - c0),
+								                _mm256_mul_ps(_mm256_loadu_ps(x + (t + tt) * xs + c), sv));
+					}
+					xt = xsb;
+					xts = kc;
+					xo = c0;
+				}
 				for (int64_t r = rb; r < re; r += PP_NR) {
 					int nr = re - r < PP_NR ? (int)(re - r) : PP_NR;
-					pp_tile_256_dispatch(y + t * ys + r, ys, x + t * xs, xs, p + (r - rb) * n, n,
+					pp_tile_256_dispatch(y + t * ys + r, ys, xt, xts, xo, p + (r - rb) * n, n,
 					                     c0, c1, acc_save + (r - rb) * PP_NT * 8, c0 == 0, c1 == n,
-					                     nt, nr);
+					                     xsc ? XS_Y : 1.0f, nt, nr);
 				}
 			}
 		}
@@ -782,8 +1024,15 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, 
 T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
                              const struct llm_weight *w, int64_t r0, int64_t r1)
 {
+	/* scaled activations only where the panel takes the prompts (up to
+	 * PANEL_FLOATS columns), so that every token count computes them */
+	int xsc = e4m3_xs(w) && w->cols <= PANEL_FLOATS;
 	if (pp_fits(w, n_tok)) {
-		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1);
+		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1, xsc);
+		return;
+	}
+	if (dec_fits(w, n_tok)) {
+		matmul_avx2_dec(y, ys, x, xs, n_tok, w, r0, r1, xsc);
 		return;
 	}
 	for (int64_t rb = r0; rb < r1; rb += RB) {

@@ -1041,59 +1041,52 @@ static enum llm_status cpu_attention(struct llm_backend *be, struct llm_view out
 	return cpu_attention_ex(be, out, q, kv, layer, b, n_head, &o);
 }
 
-struct swiglu_job { struct llm_view out, gate, up; enum llm_cpu_isa isa; uint16_t *xb; };
+/* The gated MLP's activation, out = act(gate) * up: SwiGLU (silu, SIMD)
+ * or GeGLU (gelu_tanh in f32, tanhf) */
+struct glu_job { struct llm_view out, gate, up; enum llm_cpu_isa isa; uint16_t *xb; int gelu; };
 
-static void swiglu_task(void *ctx, int ith, int nth)
+static void glu_task(void *ctx, int ith, int nth)
 {
-	struct swiglu_job *j = ctx;
-	int64_t b, e, n = j->gate.cols;
-	split(j->gate.rows * n, ith, nth, 16, &b, &e);
-	for (int64_t k = b; k < e; ) {
-		int64_t t = k / n, i0 = k % n, i1 = n < i0 + (e - k) ? n : i0 + (e - k);
-		llm_cpu_silu_mul(j->isa, row(j->out, t) + i0, row(j->gate, t) + i0, row(j->up, t) + i0, i1 - i0);
-		chain_row(j->xb, j->out, t, i0, i1);
-		k += i1 - i0;
-	}
-}
-
-static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
-                                  struct llm_view gate, struct llm_view up)
-{
-	LLM_TRY(need_f32("swiglu", gate));
-	struct swiglu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out) };
-	/* an exp costs about what 16 multiply-adds do */
-	llm_pool_run(cpu(be)->pool, nth_for(be, 16.0 * (double)gate.rows * (double)gate.cols), swiglu_task, &j);
-	chain_made(cpu(be), j.xb, out);
-	return LLM_OK;
-}
-
-/* GeGLU: the same split and chain as swiglu, gelu_tanh in f32 (tanhf) */
-static void geglu_task(void *ctx, int ith, int nth)
-{
-	struct swiglu_job *j = ctx;
+	struct glu_job *j = ctx;
 	int64_t b, e, n = j->gate.cols;
 	split(j->gate.rows * n, ith, nth, 16, &b, &e);
 	for (int64_t k = b; k < e; ) {
 		int64_t t = k / n, i0 = k % n, i1 = n < i0 + (e - k) ? n : i0 + (e - k);
 		float *o = row(j->out, t);
 		const float *g = row(j->gate, t), *u = row(j->up, t);
-		for (int64_t i = i0; i < i1; i++) {
-			float x = g[i];
-			o[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * u[i];
-		}
+		if (!j->gelu)
+			llm_cpu_silu_mul(j->isa, o + i0, g + i0, u + i0, i1 - i0);
+		else
+			for (int64_t i = i0; i < i1; i++) {
+				float x = g[i];
+				o[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * u[i];
+			}
 		chain_row(j->xb, j->out, t, i0, i1);
 		k += i1 - i0;
 	}
 }
 
+/* COST: multiply-adds an element (an exp costs about what 16 do, a tanh 32) */
+static enum llm_status cpu_glu(struct llm_backend *be, const char *what, int gelu, double cost,
+                               struct llm_view out, struct llm_view gate, struct llm_view up)
+{
+	LLM_TRY(need_f32(what, gate));
+	struct glu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out), gelu };
+	llm_pool_run(cpu(be)->pool, nth_for(be, cost * (double)gate.rows * (double)gate.cols), glu_task, &j);
+	chain_made(cpu(be), j.xb, out);
+	return LLM_OK;
+}
+
+static enum llm_status cpu_swiglu(struct llm_backend *be, struct llm_view out,
+                                  struct llm_view gate, struct llm_view up)
+{
+	return cpu_glu(be, "swiglu", 0, 16.0, out, gate, up);
+}
+
 static enum llm_status cpu_geglu(struct llm_backend *be, struct llm_view out,
                                  struct llm_view gate, struct llm_view up)
 {
-	LLM_TRY(need_f32("geglu", gate));
-	struct swiglu_job j = { out, gate, up, cpu(be)->isa, chain_out(cpu(be), out) };
-	llm_pool_run(cpu(be)->pool, nth_for(be, 32.0 * (double)gate.rows * (double)gate.cols), geglu_task, &j);
-	chain_made(cpu(be), j.xb, out);
-	return LLM_OK;
+	return cpu_glu(be, "geglu", 1, 32.0, out, gate, up);
 }
 
 /* The elementwise ops below write in place: a bf16 copy the chain made of

@@ -51,12 +51,7 @@ if [ -n "$why" ]; then
 	skip "llm-finetune refuses a qwen2 model in one line" "$why"
 	tap_done
 fi
-MPIRUN=
-if command -v mpirun >/dev/null 2>&1; then
-	MPIRUN="mpirun --oversubscribe"
-	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-fi
+have_mpirun
 # the greedy ids and top log-probs of two answer files agree within 1e-5
 close() { python3 - "$1" "$2" <<'PY'
 import json, sys

@@ -145,8 +145,10 @@ t = json.load(open(sys.argv[3]))["texts"][0]["text"]; open(sys.argv[4], "w").wri
 	llm-quantize -q "$bf" "$q" 2>"$T/q.err" || sed 's/^/#   /' "$T/q.err"
 	check "$f: llm-quantize writes every expert's gate, up and down in FP8 with block scales, the router in BF16" \
 		$PY - "$q/model.safetensors" <<'PY'
-import json, re, struct, sys
-b = open(sys.argv[1], "rb").read(); h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+import re, sys
+sys.path.insert(0, "tests/lib")
+from stf32 import header
+h = header(sys.argv[1])
 ex = [k for k in h if re.search(r"\.experts\.\d+\.(w[123]|(gate|up|down)_proj)\.weight$", k)]
 ro = [k for k in h if re.search(r"\.(block_sparse_moe|mlp)\.gate\.weight$", k)]
 assert len(ex) == 2 * 4 * 3 and len(ro) == 2, (len(ex), len(ro))
@@ -208,20 +210,12 @@ cp "$MIX"/* "$T/mix-nan"/
 cp "$MIX"/* "$T/mix-4"/
 $PY - "$MIX/model.safetensors" "$T/mix-nan/model.safetensors" "$T/mix-nan/config.json" \
 	"$T/mix-4/model.safetensors" <<'PY'
-import json, struct, sys
+import json, sys
 import numpy as np
+sys.path.insert(0, "tests/lib")
+from stf32 import read, write
 src, dst, cfg, four = sys.argv[1:5]
-b = open(src, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
-t = {k: np.frombuffer(b[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]], "<f4").reshape(v["shape"]).copy()
-     for k, v in h.items() if k != "__metadata__"}
-def write(path, ts):
-    hd, off, blobs = {}, 0, []
-    for k in sorted(ts):
-        a = np.ascontiguousarray(ts[k], "<f4"); hd[k] = {"dtype": "F32", "shape": list(a.shape),
-                                                       "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes; blobs.append(a.tobytes())
-    j = json.dumps(hd).encode(); j += b" " * (-len(j) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+t = read(src)
 for l in range(2):
     g = "model.layers.%d.block_sparse_moe.gate.weight" % l
     v, w = t[g][0], t[g][1]
@@ -274,12 +268,11 @@ batch qwen3moe "$Q3"
 editcfg "$Q3" "$T/q3-e1" num_experts=1 num_experts_per_tok=1
 mkdir -p "$T/q3-dense0"
 $PY - "$T/q3-e1/model.safetensors" <<'PY'
-import json, struct, sys
-import numpy as np
+import sys
+sys.path.insert(0, "tests/lib")
+from stf32 import read, write
 f = sys.argv[1]
-b = open(f, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
-t = {k: np.frombuffer(b[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]], "<f4").reshape(v["shape"])
-     for k, v in h.items() if k != "__metadata__"}
+t = read(f)
 out = {}
 for k, v in t.items():
     if ".mlp.experts." in k and ".experts.0." not in k:
@@ -287,14 +280,6 @@ for k, v in t.items():
     if k.endswith(".mlp.gate.weight"):
         v = v[:1]                                 # the router of expert 0
     out[k] = v
-def write(path, ts):
-    hd, off, blobs = {}, 0, []
-    for k in sorted(ts):
-        a = np.ascontiguousarray(ts[k], "<f4"); hd[k] = {"dtype": "F32", "shape": list(a.shape),
-                                                       "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes; blobs.append(a.tobytes())
-    j = json.dumps(hd).encode(); j += b" " * (-len(j) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
 write(f, out)
 dense = dict(out)
 for p in ("gate", "up", "down"):
@@ -319,8 +304,10 @@ editcfg "$Q3" "$T/q3-cfg" 'mlp_only_layers=[0]' decoder_sparse_step=1
 llm-quantize -q --random "$T/q3-cfg/config.json" --seed 3 "$T/q3-rnd-dense0" 2>"$T/q.err" || sed 's/^/#   /' "$T/q.err"
 check "llm-quantize --random with mlp_only_layers [0]: layer 0 has the dense MLP, layer 1 the experts" \
 	$PY - "$T/q3-rnd-dense0/model.safetensors" <<'PY'
-import json, struct, sys
-b = open(sys.argv[1], "rb").read(); h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+import sys
+sys.path.insert(0, "tests/lib")
+from stf32 import header
+h = header(sys.argv[1])
 assert "model.layers.0.mlp.gate_proj.weight" in h and not any(k.startswith("model.layers.0.mlp.experts") for k in h)
 assert "model.layers.1.mlp.gate.weight" in h and "model.layers.1.mlp.experts.3.down_proj.weight" in h
 assert "model.layers.1.mlp.gate_proj.weight" not in h
@@ -375,9 +362,11 @@ check "llm-repartition --tp 2 and back gives the Mixtral file byte for byte" \
 	cmp -s "$R/model.safetensors" "$T/tp2.m/model.safetensors"
 check "llm-repartition --tp 2: each rank holds half of every expert's FFN and the whole router" \
 	$PY - "$T/tp2" <<'PY'
-import glob, json, re, struct, sys
+import glob, re, sys
+sys.path.insert(0, "tests/lib")
+from stf32 import header
 for f in sorted(glob.glob(sys.argv[1] + "/rank-*.safetensors")):
-    b = open(f, "rb").read(); h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+    h = header(f)
     shp = {k: v["shape"] for k, v in h.items() if k != "__metadata__"}
     for k, v in shp.items():
         if re.search(r"experts\.\d+\.w[13]\.weight$", k): assert v == [64, 128], (k, v)
@@ -385,12 +374,9 @@ for f in sorted(glob.glob(sys.argv[1] + "/rank-*.safetensors")):
         if k.endswith("block_sparse_moe.gate.weight"): assert v == [4, 128], (k, v)
     assert sum(1 for k in shp if "experts" in k) == 2 * 4 * 3, f
 PY
-if ! command -v mpirun >/dev/null 2>&1; then
+if ! have_mpirun; then
 	skip "mixtral under mpirun (tp2, tp2 x pp2)" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
 else
-	MPIRUN="mpirun --oversubscribe"
-	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 	# f32 activations in every matmul, as mpi_generate.sh
 	if grep -q avx2 /proc/cpuinfo 2>/dev/null; then export LLM_CPU_ISA=avx2; else export LLM_CPU_ISA=scalar; fi
 	llm-repartition -q "$R" "$T/tp2pp2" --tp 2 --pp 2

@@ -28,18 +28,22 @@ check_fails() {
 stories() { echo "$LLM_TEST_MODELS/stories260K"; }
 have_stories() { [ -f "$(stories)/model.safetensors" ]; }
 tap_done() { exit $tap_fail; }
-# need_mpirun WHAT: skip WHAT and end the script without mpirun; else set
-# MPIRUN (ranks oversubscribed: CI has 2 cores; root needs
-# --allow-run-as-root) and turn LeakSanitizer off (make asan would report
-# OpenMPI's own allocations at exit; single-process runs keep leak checks).
-need_mpirun() {
-	if ! command -v mpirun >/dev/null 2>&1; then
-		skip "$1" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
-		tap_done
-	fi
+# have_mpirun: status 1 (MPIRUN empty) without mpirun; else set MPIRUN
+# (ranks oversubscribed: CI has 2 cores; root needs --allow-run-as-root)
+# and turn LeakSanitizer off (make asan would report OpenMPI's own
+# allocations at exit; single-process runs keep leak checks).
+have_mpirun() {
+	MPIRUN=
+	command -v mpirun >/dev/null 2>&1 || return 1
 	MPIRUN="mpirun --oversubscribe"
 	[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+}
+# need_mpirun WHAT: have_mpirun, or skip WHAT and end the script
+need_mpirun() {
+	have_mpirun && return 0
+	skip "$1" "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+	tap_done
 }
 # wait_until SECS CMD...: run CMD every 0.05 s until it succeeds (status 0)
 # or SECS seconds have passed (status 1). SECS is a safety bound for a loaded

@@ -630,6 +630,40 @@ static int trainer_nll(const struct llm_model *m, int f64, const int32_t *tok, i
 	return rc;
 }
 
+/* A layer source of gemma2 M whose layers lack the sandwich norms (a
+ * source that copies only the Llama weights) is refused, not run */
+struct drop_ctx { const struct llm_model *m; struct llm_layer L; };
+static const struct llm_layer *drop_fetch(void *ctx, int l)
+{
+	struct drop_ctx *c = ctx;
+	c->L = c->m->layers[l];
+	memset(&c->L.post_attn_norm, 0, sizeof c->L.post_attn_norm);
+	return &c->L;
+}
+
+static void source_checks(const struct llm_model *m)
+{
+	struct llm_lora lo;
+	llm_lora_init(&lo, &m->cfg, 2, 4.0f, 0.0f, LLM_LORA_ALL, 1);
+	struct drop_ctx dc = { .m = m };
+	struct llm_layer_source src = { drop_fetch, NULL, &dc };
+	struct llm_train_opts o = { .seq_len = 8, .n_seq = 2, .f64 = 1 };
+	struct llm_trainer *tr;
+	struct tbatch tb;
+	mkbatch(&tb, 8, 32);
+	double loss;
+	int64_t cnt;
+	if (!llm_trainer_open(&tr, m, &lo, &o, &src)) {
+		enum llm_status s = llm_trainer_step(tr, &tb.b, 1, 0, LLM_TRAIN_GRAD, &loss, &cnt);
+		check(s == LLM_ERR_COMM && strstr(llm_errmsg(), "layer 0") && strstr(llm_errmsg(), "post norm"),
+		      "a layer source without gemma2's post norms fails the step naming them (%s)", llm_errmsg());
+		llm_trainer_close(tr);
+	} else {
+		check(0, "trainer opens for the layer source check: %s", llm_errmsg());
+	}
+	llm_lora_free(&lo);
+}
+
 static void family_checks(void)
 {
 	for (int i = 0; i < N_FAM; i++) {
@@ -647,6 +681,8 @@ static void family_checks(void)
 		}
 		/* alternately with dropout and activation checkpointing */
 		gradcheck_model(fc->label, &m, i % 2 ? 0.2f : 0.0f, i % 2);
+		if (i == N_FAM - 1)
+			source_checks(&m);
 		/* the forward against the inference engine, 16 positions (past the windows) */
 		int32_t tok[16];
 		for (int t = 0; t < 16; t++)

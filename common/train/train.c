@@ -98,9 +98,28 @@ static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i
 	return (uint32_t)(h >> 32) >= t->drop_thresh;
 }
 
+static void release_layer(struct llm_trainer *t, int l);
+
+/* Layer L, from the source; NULL (message set) when the fetch fails or the
+ * layer lacks a vector the family reads (a source that dropped it would
+ * train another model). */
 static const struct llm_layer *fetch_layer(struct llm_trainer *t, int l)
 {
-	return t->src.fetch ? t->src.fetch(t->src.ctx, l) : &t->m->layers[l];
+	if (!t->src.fetch)
+		return &t->m->layers[l];
+	const struct llm_layer *L = t->src.fetch(t->src.ctx, l);
+	if (!L)
+		return NULL;
+	const struct llm_family *f = t->m->cfg.fam;
+	const char *miss = !L->attn_norm.data || !L->ffn_norm.data ? "norm" :
+	                   f->qkv_bias && (!L->bq.data || !L->bk.data || !L->bv.data) ? "q/k/v bias" :
+	                   f->qk_norm && (!L->q_norm.data || !L->k_norm.data) ? "q/k norm" :
+	                   f->sandwich && (!L->post_attn_norm.data || !L->post_ffn_norm.data) ? "post norm" : NULL;
+	if (!miss)
+		return L;
+	release_layer(t, l);
+	llm_fail(LLM_ERR_INTERNAL, "the layer source gave no %s weights (model_type %s)", miss, f->model_type);
+	return NULL;
 }
 
 /* A layer source that returned NULL (its message is set). */

@@ -11,7 +11,11 @@
  * up, down; A and B), in the first and the last layer, is checked, so each
  * op's backward (RMSNorm, RoPE, grouped-query attention over packed
  * samples, SwiGLU, lm_head tied and untied, cross-entropy) lies on a checked
- * path; RMSNorm is also checked alone. */
+ * path; RMSNorm is also checked alone. The same check runs on a checkpoint
+ * of each dense family written here (qwen2's biases, qwen3's q/k norms with
+ * rope yarn, mistral's window, gemma2's softcaps, window, GeGLU and sandwich
+ * norms with rope linear), whose per-position -log p the trainer (F64 and
+ * F32) must give as the inference engine does. */
 #define _GNU_SOURCE
 #include "llm.h"
 #include "check.h"
@@ -281,13 +285,13 @@ static void rmsnorm_check(void)
 
 struct run { double loss; float *grad; size_t n; };
 
-static int run_f32(struct tiny *t, struct llm_lora *lo, int checkpoint, int threads, int f64,
+static int run_f32(const struct llm_model *m, struct llm_lora *lo, int checkpoint, int threads, int f64,
                    const struct llm_train_batch *b, struct run *out)
 {
 	struct llm_train_opts o = { .seq_len = b->seq_len, .n_seq = b->n_seq, .checkpoint = checkpoint,
 	                            .n_threads = threads, .f64 = f64 };
 	struct llm_trainer *tr;
-	if (llm_trainer_open(&tr, &t->m, lo, &o, NULL))
+	if (llm_trainer_open(&tr, m, lo, &o, NULL))
 		return -1;
 	int64_t cnt;
 	llm_trainer_zero_grad(tr);
@@ -311,8 +315,8 @@ static void f32_checks(void)
 	struct tbatch tb;
 	mkbatch(&tb, 32, 128);
 	struct run a = { 0 }, b = { 0 }, c = { 0 }, d = { 0 };
-	int ok = !run_f32(&t, &lo, 0, 1, 0, &tb.b, &a) && !run_f32(&t, &lo, 1, 1, 0, &tb.b, &b) &&
-	         !run_f32(&t, &lo, 0, 2, 0, &tb.b, &c) && !run_f32(&t, &lo, 0, 1, 1, &tb.b, &d);
+	int ok = !run_f32(&t.m, &lo, 0, 1, 0, &tb.b, &a) && !run_f32(&t.m, &lo, 1, 1, 0, &tb.b, &b) &&
+	         !run_f32(&t.m, &lo, 0, 2, 0, &tb.b, &c) && !run_f32(&t.m, &lo, 0, 1, 1, &tb.b, &d);
 	check(ok, "f32 trainer runs with checkpointing on/off, 1 and 2 threads");
 	if (ok) {
 		check(a.loss == b.loss && !memcmp(a.grad, b.grad, a.n * sizeof(float)),
@@ -683,6 +687,32 @@ static void family_checks(void)
 		gradcheck_model(fc->label, &m, i % 2 ? 0.2f : 0.0f, i % 2);
 		if (i == N_FAM - 1)
 			source_checks(&m);
+		/* the F32 trainer: checkpointing and threads change no bit, and it
+		 * follows the F64 one (dropout on) */
+		struct llm_lora lo;
+		llm_lora_init(&lo, &m.cfg, 2, 4.0f, 0.1f, LLM_LORA_ALL, 3);
+		for (size_t p = 0; p < lo.n_params; p++)
+			lo.params[p] = (float)(0.1 * nrand());
+		struct tbatch tb;
+		mkbatch(&tb, 8, 32);
+		struct run ra = { 0 }, rb = { 0 }, rc = { 0 }, rd = { 0 };
+		int fok = !run_f32(&m, &lo, 0, 1, 0, &tb.b, &ra) && !run_f32(&m, &lo, 1, 1, 0, &tb.b, &rb) &&
+		          !run_f32(&m, &lo, 0, 2, 0, &tb.b, &rc) && !run_f32(&m, &lo, 0, 1, 1, &tb.b, &rd);
+		double gmax = 0, gerr = 0;
+		for (size_t p = 0; fok && p < rd.n; p++) {
+			gmax = fmax(gmax, fabs(rd.grad[p]));
+			gerr = fmax(gerr, fabs(ra.grad[p] - rd.grad[p]));
+		}
+		check(fok && ra.loss == rb.loss && ra.loss == rc.loss && !memcmp(ra.grad, rb.grad, ra.n * sizeof(float)) &&
+		      !memcmp(ra.grad, rc.grad, ra.n * sizeof(float)) && fabs(ra.loss - rd.loss) <= 1e-5 * fabs(rd.loss) &&
+		      gerr <= 1e-4 * gmax, "%s: f32 trainer: checkpointing and 2 threads bit for bit, f64 loss within 1e-5 "
+		      "(%.8f vs %.8f), gradient within 1e-4 of its largest (%.2e of %.2e)", fc->label, ra.loss, rd.loss,
+		      gerr, gmax);
+		free(ra.grad);
+		free(rb.grad);
+		free(rc.grad);
+		free(rd.grad);
+		llm_lora_free(&lo);
 		/* the forward against the inference engine, 16 positions (past the windows) */
 		int32_t tok[16];
 		for (int t = 0; t < 16; t++)

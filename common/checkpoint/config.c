@@ -308,14 +308,6 @@ int llm_config_window(const struct llm_config *c, int layer)
 	return c->window;
 }
 
-int llm_config_is_llama(const struct llm_config *c)
-{
-	const struct llm_family *f = c->fam;
-	return !f->qkv_bias && !f->qk_norm && !f->norm_plus_one && f->act == LLM_ACT_SILU && !f->embed_scale
-	       && !f->sandwich && f->moe == LLM_MOE_NONE && !c->window && c->attn_softcap == 0
-	       && c->final_softcap == 0 && c->query_scalar == (float)c->d_head && c->rope_attn_factor == 1.0f;
-}
-
 float llm_config_attn_div(const struct llm_config *c)
 {
 	return sqrtf(c->query_scalar) / (c->rope_attn_factor * c->rope_attn_factor);

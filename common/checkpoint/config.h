@@ -83,10 +83,6 @@ enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t 
 /* The sliding window of LAYER (its keys at positions > query - window); 0:
  * the layer attends to every earlier position. */
 int llm_config_window(const struct llm_config *c, int layer);
-/* Whether the forward pass of C is Llama's: no trait of its family changes
- * it for this config (family.h; Mistral without a window is Llama). The
- * training forward (train.c) runs only these. */
-int llm_config_is_llama(const struct llm_config *c);
 /* What the attention divides q . k by: sqrt(query_scalar) over the square of
  * the YaRN attention factor (q and k each carry it; 1 otherwise). */
 float llm_config_attn_div(const struct llm_config *c);

@@ -443,6 +443,9 @@ static const struct llm_layer *frozen_fetch(void *ctx, int l)
 	} else {
 		return L;
 	}
+	/* the family's vectors (biases, q/k norms, sandwich norms: llm_layer) are
+	 * the model's own F32 arena, not the mapping: they stay where they are */
+	f->view = *L;
 	for (int i = 0; i < N_LW; i++) {
 		struct llm_weight *v = (struct llm_weight *)llm_layer_weight(&f->view, i);
 		*v = *llm_layer_weight(L, i);

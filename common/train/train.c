@@ -98,9 +98,28 @@ static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i
 	return (uint32_t)(h >> 32) >= t->drop_thresh;
 }
 
+static void release_layer(struct llm_trainer *t, int l);
+
+/* Layer L, from the source; NULL (message set) when the fetch fails or the
+ * layer lacks a vector the family reads (a source that dropped it would
+ * train another model). */
 static const struct llm_layer *fetch_layer(struct llm_trainer *t, int l)
 {
-	return t->src.fetch ? t->src.fetch(t->src.ctx, l) : &t->m->layers[l];
+	if (!t->src.fetch)
+		return &t->m->layers[l];
+	const struct llm_layer *L = t->src.fetch(t->src.ctx, l);
+	if (!L)
+		return NULL;
+	const struct llm_family *f = t->m->cfg.fam;
+	const char *miss = !L->attn_norm.data || !L->ffn_norm.data ? "norm" :
+	                   f->qkv_bias && (!L->bq.data || !L->bk.data || !L->bv.data) ? "q/k/v bias" :
+	                   f->qk_norm && (!L->q_norm.data || !L->k_norm.data) ? "q/k norm" :
+	                   f->sandwich && (!L->post_attn_norm.data || !L->post_ffn_norm.data) ? "post norm" : NULL;
+	if (!miss)
+		return L;
+	release_layer(t, l);
+	llm_fail(LLM_ERR_INTERNAL, "the layer source gave no %s weights (model_type %s)", miss, f->model_type);
+	return NULL;
 }
 
 /* A layer source that returned NULL (its message is set). */
@@ -123,7 +142,7 @@ static size_t maxdim(const struct llm_config *c)
 }
 
 /* Per-thread scratch in elements of ES bytes: the larger of the attention
- * rows (2 L), a dropped-out input row, a dequantized weight row and a dx
+ * rows (3 L), a dropped-out input row, a dequantized weight row and a dx
  * tile (MMT_TILE rows of one thread's column band, in f32). */
 static size_t tscr_elems(const struct llm_config *c, size_t L, size_t R, size_t es, int nth)
 {
@@ -134,8 +153,8 @@ static size_t tscr_elems(const struct llm_config *c, size_t L, size_t R, size_t 
 	if (f32 < md)
 		f32 = md;
 	size_t n = (f32 * sizeof(float) + es - 1) / es;
-	if (n < 2 * L)
-		n = 2 * L;
+	if (n < 3 * L)
+		n = 3 * L;
 	if (n < md)
 		n = md;
 	(void)R;
@@ -265,6 +284,10 @@ void llm_train_plan(const struct llm_config *c, size_t n_params, int rank, int n
 	p->optimizer = o->f64 ? 0 : 2 * n_params * sizeof(float);
 	p->checkpoints = ((size_t)c->n_layer + 1) * n * D * es;
 	size_t per_layer = n * (3 * D + 2 + 2 * Q + 2 * KV + H + 3 * FF + (size_t)n_targets * R);
+	if (c->fam->qk_norm)          /* q, k before their per-head norms, and its 1/rms */
+		per_layer += n * (Q + KV + H + (size_t)c->n_kv_head);
+	if (c->fam->sandwich)         /* o_proj's and down_proj's outputs before their norms */
+		per_layer += n * (2 * D + 2);
 	p->layer_acts = (o->checkpoint ? 1 : (size_t)c->n_layer) * per_layer * es;
 	p->workspace = (n * (D + 1) + n * (3 * D + 2 * Q + 2 * KV + 3 * FF + R) + D + 2 * L * half) * es +
 	               n * sizeof(uint64_t);   /* the dropout token ids */
@@ -291,10 +314,9 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	if (o->seq_len > c->max_ctx)
 		return llm_fail(LLM_ERR_USAGE, "trainer: sequence length %d exceeds the model context %d",
 		                o->seq_len, c->max_ctx);
-	if (!llm_config_is_llama(c))
-		return llm_fail(LLM_ERR_UNSUPPORTED, "trainer: model_type %s: fine-tuning runs the Llama forward "
-		                "only, and this model's family changes it (biases, norms, window, softcaps: "
-		                "family.h)", c->fam->model_type);
+	if (c->fam->moe != LLM_MOE_NONE)
+		return llm_fail(LLM_ERR_UNSUPPORTED, "trainer: model_type %s: a mixture-of-experts model cannot be "
+		                "fine-tuned yet (the trainer runs dense MLPs only)", c->fam->model_type);
 	if (lo->n_layer != c->n_layer || lo->d_in[LLM_LORA_Q] != c->d_model || lo->d_out[LLM_LORA_UP] != c->d_ff)
 		return llm_fail(LLM_ERR_USAGE, "trainer: the adapter does not fit the model");
 	struct llm_trainer *t = calloc(1, sizeof *t);

@@ -5,11 +5,20 @@
  * The forward pass is the one of model.c (Hugging Face LlamaForCausalLM):
  * per layer h = x + o(attn(rope(q(n)), rope(k(n)), v(n))), n = rmsnorm(x);
  * x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h); logits =
- * lm_head(rmsnorm(x)); loss = mean over counted tokens of -log softmax.
- * Every projection may carry a LoRA adapter (lora.h). The backward pass
- * goes through all of it (RMSNorm, RoPE, grouped-query causal attention,
- * SwiGLU, tied or untied lm_head, cross-entropy) and produces the gradient
- * of the LoRA parameters only: the base weights are frozen and read in place
+ * lm_head(rmsnorm(x)); loss = mean over counted tokens of -log softmax;
+ * with the changes of the model's dense family (family.h) read where they
+ * matter, as model.c reads them: q/k/v biases (qwen2), per-head q and k
+ * norms (qwen3), sliding windows (mistral; gemma2's even layers), the
+ * embedding scale, (1 + w) norms, GeGLU, attention and final logit
+ * softcaps, query_pre_attn_scalar and the norms after attention and MLP
+ * (gemma2), and rope_scaling's frequencies and YaRN attention factor.
+ * Mixtures of experts are refused (llm_trainer_open). Every projection may
+ * carry a LoRA adapter (lora.h). The backward pass goes through all of it
+ * (RMSNorm, RoPE, grouped-query causal attention with its scale, softcap
+ * and window, SwiGLU or GeGLU, the family's norms, tied or untied lm_head,
+ * the final softcap, cross-entropy) and produces the gradient of the LoRA
+ * parameters only: the biases and norm weights are frozen and the gradient
+ * flows through them; the base weights are frozen and read in place
  * from the checkpoint mapping (F32, F16, BF16 or FP8 E4M3 dequantized per
  * block inside the kernels, as inference does; no dequantized copy of a
  * matrix exists). Activations and math are F32 (the reference); a double
@@ -83,8 +92,10 @@ struct llm_trainer;
 
 /* Frozen weights of one layer, fetched just before the layer runs and
  * released right after (the hook for sharded or off-loaded base weights).
- * NULL fetch: the model's own layers. A fetch that fails returns NULL with
- * the message set; the step then returns LLM_ERR_COMM. */
+ * NULL fetch: the model's own layers. The layer returned carries every
+ * weight the family reads (llm_layer: biases, q/k norms, sandwich norms
+ * too; one without them fails the step). A fetch that fails returns NULL
+ * with the message set; the step then returns LLM_ERR_COMM. */
 struct llm_layer_source {
 	const struct llm_layer *(*fetch)(void *ctx, int layer);
 	void (*release)(void *ctx, int layer);
@@ -93,7 +104,8 @@ struct llm_layer_source {
 
 /* Build a trainer for model M (borrowed, with its mapping) and adapter LO
  * (borrowed: F32 trains LO->params in place; F64 trains its own double
- * copy, llm_trainer_params()). LLM_ERR_USAGE for bad sizes, LLM_ERR_NOMEM. */
+ * copy, llm_trainer_params()). LLM_ERR_USAGE for bad sizes, LLM_ERR_NOMEM,
+ * LLM_ERR_UNSUPPORTED for a mixture-of-experts model. */
 enum llm_status llm_trainer_open(struct llm_trainer **t, const struct llm_model *m,
                                  struct llm_lora *lo, const struct llm_train_opts *o,
                                  const struct llm_layer_source *src);

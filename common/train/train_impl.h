@@ -17,22 +17,28 @@
 #define LOG_ log
 #define COS_ cos
 #define SIN_ sin
+#define TANH_ tanh
 #else
 #define SQRT_ sqrtf
 #define EXP_ expf
 #define LOG_ logf
 #define COS_ cosf
 #define SIN_ sinf
+#define TANH_ tanhf
 #endif
 
-/* One layer's saved activations, each (n, ...) row-major. */
+/* One layer's saved activations, each (n, ...) row-major; the family's
+ * (family.h) only where it has the trait, else NULL. */
 struct F(act) {
 	REAL *xn, *rstd1;           /* (n, D) rmsnorm(x_in), (n) its 1/rms */
 	REAL *q, *k, *v;            /* (n, Q), (n, KV), (n, KV): q, k after RoPE */
+	REAL *qr, *kr, *rq, *rk;    /* qk_norm: q, k before their per-head norm; (n, H), (n, KH) 1/rms */
+	REAL *ao, *rstd3;           /* sandwich: (n, D) o_proj's output before post_attention_layernorm; (n) */
+	REAL *dn, *rstd4;           /* sandwich: (n, D) down_proj's output before post_feedforward_layernorm */
 	REAL *lse;                  /* (n, H) log-sum-exp of each attention row */
 	REAL *att;                  /* (n, Q) attention output */
 	REAL *xmid, *xm, *rstd2;    /* (n, D) residual after attention, its norm; (n) */
-	REAL *g, *u, *h;            /* (n, FF) gate, up, silu(gate) * up */
+	REAL *g, *u, *h;            /* (n, FF) gate, up, act(gate) * up */
 	REAL *lu[LLM_LORA_N];       /* (n, R) drop(x) A^T of each adapted projection */
 };
 
@@ -426,29 +432,83 @@ static void F(rope)(struct llm_trainer *t, REAL *x, const int32_t *pos, int64_t 
 	}
 }
 
-struct F(swiglu_job) { REAL *h, *dg, *du; const REAL *g, *u, *dh; int64_t n; };
+/* The gated MLP's activation (family.h act): h = act(g) * u, SwiGLU's
+ * silu or GeGLU's tanh-approximated GELU, as model.c's CPU ops compute it;
+ * with dh the backward: du = dh act(g), dg = dh u act'(g). */
+struct F(glu_job) { REAL *h, *dg, *du; const REAL *g, *u, *dh; int64_t n; enum llm_act act; };
 
-static void F(swiglu_task)(void *ctx, int ith, int nth)
+static void F(glu_task)(void *ctx, int ith, int nth)
 {
-	struct F(swiglu_job) *j = ctx;
+	struct F(glu_job) *j = ctx;
 	int64_t b, e;
 	split(j->n, ith, nth, 64, &b, &e);
 	for (int64_t i = b; i < e; i++) {
-		REAL g = j->g[i], sg = (REAL)1 / ((REAL)1 + EXP_(-g));
+		REAL g = j->g[i], a, da;
+		if (j->act == LLM_ACT_GELU_TANH) {
+			/* gelu(g) = g/2 (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3);
+			 * gelu'(g) = (1 + tanh z) / 2 + g/2 (1 - tanh^2 z) dz/dg */
+			const REAL k0 = (REAL)0.7978845608, k1 = (REAL)0.044715;
+			REAL th = TANH_(k0 * (g + k1 * g * g * g));
+			a = (REAL)0.5 * g * ((REAL)1 + th);
+			da = (REAL)0.5 * ((REAL)1 + th) +
+			     (REAL)0.5 * g * ((REAL)1 - th * th) * k0 * ((REAL)1 + (REAL)3 * k1 * g * g);
+		} else {
+			/* silu(g) = g sig(g); silu'(g) = sig(g) (1 + g (1 - sig(g))) */
+			REAL sg = (REAL)1 / ((REAL)1 + EXP_(-g));
+			a = g * sg;
+			da = sg * ((REAL)1 + g * ((REAL)1 - sg));
+		}
 		if (!j->dh) {
-			j->h[i] = g * sg * j->u[i];
+			j->h[i] = a * j->u[i];
 			continue;
 		}
-		/* d silu(g) / dg = sig(g) (1 + g (1 - sig(g))) */
 		REAL dh = j->dh[i];
-		j->du[i] = dh * g * sg;
-		j->dg[i] = dh * j->u[i] * sg * ((REAL)1 + g * ((REAL)1 - sg));
+		j->du[i] = dh * a;
+		j->dg[i] = dh * j->u[i] * da;
 	}
+}
+
+/* y (n, w->cols) += the bias vector W (qkv_bias), after the projection and its adapter */
+static void F(add_bias)(struct llm_trainer *t, REAL *y, const struct llm_weight *w, int64_t n)
+{
+	struct F(state) *st = t->st;
+	float *b = (float *)(st->tscr);
+	llm_weight_row_f32(w, 0, b);
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t c = 0; c < w->cols; c++)
+			y[i * w->cols + c] += (REAL)b[c];
 }
 
 /* ---- attention ---------------------------------------------------------------- */
 
-struct F(attn_job) { struct llm_trainer *t; const struct llm_train_batch *b; struct F(act) *a; REAL *out; };
+/* The attention of layer l as the family scores it (model.c attend): q . k
+ * times SCALE (1 / llm_config_attn_div: d_head^-0.5, query_pre_attn_scalar^-0.5,
+ * the YaRN attention factor), capped as cap tanh(s / cap) where CAP > 0
+ * (attn_softcap), over the keys of the token's own sample within the
+ * layer's window WIN (keys at positions > pos - WIN; 0: every earlier one). */
+struct F(attn_job) {
+	struct llm_trainer *t; const struct llm_train_batch *b; struct F(act) *a; REAL *out;
+	REAL scale, cap; int win;
+};
+
+static void F(attn_setup)(struct llm_trainer *t, struct F(attn_job) *j, int l, const struct llm_train_batch *b,
+                          struct F(act) *a, REAL *out)
+{
+	const struct llm_config *c = &t->m->cfg;
+	j->t = t;
+	j->b = b;
+	j->a = a;
+	j->out = out;
+	j->scale = (REAL)1 / (REAL)llm_config_attn_div(c);
+	j->cap = (REAL)c->attn_softcap;
+	j->win = llm_config_window(c, l);
+}
+
+/* The first slot token TI (of a sample starting at slot S0) attends to. */
+static inline int F(attn_lo)(const struct F(attn_job) *j, int ti, int s0)
+{
+	return j->win > 0 && ti - j->win + 1 > s0 ? ti - j->win + 1 : s0;
+}
 
 /* One (row, head) per item: causal softmax over the token's own sample. */
 static void F(attn_task)(void *ctx, int ith, int nth)
@@ -458,7 +518,7 @@ static void F(attn_task)(void *ctx, int ith, int nth)
 	const struct llm_config *c = &j->t->m->cfg;
 	int H = c->n_head, G = c->n_head / c->n_kv_head, dh = c->d_head, L = j->b->seq_len;
 	int64_t Q = (int64_t)H * dh, KV = (int64_t)c->n_kv_head * dh;
-	REAL scale = (REAL)1 / SQRT_((REAL)dh);
+	REAL scale = j->scale, cap = j->cap;
 	REAL *p = st->tscr + (size_t)ith * st->tscr_per;
 	int64_t b, e;
 	split((int64_t)j->b->n_seq * H, ith, nth, 1, &b, &e);
@@ -467,7 +527,7 @@ static void F(attn_task)(void *ctx, int ith, int nth)
 		int h = (int)(it % H), g = h / G;
 		for (int ti = 0; ti < L; ti++) {
 			int64_t i = row * L + ti;
-			int s0 = j->b->start[i];
+			int s0 = F(attn_lo)(j, ti, j->b->start[i]);
 			const REAL *q = j->a->q + i * Q + h * dh;
 			REAL m = -INFINITY;
 			for (int s = s0; s <= ti; s++) {
@@ -476,6 +536,8 @@ static void F(attn_task)(void *ctx, int ith, int nth)
 				for (int x = 0; x < dh; x++)
 					d += q[x] * k[x];
 				p[s] = d * scale;
+				if (cap > 0)
+					p[s] = TANH_(p[s] / cap) * cap;
 				if (p[s] > m)
 					m = p[s];
 			}
@@ -499,8 +561,8 @@ static void F(attn_task)(void *ctx, int ith, int nth)
 }
 
 /* One (row, kv head) per item, so dk and dv of a group have one writer:
- * p = exp(s - lse); dp = do . v; ds = p (dp - sum(p dp)); dq = scale ds k;
- * dk += scale ds q; dv += p do. */
+ * p = exp(s - lse); dp = do . v; ds = p (dp - sum(p dp)) (times 1 - tanh^2
+ * under a softcap); dq = scale ds k; dk += scale ds q; dv += p do. */
 static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 {
 	struct F(attn_job) *j = ctx;
@@ -508,8 +570,8 @@ static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 	const struct llm_config *c = &j->t->m->cfg;
 	int H = c->n_head, KH = c->n_kv_head, G = H / KH, dh = c->d_head, L = j->b->seq_len;
 	int64_t Q = (int64_t)H * dh, KV = (int64_t)KH * dh;
-	REAL scale = (REAL)1 / SQRT_((REAL)dh);
-	REAL *p = st->tscr + (size_t)ith * st->tscr_per, *dp = p + L;
+	REAL scale = j->scale, cap = j->cap;
+	REAL *p = st->tscr + (size_t)ith * st->tscr_per, *dp = p + L, *dh_cap = dp + L;
 	int64_t b, e;
 	split((int64_t)j->b->n_seq * KH, ith, nth, 1, &b, &e);
 	for (int64_t it = b; it < e; it++) {
@@ -523,7 +585,7 @@ static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 		for (int h = g * G; h < (g + 1) * G; h++)
 			for (int ti = 0; ti < L; ti++) {
 				int64_t i = row * L + ti;
-				int s0 = j->b->start[i];
+				int s0 = F(attn_lo)(j, ti, j->b->start[i]);
 				const REAL *q = j->a->q + i * Q + h * dh, *dout = st->datt + i * Q + h * dh;
 				REAL lse = j->a->lse[i * H + h], sum = 0;
 				for (int s = s0; s <= ti; s++) {
@@ -534,7 +596,13 @@ static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 						d += q[x] * k[x];
 						dv += dout[x] * v[x];
 					}
-					p[s] = EXP_(d * scale - lse);
+					d *= scale;
+					if (cap > 0) {   /* dp keeps the cap's derivative until ds */
+						REAL th = TANH_(d / cap);
+						d = th * cap;
+						dh_cap[s] = (REAL)1 - th * th;
+					}
+					p[s] = EXP_(d - lse);
 					dp[s] = dv;
 					sum += p[s] * dv;
 				}
@@ -546,6 +614,8 @@ static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 					const REAL *k = j->a->k + js * KV + g * dh;
 					REAL *dk = st->dk + js * KV + g * dh, *dv = st->dv + js * KV + g * dh;
 					REAL ds = p[s] * (dp[s] - sum) * scale;
+					if (cap > 0)
+						ds *= dh_cap[s];
 					for (int x = 0; x < dh; x++) {
 						dq[x] += ds * k[x];
 						dk[x] += ds * q[x];
@@ -558,28 +628,60 @@ static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 
 /* ---- a layer ------------------------------------------------------------------- */
 
+/* The layer as model.c runs it, the family's traits (family.h) where they
+ * matter:
+ *   xn = norm(x); q, k, v = proj(xn) (+ bias: qkv_bias); q, k = norm per head
+ *   (qk_norm); q, k = rope(q, k); att = attention (the family's scale,
+ *   softcap and the layer's window); ao = o(att) (normed: sandwich);
+ *   xmid = x + ao; xm = norm(xmid); h = act(gate(xm)) * up(xm);
+ *   dn = down(h) (normed: sandwich); xout = xmid + dn.
+ * The (1 + w) norms (norm_plus_one) are in the weights (model.c adds the 1 at
+ * load). The frozen vectors (biases, norms) have no gradient of their own;
+ * the backward goes through them to the adapters of earlier projections. */
 static void F(layer_fwd)(struct llm_trainer *t, int l, const struct llm_layer *W, struct F(act) *a,
                          const REAL *xin, REAL *xout, const struct llm_train_batch *b, int train)
 {
 	const struct llm_config *c = &t->m->cfg;
+	const struct llm_family *f = c->fam;
 	int64_t n = (int64_t)b->n_seq * b->seq_len, D = c->d_model, FF = c->d_ff;
+	REAL *q = f->qk_norm ? a->qr : a->q, *k = f->qk_norm ? a->kr : a->k;
 	F(rmsnorm)(t, a->xn, a->rstd1, xin, &W->attn_norm, n);
-	F(linear)(t, &W->wq, l, LLM_LORA_Q, a->xn, a->q, a->lu[LLM_LORA_Q], n, train);
-	F(linear)(t, &W->wk, l, LLM_LORA_K, a->xn, a->k, a->lu[LLM_LORA_K], n, train);
+	F(linear)(t, &W->wq, l, LLM_LORA_Q, a->xn, q, a->lu[LLM_LORA_Q], n, train);
+	F(linear)(t, &W->wk, l, LLM_LORA_K, a->xn, k, a->lu[LLM_LORA_K], n, train);
 	F(linear)(t, &W->wv, l, LLM_LORA_V, a->xn, a->v, a->lu[LLM_LORA_V], n, train);
+	if (f->qkv_bias) {
+		F(add_bias)(t, q, &W->bq, n);
+		F(add_bias)(t, k, &W->bk, n);
+		F(add_bias)(t, a->v, &W->bv, n);
+	}
+	if (f->qk_norm) {              /* each head's d_head elements, before RoPE */
+		F(rmsnorm)(t, a->q, a->rq, a->qr, &W->q_norm, n * c->n_head);
+		F(rmsnorm)(t, a->k, a->rk, a->kr, &W->k_norm, n * c->n_kv_head);
+	}
 	F(rope)(t, a->q, b->pos, n, c->n_head, 1);
 	F(rope)(t, a->k, b->pos, n, c->n_kv_head, 1);
-	struct F(attn_job) aj = { t, b, a, a->att };
+	struct F(attn_job) aj;
+	F(attn_setup)(t, &aj, l, b, a, a->att);
 	par(t, (double)n * b->seq_len * c->n_head * c->d_head, F(attn_task), &aj);
-	F(linear)(t, &W->wo, l, LLM_LORA_O, a->att, a->xmid, a->lu[LLM_LORA_O], n, train);
+	if (f->sandwich) {             /* the attention output normed before the residual add */
+		F(linear)(t, &W->wo, l, LLM_LORA_O, a->att, a->ao, a->lu[LLM_LORA_O], n, train);
+		F(rmsnorm)(t, a->xmid, a->rstd3, a->ao, &W->post_attn_norm, n);
+	} else {
+		F(linear)(t, &W->wo, l, LLM_LORA_O, a->att, a->xmid, a->lu[LLM_LORA_O], n, train);
+	}
 	for (int64_t i = 0; i < n * D; i++)
 		a->xmid[i] += xin[i];
 	F(rmsnorm)(t, a->xm, a->rstd2, a->xmid, &W->ffn_norm, n);
 	F(linear)(t, &W->w_gate, l, LLM_LORA_GATE, a->xm, a->g, a->lu[LLM_LORA_GATE], n, train);
 	F(linear)(t, &W->w_up, l, LLM_LORA_UP, a->xm, a->u, a->lu[LLM_LORA_UP], n, train);
-	struct F(swiglu_job) sj = { a->h, NULL, NULL, a->g, a->u, NULL, n * FF };
-	par(t, 8.0 * (double)n * FF, F(swiglu_task), &sj);
-	F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, xout, a->lu[LLM_LORA_DOWN], n, train);
+	struct F(glu_job) gj = { a->h, NULL, NULL, a->g, a->u, NULL, n * FF, f->act };
+	par(t, 8.0 * (double)n * FF, F(glu_task), &gj);
+	if (f->sandwich) {             /* the MLP output normed before the residual add */
+		F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, a->dn, a->lu[LLM_LORA_DOWN], n, train);
+		F(rmsnorm)(t, xout, a->rstd4, a->dn, &W->post_ffn_norm, n);
+	} else {
+		F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, xout, a->lu[LLM_LORA_DOWN], n, train);
+	}
 	for (int64_t i = 0; i < n * D; i++)
 		xout[i] += a->xmid[i];
 }
@@ -591,22 +693,39 @@ static void F(layer_bwd)(struct llm_trainer *t, int l, const struct llm_layer *W
 {
 	struct F(state) *st = t->st;
 	const struct llm_config *c = &t->m->cfg;
+	const struct llm_family *f = c->fam;
 	int64_t n = (int64_t)b->n_seq * b->seq_len, D = c->d_model, FF = c->d_ff;
-	/* MLP */
-	F(linear_bwd)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, st->dres, a->lu[LLM_LORA_DOWN], st->dh, 0, n, train);
-	struct F(swiglu_job) sj = { NULL, st->dg, st->du, a->g, a->u, st->dh, n * FF };
-	par(t, 8.0 * (double)n * FF, F(swiglu_task), &sj);
+	/* MLP (sandwich: dxn holds the gradient of down_proj's output first) */
+	const REAL *ddn = st->dres;
+	if (f->sandwich) {
+		F(rmsnorm_bwd)(t, st->dxn, st->dres, a->dn, a->rstd4, &W->post_ffn_norm, n);
+		ddn = st->dxn;
+	}
+	F(linear_bwd)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, ddn, a->lu[LLM_LORA_DOWN], st->dh, 0, n, train);
+	struct F(glu_job) gj = { NULL, st->dg, st->du, a->g, a->u, st->dh, n * FF, f->act };
+	par(t, 8.0 * (double)n * FF, F(glu_task), &gj);
 	F(linear_bwd)(t, &W->w_gate, l, LLM_LORA_GATE, a->xm, st->dg, a->lu[LLM_LORA_GATE], st->dxn, 0, n, train);
 	F(linear_bwd)(t, &W->w_up, l, LLM_LORA_UP, a->xm, st->du, a->lu[LLM_LORA_UP], st->dxn, 1, n, train);
 	F(rmsnorm_bwd)(t, st->dxmid, st->dxn, a->xmid, a->rstd2, &W->ffn_norm, n);
 	for (int64_t i = 0; i < n * D; i++)
 		st->dxmid[i] += st->dres[i];
-	/* attention */
-	F(linear_bwd)(t, &W->wo, l, LLM_LORA_O, a->att, st->dxmid, a->lu[LLM_LORA_O], st->datt, 0, n, train);
-	struct F(attn_job) aj = { t, b, a, NULL };
+	/* attention (sandwich: dxn holds the gradient of o_proj's output) */
+	const REAL *dao = st->dxmid;
+	if (f->sandwich) {
+		F(rmsnorm_bwd)(t, st->dxn, st->dxmid, a->ao, a->rstd3, &W->post_attn_norm, n);
+		dao = st->dxn;
+	}
+	F(linear_bwd)(t, &W->wo, l, LLM_LORA_O, a->att, dao, a->lu[LLM_LORA_O], st->datt, 0, n, train);
+	struct F(attn_job) aj;
+	F(attn_setup)(t, &aj, l, b, a, NULL);
 	par(t, 2.0 * (double)n * b->seq_len * c->n_head * c->d_head, F(attn_bwd_task), &aj);
 	F(rope)(t, st->dq, b->pos, n, c->n_head, -1);
 	F(rope)(t, st->dk, b->pos, n, c->n_kv_head, -1);
+	if (f->qk_norm) {              /* in place: dq, dk become those of q, k before the norm */
+		F(rmsnorm_bwd)(t, st->dq, st->dq, a->qr, a->rq, &W->q_norm, n * c->n_head);
+		F(rmsnorm_bwd)(t, st->dk, st->dk, a->kr, a->rk, &W->k_norm, n * c->n_kv_head);
+	}
+	/* the biases add a constant: the gradient passes through unchanged */
 	REAL *dxn = need_dx ? st->dxn : NULL;
 	F(linear_bwd)(t, &W->wq, l, LLM_LORA_Q, a->xn, st->dq, a->lu[LLM_LORA_Q], dxn, 0, n, train);
 	F(linear_bwd)(t, &W->wk, l, LLM_LORA_K, a->xn, st->dk, a->lu[LLM_LORA_K], dxn, 1, n, train);
@@ -635,8 +754,8 @@ static enum llm_status F(forward)(struct llm_trainer *t, const struct llm_train_
 	float *tmp = (float *)st->tscr;
 	for (int64_t i = 0; i < n; i++) {
 		llm_weight_row_f32(&t->m->embed, b->tok[i], tmp);
-		for (int64_t x = 0; x < D; x++)
-			st->xres[i * D + x] = (REAL)tmp[x];
+		for (int64_t x = 0; x < D; x++)   /* embed_scale: times sqrt(d_model) (else 1) */
+			st->xres[i * D + x] = c->fam->embed_scale ? (REAL)tmp[x] * (REAL)c->embed_scale : (REAL)tmp[x];
 	}
 	for (int l = 0; l < c->n_layer; l++) {
 		const struct llm_layer *W = fetch_layer(t, l);
@@ -652,8 +771,10 @@ static enum llm_status F(forward)(struct llm_trainer *t, const struct llm_train_
 
 struct F(ce_job) { struct llm_trainer *t; const int32_t *tgt; int64_t rows; double gscale; int backward; double *loss; };
 
-/* Per logit row: loss = lse - logit[tgt]; with backward the row becomes
- * gscale * (softmax - onehot). The sum of exp runs in double. */
+/* Per logit row: the final softcap (cap tanh(logit / cap), final_softcap)
+ * where the model has one, loss = lse - logit[tgt]; with backward the row
+ * becomes gscale * (softmax - onehot), times the cap's derivative 1 -
+ * tanh^2. The sum of exp runs in double. */
 static void F(ce_task)(void *ctx, int ith, int nth)
 {
 	struct F(ce_job) *j = ctx;
@@ -661,7 +782,10 @@ static void F(ce_task)(void *ctx, int ith, int nth)
 	int64_t V = j->t->m->cfg.n_vocab, b, e;
 	split(j->rows, ith, nth, 1, &b, &e);
 	for (int64_t r = b; r < e; r++) {
-		REAL *lg = st->lg + r * V;
+		REAL *lg = st->lg + r * V, cap = (REAL)j->t->m->cfg.final_softcap;
+		if (cap > 0)
+			for (int64_t v = 0; v < V; v++)
+				lg[v] = TANH_(lg[v] / cap) * cap;
 		REAL m = lg[0];
 		for (int64_t v = 1; v < V; v++)
 			if (lg[v] > m)
@@ -673,9 +797,16 @@ static void F(ce_task)(void *ctx, int ith, int nth)
 		j->loss[r] = lse - (double)lg[j->tgt[r]];
 		if (!j->backward)
 			continue;
-		for (int64_t v = 0; v < V; v++)
-			lg[v] = (REAL)(exp((double)lg[v] - lse) * j->gscale);
-		lg[j->tgt[r]] -= (REAL)j->gscale;
+		for (int64_t v = 0; v < V; v++) {
+			REAL d = (REAL)(exp((double)lg[v] - lse) * j->gscale);
+			if (v == j->tgt[r])
+				d -= (REAL)j->gscale;
+			if (cap > 0) {   /* lg[v] is cap tanh(x / cap): the tanh is lg[v] / cap */
+				REAL th = lg[v] / cap;
+				d *= (REAL)1 - th * th;
+			}
+			lg[v] = d;
+		}
 	}
 }
 
@@ -762,6 +893,18 @@ static size_t F(carve)(struct llm_trainer *t, REAL *arena)
 		TAKE(a->q, n * Q);
 		TAKE(a->k, n * KV);
 		TAKE(a->v, n * KV);
+		if (c->fam->qk_norm) {
+			TAKE(a->qr, n * Q);
+			TAKE(a->kr, n * KV);
+			TAKE(a->rq, n * H);
+			TAKE(a->rk, n * (size_t)c->n_kv_head);
+		}
+		if (c->fam->sandwich) {
+			TAKE(a->ao, n * D);
+			TAKE(a->rstd3, n);
+			TAKE(a->dn, n * D);
+			TAKE(a->rstd4, n);
+		}
 		TAKE(a->lse, n * H);
 		TAKE(a->att, n * Q);
 		TAKE(a->xmid, n * D);
@@ -846,6 +989,9 @@ static enum llm_status F(argmax_last)(struct llm_trainer *t, const struct llm_tr
 	const struct llm_config *c = &t->m->cfg;
 	LLM_TRY(F(forward)(t, b, 0));
 	F(mm)(t, st->lg, st->xf + last * c->d_model, 1, &t->m->lm_head);
+	if (c->final_softcap > 0)
+		for (int32_t v = 0; v < c->n_vocab; v++)
+			st->lg[v] = TANH_(st->lg[v] / (REAL)c->final_softcap) * (REAL)c->final_softcap;
 	int32_t best = 0;
 	for (int32_t v = 1; v < c->n_vocab; v++)
 		if (st->lg[v] > st->lg[best])
@@ -859,3 +1005,4 @@ static enum llm_status F(argmax_last)(struct llm_trainer *t, const struct llm_tr
 #undef LOG_
 #undef COS_
 #undef SIN_
+#undef TANH_

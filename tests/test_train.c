@@ -207,7 +207,7 @@ static void gradcheck(const char *label, int tied, int fp8, int n_kv, float drop
 		int bad = 0, n_checked = 0, nonzero = 0;
 		for (int l = 0; l < 2; l++)
 			for (int isb = 0; isb < 2; isb++) {
-				size_t off = lo.off[(size_t)l * LLM_LORA_N + (size_t)tg];
+				size_t off = llm_lora_off(&lo, l, tg);
 				size_t n = (size_t)lo.rank * (size_t)(isb ? lo.d_out[tg] : lo.d_in[tg]);
 				if (isb)
 					off += (size_t)lo.rank * (size_t)lo.d_in[tg];

@@ -277,7 +277,7 @@ static void F(lora_setup)(struct llm_trainer *t, struct F(lora_job) *j, int laye
 {
 	struct F(state) *st = t->st;
 	const struct llm_lora *lo = t->lo;
-	size_t off = lo->off[(size_t)layer * LLM_LORA_N + (size_t)tg];
+	size_t off = llm_lora_off(lo, layer, tg);
 	memset(j, 0, sizeof *j);
 	j->t = t;
 	j->layer = layer;

@@ -169,7 +169,6 @@ assert abs(b["ppl"] / a["ppl"] - 1) < 0.01' "$T/$f-ppl-bf16.json" "$T/$f-ppl-fp8
 	check_fails "$f: llm-finetune refuses a mixture of experts with one line" 1 \
 		llm-finetune -m "$q" --data tests/data/finetune/train.jsonl -o "$T/ad" --steps 1 --seq-len 32
 	grep -q "mixture of experts" "$T/err" && ok "$f: the line says why" || notok "$f: the line says why: $(cat "$T/err")"
-	check_fails "$f: llm-finetune --plan refuses it too" 1 llm-finetune -m "$q" --plan -o "$T/ad"
 }
 
 # random FAMILY CONFIG: llm-quantize --random writes the family's routers

@@ -85,7 +85,8 @@ enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t 
 int llm_config_window(const struct llm_config *c, int layer);
 /* Whether the forward pass of C is Llama's: no trait of its family changes
  * it for this config (family.h; Mistral without a window is Llama). The
- * training forward (train.c) runs only these. */
+ * training forward (train.c) runs only these, and these with a mixture
+ * of experts' FFN. */
 int llm_config_is_llama(const struct llm_config *c);
 /* What the attention divides q . k by: sqrt(query_scalar) over the square of
  * the YaRN attention factor (q and k each carry it; 1 otherwise). */

@@ -6,7 +6,10 @@
  * per layer h = x + o(attn(rope(q(n)), rope(k(n)), v(n))), n = rmsnorm(x);
  * x' = h + down(silu(gate(m)) * up(m)), m = rmsnorm(h); logits =
  * lm_head(rmsnorm(x)); loss = mean over counted tokens of -log softmax.
- * Every projection may carry a LoRA adapter (lora.h). The backward pass
+ * A mixture of experts (Mixtral; Qwen3-MoE's routing) has moe.c's FFN in
+ * place of the MLP (train_moe.h: the router frozen, the top-k choice a
+ * constant, the gradient through the routing weights and each chosen
+ * expert). Every projection and expert may carry a LoRA adapter (lora.h). The backward pass
  * goes through all of it (RMSNorm, RoPE, grouped-query causal attention,
  * SwiGLU, tied or untied lm_head, cross-entropy) and produces the gradient
  * of the LoRA parameters only: the base weights are frozen and read in place
@@ -250,6 +253,10 @@ struct llm_frozen_plan {
 	size_t buffer;          /* per rank: the working layer buffer (0: layers are used in place) */
 	int n_offloaded;        /* decoder layers [0, n_offloaded) are off-loaded */
 };
+/* Whether SHARD and OFFLOAD can hold M's frozen weights: LLM_ERR_UNSUPPORTED
+ * naming PATH for a mixture of experts (its experts are not in a layer's
+ * blob), else LLM_OK. */
+enum llm_status llm_frozen_check(const struct llm_model *m, const char *path, int shard, double offload);
 /* The frozen-weight memory of one of RANKS ranks for model M (headers
  * only: no weight is read), with SHARD and OFFLOAD in [0, 1]. */
 void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double offload,

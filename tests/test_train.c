@@ -15,7 +15,15 @@
  * of each dense family written here (qwen2's biases, qwen3's q/k norms with
  * rope yarn, mistral's window, gemma2's softcaps, window, GeGLU and sandwich
  * norms with rope linear), whose per-position -log p the trainer (F64 and
- * F32) must give as the inference engine does. */
+ * F32) must give as the inference engine does.
+ * On mixtures of experts (the top 2 of
+ * 4 renormalised, as Mixtral; not renormalised with a dense layer 0, as
+ * Qwen3-MoE may be; the top 3 of 5 with dropout and checkpointing) each
+ * expert's gate, up and down adapter is checked too, and every earlier
+ * layer's gradient passes through the routing weights' softmax (leaving
+ * that term out fails the attention targets by O(1)). There the F32
+ * trainer's loss is also held to the inference engine's scoring (model.c)
+ * of the same tokens, with and without an adapter. */
 #define _GNU_SOURCE
 #include "llm.h"
 #include "check.h"
@@ -33,6 +41,7 @@ struct tiny {
 	uint8_t *codes;            /* FP8 variant */
 	float *scales;
 	size_t codes_used, scales_used;
+	float *moe_mem;            /* a mixture of experts' routers and experts */
 };
 
 static uint64_t rng_state;
@@ -139,8 +148,53 @@ static void tiny_init(struct tiny *t, int n_layer, int d_model, int n_head, int 
 		mkweight(t, &t->m.lm_head, n_vocab, d_model, s, 0, 0);
 }
 
+/* A mixture of experts' shape: E experts of width FE, the top K, renormalised
+ * or not (norm_topk_prob), the layers in DENSE (bits) keeping the dense MLP. */
+struct moe_shape { int E, K, FE, norm; unsigned dense; };
+
+/* Layers of T not in MS->dense become mixtures of experts (Mixtral's
+ * family: the trainer runs Qwen3-MoE's routing, norm_topk false and dense
+ * layers, the same way; its q/k norm is a dense family's trait). */
+static void tiny_moe(struct tiny *t, const struct moe_shape *ms)
+{
+	struct llm_config *c = &t->m.cfg;
+	int64_t D = c->d_model;
+	c->fam = llm_family_find("mixtral", NULL);
+	c->moe.n_expert = ms->E;
+	c->moe.n_expert_used = ms->K;
+	c->moe.d_ff_expert = ms->FE;
+	c->moe.norm_topk = ms->norm;
+	c->moe.names = LLM_MOE_NAMES_MIXTRAL;
+	float *mem = t->mem;
+	size_t used = t->used, cap = t->cap;
+	t->cap = (size_t)c->n_layer * (size_t)ms->E * (size_t)(D + 3 * ms->FE * D);
+	t->mem = t->moe_mem = calloc(t->cap, sizeof(float));
+	t->used = 0;
+	t->m.experts = calloc((size_t)c->n_layer * (size_t)ms->E * 3, sizeof *t->m.experts);
+	for (int l = 0; l < c->n_layer; l++) {
+		if (ms->dense >> l & 1) {
+			c->moe.dense[l / 8] |= (unsigned char)(1u << (l % 8));
+			continue;
+		}
+		struct llm_layer *L = &t->m.layers[l];
+		L->moe.expert = t->m.experts + (size_t)l * (size_t)ms->E * 3;
+		/* router logits of a few units: distinct top k, far from ties */
+		mkweight(t, &L->moe.router, ms->E, D, 4.0 / sqrt((double)D), 0, 0);
+		for (int e = 0; e < ms->E; e++) {
+			mkweight(t, &L->moe.expert[3 * e], ms->FE, D, 1.0 / sqrt((double)D), 0, 0);
+			mkweight(t, &L->moe.expert[3 * e + 1], ms->FE, D, 1.0 / sqrt((double)D), 0, 0);
+			mkweight(t, &L->moe.expert[3 * e + 2], D, ms->FE, 1.0 / sqrt((double)ms->FE), 0, 0);
+		}
+	}
+	t->mem = mem;
+	t->used = used;
+	t->cap = cap;
+}
+
 static void tiny_free(struct tiny *t)
 {
+	free(t->moe_mem);
+	free(t->m.experts);
 	free(t->mem);
 	free(t->codes);
 	free(t->scales);
@@ -177,8 +231,9 @@ static double loss_at(struct llm_trainer *tr, const struct llm_train_batch *b, i
 	return loss;
 }
 
-/* The check on model M (2 layers, 32 ids) */
-static void gradcheck_model(const char *label, const struct llm_model *m, float dropout, int checkpoint)
+/* The check on model M (2 layers, 32 ids); MS: its mixture of experts (NULL: dense) */
+static void gradcheck_model(const char *label, const struct llm_model *m, float dropout, int checkpoint,
+                            const struct moe_shape *ms)
 {
 	struct llm_lora lo;
 	if (llm_lora_init(&lo, &m->cfg, 2, 4.0f, dropout, LLM_LORA_ALL, 1)) {
@@ -205,16 +260,22 @@ static void gradcheck_model(const char *label, const struct llm_model *m, float 
 	      label, loss, (long long)cnt);
 	double *p = llm_trainer_params(tr), *g = llm_trainer_grads(tr);
 	const double h = 1e-5;
-	for (int tg = 0; tg < LLM_LORA_N; tg++) {
+	/* each kind: a projection, or (a mixture of experts) an expert's gate,
+	 * up or down, in a random expert a draw */
+	static const char *const expert_kind[3] = { "experts' gate", "experts' up", "experts' down" };
+	for (int tg = 0; tg < (ms ? LLM_LORA_KINDS : LLM_LORA_N); tg++) {
 		double worst = 0, worst_a = 0, worst_n = 0;
 		int bad = 0, n_checked = 0, nonzero = 0;
 		for (int l = 0; l < 2; l++)
 			for (int isb = 0; isb < 2; isb++) {
-				size_t off = lo.off[(size_t)l * LLM_LORA_N + (size_t)tg];
-				size_t n = (size_t)lo.rank * (size_t)(isb ? lo.d_out[tg] : lo.d_in[tg]);
-				if (isb)
-					off += (size_t)lo.rank * (size_t)lo.d_in[tg];
 				for (int k = 0; k < 6; k++) {
+					int sl = tg < LLM_LORA_N ? tg : llm_lora_slot((int)(urand() * ms->E), LLM_LORA_GATE + tg - LLM_LORA_N);
+					if (!llm_lora_has_slot(&lo, l, sl))
+						continue;
+					size_t off = llm_lora_off(&lo, l, sl);
+					size_t n = (size_t)lo.rank * (size_t)(isb ? lo.d_out[tg] : lo.d_in[tg]);
+					if (isb)
+						off += (size_t)lo.rank * (size_t)lo.d_in[tg];
 					size_t i = off + (size_t)(urand() * (double)n);
 					double save = p[i];
 					p[i] = save + h;
@@ -234,19 +295,26 @@ static void gradcheck_model(const char *label, const struct llm_model *m, float 
 					}
 				}
 			}
+		if (n_checked == 0)
+			continue;                   /* a mixture of experts without dense layers: no MLP */
 		check(bad == 0 && nonzero > n_checked / 3, "%s: %s A and B gradients equal finite differences "
-		      "(%d of %d, worst |a - n| %.2e: %.9f vs %.9f)", label, llm_lora_target_name(tg),
+		      "(%d of %d, worst |a - n| %.2e: %.9f vs %.9f)", label,
+		      tg < LLM_LORA_N ? llm_lora_target_name(tg) : expert_kind[tg - LLM_LORA_N],
 		      n_checked - bad, n_checked, worst, worst_a, worst_n);
 	}
 	llm_trainer_close(tr);
 	llm_lora_free(&lo);
 }
 
-static void gradcheck(const char *label, int tied, int fp8, int n_kv, float dropout, int checkpoint)
+
+static void gradcheck(const char *label, int tied, int fp8, int n_kv, float dropout, int checkpoint,
+                      const struct moe_shape *ms)
 {
 	struct tiny t;
 	tiny_init(&t, 2, 16, 4, n_kv, 24, 32, tied, fp8, 42 + (uint64_t)tied);
-	gradcheck_model(label, &t.m, dropout, checkpoint);
+	if (ms)
+		tiny_moe(&t, ms);
+	gradcheck_model(label, &t.m, dropout, checkpoint, ms);
 	tiny_free(&t);
 }
 
@@ -566,6 +634,17 @@ static enum llm_status fam_write(const struct fam_case *fc, const char *dir, uin
 	return st;
 }
 
+/* -log softmax(R)[TARGET] over V logits, in double */
+static double logit_nll(const float *r, int V, int target)
+{
+	double m = r[0], sum = 0;
+	for (int v = 1; v < V; v++)
+		m = r[v] > m ? r[v] : m;
+	for (int v = 0; v < V; v++)
+		sum += exp((double)r[v] - m);
+	return m + log(sum) - (double)r[target];
+}
+
 /* -log p(tok[t + 1]) at each of the first L - 1 positions of one sequence,
  * from the inference engine (CPU, F32 KV cache, every position's logits) */
 static int engine_nll(const char *dir, const int32_t *tok, int L, double *nll)
@@ -595,15 +674,8 @@ static int engine_nll(const char *dir, const int32_t *tok, int L, double *nll)
 	if (!rc && (llm_engine_forward(e, &b, &lg, &n_out) || n_out != L))
 		rc = -1;
 	int V = llm_engine_model(e)->cfg.n_vocab;
-	for (int t = 0; !rc && t < L - 1; t++) {
-		const float *r = lg + (size_t)t * (size_t)V;
-		double m = r[0], sum = 0;
-		for (int v = 1; v < V; v++)
-			m = r[v] > m ? r[v] : m;
-		for (int v = 0; v < V; v++)
-			sum += exp((double)r[v] - m);
-		nll[t] = m + log(sum) - (double)r[tok[t + 1]];
-	}
+	for (int t = 0; !rc && t < L - 1; t++)
+		nll[t] = logit_nll(lg + (size_t)t * (size_t)V, V, tok[t + 1]);
 	llm_engine_close(e);
 	return rc;
 }
@@ -684,7 +756,7 @@ static void family_checks(void)
 			continue;
 		}
 		/* alternately with dropout and activation checkpointing */
-		gradcheck_model(fc->label, &m, i % 2 ? 0.2f : 0.0f, i % 2);
+		gradcheck_model(fc->label, &m, i % 2 ? 0.2f : 0.0f, i % 2, NULL);
 		if (i == N_FAM - 1)
 			source_checks(&m);
 		/* the F32 trainer: checkpointing and threads change no bit, and it
@@ -735,6 +807,125 @@ static void family_checks(void)
 			check_diag("%s", llm_errmsg());
 		llm_model_close(&m);
 	}
+}
+
+/* ---- the trainer's forward against the inference engine ---------------------------- */
+
+/* The sum over slots 0 .. L - 2 of -log p(tok[i + 1]) by the engine's
+ * forward (model.c, the cpu backend, an f32 KV cache) of T's model, with
+ * adapter LO (NULL: none) on every token; NAN on failure. */
+static double engine_nll_mem(struct tiny *t, const struct llm_lora *lo, const int32_t *tok, int L)
+{
+	struct llm_model *m = &t->m;
+	const struct llm_config *c = &m->cfg;
+	m->layer_begin = 0;
+	m->layer_end = c->n_layer;
+	m->n_head_loc = c->n_head;
+	m->n_kv_head_loc = c->n_kv_head;
+	m->d_ff_loc = c->d_ff;
+	m->d_ff_expert_loc = c->moe.d_ff_expert;
+	m->vocab_begin = 0;
+	m->n_vocab_loc = c->n_vocab;
+	m->wdtype = LLM_DTYPE_F32;
+	m->lora[1] = lo;
+	m->n_lora = lo ? 1 : 0;
+	struct llm_backend_opts bo = LLM_BACKEND_OPTS_DEFAULT;
+	bo.n_threads = 1;
+	struct llm_backend *be = NULL;
+	struct llm_kv kv;
+	struct llm_scratch sc;
+	int kv_ok = 0, sc_ok = 0, seq = 0;
+	double nll = NAN;
+	float *logits = malloc((size_t)L * (size_t)c->n_vocab * sizeof(float));
+	int32_t pos[256], sq[256], ad[256];
+	int8_t want[256];
+	struct llm_kv_opts ko = { c->n_layer, c->n_kv_head, c->d_head, LLM_DTYPE_F32, 16, 16, 1, 256 };
+	if (!logits || llm_backend_open("cpu", &bo, &be) || llm_model_check_backend(m, be))
+		goto out;
+	if (!(kv_ok = !llm_kv_init(&kv, be, &ko)) || !(sc_ok = !llm_scratch_init(&sc, m, be, L, L)) ||
+	    llm_kv_seq_new(&kv, &seq))
+		goto out;
+	for (int i = 0; i < L; i++) {
+		pos[i] = i;
+		sq[i] = seq;
+		ad[i] = lo ? 1 : 0;
+		want[i] = 1;
+	}
+	struct llm_batch b = { L, tok, pos, sq, want, ad };
+	int n_out = 0;
+	if (llm_model_forward(m, be, &kv, &sc, &b, logits, &n_out) || n_out != L)
+		goto out;
+	nll = 0;
+	for (int i = 0; i + 1 < L; i++)
+		nll += logit_nll(logits + (size_t)i * (size_t)c->n_vocab, c->n_vocab, tok[i + 1]);
+out:
+	if (isnan(nll))
+		fprintf(stderr, "engine: %s\n", llm_errmsg());
+	if (sc_ok)
+		llm_scratch_free(&sc);
+	if (kv_ok)
+		llm_kv_free(&kv);
+	llm_backend_close(be);
+	free(logits);
+	m->lora[1] = NULL;
+	m->n_lora = 0;
+	return nll;
+}
+
+/* The F32 trainer's loss (no dropout) of one sequence of 32 tokens on a
+ * mixture of experts equals the engine's, with an adapter on every
+ * projection and expert and without one: the two forwards route alike and
+ * apply an expert's adapter to the same rows. */
+static void moe_engine_check(const struct moe_shape *ms, const char *label)
+{
+	struct tiny t;
+	tiny_init(&t, 2, 64, 4, 2, 48, 96, 0, 0, 21);
+	tiny_moe(&t, ms);
+	struct llm_lora lo;
+	if (llm_lora_init(&lo, &t.m.cfg, 4, 8.0f, 0.0f, LLM_LORA_ALL, 2)) {
+		check(0, "%s: lora init: %s", label, llm_errmsg());
+		tiny_free(&t);
+		return;
+	}
+	for (size_t i = 0; i < lo.n_params; i++)
+		lo.params[i] = (float)(0.1 * nrand());
+	enum { L = 32 };
+	int32_t tok[L], tgt[L], pos[L], start[L] = { 0 };
+	for (int i = 0; i < L; i++) {
+		tok[i] = (int32_t)(urand() * 96);
+		pos[i] = i;
+	}
+	for (int i = 0; i < L; i++)
+		tgt[i] = i + 1 < L ? tok[i + 1] : -1;
+	struct llm_train_batch b = { 1, L, tok, tgt, pos, start, NULL };
+	struct llm_train_opts o = { .seq_len = L, .n_seq = 1, .n_threads = 1 };
+	double tl[2] = { NAN, NAN }, el[2];
+	for (int with = 0; with < 2; with++) {
+		struct llm_lora *use = &lo, zero;
+		if (!with) {                      /* B = 0: the base model */
+			llm_lora_init(&zero, &t.m.cfg, 4, 8.0f, 0.0f, LLM_LORA_ALL, 2);
+			use = &zero;
+		}
+		struct llm_trainer *tr;
+		int64_t n;
+		if (!llm_trainer_open(&tr, &t.m, use, &o, NULL)) {
+			if (llm_trainer_step(tr, &b, 1.0, 0, 0, &tl[with], &n))
+				tl[with] = NAN;
+			llm_trainer_close(tr);
+		} else {
+			check(0, "%s: trainer open: %s", label, llm_errmsg());
+		}
+		el[with] = engine_nll_mem(&t, with ? &lo : NULL, tok, L);
+		if (!with)
+			llm_lora_free(&zero);
+	}
+	for (int with = 0; with < 2; with++)
+		check(fabs(tl[with] - el[with]) <= 1e-5 * fabs(el[with]), "%s, %s: the F32 trainer's loss equals the "
+		      "engine's scoring of the same 31 tokens to 1e-5 (%.7f vs %.7f)", label,
+		      with ? "an adapter on every projection and expert" : "no adapter", tl[with], el[with]);
+	check(fabs(tl[0] - tl[1]) > 1e-3 * tl[0], "%s: the adapter moves the loss (%.5f to %.5f)", label, tl[0], tl[1]);
+	llm_lora_free(&lo);
+	tiny_free(&t);
 }
 
 /* ---- optimizer ------------------------------------------------------------------- */
@@ -827,9 +1018,18 @@ static void adapter_checks(void)
 int main(void)
 {
 	rmsnorm_check();
-	gradcheck("tied lm_head, GQA", 1, 0, 2, 0.0f, 0);
-	gradcheck("untied lm_head, MHA, checkpointing", 0, 0, 4, 0.0f, 1);
-	gradcheck("FP8 base, dropout 0.3", 0, 1, 2, 0.3f, 0);
+	gradcheck("tied lm_head, GQA", 1, 0, 2, 0.0f, 0, NULL);
+	gradcheck("untied lm_head, MHA, checkpointing", 0, 0, 4, 0.0f, 1, NULL);
+	gradcheck("FP8 base, dropout 0.3", 0, 1, 2, 0.3f, 0, NULL);
+	/* mixtures of experts: Mixtral's routing (top 2 of 4, renormalised),
+	 * Qwen3-MoE's norm_topk_prob false with layer 0 dense (mlp_only_layers),
+	 * and top 3 of 5 with dropout and checkpointing */
+	struct moe_shape mix = { 4, 2, 12, 1, 0 }, q3 = { 4, 2, 10, 0, 1 }, k3 = { 5, 3, 8, 1, 0 };
+	gradcheck("mixture of experts, top 2 of 4, norm_topk", 0, 0, 2, 0.0f, 0, &mix);
+	gradcheck("mixture of experts, top 2 of 4, no norm_topk, layer 0 dense", 1, 0, 2, 0.0f, 0, &q3);
+	gradcheck("mixture of experts, top 3 of 5, dropout 0.3, checkpointing", 0, 0, 2, 0.3f, 1, &k3);
+	moe_engine_check(&mix, "mixture of experts, top 2 of 4");
+	moe_engine_check(&q3, "mixture of experts, no norm_topk, layer 0 dense");
 	family_checks();
 	f32_checks();
 	rows_checks();

@@ -17,7 +17,7 @@ static int print_plan(const char *model, const struct llm_finetune_opts *o, int6
                       double offload, int json)
 {
 	struct llm_model m;
-	if (llm_model_open(&m, model))          /* maps and checks headers; reads no weight */
+	if (llm_model_open(&m, model) || llm_frozen_check(&m, model, shard, offload))   /* reads no weight */
 		llm_die("%s", llm_errmsg());
 	struct llm_lora lo;
 	if (llm_lora_init(&lo, &m.cfg, o->rank, (float)o->alpha, (float)o->dropout, o->targets, 0))

@@ -57,13 +57,21 @@ enum llm_status llm_lora_parse_targets(const char *s, unsigned *mask)
 
 /* ---- layout ------------------------------------------------------------- */
 
+/* The module name of target T in a model named NAMES: a mixture of experts
+ * in Mixtral's names calls its experts' gate, up and down w1, w3, w2 (it
+ * has no dense MLP to name). */
+static const char *module_name(int t, int n_expert, enum llm_moe_names names)
+{
+	static const char *const mixtral[3] = { "w1", "w3", "w2" };
+	if (n_expert && names == LLM_MOE_NAMES_MIXTRAL && t >= LLM_LORA_GATE)
+		return mixtral[t - LLM_LORA_GATE];
+	return target_names[t];
+}
+
 static enum llm_status layout(struct llm_lora *lo, const struct llm_config *c, int rank, float alpha,
                               float dropout, unsigned targets)
 {
 	memset(lo, 0, sizeof *lo);
-	if (c->moe.n_expert)
-		return llm_fail(LLM_ERR_UNSUPPORTED, "LoRA on a mixture of experts (%s, %d experts) is not supported",
-		                c->fam ? c->fam->model_type : "?", c->moe.n_expert);
 	if (rank < 1 || rank > LORA_MAX_RANK)
 		return llm_fail(LLM_ERR_USAGE, "LoRA rank %d is outside [1, %d]", rank, LORA_MAX_RANK);
 	if (!(dropout >= 0.0f && dropout < 1.0f))
@@ -76,23 +84,32 @@ static enum llm_status layout(struct llm_lora *lo, const struct llm_config *c, i
 	lo->targets = targets & LLM_LORA_ALL;
 	lo->scale = alpha / (float)rank;
 	lo->n_layer = c->n_layer;
-	int64_t dq = (int64_t)c->n_head * c->d_head, dkv = (int64_t)c->n_kv_head * c->d_head;
-	int64_t din[LLM_LORA_N] = { c->d_model, c->d_model, c->d_model, dq, c->d_model, c->d_model, c->d_ff };
-	int64_t dout[LLM_LORA_N] = { dq, dkv, dkv, c->d_model, c->d_ff, c->d_ff, c->d_model };
+	lo->n_expert = c->moe.n_expert;
+	lo->n_slot = LLM_LORA_N + 3 * lo->n_expert;
+	lo->moe_names = c->moe.names;
+	int64_t dq = (int64_t)c->n_head * c->d_head, dkv = (int64_t)c->n_kv_head * c->d_head, fe = c->moe.d_ff_expert;
+	int64_t din[LLM_LORA_KINDS] = { c->d_model, c->d_model, c->d_model, dq, c->d_model, c->d_model, c->d_ff,
+	                                c->d_model, c->d_model, fe };
+	int64_t dout[LLM_LORA_KINDS] = { dq, dkv, dkv, c->d_model, c->d_ff, c->d_ff, c->d_model, fe, fe, c->d_model };
 	memcpy(lo->d_in, din, sizeof din);
 	memcpy(lo->d_out, dout, sizeof dout);
-	lo->off = malloc((size_t)c->n_layer * LLM_LORA_N * sizeof *lo->off);
+	size_t n_off = (size_t)c->n_layer * (size_t)lo->n_slot;
+	lo->off = malloc(n_off * sizeof *lo->off);
 	if (!lo->off)
 		return llm_fail(LLM_ERR_NOMEM, "LoRA: out of memory");
 	size_t n = 0;
 	for (int l = 0; l < c->n_layer; l++)
-		for (int t = 0; t < LLM_LORA_N; t++) {
-			if (!(lo->targets >> t & 1)) {
-				lo->off[(size_t)l * LLM_LORA_N + (size_t)t] = (size_t)-1;
+		for (int sl = 0; sl < lo->n_slot; sl++) {
+			int t = llm_lora_slot_target(sl), k = llm_lora_kind(sl);
+			/* a mixture-of-experts layer's MLP targets are its experts' */
+			int here = sl < LLM_LORA_N ? t < LLM_LORA_GATE || !llm_moe_layer(c, l) : llm_moe_layer(c, l);
+			size_t *o = &lo->off[(size_t)l * (size_t)lo->n_slot + (size_t)sl];
+			if (!(lo->targets >> t & 1) || !here) {
+				*o = (size_t)-1;
 				continue;
 			}
-			lo->off[(size_t)l * LLM_LORA_N + (size_t)t] = n;
-			n += (size_t)rank * (size_t)(din[t] + dout[t]);
+			*o = n;
+			n += (size_t)rank * (size_t)(din[k] + dout[k]);
 		}
 	lo->n_params = n;
 	if (!(lo->params = calloc(n ? n : 1, sizeof(float)))) {
@@ -108,12 +125,13 @@ enum llm_status llm_lora_init(struct llm_lora *lo, const struct llm_config *c, i
 	LLM_TRY(layout(lo, c, rank, alpha, dropout, targets));
 	uint64_t st = seed;                 /* the splitmix64 stream of the A initialization */
 	for (int l = 0; l < lo->n_layer; l++)
-		for (int t = 0; t < LLM_LORA_N; t++) {
-			if (!llm_lora_has(lo, l, t))
+		for (int sl = 0; sl < lo->n_slot; sl++) {
+			if (!llm_lora_has_slot(lo, l, sl))
 				continue;
-			float *a = llm_lora_a(lo, l, t);
-			double bound = 1.0 / sqrt((double)lo->d_in[t]);
-			for (int64_t i = 0; i < (int64_t)rank * lo->d_in[t]; i++) {
+			float *a = llm_lora_slot_a(lo, l, sl);
+			int64_t din = lo->d_in[llm_lora_kind(sl)];
+			double bound = 1.0 / sqrt((double)din);
+			for (int64_t i = 0; i < (int64_t)rank * din; i++) {
 				double u = (double)(llm_rng_splitmix64(&st) >> 11) * 0x1.0p-53;   /* [0, 1) */
 				a[i] = (float)((2.0 * u - 1.0) * bound);
 			}
@@ -147,10 +165,16 @@ static float dot(const float *a, const float *b, int64_t n)
 void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
                     const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows)
 {
-	if (!llm_lora_has(lo, layer, t))
+	llm_lora_apply_slot(lo, layer, t, y, y_stride, x, x_stride, rows, n_rows);
+}
+
+void llm_lora_apply_slot(const struct llm_lora *lo, int layer, int slot, float *y, int64_t y_stride,
+                         const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows)
+{
+	if (!llm_lora_has_slot(lo, layer, slot))
 		return;
-	const float *A = llm_lora_a(lo, layer, t), *B = llm_lora_b(lo, layer, t);
-	int64_t r = lo->rank, din = lo->d_in[t], dout = lo->d_out[t];
+	const float *A = llm_lora_slot_a(lo, layer, slot), *B = llm_lora_slot_b(lo, layer, slot);
+	int64_t r = lo->rank, din = lo->d_in[llm_lora_kind(slot)], dout = lo->d_out[llm_lora_kind(slot)];
 	int64_t chunk = LORA_MAX_RANK / r;     /* rows whose (rank) intermediates fit u */
 	float u[LORA_MAX_RANK];                 /* (chunk, rank) scale * x A^T */
 	/* A chunk of rows goes through A row by row, then B row by row, so each
@@ -177,23 +201,38 @@ void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64
 
 /* ---- PEFT files --------------------------------------------------------- */
 
-static void tensor_name(char *buf, size_t n, int layer, int t, int is_b)
+/* "model.layers.N.self_attn.q_proj" and the like: the module of (LAYER,
+ * SLOT) into BUF */
+static void module_path(const struct llm_lora *lo, char *buf, size_t n, int layer, int slot)
 {
-	snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer,
-	         llm_lora_target_parent(t), llm_lora_target_name(t), is_b ? 'B' : 'A');
+	int t = llm_lora_slot_target(slot), e = llm_lora_slot_expert(slot);
+	if (e < 0)
+		snprintf(buf, n, "model.layers.%d.%s.%s", layer, llm_lora_target_parent(t), target_names[t]);
+	else
+		snprintf(buf, n, "model.layers.%d.%s.experts.%d.%s", layer,
+		         lo->moe_names == LLM_MOE_NAMES_MIXTRAL ? "block_sparse_moe" : "mlp", e,
+		         module_name(t, lo->n_expert, lo->moe_names));
+}
+
+static void tensor_name(const struct llm_lora *lo, char *buf, size_t n, int layer, int slot, int is_b)
+{
+	char mod[128];
+	module_path(lo, mod, sizeof mod, layer, slot);
+	snprintf(buf, n, "base_model.model.%s.lora_%c.weight", mod, is_b ? 'B' : 'A');
 }
 
 int llm_lora_param_name(const struct llm_lora *lo, size_t i, char *name, size_t n, size_t *at)
 {
 	for (int l = 0; l < lo->n_layer; l++)
-		for (int t = 0; t < LLM_LORA_N; t++) {
-			if (!llm_lora_has(lo, l, t))
+		for (int sl = 0; sl < lo->n_slot; sl++) {
+			if (!llm_lora_has_slot(lo, l, sl))
 				continue;
-			size_t a0 = lo->off[(size_t)l * LLM_LORA_N + (size_t)t], na = (size_t)lo->rank * (size_t)lo->d_in[t];
-			size_t nb = (size_t)lo->d_out[t] * (size_t)lo->rank;
+			int k = llm_lora_kind(sl);
+			size_t a0 = llm_lora_off(lo, l, sl), na = (size_t)lo->rank * (size_t)lo->d_in[k];
+			size_t nb = (size_t)lo->d_out[k] * (size_t)lo->rank;
 			if (i >= a0 && i < a0 + na + nb) {
 				int b = i >= a0 + na;
-				tensor_name(name, n, l, t, b);
+				tensor_name(lo, name, n, l, sl, b);
 				*at = i - a0 - (b ? na : 0);
 				return 1;
 			}
@@ -217,8 +256,8 @@ enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int fo
 	char *cj = llm_path_join(dir, "adapter_config.json");
 	size_t n = 0;
 	for (int l = 0; l < lo->n_layer; l++)
-		for (int t = 0; t < LLM_LORA_N; t++)
-			n += llm_lora_has(lo, l, t) ? 2 : 0;
+		for (int sl = 0; sl < lo->n_slot; sl++)
+			n += llm_lora_has_slot(lo, l, sl) ? 2 : 0;
 	struct llm_tensor *d = calloc(n ? n : 1, sizeof *d);
 	const float **src = calloc(n ? n : 1, sizeof *src);
 	enum llm_status s = LLM_OK;
@@ -235,19 +274,20 @@ enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int fo
 	}
 	size_t k = 0;
 	for (int l = 0; l < lo->n_layer; l++)
-		for (int t = 0; t < LLM_LORA_N; t++) {
-			if (!llm_lora_has(lo, l, t))
+		for (int sl = 0; sl < lo->n_slot; sl++) {
+			if (!llm_lora_has_slot(lo, l, sl))
 				continue;
+			int kd = llm_lora_kind(sl);
 			for (int b = 0; b < 2; b++, k++) {
-				char name[160];
-				tensor_name(name, sizeof name, l, t, b);
+				char name[192];
+				tensor_name(lo, name, sizeof name, l, sl, b);
 				d[k].name = llm_strdup(name);
 				d[k].dtype = LLM_DTYPE_F32;
 				d[k].n_dim = 2;
-				d[k].shape[0] = b ? lo->d_out[t] : lo->rank;
-				d[k].shape[1] = b ? lo->rank : lo->d_in[t];
+				d[k].shape[0] = b ? lo->d_out[kd] : lo->rank;
+				d[k].shape[1] = b ? lo->rank : lo->d_in[kd];
 				d[k].nbytes = (size_t)(d[k].shape[0] * d[k].shape[1]) * sizeof(float);
-				src[k] = b ? llm_lora_b(lo, l, t) : llm_lora_a(lo, l, t);
+				src[k] = b ? llm_lora_slot_b(lo, l, sl) : llm_lora_slot_a(lo, l, sl);
 				if (!d[k].name) {
 					s = llm_fail(LLM_ERR_NOMEM, "out of memory");
 					goto out;
@@ -271,7 +311,7 @@ enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int fo
 	tm = json_array();
 	for (int t = 0; t < LLM_LORA_N; t++)
 		if (lo->targets >> t & 1)
-			json_array_append_new(tm, json_string(target_names[t]));
+			json_array_append_new(tm, json_string(module_name(t, lo->n_expert, lo->moe_names)));
 	root = json_object();
 	json_object_set_new(root, "alpha_pattern", json_object());
 	json_object_set_new(root, "auto_mapping", json_null());
@@ -328,38 +368,97 @@ out:
 	return s;
 }
 
-/* "base_model.model.model.layers.N.PARENT.TARGET.lora_X.weight" -> layer,
- * target, X; 0 on success. */
-static int parse_tensor_name(const char *name, int *layer, int *t, int *is_b)
+/* "model.layers.N." then a module of LO's model then SUFFIX ->
+ * layer and slot (NAME starting past PREFIX); 0 on success, 1 when the
+ * module is a mixture of experts' router, -1 otherwise. */
+static int parse_module(const struct llm_lora *lo, const char *name, const char *prefix, const char *suffix,
+                        int *layer, int *slot)
 {
-	const char *p = "base_model.model.model.layers.";
-	if (strncmp(name, p, strlen(p)))
+	const char *p = "model.layers.";
+	size_t np = strlen(prefix);
+	if (strncmp(name, prefix, np) || strncmp(name + np, p, strlen(p)))
 		return -1;
-	const char *s = name + strlen(p);
+	const char *s = name + np + strlen(p);
 	char *e;
 	errno = 0;
 	long l = strtol(s, &e, 10);
 	if (e == s || *e != '.' || l < 0 || l > 1 << 20 || errno)
 		return -1;
-	s = e + 1;
+	char want[128];
 	for (int k = 0; k < LLM_LORA_N; k++) {
-		char want[96];
-		snprintf(want, sizeof want, "%s.%s.lora_", llm_lora_target_parent(k), target_names[k]);
-		if (strncmp(s, want, strlen(want)))
-			continue;
-		s += strlen(want);
-		if ((s[0] != 'A' && s[0] != 'B') || strcmp(s + 1, ".weight"))
-			return -1;
-		*layer = (int)l;
-		*t = k;
-		*is_b = s[0] == 'B';
-		return 0;
+		snprintf(want, sizeof want, ".%s.%s%s", llm_lora_target_parent(k), target_names[k], suffix);
+		if (!strcmp(e, want)) {
+			*layer = (int)l;
+			*slot = k;
+			return 0;
+		}
+	}
+	if (!lo->n_expert)
+		return -1;
+	const char *moe = lo->moe_names == LLM_MOE_NAMES_MIXTRAL ? ".block_sparse_moe." : ".mlp.";
+	if (strncmp(e, moe, strlen(moe)))
+		return -1;
+	s = e + strlen(moe);
+	if (!strncmp(s, "gate", 4) && !strcmp(s + 4, suffix))
+		return 1;
+	if (strncmp(s, "experts.", 8))
+		return -1;
+	s += 8;
+	errno = 0;
+	long x = strtol(s, &e, 10);
+	if (e == s || *e != '.' || x < 0 || x >= lo->n_expert || errno)
+		return -1;
+	for (int t = LLM_LORA_GATE; t <= LLM_LORA_DOWN; t++) {
+		snprintf(want, sizeof want, ".%s%s", module_name(t, lo->n_expert, lo->moe_names), suffix);
+		if (!strcmp(e, want)) {
+			*layer = (int)l;
+			*slot = llm_lora_slot((int)x, t);
+			return 0;
+		}
 	}
 	return -1;
 }
 
-static enum llm_status load_config(const char *path, json_t *root, int *rank, float *alpha,
-                                   float *dropout, unsigned *targets)
+/* "base_model.model.model.layers.N.MODULE.lora_X.weight" -> layer, slot,
+ * X; as parse_module. */
+static int parse_tensor_name(const struct llm_lora *lo, const char *name, int *layer, int *slot, int *is_b)
+{
+	int r = parse_module(lo, name, "base_model.model.", ".lora_A.weight", layer, slot);
+	*is_b = 0;
+	if (r < 0) {
+		r = parse_module(lo, name, "base_model.model.", ".lora_B.weight", layer, slot);
+		*is_b = 1;
+	}
+	return r;
+}
+
+/* Target module NAME of target_modules for a model of config C: its
+ * target, or -1 with the message set. A mixture of experts' MLP modules are
+ * named as the model names them (w1, w3, w2 in Mixtral) and its router
+ * (gate) is refused. */
+static int module_target(const char *path, const char *name, const struct llm_config *c)
+{
+	int n_e = c->moe.n_expert;
+	if (n_e && !strcmp(name, "gate")) {
+		llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: 'gate' is the router of the experts, which is not a "
+		         "LoRA target", path);
+		return -1;
+	}
+	for (int t = 0; t < LLM_LORA_N; t++)
+		if (!strcmp(name, module_name(t, n_e, c->moe.names)) || (!n_e && !strcmp(name, target_short[t])))
+			return t;
+	if (n_e)
+		llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: '%s' is not a projection of a %s model (q_proj, k_proj, "
+		         "v_proj, o_proj, %s, %s, %s)", path, name, c->fam->model_type,
+		         module_name(LLM_LORA_GATE, n_e, c->moe.names), module_name(LLM_LORA_UP, n_e, c->moe.names),
+		         module_name(LLM_LORA_DOWN, n_e, c->moe.names));
+	else
+		llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: '%s' is not a Llama projection", path, name);
+	return -1;
+}
+
+static enum llm_status load_config(const char *path, json_t *root, const struct llm_config *c, int *rank,
+                                   float *alpha, float *dropout, unsigned *targets)
 {
 	json_t *v;
 	const char *pt = json_string_value(json_object_get(root, "peft_type"));
@@ -401,13 +500,15 @@ static enum llm_status load_config(const char *path, json_t *root, int *rank, fl
 		json_t *e;
 		json_array_foreach(v, i, e) {
 			const char *s = json_string_value(e);
-			int t = s ? target_parse1(s, strlen(s)) : -1;
+			int t = module_target(path, s ? s : "?", c);
 			if (t < 0)
-				return llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: '%s' is not a Llama projection",
-				                path, s ? s : "?");
+				return LLM_ERR_UNSUPPORTED;   /* module_target said why */
 			*targets |= 1u << t;
 		}
 	} else if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
+		if (c->moe.n_expert)
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: all-linear takes the router (gate) of the "
+			                "experts too, which is not a LoRA target: list the modules", path);
 		*targets = LLM_LORA_ALL;
 	} else if (json_is_string(v)) {
 		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: target_modules: regex '%s' is not supported",
@@ -455,7 +556,7 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 	int rank = 0;
 	float alpha = 0, dropout = 0;
 	unsigned targets = 0;
-	if ((s = load_config(cj, root, &rank, &alpha, &dropout, &targets)))
+	if ((s = load_config(cj, root, c, &rank, &alpha, &dropout, &targets)))
 		goto out;
 	if ((s = layout(lo, c, rank, alpha, dropout, targets))) {
 		s = llm_fail_prefix(s, "%s", cj);
@@ -466,24 +567,26 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 	if ((s = llm_ckpt_open(&ck, stp)))
 		goto out;
 	ck_open = 1;
-	seen = calloc((size_t)c->n_layer * LLM_LORA_N * 2, 1);
+	seen = calloc((size_t)c->n_layer * (size_t)lo->n_slot * 2, 1);
 	if (!seen) {
 		s = llm_fail(LLM_ERR_NOMEM, "out of memory");
 		goto out;
 	}
 	for (size_t i = 0; i < ck.n_tensor; i++) {
 		const struct llm_tensor *tt = ck.tensors[i];
-		int l, t, b;
-		if (parse_tensor_name(tt->name, &l, &t, &b)) {
-			s = llm_fail(LLM_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA A/B of a Llama projection",
-			             stp, tt->name);
+		int l = 0, sl = 0, b = 0, pr = parse_tensor_name(lo, tt->name, &l, &sl, &b);
+		if (pr) {
+			s = llm_fail(LLM_ERR_UNSUPPORTED, pr > 0 ? "%s: tensor '%s': the router of the experts is not a LoRA "
+			             "target" : "%s: tensor '%s' is not a LoRA A/B of a projection of this model", stp, tt->name);
 			goto out;
 		}
-		if (l >= c->n_layer || !(targets >> t & 1)) {
+		if (l >= c->n_layer || !(targets >> llm_lora_slot_target(sl) & 1) || !llm_lora_has_slot(lo, l, sl)) {
 			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': %s", stp, tt->name,
-			             l >= c->n_layer ? "layer beyond the model" : "module not in target_modules");
+			             l >= c->n_layer ? "layer beyond the model" : !(targets >> llm_lora_slot_target(sl) & 1)
+			             ? "module not in target_modules" : "no such module in this layer (dense or experts)");
 			goto out;
 		}
+		int t = llm_lora_kind(sl);
 		int64_t rows = b ? lo->d_out[t] : rank, cols = b ? rank : lo->d_in[t];
 		if (tt->n_dim != 2 || tt->shape[0] != rows || tt->shape[1] != cols) {
 			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s': shape %s does not fit the model and rank r %d "
@@ -495,7 +598,7 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 			             tt->name, llm_dtype_name(tt->dtype));
 			goto out;
 		}
-		float *dst = b ? llm_lora_b(lo, l, t) : llm_lora_a(lo, l, t);
+		float *dst = b ? llm_lora_slot_b(lo, l, sl) : llm_lora_slot_a(lo, l, sl);
 		llm_to_f32(dst, tt->data, tt->dtype, (size_t)(rows * cols));
 		/* checked as --check-weights checks weights: a NaN or Inf would
 		 * change every output it touches without a word */
@@ -506,15 +609,15 @@ enum llm_status llm_lora_load(struct llm_lora *lo, const char *dir, const struct
 				             (size_t)(rows * cols), llm_dtype_name(tt->dtype));
 				goto out;
 			}
-		seen[((size_t)l * LLM_LORA_N + (size_t)t) * 2 + (size_t)b] = 1;
+		seen[((size_t)l * (size_t)lo->n_slot + (size_t)sl) * 2 + (size_t)b] = 1;
 	}
 	/* PEFT adapts every layer of each target module: all must be there */
 	for (int l = 0; l < c->n_layer; l++)
-		for (int t = 0; t < LLM_LORA_N; t++)
-			for (int b = 0; b < 2 && (targets >> t & 1); b++)
-				if (!seen[((size_t)l * LLM_LORA_N + (size_t)t) * 2 + (size_t)b]) {
-					char name[160];
-					tensor_name(name, sizeof name, l, t, b);
+		for (int sl = 0; sl < lo->n_slot; sl++)
+			for (int b = 0; b < 2 && llm_lora_has_slot(lo, l, sl); b++)
+				if (!seen[((size_t)l * (size_t)lo->n_slot + (size_t)sl) * 2 + (size_t)b]) {
+					char name[192];
+					tensor_name(lo, name, sizeof name, l, sl, b);
 					s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' is missing", stp, name);
 					goto out;
 				}
@@ -532,28 +635,6 @@ out:
 }
 
 /* ---- merge -------------------------------------------------------------- */
-
-/* "model.layers.N.PARENT.TARGET.weight" -> layer and target; 0 on success */
-static int parse_base_name(const char *name, int *layer, int *t)
-{
-	const char *p = "model.layers.";
-	if (strncmp(name, p, strlen(p)))
-		return -1;
-	char *e;
-	long l = strtol(name + strlen(p), &e, 10);
-	if (*e != '.' || l < 0 || l > 1 << 20)
-		return -1;
-	for (int k = 0; k < LLM_LORA_N; k++) {
-		char want[96];
-		snprintf(want, sizeof want, ".%s.%s.weight", llm_lora_target_parent(k), target_names[k]);
-		if (!strcmp(e, want)) {
-			*layer = (int)l;
-			*t = k;
-			return 0;
-		}
-	}
-	return -1;
-}
 
 /* Whether NAME is the scale of an E4M3 weight of CK (dropped by the merge). */
 static int is_fp8_scale(const struct llm_ckpt *ck, const char *name)
@@ -600,7 +681,8 @@ enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, cons
 	}
 	if ((s = llm_config_parse(&c, cj->data, cj->len, base)))
 		goto out;
-	if (c.n_layer != lo->n_layer || c.d_model != lo->d_in[LLM_LORA_Q] || c.d_ff != lo->d_out[LLM_LORA_UP]) {
+	if (c.n_layer != lo->n_layer || c.d_model != lo->d_in[LLM_LORA_Q] || c.d_ff != lo->d_out[LLM_LORA_UP] ||
+	    c.moe.n_expert != lo->n_expert || c.moe.d_ff_expert != lo->d_out[LLM_LORA_N + 1]) {
 		s = llm_fail(LLM_ERR_FORMAT, "%s: the adapter was made for another model shape", base);
 		goto out;
 	}
@@ -658,8 +740,10 @@ enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, cons
 	long i;
 	while (!s && (i = llm_ckpt_write_next(w)) >= 0) {
 		const struct llm_tensor *t = src[i];
-		int l = 0, tg = 0;
-		int adapted = !parse_base_name(t->name, &l, &tg) && l < lo->n_layer && llm_lora_has(lo, l, tg);
+		int l = 0, sl = 0;
+		int adapted = !parse_module(lo, t->name, "", ".weight", &l, &sl) && l < lo->n_layer &&
+		              llm_lora_has_slot(lo, l, sl);
+		int kd = llm_lora_kind(sl);
 		if (!adapted && t->dtype != LLM_DTYPE_E4M3) {
 			s = llm_ckpt_write_data(w, t->data, t->nbytes);
 			continue;
@@ -667,7 +751,7 @@ enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, cons
 		struct llm_weight wt;
 		if ((s = llm_ckpt_weight(&ck, t->name, &wt)))
 			break;
-		if (adapted && (wt.rows != lo->d_out[tg] || wt.cols != lo->d_in[tg])) {
+		if (adapted && (wt.rows != lo->d_out[kd] || wt.cols != lo->d_in[kd])) {
 			s = llm_fail(LLM_ERR_FORMAT, "%s: tensor '%s' does not fit the adapter", base, t->name);
 			break;
 		}
@@ -675,7 +759,7 @@ enum llm_status llm_lora_merge(const struct llm_lora *lo, const char *base, cons
 		for (int64_t r = 0; !s && r < wt.rows; r++) {
 			llm_weight_row_f32(&wt, r, row);
 			if (adapted) {
-				const float *A = llm_lora_a(lo, l, tg), *B = llm_lora_b(lo, l, tg);
+				const float *A = llm_lora_slot_a(lo, l, sl), *B = llm_lora_slot_b(lo, l, sl);
 				for (int64_t c = 0; c < wt.cols; c++) {
 					float acc = 0.0f;
 					for (int k = 0; k < lo->rank; k++)

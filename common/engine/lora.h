@@ -15,15 +15,18 @@
  *   adapter_model.safetensors    F32 tensors named
  *     base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight (r, d_in)
  *     base_model.model.model.layers.N.self_attn.q_proj.lora_B.weight (d_out, r)
- *   (mlp.gate_proj, mlp.up_proj, mlp.down_proj likewise).
+ *   (mlp.gate_proj, mlp.up_proj, mlp.down_proj likewise; a mixture of
+ *   experts' expert E: layers.N.block_sparse_moe.experts.E.w1 (gate), w3
+ *   (up), w2 (down) in Mixtral, layers.N.mlp.experts.E.gate_proj, up_proj,
+ *   down_proj in Qwen3-MoE, target_modules naming w1, w3, w2 or gate_proj,
+ *   up_proj, down_proj as the model names them).
  * Reference: peft/tuners/lora/{config,layer}.py, peft/utils/save_and_load.py. */
 #ifndef LLM_LORA_H
 #define LLM_LORA_H
 
 #include "status.h"
 #include "ckpt.h"
-
-struct llm_config;
+#include "config.h"
 
 enum llm_lora_target {
 	LLM_LORA_Q, LLM_LORA_K, LLM_LORA_V, LLM_LORA_O,
@@ -40,6 +43,29 @@ const char *llm_lora_target_parent(int t);
  * unknown item. */
 enum llm_status llm_lora_parse_targets(const char *s, unsigned *mask);
 
+/* A layer's adapted matrices are its slots: slot t < LLM_LORA_N is
+ * projection t (on a mixture-of-experts layer gate, up and down are
+ * absent: it has no dense MLP), and on a mixture-of-experts layer slot
+ * LLM_LORA_N + 3 e + k is expert e's gate (k 0), up (1) or down (2), which
+ * targets gate, up and down name too (PEFT's target_modules match every
+ * module of that name: Mixtral's experts' w1, w3, w2, Qwen3-MoE's
+ * experts' and dense layers' gate_proj, up_proj, down_proj). The router
+ * (gate) is never a target. A slot's shape is its kind's: kind t for a
+ * projection, LLM_LORA_N + k for an expert's. */
+#define LLM_LORA_KINDS (LLM_LORA_N + 3)
+
+static inline int llm_lora_slot(int expert, int t)
+{
+	return expert < 0 ? t : LLM_LORA_N + 3 * expert + (t - LLM_LORA_GATE);
+}
+static inline int llm_lora_kind(int slot) { return slot < LLM_LORA_N ? slot : LLM_LORA_N + (slot - LLM_LORA_N) % 3; }
+/* The target (enum llm_lora_target) of a slot, and its expert (-1: none). */
+static inline int llm_lora_slot_target(int slot)
+{
+	return slot < LLM_LORA_N ? slot : LLM_LORA_GATE + (slot - LLM_LORA_N) % 3;
+}
+static inline int llm_lora_slot_expert(int slot) { return slot < LLM_LORA_N ? -1 : (slot - LLM_LORA_N) / 3; }
+
 struct llm_lora {
 	int rank;                   /* r */
 	float alpha;                /* lora_alpha */
@@ -47,9 +73,12 @@ struct llm_lora {
 	unsigned targets;           /* bit mask of enum llm_lora_target */
 	float scale;                /* alpha / rank */
 	int n_layer;
-	int64_t d_in[LLM_LORA_N], d_out[LLM_LORA_N];
-	/* (n_layer * LLM_LORA_N) offset into params of A (rank, d_in), followed
-	 * by B (d_out, rank); SIZE_MAX where the layer is not adapted. */
+	int n_expert;               /* experts of a mixture-of-experts layer; 0: a dense model */
+	int n_slot;                 /* slots a layer: LLM_LORA_N + 3 * n_expert */
+	enum llm_moe_names moe_names;   /* how the experts' modules are named (config.h) */
+	int64_t d_in[LLM_LORA_KINDS], d_out[LLM_LORA_KINDS];   /* by kind */
+	/* (n_layer * n_slot) offset into params of A (rank, d_in), followed
+	 * by B (d_out, rank); SIZE_MAX where the slot is not adapted. */
 	size_t *off;
 	size_t n_params;
 	float *params;              /* (n_params) every A and B, f32 */
@@ -62,19 +91,30 @@ enum llm_status llm_lora_init(struct llm_lora *lo, const struct llm_config *c, i
                               float alpha, float dropout, unsigned targets, uint64_t seed);
 void llm_lora_free(struct llm_lora *lo);
 
+static inline size_t llm_lora_off(const struct llm_lora *lo, int layer, int slot)
+{
+	return lo->off[(size_t)layer * (size_t)lo->n_slot + (size_t)slot];
+}
+static inline int llm_lora_has_slot(const struct llm_lora *lo, int layer, int slot)
+{
+	return lo && llm_lora_off(lo, layer, slot) != (size_t)-1;
+}
 static inline int llm_lora_has(const struct llm_lora *lo, int layer, int t)
 {
-	return lo && (lo->targets >> t & 1) && lo->off[(size_t)layer * LLM_LORA_N + (size_t)t] != (size_t)-1;
+	return llm_lora_has_slot(lo, layer, t);
 }
-/* A (rank, d_in) and B (d_out, rank) of (LAYER, T); only when llm_lora_has. */
-static inline float *llm_lora_a(const struct llm_lora *lo, int layer, int t)
+/* A (rank, d_in) and B (d_out, rank) of (LAYER, SLOT); only when llm_lora_has_slot. */
+static inline float *llm_lora_slot_a(const struct llm_lora *lo, int layer, int slot)
 {
-	return lo->params + lo->off[(size_t)layer * LLM_LORA_N + (size_t)t];
+	return lo->params + llm_lora_off(lo, layer, slot);
 }
-static inline float *llm_lora_b(const struct llm_lora *lo, int layer, int t)
+static inline float *llm_lora_slot_b(const struct llm_lora *lo, int layer, int slot)
 {
-	return llm_lora_a(lo, layer, t) + (size_t)lo->rank * (size_t)lo->d_in[t];
+	return llm_lora_slot_a(lo, layer, slot) + (size_t)lo->rank * (size_t)lo->d_in[llm_lora_kind(slot)];
 }
+/* The same of projection T (a slot below LLM_LORA_N). */
+static inline float *llm_lora_a(const struct llm_lora *lo, int layer, int t) { return llm_lora_slot_a(lo, layer, t); }
+static inline float *llm_lora_b(const struct llm_lora *lo, int layer, int t) { return llm_lora_slot_b(lo, layer, t); }
 
 /* The PEFT name of the tensor holding parameter I of LO's params into NAME
  * (N bytes), and I's index in it into *AT; 0 when no tensor holds I. */
@@ -91,6 +131,9 @@ int llm_lora_param_name(const struct llm_lora *lo, size_t i, char *name, size_t 
  * frozen matmul of that projection. */
 void llm_lora_apply(const struct llm_lora *lo, int layer, int t, float *y, int64_t y_stride,
                     const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows);
+/* The same for any slot (an expert's projection: X and Y its gathered rows). */
+void llm_lora_apply_slot(const struct llm_lora *lo, int layer, int slot, float *y, int64_t y_stride,
+                         const float *x, int64_t x_stride, const int32_t *rows, int64_t n_rows);
 
 #define LLM_LORA_NAME_MAX 64       /* an adapter name's bytes, its NUL included */
 /* Split an adapter SPEC "NAME=DIR" or "DIR" (the name: DIR's base name,
@@ -106,7 +149,9 @@ enum llm_status llm_lora_save(const struct llm_lora *lo, const char *dir, int fo
 /* Read a PEFT LoRA adapter directory for a model of config C. Refused with
  * the field named: use_dora, use_rslora, fan_in_fan_out, bias other than
  * "none", rank_pattern/alpha_pattern, layers_to_transform, modules outside
- * the seven projections, shapes that do not fit C. Tensors F32, F16 or BF16,
+ * the seven projections (and the experts' as C names them), a mixture of
+ * experts' router (gate) or all-linear (which takes the router), shapes
+ * that do not fit C. Tensors F32, F16 or BF16,
  * every value finite (a NaN or Inf is LLM_ERR_RANGE naming the tensor and
  * the index). Files that are not regular (a FIFO) are refused, not waited
  * on. */

@@ -697,9 +697,6 @@ enum llm_status llm_model_check_backend(const struct llm_model *m, struct llm_ba
 	if (lora && m->dist)
 		return llm_fail(LLM_ERR_UNSUPPORTED, "a LoRA adapter on a distributed run is not supported: "
 		                "merge it into the checkpoint (llm-finetune --merge) and partition that");
-	if (c->moe.n_expert && lora)
-		return llm_fail(LLM_ERR_UNSUPPORTED, "a LoRA adapter on a mixture-of-experts model (%d experts) "
-		                "is not supported", c->moe.n_expert);
 	if (c->moe.n_expert && strcmp(be->ops->name, "cpu"))
 		return llm_fail(LLM_ERR_UNSUPPORTED, "backend %s: the mixture-of-experts FFN (%d experts) runs on "
 		                "the cpu backend only: use --backend cpu", be->ops->name, c->moe.n_expert);
@@ -780,7 +777,9 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 	int moe_fail = llm_moe_scratch_init(&s->moe, c, p, max_tok) != LLM_OK;
 	s->rows = malloc(5 * (size_t)max_logits * sizeof(int32_t));
 	s->sub = s->rows + max_logits;
-	s->lrows = malloc((size_t)max_tok * sizeof(int32_t));
+	s->lrows = malloc(3 * (size_t)max_tok * sizeof(int32_t));
+	s->lslot = s->lrows ? s->lrows + max_tok : NULL;
+	s->lsub = s->lrows ? s->lrows + 2 * (size_t)max_tok : NULL;
 	int dist_fail = 0;
 	if (m->dist) {
 		int64_t most = 0;
@@ -971,10 +970,38 @@ static enum llm_status lora_groups(const struct llm_model *m, struct llm_scratch
 		n += cnt[a];
 	}
 	s->lstart[s->n_lgroup] = n;
-	for (int i = 0; i < b->n_tok; i++)
+	for (int i = 0; i < b->n_tok; i++) {
+		s->lslot[i] = b->adapter[i];
 		if (b->adapter[i])
 			s->lrows[at[b->adapter[i]]++] = i;
+	}
 	return LLM_OK;
+}
+
+/* The experts' LoRA terms (moe.h's hook): for expert E's projection PROJ,
+ * each adapter of the step over those of the expert's N gathered rows
+ * (batch rows ROWS) that are its own, so an expert's adapter changes only
+ * the rows routed to that expert. */
+struct moe_lora_ctx { const struct llm_model *m; const struct llm_scratch *s; int l; };
+
+static void moe_lora(void *ctx, int e, int proj, struct llm_view y, struct llm_view x, const int32_t *rows,
+                     int64_t n)
+{
+	const struct moe_lora_ctx *c = ctx;
+	const struct llm_scratch *s = c->s;
+	int slot = llm_lora_slot(e, LLM_LORA_GATE + proj);
+	for (int g = 0; g < s->n_lgroup; g++) {
+		int a = s->lgroup[g];
+		const struct llm_lora *lo = c->m->lora[a];
+		if (!llm_lora_has_slot(lo, c->l, slot))
+			continue;
+		int64_t k = 0;
+		for (int64_t i = 0; i < n; i++)
+			if (s->lslot[rows[i]] == a)
+				s->lsub[k++] = (int32_t)i;
+		if (k)
+			llm_lora_apply_slot(lo, c->l, slot, y.data, y.stride, x.data, x.stride, s->lsub, k);
+	}
 }
 
 /* x += xb, then xb = rmsnorm(x) with W: one dispatch where the backend
@@ -1029,7 +1056,9 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, stru
 		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
 	}
 	if (moe) {
-		LLM_TRY(llm_moe_ffn(be, &m->cfg.moe, &L->moe, &s->moe, xb));
+		struct moe_lora_ctx mc = { m, s, l };
+		struct llm_moe_hook hook = { moe_lora, &mc };
+		LLM_TRY(llm_moe_ffn(be, &m->cfg.moe, &L->moe, &s->moe, xb, s->n_lgroup ? &hook : NULL));
 		return d ? tp_sum(d, xb.data, n_el) : LLM_OK;
 	}
 	{

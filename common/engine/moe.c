@@ -85,7 +85,8 @@ static void route(const float *logit, int n_expert, int k, int norm, int32_t *se
 }
 
 enum llm_status llm_moe_ffn(struct llm_backend *be, const struct llm_moe_config *mc,
-                            const struct llm_moe_weights *w, struct llm_moe_scratch *s, struct llm_view x)
+                            const struct llm_moe_weights *w, struct llm_moe_scratch *s, struct llm_view x,
+                            const struct llm_moe_hook *hook)
 {
 	const struct llm_backend_ops *op = be->ops;
 	int64_t n = x.rows, dm = x.cols;
@@ -132,10 +133,18 @@ enum llm_status llm_moe_ffn(struct llm_backend *be, const struct llm_moe_config 
 			LLM_TRY(op->matmul(be, ge, xe, g));
 			LLM_TRY(op->matmul(be, ue, xe, u));
 		}
+		if (hook) {
+			if (op->sync)
+				LLM_TRY(op->sync(be));
+			hook->fn(hook->ctx, e, 0, ge, xe, s->rows + a, ne);
+			hook->fn(hook->ctx, e, 1, ue, xe, s->rows + a, ne);
+		}
 		LLM_TRY(op->swiglu(be, ge, ge, ue));
 		LLM_TRY(op->matmul(be, ye, ge, d));
 		if (op->sync)
 			LLM_TRY(op->sync(be));
+		if (hook)
+			hook->fn(hook->ctx, e, 2, ye, ge, s->rows + a, ne);
 		/* each row's contributions in ascending expert order, from zero */
 		for (int32_t i = 0; i < ne; i++) {
 			float *acc = s->acc + (int64_t)s->rows[a + i] * dm, wt = s->rw[a + i];

@@ -59,9 +59,20 @@ enum llm_status llm_moe_scratch_init(struct llm_moe_scratch *s, const struct llm
                                      int max_tok);
 void llm_moe_scratch_free(struct llm_moe_scratch *s);
 
+/* What the FFN calls right after each matmul of an expert (PROJ 0 gate,
+ * 1 up, 2 down): Y += a term of X, both that expert's gathered rows, which
+ * are the rows ROWS (N, ascending) of the FFN's input. The LoRA adapters of
+ * the experts (model.c), which so change only the rows routed to them. */
+struct llm_moe_hook {
+	void (*fn)(void *ctx, int expert, int proj, struct llm_view y, struct llm_view x, const int32_t *rows,
+	           int64_t n);
+	void *ctx;
+};
+
 /* X (n, d_model) = the MoE FFN of layer weights W over the rows of X
- * (n <= s->max_tok), in place. */
+ * (n <= s->max_tok), in place. HOOK may be NULL. */
 enum llm_status llm_moe_ffn(struct llm_backend *be, const struct llm_moe_config *mc,
-                            const struct llm_moe_weights *w, struct llm_moe_scratch *s, struct llm_view x);
+                            const struct llm_moe_weights *w, struct llm_moe_scratch *s, struct llm_view x,
+                            const struct llm_moe_hook *hook);
 
 #endif

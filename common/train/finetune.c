@@ -277,6 +277,15 @@ static size_t share_of(size_t b, int n)
 	return (c + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN;
 }
 
+enum llm_status llm_frozen_check(const struct llm_model *m, const char *path, int shard, double offload)
+{
+	/* a layer's blob (layer_layout) holds its dense weights, not its experts */
+	if (m->cfg.moe.n_expert && (shard || offload > 0))
+		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: --shard-base and --offload-base on a mixture of experts (%d "
+		                "experts) are not supported", path, m->cfg.moe.n_expert);
+	return LLM_OK;
+}
+
 void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double offload,
                      struct llm_frozen_plan *p)
 {
@@ -535,11 +544,8 @@ enum llm_status llm_finetune(const struct llm_finetune_opts *o, struct llm_finet
 	if ((s = llm_model_open(&m, o->model)))
 		goto setup_done;
 	model_open = 1;
-	if (m.cfg.moe.n_expert) {
-		s = llm_fail(LLM_ERR_UNSUPPORTED, "%s: LoRA fine-tuning of a mixture of experts (%d experts) is not "
-		             "supported", o->model, m.cfg.moe.n_expert);
+	if ((s = llm_frozen_check(&m, o->model, o->shard_base, o->offload_base)))
 		goto setup_done;
-	}
 	if ((s = llm_finetune_tokenizer(&m, o->model, &tk)))
 		goto setup_done;
 	struct llm_data_opts dopt = o->data_o;
@@ -857,12 +863,6 @@ enum llm_status llm_finetune_sample(const char *model, const char *adapter, cons
 	*out = NULL;
 	struct llm_model m;
 	LLM_TRY(llm_model_open(&m, model));
-	if (m.cfg.moe.n_expert) {
-		int ne = m.cfg.moe.n_expert;
-		llm_model_close(&m);
-		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: LoRA fine-tuning of a mixture of experts (%d experts) is not "
-		                "supported", model, ne);
-	}
 	struct llm_tokenizer *tk = NULL;
 	struct llm_lora lo = { 0 };
 	struct llm_trainer *tr = NULL;

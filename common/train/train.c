@@ -36,6 +36,11 @@ struct llm_trainer {
 	uint64_t drop_key;
 	uint64_t *drop_tok;       /* (n_seq * seq_len) the token id the masks hash */
 	uint32_t drop_thresh;     /* a column is dropped when hash < thresh (of 2^32) */
+	/* a mixture of experts (train_moe.h): the routing of the layer at hand */
+	const int32_t *rowmap;    /* NULL: a projection's rows are the batch's; else each one's batch row */
+	int32_t *msel, *mrows;    /* (n K) each row's chosen experts; the gathered rows' batch rows */
+	int32_t *mstart;          /* (2 E + 1) expert e's gathered rows from mstart[e]; E more: positions */
+	double *mwt, *mgj;        /* (n K) the chosen experts' weights; (K) a row's weight gradients */
 };
 
 /* Run FN(ctx, ith, nth) for every ith < nth (the trainer's thread count)
@@ -90,11 +95,17 @@ static void weight_slice(const struct llm_weight *w, int64_t r, int64_t c0, int6
 	}
 }
 
-/* Whether column c of token i survives the dropout of (layer, target). */
-static inline int keep(const struct llm_trainer *t, int layer, int tg, int64_t i, int64_t c, int64_t din)
+/* Whether column c of row i of the input of (layer, slot) survives the
+ * dropout: a function of the row's token (t->rowmap maps an expert's
+ * gathered rows to theirs). A projection's id is layer << 3 | target; an
+ * expert's puts its slot above, with 7 (no projection's) below. */
+static inline int keep(const struct llm_trainer *t, int layer, int slot, int64_t i, int64_t c, int64_t din)
 {
-	uint64_t h = llm_hash_mix64(t->drop_key ^ llm_hash_mix64(((uint64_t)layer << 3 | (uint64_t)tg) + LLM_SPLITMIX_GAMMA)
-	                    ^ (t->drop_tok[i] * (uint64_t)din + (uint64_t)c) * 0xd1342543de82ef95ull);
+	uint64_t id = slot < LLM_LORA_N ? (uint64_t)layer << 3 | (uint64_t)slot
+	                                : ((uint64_t)slot << 32 | (uint64_t)layer) << 3 | 7u;
+	uint64_t tok = t->drop_tok[t->rowmap ? t->rowmap[i] : i];
+	uint64_t h = llm_hash_mix64(t->drop_key ^ llm_hash_mix64(id + LLM_SPLITMIX_GAMMA)
+	                    ^ (tok * (uint64_t)din + (uint64_t)c) * 0xd1342543de82ef95ull);
 	return (uint32_t)(h >> 32) >= t->drop_thresh;
 }
 
@@ -138,7 +149,28 @@ static size_t maxdim(const struct llm_config *c)
 {
 	size_t d = (size_t)c->d_model, q = (size_t)c->n_head * (size_t)c->d_head;
 	size_t m = d > q ? d : q;
+	m = m > (size_t)c->moe.d_ff_expert ? m : (size_t)c->moe.d_ff_expert;
 	return m > (size_t)c->d_ff ? m : (size_t)c->d_ff;
+}
+
+/* The dense MLP's width when some layer has one (d_ff), else 0: a mixture
+ * of experts without dense layers keeps no (n, d_ff) activations. */
+static int64_t dense_ff(const struct llm_config *c)
+{
+	for (int l = 0; l < c->n_layer; l++)
+		if (!llm_moe_layer(c, l))
+			return c->d_ff;
+	return 0;
+}
+
+/* Bytes of the routing arrays of a mixture of experts for N token slots
+ * (struct llm_trainer's msel ... mgj), outside the arena. */
+static size_t moe_host_bytes(const struct llm_config *c, size_t n)
+{
+	size_t E = (size_t)c->moe.n_expert, K = (size_t)c->moe.n_expert_used;
+	if (!E)
+		return 0;
+	return n * K * (2 * sizeof(int32_t) + sizeof(double)) + (2 * E + 1) * sizeof(int32_t) + K * sizeof(double);
 }
 
 /* Per-thread scratch in elements of ES bytes: the larger of the attention
@@ -276,7 +308,8 @@ void llm_train_plan(const struct llm_config *c, size_t n_params, int rank, int n
 	size_t es = o->f64 ? sizeof(double) : sizeof(float);
 	size_t n = (size_t)o->n_seq * (size_t)o->seq_len, D = (size_t)c->d_model;
 	size_t Q = (size_t)c->n_head * (size_t)c->d_head, KV = (size_t)c->n_kv_head * (size_t)c->d_head;
-	size_t FF = (size_t)c->d_ff, H = (size_t)c->n_head, R = (size_t)rank;
+	size_t FF = (size_t)dense_ff(c), H = (size_t)c->n_head, R = (size_t)rank;
+	size_t E = (size_t)c->moe.n_expert, NK = n * (size_t)c->moe.n_expert_used, FE = (size_t)c->moe.d_ff_expert;
 	size_t C = (size_t)(o->logit_chunk > 0 ? o->logit_chunk : DEFAULT_CHUNK);
 	size_t V = (size_t)c->n_vocab, L = (size_t)o->seq_len, half = (size_t)c->d_head / 2;
 	p->params = n_params * es;
@@ -288,9 +321,14 @@ void llm_train_plan(const struct llm_config *c, size_t n_params, int rank, int n
 		per_layer += n * (Q + KV + H + (size_t)c->n_kv_head);
 	if (c->fam->sandwich)         /* o_proj's and down_proj's outputs before their norms */
 		per_layer += n * (2 * D + 2);
+	/* a mixture of experts: logits, each expert's gathered gate, up, h,
+	 * output and the adapters' (n K, R) of its gate, up, down */
+	if (E)
+		per_layer += n * E + NK * (3 * FE + D + 3 * R);
 	p->layer_acts = (o->checkpoint ? 1 : (size_t)c->n_layer) * per_layer * es;
-	p->workspace = (n * (D + 1) + n * (3 * D + 2 * Q + 2 * KV + 3 * FF + R) + D + 2 * L * half) * es +
-	               n * sizeof(uint64_t);   /* the dropout token ids */
+	p->workspace = (n * (D + 1) + n * (3 * D + 2 * Q + 2 * KV + 3 * FF) + (E ? NK : n) * R + D + 2 * L * half +
+	                (E ? NK * (3 * D + 3 * FE + 2) + n * E : 0)) * es +
+	               n * sizeof(uint64_t) + moe_host_bytes(c, n);   /* the dropout token ids, the routing */
 	p->logits = (C * (2 * D + V)) * es + C * (2 * sizeof(int32_t) + sizeof(double));
 	p->threads = (size_t)n_threads * tscr_elems(c, L, R, es, n_threads) * es;
 	p->total = p->params + p->grads + p->optimizer + p->checkpoints + p->layer_acts +
@@ -314,10 +352,8 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	if (o->seq_len > c->max_ctx)
 		return llm_fail(LLM_ERR_USAGE, "trainer: sequence length %d exceeds the model context %d",
 		                o->seq_len, c->max_ctx);
-	if (c->fam->moe != LLM_MOE_NONE)
-		return llm_fail(LLM_ERR_UNSUPPORTED, "trainer: model_type %s: a mixture-of-experts model cannot be "
-		                "fine-tuned yet (the trainer runs dense MLPs only)", c->fam->model_type);
-	if (lo->n_layer != c->n_layer || lo->d_in[LLM_LORA_Q] != c->d_model || lo->d_out[LLM_LORA_UP] != c->d_ff)
+	if (lo->n_layer != c->n_layer || lo->d_in[LLM_LORA_Q] != c->d_model || lo->d_out[LLM_LORA_UP] != c->d_ff ||
+	    lo->n_expert != c->moe.n_expert || (lo->n_expert && lo->d_out[LLM_LORA_N] != c->moe.d_ff_expert))
 		return llm_fail(LLM_ERR_USAGE, "trainer: the adapter does not fit the model");
 	struct llm_trainer *t = calloc(1, sizeof *t);
 	if (!t)
@@ -339,6 +375,16 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 	t->drop_tok = malloc((size_t)o->n_seq * (size_t)o->seq_len * sizeof *t->drop_tok);
 	if (!t->lg_idx || !t->lg_tgt || !t->lg_loss || !t->drop_tok)
 		s = llm_fail(LLM_ERR_NOMEM, "trainer: out of memory");
+	if (!s && c->moe.n_expert) {
+		size_t nk = (size_t)o->n_seq * (size_t)o->seq_len * (size_t)c->moe.n_expert_used;
+		t->msel = malloc(nk * sizeof *t->msel);
+		t->mrows = malloc(nk * sizeof *t->mrows);
+		t->mstart = malloc((2 * (size_t)c->moe.n_expert + 1) * sizeof *t->mstart);
+		t->mwt = malloc(nk * sizeof *t->mwt);
+		t->mgj = malloc((size_t)c->moe.n_expert_used * sizeof *t->mgj);
+		if (!t->msel || !t->mrows || !t->mstart || !t->mwt || !t->mgj)
+			s = llm_fail(LLM_ERR_NOMEM, "trainer: out of memory for the experts' routing");
+	}
 	if (!s && t->nth > 1)
 		s = llm_pool_open(&t->pool, t->nth);
 	if (!s)
@@ -354,7 +400,8 @@ enum llm_status llm_trainer_open(struct llm_trainer **tp, const struct llm_model
 		size_t got = (o->f64 ? carve_f64(t, NULL) : carve_f32(t, NULL)) * es;
 		size_t want = p.total - p.optimizer - (o->f64 ? 0 : p.params) -
 		              (size_t)t->chunk * (2 * sizeof(int32_t) + sizeof(double)) -
-		              (size_t)o->n_seq * (size_t)o->seq_len * sizeof(uint64_t);
+		              (size_t)o->n_seq * (size_t)o->seq_len * sizeof(uint64_t) -
+		              moe_host_bytes(c, (size_t)o->n_seq * (size_t)o->seq_len);
 		if (got != want)
 			s = llm_fail(LLM_ERR_INTERNAL, "trainer: allocated %zu bytes, the plan says %zu", got, want);
 	}
@@ -379,6 +426,11 @@ void llm_trainer_close(struct llm_trainer *t)
 	free(t->lg_tgt);
 	free(t->lg_loss);
 	free(t->drop_tok);
+	free(t->msel);
+	free(t->mrows);
+	free(t->mstart);
+	free(t->mwt);
+	free(t->mgj);
 	free(t);
 }
 

@@ -12,8 +12,10 @@
  * embedding scale, (1 + w) norms, GeGLU, attention and final logit
  * softcaps, query_pre_attn_scalar and the norms after attention and MLP
  * (gemma2), and rope_scaling's frequencies and YaRN attention factor.
- * Mixtures of experts are refused (llm_trainer_open). Every projection may
- * carry a LoRA adapter (lora.h). The backward pass goes through all of it
+ * A mixture of experts (Mixtral, Qwen3-MoE) has moe.c's FFN in place of the
+ * MLP (train_moe.h: the router frozen, the top-k choice a constant, the
+ * gradient through the routing weights and each chosen expert). Every
+ * projection and expert may carry a LoRA adapter (lora.h). The backward pass goes through all of it
  * (RMSNorm, RoPE, grouped-query causal attention with its scale, softcap
  * and window, SwiGLU or GeGLU, the family's norms, tied or untied lm_head,
  * the final softcap, cross-entropy) and produces the gradient of the LoRA
@@ -104,8 +106,8 @@ struct llm_layer_source {
 
 /* Build a trainer for model M (borrowed, with its mapping) and adapter LO
  * (borrowed: F32 trains LO->params in place; F64 trains its own double
- * copy, llm_trainer_params()). LLM_ERR_USAGE for bad sizes, LLM_ERR_NOMEM,
- * LLM_ERR_UNSUPPORTED for a mixture-of-experts model. */
+ * copy, llm_trainer_params()). LLM_ERR_USAGE for bad sizes or an adapter
+ * that does not fit the model, LLM_ERR_NOMEM. */
 enum llm_status llm_trainer_open(struct llm_trainer **t, const struct llm_model *m,
                                  struct llm_lora *lo, const struct llm_train_opts *o,
                                  const struct llm_layer_source *src);
@@ -262,6 +264,10 @@ struct llm_frozen_plan {
 	size_t buffer;          /* per rank: the working layer buffer (0: layers are used in place) */
 	int n_offloaded;        /* decoder layers [0, n_offloaded) are off-loaded */
 };
+/* Whether SHARD and OFFLOAD can hold M's frozen weights: LLM_ERR_UNSUPPORTED
+ * naming PATH for a mixture of experts (its experts are not in a layer's
+ * blob), else LLM_OK. */
+enum llm_status llm_frozen_check(const struct llm_model *m, const char *path, int shard, double offload);
 /* The frozen-weight memory of one of RANKS ranks for model M (headers
  * only: no weight is read), with SHARD and OFFLOAD in [0, 1]. */
 void llm_frozen_plan(const struct llm_model *m, int ranks, int shard, double offload,

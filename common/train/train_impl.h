@@ -40,6 +40,10 @@ struct F(act) {
 	REAL *xmid, *xm, *rstd2;    /* (n, D) residual after attention, its norm; (n) */
 	REAL *g, *u, *h;            /* (n, FF) gate, up, act(gate) * up */
 	REAL *lu[LLM_LORA_N];       /* (n, R) drop(x) A^T of each adapted projection */
+	/* a mixture of experts (train_moe.h; gathered: (n K, ...), K = n_expert_used) */
+	REAL *mlogit;               /* (n, E) router logits */
+	REAL *mg, *mu, *mh, *mye;   /* gathered (n K, FE): each expert's gate, up, silu(gate) * up; (n K, D) its output */
+	REAL *mlu[3];               /* gathered (n K, R) drop(x) A^T of the experts' gate, up, down */
 };
 
 struct F(state) {
@@ -52,6 +56,10 @@ struct F(state) {
 	REAL *wvec;                 /* (D) a norm weight, dequantized */
 	REAL *rcos, *rsin;          /* (seq_len, d_head / 2) RoPE table */
 	REAL *lg_x, *lg, *lg_dx;    /* (C, D), (C, V), (C, D) one lm_head chunk */
+	REAL *mxe, *mdye, *mdxe;    /* gathered (n K, D) an expert's input, output gradient, input gradient */
+	REAL *mdh, *mdg, *mdu;      /* gathered (n K, FE) */
+	REAL *mrw, *mdw;            /* (n K) each gathered row's routing weight and its gradient */
+	REAL *mdlogit;              /* (n, E) the router logits' gradient */
 	REAL *tscr;                 /* (nth, tscr_per) per-thread scratch */
 	size_t tscr_per;
 };
@@ -283,13 +291,13 @@ static void F(lora_setup)(struct llm_trainer *t, struct F(lora_job) *j, int laye
 {
 	struct F(state) *st = t->st;
 	const struct llm_lora *lo = t->lo;
-	size_t off = lo->off[(size_t)layer * LLM_LORA_N + (size_t)tg];
+	size_t off = llm_lora_off(lo, layer, tg);
 	memset(j, 0, sizeof *j);
 	j->t = t;
 	j->layer = layer;
 	j->tg = tg;
-	j->din = lo->d_in[tg];
-	j->dout = lo->d_out[tg];
+	j->din = lo->d_in[llm_lora_kind(tg)];
+	j->dout = lo->d_out[llm_lora_kind(tg)];
 	j->R = lo->rank;
 	j->n = n;
 	j->A = st->params + off;
@@ -626,6 +634,8 @@ static void F(attn_bwd_task)(void *ctx, int ith, int nth)
 	}
 }
 
+#include "train_moe.h"
+
 /* ---- a layer ------------------------------------------------------------------- */
 
 /* The layer as model.c runs it, the family's traits (family.h) where they
@@ -672,15 +682,19 @@ static void F(layer_fwd)(struct llm_trainer *t, int l, const struct llm_layer *W
 	for (int64_t i = 0; i < n * D; i++)
 		a->xmid[i] += xin[i];
 	F(rmsnorm)(t, a->xm, a->rstd2, a->xmid, &W->ffn_norm, n);
-	F(linear)(t, &W->w_gate, l, LLM_LORA_GATE, a->xm, a->g, a->lu[LLM_LORA_GATE], n, train);
-	F(linear)(t, &W->w_up, l, LLM_LORA_UP, a->xm, a->u, a->lu[LLM_LORA_UP], n, train);
-	struct F(glu_job) gj = { a->h, NULL, NULL, a->g, a->u, NULL, n * FF, f->act };
-	par(t, 8.0 * (double)n * FF, F(glu_task), &gj);
-	if (f->sandwich) {             /* the MLP output normed before the residual add */
-		F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, a->dn, a->lu[LLM_LORA_DOWN], n, train);
-		F(rmsnorm)(t, xout, a->rstd4, a->dn, &W->post_ffn_norm, n);
+	if (W->moe.router.data) {           /* a mixture of experts (train_moe.h) */
+		F(moe_fwd)(t, l, W, a, xout, n, train);
 	} else {
-		F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, xout, a->lu[LLM_LORA_DOWN], n, train);
+		F(linear)(t, &W->w_gate, l, LLM_LORA_GATE, a->xm, a->g, a->lu[LLM_LORA_GATE], n, train);
+		F(linear)(t, &W->w_up, l, LLM_LORA_UP, a->xm, a->u, a->lu[LLM_LORA_UP], n, train);
+		struct F(glu_job) gj = { a->h, NULL, NULL, a->g, a->u, NULL, n * FF, f->act };
+		par(t, 8.0 * (double)n * FF, F(glu_task), &gj);
+		if (f->sandwich) {          /* the MLP output normed before the residual add */
+			F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, a->dn, a->lu[LLM_LORA_DOWN], n, train);
+			F(rmsnorm)(t, xout, a->rstd4, a->dn, &W->post_ffn_norm, n);
+		} else {
+			F(linear)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, xout, a->lu[LLM_LORA_DOWN], n, train);
+		}
 	}
 	for (int64_t i = 0; i < n * D; i++)
 		xout[i] += a->xmid[i];
@@ -696,16 +710,20 @@ static void F(layer_bwd)(struct llm_trainer *t, int l, const struct llm_layer *W
 	const struct llm_family *f = c->fam;
 	int64_t n = (int64_t)b->n_seq * b->seq_len, D = c->d_model, FF = c->d_ff;
 	/* MLP (sandwich: dxn holds the gradient of down_proj's output first) */
-	const REAL *ddn = st->dres;
-	if (f->sandwich) {
-		F(rmsnorm_bwd)(t, st->dxn, st->dres, a->dn, a->rstd4, &W->post_ffn_norm, n);
-		ddn = st->dxn;
+	if (W->moe.router.data) {           /* a mixture of experts (train_moe.h) */
+		F(moe_bwd)(t, l, W, a, n, train);
+	} else {
+		const REAL *ddn = st->dres;
+		if (f->sandwich) {
+			F(rmsnorm_bwd)(t, st->dxn, st->dres, a->dn, a->rstd4, &W->post_ffn_norm, n);
+			ddn = st->dxn;
+		}
+		F(linear_bwd)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, ddn, a->lu[LLM_LORA_DOWN], st->dh, 0, n, train);
+		struct F(glu_job) gj = { NULL, st->dg, st->du, a->g, a->u, st->dh, n * FF, f->act };
+		par(t, 8.0 * (double)n * FF, F(glu_task), &gj);
+		F(linear_bwd)(t, &W->w_gate, l, LLM_LORA_GATE, a->xm, st->dg, a->lu[LLM_LORA_GATE], st->dxn, 0, n, train);
+		F(linear_bwd)(t, &W->w_up, l, LLM_LORA_UP, a->xm, st->du, a->lu[LLM_LORA_UP], st->dxn, 1, n, train);
 	}
-	F(linear_bwd)(t, &W->w_down, l, LLM_LORA_DOWN, a->h, ddn, a->lu[LLM_LORA_DOWN], st->dh, 0, n, train);
-	struct F(glu_job) gj = { NULL, st->dg, st->du, a->g, a->u, st->dh, n * FF, f->act };
-	par(t, 8.0 * (double)n * FF, F(glu_task), &gj);
-	F(linear_bwd)(t, &W->w_gate, l, LLM_LORA_GATE, a->xm, st->dg, a->lu[LLM_LORA_GATE], st->dxn, 0, n, train);
-	F(linear_bwd)(t, &W->w_up, l, LLM_LORA_UP, a->xm, st->du, a->lu[LLM_LORA_UP], st->dxn, 1, n, train);
 	F(rmsnorm_bwd)(t, st->dxmid, st->dxn, a->xmid, a->rstd2, &W->ffn_norm, n);
 	for (int64_t i = 0; i < n * D; i++)
 		st->dxmid[i] += st->dres[i];
@@ -874,8 +892,9 @@ static size_t F(carve)(struct llm_trainer *t, REAL *arena)
 	const struct llm_lora *lo = t->lo;
 	size_t n = (size_t)t->o.n_seq * (size_t)t->o.seq_len, D = (size_t)c->d_model;
 	size_t Q = (size_t)c->n_head * (size_t)c->d_head, KV = (size_t)c->n_kv_head * (size_t)c->d_head;
-	size_t FF = (size_t)c->d_ff, H = (size_t)c->n_head, R = (size_t)lo->rank, C = (size_t)t->chunk;
+	size_t FF = (size_t)dense_ff(c), H = (size_t)c->n_head, R = (size_t)lo->rank, C = (size_t)t->chunk;
 	size_t V = (size_t)c->n_vocab, L = (size_t)t->o.seq_len, half = (size_t)c->d_head / 2;
+	size_t E = (size_t)c->moe.n_expert, NK = n * (size_t)c->moe.n_expert_used, FE = (size_t)c->moe.d_ff_expert;
 	REAL *p = arena;
 	size_t used = 0;
 #define TAKE(dst, cnt) do { size_t k_ = (cnt); if (arena) { (dst) = p; p += k_; } used += k_; } while (0)
@@ -916,6 +935,15 @@ static size_t F(carve)(struct llm_trainer *t, REAL *arena)
 		for (int tg = 0; tg < LLM_LORA_N; tg++)
 			if (lo->targets >> tg & 1)
 				TAKE(a->lu[tg], n * R);
+		if (E) {
+			TAKE(a->mlogit, n * E);
+			TAKE(a->mg, NK * FE);
+			TAKE(a->mu, NK * FE);
+			TAKE(a->mh, NK * FE);
+			TAKE(a->mye, NK * D);
+			for (int k = 0; k < 3; k++)
+				TAKE(a->mlu[k], NK * R);
+		}
 	}
 	TAKE(st->xf, n * D);
 	TAKE(st->rstdf, n);
@@ -929,7 +957,18 @@ static size_t F(carve)(struct llm_trainer *t, REAL *arena)
 	TAKE(st->dh, n * FF);
 	TAKE(st->dg, n * FF);
 	TAKE(st->du, n * FF);
-	TAKE(st->dlu, n * R);
+	TAKE(st->dlu, (E ? NK : n) * R);
+	if (E) {
+		TAKE(st->mxe, NK * D);
+		TAKE(st->mdye, NK * D);
+		TAKE(st->mdxe, NK * D);
+		TAKE(st->mdh, NK * FE);
+		TAKE(st->mdg, NK * FE);
+		TAKE(st->mdu, NK * FE);
+		TAKE(st->mrw, NK);
+		TAKE(st->mdw, NK);
+		TAKE(st->mdlogit, n * E);
+	}
 	TAKE(st->wvec, D);
 	TAKE(st->rcos, L * half);
 	TAKE(st->rsin, L * half);

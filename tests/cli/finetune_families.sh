@@ -10,8 +10,8 @@
 # ids and log-probs of its merge (--merge) within 1e-5, not the base's.
 # Under mpirun (when present) the gemma2 model trains on 2 ranks with
 # --shard-base (each layer all-gathered, with its biases, norms and sandwich
-# norms read from the model) bit for bit as on 2 ranks without it. A
-# mixture of experts (tiny-mixtral) is refused in one line.
+# norms read from the model) bit for bit as on 2 ranks without it. The
+# mixtures of experts train in tests/cli/moe_lora.sh.
 . tests/lib/tap.sh
 T=$TMPD
 TOOLS=${LLM_TEST_TOOLS:-../shared/tools}
@@ -28,7 +28,6 @@ if [ -n "$why" ]; then
 		skip "$f: --lora equals the merged weights, not the base" "$why"
 	done
 	skip "tiny-gemma2: 2 ranks --shard-base bit for bit as 2 ranks" "$why"
-	skip "llm-finetune refuses a mixture of experts in one line" "$why"
 	tap_done
 fi
 S=$(stories)
@@ -111,11 +110,4 @@ else
 	fi
 fi
 
-python3 -c "
-import json, sys
-c = json.load(open(sys.argv[1])); c['vocab_size'] = 512
-json.dump(c, open(sys.argv[2], 'w'))" "$TOOLS/configs/tiny-mixtral.json" "$T/mixtral.json"
-llm-quantize -q --random "$T/mixtral.json" --seed 1 --tokenizer "$S" "$T/mixtral" 2>/dev/null
-check_fails "llm-finetune refuses a mixture of experts in one line" 1 llm-finetune -m "$T/mixtral" $TR --steps 1 -o "$T/mx"
-grep -q "mixture of experts" "$T/err" || notok "the line names model_type mixtral: $(cat "$T/err")"
 tap_done

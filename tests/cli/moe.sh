@@ -10,7 +10,7 @@
 # same comparison. Then batch invariance (each prompt alone equals the batch,
 # bit for bit), experts no token chooses left uncomputed, --plan's expert
 # counts, FP8 (llm-quantize, generation, perplexity within 1% of BF16),
-# llm-finetune's refusal, llm-quantize --random of both families, Qwen3-MoE's
+# llm-quantize --random of both families, Qwen3-MoE's
 # dense layers, llama.cpp on the GGUF of the same numbers (bench/depth.sh,
 # when its prebuilt library is on this machine), and the tensor-parallel
 # split of the experts (llm-repartition, mpirun).
@@ -166,10 +166,6 @@ PY
 a, b = (json.loads(open(f).read().strip().split("\n")[-1]) for f in sys.argv[1:3])
 print("#   ppl bf16 %.4f fp8 %.4f (%+.3f%%)" % (a["ppl"], b["ppl"], 100 * (b["ppl"] / a["ppl"] - 1)))
 assert abs(b["ppl"] / a["ppl"] - 1) < 0.01' "$T/$f-ppl-bf16.json" "$T/$f-ppl-fp8.json"
-	check_fails "$f: llm-finetune refuses a mixture of experts with one line" 1 \
-		llm-finetune -m "$q" --data tests/data/finetune/train.jsonl -o "$T/ad" --steps 1 --seq-len 32
-	grep -q "mixture of experts" "$T/err" && ok "$f: the line says why" || notok "$f: the line says why: $(cat "$T/err")"
-	check_fails "$f: llm-finetune --plan refuses it too" 1 llm-finetune -m "$q" --plan -o "$T/ad"
 }
 
 # random FAMILY CONFIG: llm-quantize --random writes the family's routers

@@ -200,12 +200,17 @@ c = json.load(open(sys.argv[1])); c.update(model_type="llama", architectures=["L
 for k in ("num_local_experts", "num_experts_per_tok"): c.pop(k)
 json.dump(c, open(sys.argv[2], "w"))' "$T/mix512.json" "$T/ll512.json"
 llm-quantize -q --random "$T/ll512.json" --dtype f32 --seed 3 "$T/ll5" 2>"$T/q.err" || sed 's/^/#   /' "$T/q.err"
-FT="llm-finetune -m $T/m5 --data tests/data/finetune/train.jsonl --seq-len 64 --micro-batch 2 --lr 2e-2 --seed 3 -q"
-$FT --steps 60 -o "$T/ft" --log "$T/ft.csv" 2>"$T/ft.err" || sed 's/^/#   /' "$T/ft.err"
-check "mixtral: llm-finetune trains: the mean loss of the last 5 of 60 steps is under 0.93 of the first" $PY -c 'import csv, sys
+TRAIN="--data tests/data/finetune/train.jsonl --seq-len 64 --micro-batch 2 --lr 2e-2 --seed 3 -q"
+FT="llm-finetune -m $T/m5 $TRAIN"
+# trains NAME CKPT OUT: 60 steps of llm-finetune on CKPT into OUT; the loss must fall
+trains() {
+	llm-finetune -m "$2" $TRAIN --steps 60 -o "$3" --log "$3.csv" 2>"$3.err" || sed 's/^/#   /' "$3.err"
+	check "$1: llm-finetune trains: the mean loss of the last 5 of 60 steps is under 0.93 of the first" $PY -c 'import csv, sys
 l = [float(r["loss"]) for r in csv.DictReader(open(sys.argv[1]))]
 print("#   loss %.3f -> %.3f" % (l[0], sum(l[-5:]) / 5))
-assert len(l) == 60 and sum(l[-5:]) / 5 < 0.93 * l[0], l' "$T/ft.csv"
+assert len(l) == 60 and sum(l[-5:]) / 5 < 0.93 * l[0], l' "$3.csv"
+}
+trains mixtral "$T/m5" "$T/ft"
 check "mixtral: the adapter holds attention and every expert's w1, w3, w2 (PEFT's names and target_modules)" $PY -c 'import json, re, sys
 sys.path.insert(0, "tests/lib")
 from stf32 import header
@@ -260,11 +265,7 @@ assert a["layer_activations"] - b["layer_activations"] == 2 * 4 * n * (E + K * (
 	"$T/plan.json" "$T/plan-ll.json"
 llm-quantize -q --random "$T/q3512.json" --dtype f32 --seed 3 --tokenizer "$S" "$T/q5" 2>"$T/q.err" || sed 's/^/#   /' "$T/q.err"
 # Qwen3-MoE: its q/k norms and its experts in one training forward
-llm-finetune -m "$T/q5" --data tests/data/finetune/train.jsonl --seq-len 64 --micro-batch 2 --lr 2e-2 --seed 3 -q --steps 60 -o "$T/q3ft" --log "$T/q3ft.csv" 2>"$T/err" || sed 's/^/#   /' "$T/err"
-check "qwen3_moe: llm-finetune trains: the mean loss of the last 5 of 60 steps is under 0.93 of the first" $PY -c 'import csv, sys
-l = [float(r["loss"]) for r in csv.DictReader(open(sys.argv[1]))]
-print("#   loss %.3f -> %.3f" % (l[0], sum(l[-5:]) / 5))
-assert len(l) == 60 and sum(l[-5:]) / 5 < 0.93 * l[0], l' "$T/q3ft.csv"
+trains qwen3_moe "$T/q5" "$T/q3ft"
 check "qwen3_moe: the adapter names every expert's gate_proj, up_proj, down_proj as PEFT does" $PY -c 'import json, re, sys
 sys.path.insert(0, "tests/lib")
 from stf32 import header

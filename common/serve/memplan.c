@@ -176,11 +176,11 @@ enum llm_status llm_kv_size_generate(const char *path, int64_t tokens, size_t by
 	int part = llm_model_is_partitioned(path);
 	LLM_TRY(part ? llm_model_geometry(&m, path) : llm_model_open(&m, path));
 	const char *what = need > 0 ? "the longest prompt with its output" : "one position";
-	/* windowed on every layer (Mistral's): a sequence holds at most its
-	 * window, a step's tokens and two partly used blocks at once
-	 * (llm_kv_prepare releases the blocks behind the window) */
+	/* windowed on every layer (Mistral's; Qwen2's from layer 0): a sequence
+	 * holds at most its window, a step's tokens and two partly used blocks
+	 * at once (llm_kv_prepare releases the blocks behind the window) */
 	int64_t most = (int64_t)m.cfg.window + o->max_batch_tokens + 2 * (int64_t)o->kv_block_size;
-	if (m.cfg.fam->window == LLM_WINDOW_ALL && m.cfg.window > 0 && need > most) {
+	if (llm_config_window_all(&m.cfg) > 0 && need > most) {
 		need = most;
 		what = "the sliding window with a step's tokens";
 	}

@@ -17,7 +17,9 @@
 # tiny-mistral-sw runs 330 positions in a KV cache of 112 (the blocks
 # behind the window released) with the ids of an unbounded cache; so does
 # tiny-qwen2 with use_sliding_window true and max_window_layers 0 (every
-# layer windowed), whose log-probs match hfref.py's with --sw 64.
+# layer windowed), whose log-probs match hfref.py's with --sw 64; with
+# max_window_layers 1 (layer 0 global) nothing is released, and the small
+# cache is refused.
 # A random PEFT adapter (tests/cli/lora_make.py) gives the same ids at run
 # time as merged (llm-finetune --merge). llm-quantize --random of each config writes a checkpoint that generates,
 # and refuses a family the engine does not run (phi3) with the engine's own line;
@@ -52,6 +54,7 @@ if [ -n "$why" ]; then
 	skip "qwen2 use_sliding_window, max_window_layers 0: matches hfref.py --sw 64 at $N positions" "$why"
 	skip "... and the comparison fails against hfref without the window" "$why"
 	skip "... a cache of 112 positions runs 330, the same ids" "$why"
+	skip "... max_window_layers 1 (layer 0 global): a cache of 112 for 330 positions is refused" "$why"
 	skip "llm-quantize --random refuses a phi3 config with the engine's line" "$why"
 	skip "llm-finetune refuses a qwen2 model in one line" "$why"
 	tap_done
@@ -197,6 +200,14 @@ done
 check "... a cache of 112 positions runs 330, the same ids (every layer windowed: blocks released)" \
 	sh -c "[ \$(wc -c <'$T/long.all') -gt 100 ] && cmp -s '$T/long.all' '$T/long.small'"
 sed 's/^/#   /' "$T/$f.err" | tail -2
+# max_window_layers 1 of 2: layer 0 global keeps every key, so no block is
+# released and 112 positions cannot hold 330
+$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c['max_window_layers'] = 1; json.dump(c, open(sys.argv[1], 'w'))" \
+	"$M/config.json"
+check_fails "... max_window_layers 1 (layer 0 global): a cache of 112 for 330 positions is refused" 1 \
+	llm-generate -m "$M" -n 200 --ignore-eos --temp 0 --json --batch-tokens 16 --max-kv-tokens 112 <"$T/long.jsonl"
+grep -q "less than the longest prompt with its output of 330: need --max-kv-tokens 330" "$T/err" ||
+	notok "... naming the whole 330 positions: $(cat "$T/err")"
 sed 's/"mixtral"/"phi3"/' "$TOOLS/configs/tiny-mixtral.json" >"$T/phi3.json"
 check_fails "llm-quantize --random refuses a phi3 config with the engine's line" 1 \
 	llm-quantize --random "$T/phi3.json" --seed 1 "$T/phi3"

@@ -895,6 +895,68 @@ static void test_llama3_random(void)
 	}
 }
 
+/* The sliding-window rules of config.c, layer by layer: Qwen2's
+ * use_sliding_window (layers from max_window_layers on, default 28; or as
+ * layer_types says), Mistral's every layer, Gemma 2's even layers; which
+ * leave every layer windowed (the KV cache then releases blocks). */
+static void test_window_rules(void)
+{
+	static const struct {
+		const char *fields;     /* added to a 4-layer config of model_type TYPE */
+		const char *type;
+		const char *want;       /* each layer's window, then the all-layer one */
+	} t[] = {
+		{ "\"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 2", "qwen2", "0 0 64 64 / 0" },
+		{ "\"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 0", "qwen2", "64 64 64 64 / 64" },
+		{ "\"use_sliding_window\": true, \"sliding_window\": 64", "qwen2", "0 0 0 0 / 0" },   /* 28: none of 4 */
+		{ "\"use_sliding_window\": true, \"max_window_layers\": 1", "qwen2", "0 4096 4096 4096 / 0" },
+		{ "\"use_sliding_window\": false, \"sliding_window\": 64, \"max_window_layers\": 0", "qwen2", "0 0 0 0 / 0" },
+		{ "\"use_sliding_window\": true, \"sliding_window\": null, \"max_window_layers\": 0", "qwen2", "0 0 0 0 / 0" },
+		{ "\"use_sliding_window\": true, \"sliding_window\": 9000, \"max_window_layers\": 0", "qwen2", "0 0 0 0 / 0" },
+		{ "\"use_sliding_window\": true, \"sliding_window\": 64, \"max_window_layers\": 0, \"layer_types\": "
+		  "[\"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\"]", "qwen2", "0 64 0 64 / 0" },
+		{ "\"sliding_window\": 64", "mistral", "64 64 64 64 / 64" },
+		{ "\"sliding_window\": 64", "gemma2", "64 0 64 0 / 0" },
+	};
+	for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+		char js[1024], got[128];
+		snprintf(js, sizeof js, "{\"model_type\": \"%s\", \"hidden_size\": 64, \"intermediate_size\": 96, "
+		         "\"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"vocab_size\": 64, "
+		         "\"max_position_embeddings\": 8192, %s}", t[i].type, t[i].fields);
+		struct llm_config c;
+		if (!check(llm_config_parse(&c, js, strlen(js), "config.json") == LLM_OK, "%s with %s parses: %s",
+		           t[i].type, t[i].fields, llm_errmsg()))
+			continue;
+		int at = 0;
+		for (int l = 0; l < 4; l++)
+			at += snprintf(got + at, sizeof got - (size_t)at, "%d ", llm_config_window(&c, l));
+		snprintf(got + at, sizeof got - (size_t)at, "/ %d", llm_config_window_all(&c));
+		check(!strcmp(got, t[i].want), "%s with %s: windows %s (want %s)", t[i].type, t[i].fields, got, t[i].want);
+	}
+	static const char *bad[][2] = {
+		{ "\"use_sliding_window\": 1", "use_sliding_window: not a boolean" },
+		{ "\"use_sliding_window\": true, \"max_window_layers\": -1", "max_window_layers" },
+		{ "\"use_sliding_window\": true, \"layer_types\": [\"full_attention\"]", "layer_types: not an array of 4" },
+		{ "\"use_sliding_window\": true, \"layer_types\": [\"full_attention\", \"x\", \"full_attention\", "
+		  "\"full_attention\"]", "layer_types[1]" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		char js[1024];
+		snprintf(js, sizeof js, "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96, "
+		         "\"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"vocab_size\": 64, %s}", bad[i][0]);
+		struct llm_config c;
+		check(llm_config_parse(&c, js, strlen(js), "config.json") != LLM_OK && strstr(llm_errmsg(), bad[i][1])
+		      && !strchr(llm_errmsg(), '\n'), "qwen2 with %s is refused in one line naming it: %s", bad[i][0],
+		      llm_errmsg());
+	}
+	const char *q3 = "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 4,"
+	                 " \"num_attention_heads\": 2, \"vocab_size\": 64, \"use_sliding_window\": true}";
+	struct llm_config c;
+	check(llm_config_parse(&c, q3, strlen(q3), "config.json") == LLM_ERR_UNSUPPORTED
+	      && strstr(llm_errmsg(), "use_sliding_window: true is not supported for qwen3"),
+	      "qwen3 with use_sliding_window true is still refused: %s", llm_errmsg());
+}
+
 /* A mixture of experts (llm-quantize --random of a small Qwen3-MoE config
  * whose layer 1 is dense by mlp_only_layers): its MoE fields, each layer's
  * weights (router and experts, or the dense MLP), --plan's expert bytes, a
@@ -984,6 +1046,7 @@ static void test_moe(void)
 int main(void)
 {
 	const char *models = test_models_dir(), *ref = test_ref_dir();
+	test_window_rules();
 	if (!models || !ref) {
 		check_skip("no models in $LLM_TEST_MODELS or no $LLM_TEST_REF", "stories260K references");
 		return check_done();

@@ -1189,6 +1189,26 @@ static void test_kv_window(void)
 	      llm_errmsg());
 	llm_kv_seq_free(&kv, a);
 	check(kv.n_free == 8, "window: every block back after the sequence ends");
+	/* keep 3 (a draft model's cache): decoded one position a step up to
+	 * 13, then cut back to 10 (its drafts rejected): the step at 10 reads
+	 * keys from 5 on (block 1); without keep, the step at 13 (keys from 8
+	 * on) would have released block 1 too */
+	llm_kv_set_keep(&kv, 3);
+	llm_kv_seq_new(&kv, &a);
+	b.n_tok = 8;
+	for (int i = 0; i < 8; i++)
+		pos[i] = i, seq[i] = a;
+	int ok = llm_kv_prepare(&kv, &b) == LLM_OK;
+	b.n_tok = 1;
+	for (int p = 8; p < 14; p++) {
+		pos[0] = p;
+		ok &= llm_kv_prepare(&kv, &b) == LLM_OK;
+	}
+	llm_kv_seq_truncate(&kv, a, 10);
+	pos[0] = 10;
+	check(ok && kv.seq[a].blk[0] == -1 && kv.seq[a].blk[1] >= 0 && llm_kv_prepare(&kv, &b) == LLM_OK,
+	      "window, keep 3: 14 positions then cut back to 10: block 0 released, block 1 held, position 10 runs");
+	llm_kv_seq_free(&kv, a);
 	llm_kv_free(&kv);
 	llm_backend_close(be);
 }

@@ -93,6 +93,63 @@ static enum llm_status moe_check(struct llm_config *c, json_t *root, const char 
 	return LLM_OK;
 }
 
+/* The sliding window and the layers it applies to, by the family's rule
+ * (family.h window). Mistral's (every layer) and Gemma 2's (the even layers,
+ * 4096 unless set) from sliding_window. Qwen2's as Hugging Face
+ * transformers' Qwen2Config sets it (its configuration_qwen2.py: the
+ * sliding_window is dropped unless use_sliding_window is true, default 4096,
+ * and the layer types derived from it are "sliding_attention" for layer
+ * indices i >= max_window_layers, default 28, "full_attention" below; a
+ * config.json layer_types list, where written, names each layer's type
+ * instead). A window at or past the context is none: no key ever leaves it. */
+static enum llm_status config_window(struct llm_config *c, json_t *root, const char *path)
+{
+	const struct llm_family *f = c->fam;
+	json_t *v = json_object_get(root, "sliding_window"), *use = json_object_get(root, "use_sliding_window");
+	if (v && !json_is_null(v) && !json_is_integer(v))
+		return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: not an integer", path);
+	if (use && !json_is_null(use) && !json_is_boolean(use))
+		return llm_fail(LLM_ERR_FORMAT, "%s: use_sliding_window: not a boolean", path);
+	int set = v && !json_is_null(v);
+	if (f->window == LLM_WINDOW_NONE) {
+		if (json_is_true(use))
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: use_sliding_window: true is not supported for %s",
+			                path, f->model_type);
+		if (set && json_integer_value(v) < c->max_ctx && !use)
+			return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported for %s "
+			                "(null or >= max_position_embeddings)", path, (long long)json_integer_value(v),
+			                f->model_type);
+		return LLM_OK;
+	}
+	if (f->window == LLM_WINDOW_FROM && (!json_is_true(use) || (v && json_is_null(v))))
+		return LLM_OK;      /* Qwen2Config drops the window, or it is null */
+	json_int_t w = set ? json_integer_value(v) : f->window == LLM_WINDOW_ALL ? 0 : 4096;
+	if (w < 0 || (set && w == 0))
+		return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: %lld is not a window", path, (long long)w);
+	int from = 0;
+	if (f->window == LLM_WINDOW_FROM)
+		LLM_TRY(get_int(root, path, "max_window_layers", 0, 0, INT32_MAX, 28, &from));
+	json_t *types = f->window == LLM_WINDOW_FROM ? json_object_get(root, "layer_types") : NULL;
+	if (types && !json_is_null(types) && (!json_is_array(types) || (int)json_array_size(types) != c->n_layer))
+		return llm_fail(LLM_ERR_FORMAT, "%s: layer_types: not an array of %d layer types", path, c->n_layer);
+	int any = 0;
+	for (int l = 0; l < c->n_layer; l++) {
+		int on = f->window == LLM_WINDOW_EVEN ? l % 2 == 0 : l >= from;
+		if (types && !json_is_null(types)) {
+			const char *t = json_string_value(json_array_get(types, (size_t)l));
+			if (!t || (strcmp(t, "sliding_attention") && strcmp(t, "full_attention")))
+				return llm_fail(LLM_ERR_FORMAT, "%s: layer_types[%d]: not \"sliding_attention\" or "
+				                "\"full_attention\"", path, l);
+			on = !strcmp(t, "sliding_attention");
+		}
+		if (on)
+			c->sliding[l / 8] |= (unsigned char)(1u << (l % 8));
+		any |= on;
+	}
+	c->window = any && w < c->max_ctx ? (int)w : 0;
+	return LLM_OK;
+}
+
 /* The family from model_type, else architectures[0]; one line naming
  * either when the table lacks it or the engine does not run it. */
 static enum llm_status config_family(struct llm_config *c, json_t *root, const char *path)
@@ -249,26 +306,7 @@ static enum llm_status config_check(struct llm_config *c, json_t *root, const ch
 	if (f->final_softcap)
 		LLM_TRY(get_cap(root, path, "final_logit_softcapping", 30.0, &c->final_softcap));
 	c->embed_scale = f->embed_scale ? sqrtf((float)c->d_model) : 1.0f;
-	/* the sliding window: Mistral's when below the context (at or past it
-	 * no key ever leaves it), Gemma 2's on its even layers (4096 unless
-	 * set); Qwen's use_sliding_window is refused */
-	if (json_is_true(json_object_get(root, "use_sliding_window")))
-		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: use_sliding_window: true is not supported for %s",
-		                path, f->model_type);
-	v = json_object_get(root, "sliding_window");
-	if (v && !json_is_null(v) && !json_is_integer(v))
-		return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: not an integer", path);
-	if (f->window != LLM_WINDOW_NONE) {
-		json_int_t w = v && !json_is_null(v) ? json_integer_value(v) : f->window == LLM_WINDOW_EVEN ? 4096 : 0;
-		if (w < 0 || (v && !json_is_null(v) && w == 0))
-			return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: %lld is not a window", path, (long long)w);
-		c->window = w < c->max_ctx ? (int)w : 0;
-	} else if (json_is_integer(v) && json_integer_value(v) < c->max_ctx
-	           && !json_object_get(root, "use_sliding_window")) {
-		return llm_fail(LLM_ERR_UNSUPPORTED, "%s: sliding_window: %lld is not supported for %s "
-		                "(null or >= max_position_embeddings)", path, (long long)json_integer_value(v),
-		                f->model_type);
-	}
+	LLM_TRY(config_window(c, root, path));
 	LLM_TRY(config_rope(c, json_object_get(root, "rope_scaling"), path));
 	LLM_TRY(moe_check(c, root, path));
 	c->bos_id = -1;
@@ -303,8 +341,14 @@ enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t 
 
 int llm_config_window(const struct llm_config *c, int layer)
 {
-	if (c->fam->window == LLM_WINDOW_EVEN && layer % 2)
-		return 0;
+	return c->sliding[layer / 8] >> (layer % 8) & 1 ? c->window : 0;
+}
+
+int llm_config_window_all(const struct llm_config *c)
+{
+	for (int l = 0; l < c->n_layer; l++)
+		if (!llm_config_window(c, l))
+			return 0;
 	return c->window;
 }
 

@@ -54,6 +54,7 @@ struct llm_config {
 	const struct llm_family *fam;   /* the family's traits (family.h); never NULL */
 	int window;                 /* sliding_window where the family has one and it is
 	                               below max_position_embeddings; 0: none */
+	unsigned char sliding[LLM_MAX_LAYERS / 8];   /* bit l: layer l has the window (the family's rule) */
 	float attn_softcap;         /* attn_logit_softcapping; 0: none */
 	float final_softcap;        /* final_logit_softcapping; 0: none */
 	float query_scalar;         /* query_pre_attn_scalar (family.h query_scalar), else d_head */
@@ -83,6 +84,10 @@ enum llm_status llm_config_parse(struct llm_config *c, const char *json, size_t 
 /* The sliding window of LAYER (its keys at positions > query - window); 0:
  * the layer attends to every earlier position. */
 int llm_config_window(const struct llm_config *c, int layer);
+/* The window when every layer has it (Mistral's; Qwen2's with
+ * max_window_layers 0): then no layer reads a key behind it and the KV
+ * cache may release those blocks. 0 when some layer is global (Gemma 2). */
+int llm_config_window_all(const struct llm_config *c);
 /* What the attention divides q . k by: sqrt(query_scalar) over the square of
  * the YaRN attention factor (q and k each carry it; 1 otherwise). */
 float llm_config_attn_div(const struct llm_config *c);

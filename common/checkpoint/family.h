@@ -21,7 +21,10 @@
  *   window         sliding-window attention (a query at position i sees keys
  *                  at positions > i - sliding_window): on no layer, on every
  *                  layer (when config.json sets sliding_window below the
- *                  context), or on the even-numbered layers, the odd ones global
+ *                  context), on the even-numbered layers, the odd ones
+ *                  global, or (Qwen2's use_sliding_window) on the layers from
+ *                  max_window_layers on (config.c config_window says whose
+ *                  rule it is); config.c turns the rule into a bit a layer
  *   query_scalar   scores scaled by query_pre_attn_scalar^-0.5, not d_head^-0.5
  *   sandwich       four norms a layer: input_layernorm, post_attention_layernorm
  *                  on the attention output before the residual add,
@@ -43,6 +46,8 @@ enum llm_window {
 	LLM_WINDOW_NONE,           /* every layer global */
 	LLM_WINDOW_ALL,            /* every layer, when config.json sets sliding_window */
 	LLM_WINDOW_EVEN,           /* layers 0, 2, 4, ... sliding, the odd ones global */
+	LLM_WINDOW_FROM,           /* with use_sliding_window true: layers max_window_layers
+	                              and up sliding, those below global (or as layer_types says) */
 };
 
 enum llm_moe {

@@ -264,9 +264,10 @@ enum llm_status llm_engine_open(struct llm_engine **out, const char *path,
 	struct llm_kv_opts ko = kv_opts(&e->model, &e->o, e->n_ctx);
 	if ((s = llm_kv_init(&e->kv, e->be, &ko)))
 		goto fail;
-	/* every layer windowed (Mistral's): the blocks out of the window go back */
-	if (e->model.cfg.fam->window == LLM_WINDOW_ALL)
-		llm_kv_set_window(&e->kv, e->model.cfg.window);
+	/* every layer windowed (Mistral's; Qwen2's from layer 0): the blocks
+	 * out of the window go back */
+	llm_kv_set_window(&e->kv, llm_config_window_all(&e->model.cfg));
+	llm_kv_set_keep(&e->kv, e->o.kv_keep);
 	if ((s = llm_scratch_init(&e->scratch, &e->model, e->be, e->o.max_batch_tokens, e->o.max_logits)))
 		goto fail;
 	e->logits = malloc((size_t)e->o.max_logits * (size_t)e->model.cfg.n_vocab * sizeof(float));

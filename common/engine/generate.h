@@ -88,6 +88,8 @@ struct llm_engine_opts {
 	enum llm_weight_pages weight_pages;
 	enum llm_lm_head lm_head;   /* the lm_head in memory (AUTO: decided at open by the backend) */
 	int check_weights;          /* 1: refuse weights holding NaN or Inf (llm_ckpt_check_finite) at open */
+	int kv_keep;                /* under a sliding window: positions held behind it besides
+	                               (llm_kv_set_keep; a draft model's roll-back depth); 0 */
 };
 #define LLM_ENGINE_OPTS_DEFAULT { .backend = "auto", .isa = LLM_ISA_AUTO, \
 	.kv_dtype = LLM_DTYPE_BF16, .kv_block_size = 16, .max_seqs = 8, .max_batch_tokens = 512 }

@@ -119,6 +119,11 @@ void llm_kv_set_window(struct llm_kv *kv, int w)
 	kv->window = w > 0 ? w : 0;
 }
 
+void llm_kv_set_keep(struct llm_kv *kv, int n)
+{
+	kv->keep = n > 0 ? n : 0;
+}
+
 /* The first block a query at position POS reads under the window (0: none) */
 static int32_t window_block(const struct llm_kv *kv, int32_t pos)
 {
@@ -294,12 +299,13 @@ enum llm_status llm_kv_prepare(struct llm_kv *kv, const struct llm_batch *b)
 	 * of this step or a later one reads a key before its window (positions
 	 * only grow from here; a truncation back is refused above), so those
 	 * blocks go back, before the step's new ones are taken: a sequence
-	 * holds at most its window, the step's tokens and two partly used blocks */
+	 * holds at most its window, the step's tokens and two partly used
+	 * blocks (and KEEP positions more, for a truncation back that far) */
 	int i;
 	for (i = 0; kv->window && i < b->n_tok; i++) {
 		struct llm_kv_seq *q = &kv->seq[b->seq[i]];
 		if (q->len == b->pos[i])
-			for (int32_t k = window_block(kv, b->pos[i]) - 1; k >= 0 && q->blk[k] >= 0; k--) {
+			for (int32_t k = window_block(kv, b->pos[i] - kv->keep) - 1; k >= 0 && q->blk[k] >= 0; k--) {
 				block_unref(kv, q->blk[k]);
 				q->blk[k] = -1;
 			}

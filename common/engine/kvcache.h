@@ -82,6 +82,7 @@ struct llm_kv {
 	void *k, *v;              /* (n_layer, n_block, n_kv_head, block_size, d_head) */
 	float *ks, *vs;           /* (n_layer, n_block, n_kv_head, block_size) E4M3 scales; else NULL */
 	int window;               /* llm_kv_set_window; 0: none */
+	int keep;                 /* llm_kv_set_keep: positions held behind the window besides */
 	int32_t *ref;             /* (n_block) reference counts; 0: free */
 	int32_t *free_list;       /* (n_block) stack of free blocks */
 	int64_t n_free;
@@ -100,6 +101,12 @@ size_t llm_kv_bytes_per_token(const struct llm_kv_opts *o);
 /* Every layer attends to the last W positions only (0: all of them): from
  * now on llm_kv_prepare releases the blocks that fall out of the window. */
 void llm_kv_set_window(struct llm_kv *kv, int w);
+/* Hold N more positions behind the window than a step's first query reads:
+ * a sequence may then be cut back (llm_kv_seq_truncate) up to N positions
+ * before that query and go on. A draft model's cache needs it (its drafts
+ * are decoded one position a step, and cut back when the model rejects
+ * them: spec.h). */
+void llm_kv_set_keep(struct llm_kv *kv, int n);
 /* Whether a sequence forked from the first N positions of SEQ could go on:
  * the blocks its next position reads are all held (always, without a window). */
 int llm_kv_can_fork(const struct llm_kv *kv, int seq, int32_t n);

@@ -61,20 +61,34 @@ enum llm_status llm_kv_size_opts(const struct llm_model *m, int ctx_size, const 
 	llm_mem_plan(m, o, p);       /* the bytes of a position under O, and of the rest */
 	size_t per_tok = p->kv_bytes_per_token, bs = (size_t)p->kv_block_size, blk_bytes = per_tok * bs;
 	int64_t need = sz->need > 0 && sz->need < n_ctx ? sz->need : n_ctx;
-	int64_t need_blocks = (need + (int64_t)bs - 1) / (int64_t)bs;
+	/* windowed on every layer (Mistral's; Qwen2's from layer 0): a sequence
+	 * holds at most its window, a step's tokens and two partly used blocks
+	 * at once (llm_kv_prepare releases the blocks behind the window; the
+	 * scheduler admits by the same bound), whatever its length */
+	fit->window = llm_config_window_all(&m->cfg);
+	int64_t most = fit->window ? (int64_t)fit->window + p->max_batch_tokens + 2 * (int64_t)bs : 0;
+	int64_t hold = most && need > most ? most : need;
+	int64_t need_blocks = (hold + (int64_t)bs - 1) / (int64_t)bs;
 	fit->need = need;
+	fit->hold = hold;
+	fit->most = most;
 	int64_t blocks;
 	const char *knob;
-	char have[200], what[96], need_s[64];
+	char have[200], what[160], need_s[64];
 	if (sz->need_what)
 		snprintf(what, sizeof what, "%s of %lld", sz->need_what, (long long)need);
 	else
 		snprintf(what, sizeof what, "one context of %d", n_ctx);
+	if (hold < need) {
+		size_t at = strlen(what);
+		snprintf(what + at, sizeof what - at, " (%lld at once under its sliding window of %d)", (long long)hold,
+		         fit->window);
+	}
 	if (sz->tokens > 0) {
 		blocks = (sz->tokens + (int64_t)bs - 1) / (int64_t)bs;
 		knob = "--max-kv-tokens";
 		snprintf(have, sizeof have, "%lld", (long long)sz->tokens);
-		snprintf(need_s, sizeof need_s, "%lld", (long long)need);
+		snprintf(need_s, sizeof need_s, "%lld", (long long)hold);
 	} else if (sz->bytes > 0) {
 		blocks = (int64_t)(sz->bytes / blk_bytes);
 		knob = "--kv-memory";
@@ -95,6 +109,8 @@ enum llm_status llm_kv_size_opts(const struct llm_model *m, int ctx_size, const 
 		fit->source = src;
 		fit->budget = avail > other ? (size_t)(LLM_KV_MEM_FRACTION * (double)(avail - other)) : 0;
 		int64_t per = sz->seq_tokens > 0 && sz->seq_tokens < n_ctx ? sz->seq_tokens : n_ctx;
+		if (most && per > most)
+			per = most;
 		int64_t full = (int64_t)(sz->n_seq > 0 ? sz->n_seq : 1) * ((per + (int64_t)bs - 1) / (int64_t)bs);
 		int64_t cap = (int64_t)(fit->budget / blk_bytes);
 		fit->budget_seqs = cap / need_blocks;
@@ -142,6 +158,10 @@ char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, const s
                         int max_running, int fits)
 {
 	int64_t kv_tokens = p->kv_blocks * p->kv_block_size;
+	/* under a window on every layer a context of any length needs only
+	 * fit->most positions at once */
+	int64_t longest = fit->most && kv_tokens >= fit->most ? p->n_ctx : kv_tokens < p->n_ctx ? kv_tokens : p->n_ctx;
+	int64_t seq_kv = fit->most && fit->most < p->n_ctx ? fit->most : p->n_ctx;
 	char av[32], bu[32], bs[32], src[48] = "null";
 	if (fit->measured)
 		snprintf(src, sizeof src, "\"%s\"", fit->source);
@@ -153,12 +173,13 @@ char *llm_mem_plan_json(const char *model, const struct llm_mem_plan *p, const s
 	             "\"expert_bytes\": %zu, \"active_weight_bytes\": %zu, \"kv_bytes_per_token\": %zu, \"kv_block_size\": %d, "
 	             "\"kv_blocks\": %lld, \"kv_bytes\": %zu, \"kv_tokens\": %lld, \"activation_bytes\": %zu, "
 	             "\"logits_bytes\": %zu, \"total_bytes\": %zu, \"n_ctx\": %d, \"max_running\": %d, "
-	             "\"max_batch_tokens\": %d, \"max_context_that_fits\": %lld, \"seqs_that_fit\": %lld, "
+	             "\"max_batch_tokens\": %d, \"sliding_window\": %d, \"seq_kv_tokens\": %lld, "
+	             "\"max_context_that_fits\": %lld, \"seqs_that_fit\": %lld, "
 	             "\"memory_available\": %s, \"memory_source\": %s, \"kv_memory_fraction\": %.2f, "
 	             "\"kv_budget_bytes\": %s, \"seqs_memory_holds\": %s, \"short_bytes\": %zu, \"fits\": %s}",
 	             model, p->weight_bytes, p->n_expert, p->n_expert_used, p->expert_bytes, active, p->kv_bytes_per_token, p->kv_block_size, (long long)p->kv_blocks,
 	             p->kv_bytes, (long long)kv_tokens, p->scratch_bytes, p->logits_bytes, p->total, p->n_ctx,
-	             max_running, p->max_batch_tokens, (long long)(kv_tokens < p->n_ctx ? kv_tokens : p->n_ctx),
+	             max_running, p->max_batch_tokens, fit->window, (long long)seq_kv, (long long)longest,
 	             (long long)fit->seqs, num_or_null(fit->measured, fit->available, av, sizeof av), src,
 	             LLM_KV_MEM_FRACTION, num_or_null(fit->measured, fit->budget, bu, sizeof bu),
 	             num_or_null(fit->measured, (unsigned long long)fit->budget_seqs, bs, sizeof bs), fit->short_bytes,
@@ -176,14 +197,6 @@ enum llm_status llm_kv_size_generate(const char *path, int64_t tokens, size_t by
 	int part = llm_model_is_partitioned(path);
 	LLM_TRY(part ? llm_model_geometry(&m, path) : llm_model_open(&m, path));
 	const char *what = need > 0 ? "the longest prompt with its output" : "one position";
-	/* windowed on every layer (Mistral's): a sequence holds at most its
-	 * window, a step's tokens and two partly used blocks at once
-	 * (llm_kv_prepare releases the blocks behind the window) */
-	int64_t most = (int64_t)m.cfg.window + o->max_batch_tokens + 2 * (int64_t)o->kv_block_size;
-	if (m.cfg.fam->window == LLM_WINDOW_ALL && m.cfg.window > 0 && need > most) {
-		need = most;
-		what = "the sliding window with a step's tokens";
-	}
 	struct llm_kv_size sz = {
 		.tokens = tokens, .bytes = bytes, .need = need > 0 ? need : 1, .backend = o->backend,
 		.n_seq = o->kv_seqs > 0 && o->kv_seqs < o->max_seqs ? o->kv_seqs : o->max_seqs,

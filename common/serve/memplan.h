@@ -14,7 +14,9 @@ struct llm_kv_size {
 	size_t bytes;               /* bytes asked for (--kv-memory); 0: not asked */
 	/* neither: room for n_seq sequences of seq_tokens positions, in at
 	 * most LLM_KV_MEM_FRACTION of the memory free after the weights,
-	 * activations and logits (the KV budget) */
+	 * activations and logits (the KV budget). A model windowed on every
+	 * layer counts a sequence at what it holds at once (struct
+	 * llm_kv_fit's most), for NEED too. */
 	int n_seq;
 	int64_t seq_tokens;         /* 0: n_ctx; at most n_ctx */
 	int64_t need;               /* the cache must hold one sequence of this many positions (0: n_ctx; at most n_ctx) */
@@ -42,10 +44,15 @@ struct llm_kv_fit {
 	size_t available;           /* free memory (bytes) */
 	const char *source;         /* where AVAILABLE came from: "MemAvailable", "cudaMemGetInfo", "--assume-memory" */
 	size_t budget;              /* LLM_KV_MEM_FRACTION x (available - weights - activations - logits); 0 when negative */
-	int64_t budget_seqs;        /* sequences of NEED positions the budget holds (no n_seq cap) */
+	int64_t budget_seqs;        /* sequences of NEED positions the budget holds (no n_seq cap; each
+	                               HOLD positions at once) */
 	int64_t need;               /* positions of the sequence asked about (sz->need, or n_ctx) */
+	int window;                 /* the sliding window of every layer (llm_config_window_all); 0: none */
+	int64_t most;               /* with WINDOW: the positions a sequence holds at once, at most (the
+	                               window, max_batch_tokens and two blocks); 0: no window */
+	int64_t hold;               /* positions the sequence of NEED holds at once: NEED, at most MOST */
 	int64_t seqs;               /* sequences of NEED positions the cache as sized holds at once */
-	size_t short_bytes;         /* KV bytes missing for one sequence of NEED; 0 when it fits */
+	size_t short_bytes;         /* KV bytes missing for one sequence of NEED (HOLD positions); 0 when it fits */
 };
 
 /* The memory free for the engine on BACKEND ("auto", "cpu", "cuda[:N]"):

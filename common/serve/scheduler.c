@@ -1300,6 +1300,10 @@ enum llm_status llm_sched_draft_open(struct llm_engine **d, struct llm_engine *e
 	od.max_logits = o->max_seqs;
 	od.n_ctx = 0;
 	od.kv_blocks = 0;
+	/* under a sliding window, the blocks a rejected draft's roll-back
+	 * reads again stay: draft_pass decodes drafts one position a step, up
+	 * to LLM_SPEC_MAX_DRAFT - 1 past where the next pass starts again */
+	od.kv_keep = LLM_SPEC_MAX_DRAFT;
 	struct llm_engine *x;
 	LLM_TRY(llm_engine_open(&x, path, &od));
 	int nd = llm_engine_model(x)->cfg.n_vocab, nt = llm_engine_model(e)->cfg.n_vocab;

@@ -5,7 +5,12 @@
 # that size the cache instead. llm-generate sizes its cache from the
 # prompts: a prompt over 4096 tokens runs to the end (random tiny model with
 # a long context), and a --max-kv-tokens too small for it is one line
-# naming the flag and the need.
+# naming the flag and the need. A model windowed on every layer (Mistral's)
+# counts a sequence at what it holds at once (the window, a step, two
+# blocks): --plan fits more and longer sequences than without the window,
+# and a server whose cache is too small for the whole contexts of 4
+# concurrent long requests, but not for their windows, serves them with
+# llm-generate's ids.
 . tests/lib/tap.sh
 T=$TMPD
 # the sizes below are those of an f32 KV cache (4 bytes an element)
@@ -38,6 +43,72 @@ check "... the same line as llm-serve's" grep -q -- "--kv-memory and --max-kv-to
 check_fails "--assume-memory with a bad size is a usage error" 2 $S -m x --assume-memory 12XB
 check_fails "--kv-memory and --max-kv-tokens together are a usage error" 2 $S -m x --kv-memory 1MiB --max-kv-tokens 64
 check "... naming both" grep -q -- "--kv-memory and --max-kv-tokens are two ways to say one thing" "$T/err"
+# A sliding window on every layer (Mistral's): a sequence holds at most the
+# window, a step's tokens and two blocks at once (64 + 16 + 2 x 16 = 112
+# positions: 7 blocks), whatever its length; the same model without the
+# window needs its whole context (1024). 1024 bytes of f32 KV a position.
+tok=
+have_stories && tok=$(stories)     # its tokenizer (512 ids), for the server below
+for w in 64 null; do
+	python3 -c "
+import json; c = json.load(open('configs/tiny-check.json'))
+c.update(model_type='mistral', architectures=['MistralForCausalLM'], max_position_embeddings=1024,
+         sliding_window=None if '$w' == 'null' else int('$w'))
+json.dump(c, open('$T/w$w.json', 'w'))"
+	llm-quantize -q --random "$T/w$w.json" --seed 1 ${tok:+--tokenizer "$tok"} "$T/w$w" 2>"$T/err"
+	$S -m "$T/w$w" --plan --max-kv-tokens 448 --max-batch-tokens 16 >"$T/w$w.p1" 2>"$T/w$w.e1"
+	$S -m "$T/w$w" --plan --assume-memory 1GiB --max-running 4 --max-batch-tokens 16 >"$T/w$w.p2" 2>"$T/err"
+done
+check "--plan, window 64: --max-kv-tokens 448 holds 4 sequences of any length (112 positions each at once)" python3 -c "
+import json; p = json.load(open('$T/w64.p1'))
+assert p['fits'] and p['sliding_window'] == 64 and p['seq_kv_tokens'] == 112, p
+assert p['seqs_that_fit'] == 4 and p['max_context_that_fits'] == 1024 and p['short_bytes'] == 0, p"
+check "... without the window the same cache holds no context (448 of 1024), and says so" python3 -c "
+import json; p = json.load(open('$T/wnull.p1'))
+assert not p['fits'] and p['sliding_window'] == 0 and p['seq_kv_tokens'] == 1024, p
+assert p['seqs_that_fit'] == 0 and p['max_context_that_fits'] == 448, p"
+check "... the window's refusal names the window's need when it is too small" sh -c "
+$S -m '$T/w64' --plan --max-kv-tokens 96 --max-batch-tokens 16 >/dev/null 2>'$T/err'; [ \$? = 1 ] &&
+grep -q -- '--max-kv-tokens 96 holds 96 tokens, less than one context of 1024 (112 at once under its sliding window of 64): need --max-kv-tokens 112' '$T/err'"
+check "--plan from memory, 4 running: the window's pool is 4 x 112 positions, 4 x 1024 without; the budget holds more windowed sequences" python3 -c "
+import json; a, b = (json.load(open('$T/w%s.p2' % w)) for w in ('64', 'null'))
+assert a['kv_tokens'] == 4 * 112 and b['kv_tokens'] == 4 * 1024 and a['fits'] and b['fits'], (a, b)
+assert a['seqs_memory_holds'] > 9 * b['seqs_memory_holds'] > 0, (a, b)"
+
+# a server on that 448-position cache: 4 requests of 150 prompt ids and 200
+# generated at once (1400 positions in all, 350 each) run to the end with
+# llm-generate's greedy ids
+if [ -z "$tok" ]; then
+	skip "llm-serve, window 64, 448 KV positions: 4 requests of 350 positions at once get llm-generate's ids" "no stories260K in \$LLM_TEST_MODELS (its tokenizer)"
+else
+	python3 -c "
+import json, random; r = random.Random(3)
+for i in range(4): print(json.dumps({'prompt_ids': [1] + [r.randrange(3, 512) for _ in range(149)]}))" >"$T/wp.jsonl"
+	llm-generate -m "$T/w64" -n 200 --ignore-eos --temp 0 --json -t 1 --kv-dtype f32 <"$T/wp.jsonl" >"$T/wg.jsonl" 2>"$T/err"
+	rm -f "$T/port"
+	$S -m "$T/w64" --port 0 --port-file "$T/port" -t 1 --kv-dtype f32 --max-kv-tokens 448 --max-running 4 \
+		--max-batch-tokens 16 2>"$T/wserve.log" & SP=$!
+	URL=$(serve_url "$T/port")
+	i=0 pids=
+	while read -r line; do
+		ids=$(echo "$line" | python3 -c "import json, sys; print(json.dumps(json.load(sys.stdin)['prompt_ids']))")
+		curl -s -m 120 -H 'Content-Type: application/json' "$URL/v1/completions" \
+			-d "{\"prompt\": $ids, \"max_tokens\": 200, \"temperature\": 0, \"ignore_eos\": true}" \
+			>"$T/ws$i.json" & pids="$pids $!"
+		i=$((i + 1))
+	done <"$T/wp.jsonl"
+	wait $pids
+	kill -TERM $SP 2>/dev/null; wait $SP
+	check "llm-serve, window 64, 448 KV positions: 4 requests of 350 positions at once get llm-generate's ids" python3 -c "
+import json
+g = sorted((json.loads(l) for l in open('$T/wg.jsonl')), key=lambda o: o['index'])
+for i in range(4):
+    r = json.load(open('$T/ws%d.json' % i))
+    c = r['choices'][0]
+    assert len(g[i]['ids']) == 200 and c['token_ids'] == g[i]['ids'], (i, r)"
+	sed 's/^/#   /' "$T/wserve.log" | tail -2
+fi
+
 if ! have_stories; then
 	skip "llm-serve --plan against stories260K" "no stories260K in \$LLM_TEST_MODELS"
 	tap_done

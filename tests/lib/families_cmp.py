@@ -7,9 +7,10 @@ model of mkrandom.py against hfref.py's float64 forward of the same files
         the sequence (BOS 1, then ids drawn by random.Random(1) in
         [3, vocab_size - 1], N in all) as N JSONL prompts {"prompt_ids":
         ids[0..P]}, P = 0 .. N-1, for llm-generate -n 1 --logprobs 10 --json
-    families_cmp.py compare TOOLS HF_DIR N OURS.jsonl [--abl=X]
+    families_cmp.py compare TOOLS HF_DIR N OURS.jsonl [--abl=X] [--sw=W]
         hfref.forward of the N ids (with --abl=X: one feature left out of the
-        reference, hfref's ablations) against OURS, llm-generate's answers
+        reference, hfref's ablations; with --sw=W: a sliding window of W on
+        every layer, hfref's --sw) against OURS, llm-generate's answers
         to those prompts: at every position the greedy id is the reference's
         argmax, each of our top 10 log-probs is within 2e-3 of the
         reference's log-softmax of that id, and no id of the reference's top
@@ -37,11 +38,14 @@ def main():
     sys.path.insert(0, tools)
     import hfref
     import numpy as np
+    sw = None
     for a in sys.argv[6:]:
         if a.startswith("--abl="):
             hfref.ABL.add(a[6:])
+        if a.startswith("--sw="):
+            sw = int(a[5:])
     ids = ids_of(d, n)
-    ref = hfref.forward(d, ids)
+    ref = hfref.forward(d, ids, sw)
     lp = ref - ref.max(-1, keepdims=True)
     lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
     rows = sorted((json.loads(l) for l in open(ours)), key=lambda o: len(o["prompt_ids"]))

@@ -949,12 +949,24 @@ static void test_window_rules(void)
 		      && !strchr(llm_errmsg(), '\n'), "qwen2 with %s is refused in one line naming it: %s", bad[i][0],
 		      llm_errmsg());
 	}
+	/* Qwen3Config has Qwen2Config's rule; Qwen3-MoE's config class has no
+	 * max_window_layers, so it stays refused */
 	const char *q3 = "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 4,"
-	                 " \"num_attention_heads\": 2, \"vocab_size\": 64, \"use_sliding_window\": true}";
+	                 " \"num_attention_heads\": 2, \"vocab_size\": 64, \"use_sliding_window\": true, \"sliding_window\": 16,"
+	                 " \"max_window_layers\": 3}";
 	struct llm_config c;
-	check(llm_config_parse(&c, q3, strlen(q3), "config.json") == LLM_ERR_UNSUPPORTED
-	      && strstr(llm_errmsg(), "use_sliding_window: true is not supported for qwen3"),
-	      "qwen3 with use_sliding_window true is still refused: %s", llm_errmsg());
+	int ok = llm_config_parse(&c, q3, strlen(q3), "config.json") == LLM_OK;
+	check(ok && llm_config_window(&c, 2) == 0 && llm_config_window(&c, 3) == 16 && llm_config_window_all(&c) == 0,
+	      "qwen3 with use_sliding_window true, max_window_layers 3 of 4: layer 3 windowed (16), 2 global "
+	      "(%d, %d): %s", ok ? llm_config_window(&c, 3) : -1, ok ? llm_config_window(&c, 2) : -1,
+	      ok ? "parsed" : llm_errmsg());
+	const char *q3m = "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+	                  " \"moe_intermediate_size\": 32, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+	                  " \"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"vocab_size\": 64,"
+	                  " \"use_sliding_window\": true}";
+	check(llm_config_parse(&c, q3m, strlen(q3m), "config.json") == LLM_ERR_UNSUPPORTED
+	      && strstr(llm_errmsg(), "use_sliding_window: true is not supported for qwen3_moe"),
+	      "qwen3_moe with use_sliding_window true is refused: %s", llm_errmsg());
 }
 
 /* A mixture of experts (llm-quantize --random of a small Qwen3-MoE config

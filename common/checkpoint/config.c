@@ -95,8 +95,9 @@ static enum llm_status moe_check(struct llm_config *c, json_t *root, const char 
 
 /* The sliding window and the layers it applies to, by the family's rule
  * (family.h window). Mistral's (every layer) and Gemma 2's (the even layers,
- * 4096 unless set) from sliding_window. Qwen2's as Hugging Face
- * transformers' Qwen2Config sets it (its configuration_qwen2.py: the
+ * 4096 unless set) from sliding_window. Qwen2's and Qwen3's as Hugging
+ * Face transformers' Qwen2Config and Qwen3Config set it (the same rule in
+ * configuration_qwen2.py and configuration_qwen3.py: the
  * sliding_window is dropped unless use_sliding_window is true, default 4096,
  * and the layer types derived from it are "sliding_attention" for layer
  * indices i >= max_window_layers, default 28, "full_attention" below; a
@@ -122,7 +123,7 @@ static enum llm_status config_window(struct llm_config *c, json_t *root, const c
 		return LLM_OK;
 	}
 	if (f->window == LLM_WINDOW_FROM && (!json_is_true(use) || (v && json_is_null(v))))
-		return LLM_OK;      /* Qwen2Config drops the window, or it is null */
+		return LLM_OK;      /* the config class drops the window, or it is null */
 	json_int_t w = set ? json_integer_value(v) : f->window == LLM_WINDOW_ALL ? 0 : 4096;
 	if (w < 0 || (set && w == 0))
 		return llm_fail(LLM_ERR_FORMAT, "%s: sliding_window: %lld is not a window", path, (long long)w);

@@ -22,7 +22,7 @@
  *                  at positions > i - sliding_window): on no layer, on every
  *                  layer (when config.json sets sliding_window below the
  *                  context), on the even-numbered layers, the odd ones
- *                  global, or (Qwen2's use_sliding_window) on the layers from
+ *                  global, or (Qwen2's and Qwen3's use_sliding_window) on the layers from
  *                  max_window_layers on (config.c config_window says whose
  *                  rule it is); config.c turns the rule into a bit a layer
  *   query_scalar   scores scaled by query_pre_attn_scalar^-0.5, not d_head^-0.5

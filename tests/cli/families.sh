@@ -16,8 +16,9 @@
 # its perplexity of a short story is within 1% of the BF16 model's.
 # tiny-mistral-sw runs 330 positions in a KV cache of 112 (the blocks
 # behind the window released) with the ids of an unbounded cache; so does
-# tiny-qwen2 with use_sliding_window true and max_window_layers 0 (every
-# layer windowed), whose log-probs match hfref.py's with --sw 64; with
+# tiny-qwen2 and tiny-qwen3 with use_sliding_window true and
+# max_window_layers 0 (every layer windowed), whose log-probs match
+# hfref.py's with --sw 64; with
 # max_window_layers 1 (layer 0 global) nothing is released, and the small
 # cache is refused.
 # A random PEFT adapter (tests/cli/lora_make.py) gives the same ids at run
@@ -51,10 +52,12 @@ if [ -n "$why" ]; then
 		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "$why"
 	done
 	skip "tiny-mistral-sw: a cache of 112 positions runs 330 (blocks out of the window released), the same ids" "$why"
-	skip "qwen2 use_sliding_window, max_window_layers 0: matches hfref.py --sw 64 at $N positions" "$why"
-	skip "... and the comparison fails against hfref without the window" "$why"
-	skip "... a cache of 112 positions runs 330, the same ids" "$why"
-	skip "... max_window_layers 1 (layer 0 global): a cache of 112 for 330 positions is refused" "$why"
+	for q in qwen2 qwen3; do
+		skip "$q use_sliding_window, max_window_layers 0: matches hfref.py --sw 64 at $N positions" "$why"
+		skip "... and the comparison fails against hfref without the window" "$why"
+		skip "... a cache of 112 positions runs 330, the same ids" "$why"
+		skip "... max_window_layers 1 (layer 0 global): a cache of 112 for 330 positions is refused" "$why"
+	done
 	skip "llm-quantize --random refuses a phi3 config with the engine's line" "$why"
 	tap_done
 fi
@@ -172,41 +175,43 @@ for fa in $FAMS; do
 		cat "$T/$f.rp" "$T/$f.err" | sed 's/^/#   /' | tail -4
 	fi
 done
-# Qwen2's use_sliding_window (config.c config_window: the layers from
-# max_window_layers on): hfref.py applies no window to qwen2 but can force
-# one on every layer (--sw), so max_window_layers 0 (every layer windowed)
-# is held to it; the per-layer rule itself is test_model.c's
-f=tiny-qwen2-sw M=$T/tiny-qwen2-sw/hf-f32
-$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c.update(use_sliding_window=True, sliding_window=64,
-max_window_layers=0); json.dump(c, open(sys.argv[2], 'w'))" "$TOOLS/configs/tiny-qwen2.json" "$T/$f.json"
-$PY "$TOOLS/mkrandom.py" --config "$T/$f.json" --out "$T/$f" --formats st-f32 --seed 1 >"$T/$f.mk" 2>&1
-$PY tests/lib/families_cmp.py prompts "$M" $N "$T/$f.prompts"
-llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel 8 <"$T/$f.prompts" \
-	>"$T/$f.p8" 2>"$T/$f.err" || sed 's/^/#   /' "$T/$f.err" | tail -3
-$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" --sw=64 >"$T/$f.cmp" 2>&1; rc=$?
-diag "$f: $(tail -1 "$T/$f.cmp")"
-check "qwen2 use_sliding_window, max_window_layers 0: matches hfref.py --sw 64 at $N positions" [ "$rc" = 0 ]
-$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" >"$T/$f.abl" 2>&1; rc=$?
-diag "$f against a global qwen2: $(tail -1 "$T/$f.abl")"
-check "... and the comparison fails against hfref without the window" [ "$rc" = 3 ]
-tail -1 "$T/$f.prompts" >"$T/long.jsonl"
-for kv in "all" "small --max-kv-tokens 112"; do
-	set -- $kv
-	out=$1; shift
-	llm-generate -m "$M" -n 200 --ignore-eos --temp 0 --json --batch-tokens 16 "$@" <"$T/long.jsonl" \
-		2>"$T/$f.err" | python3 -c "import json, sys; print(json.loads(sys.stdin.readline())['ids'])" >"$T/long.$out"
+# Qwen2's and Qwen3's use_sliding_window (config.c config_window: the
+# layers from max_window_layers on): hfref.py applies no window to them but
+# can force one on every layer (--sw), so max_window_layers 0 (every layer
+# windowed) is held to it; the per-layer rule itself is test_model.c's
+for q in qwen2 qwen3; do
+	f=tiny-$q-sw M=$T/tiny-$q-sw/hf-f32
+	$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c.update(use_sliding_window=True, sliding_window=64,
+	max_window_layers=0); json.dump(c, open(sys.argv[2], 'w'))" "$TOOLS/configs/tiny-$q.json" "$T/$f.json"
+	$PY "$TOOLS/mkrandom.py" --config "$T/$f.json" --out "$T/$f" --formats st-f32 --seed 1 >"$T/$f.mk" 2>&1
+	$PY tests/lib/families_cmp.py prompts "$M" $N "$T/$f.prompts"
+	llm-generate -m "$M" -n 1 --temp 0 --logprobs 10 --kv-dtype f32 --json -t 2 --parallel 8 <"$T/$f.prompts" \
+		>"$T/$f.p8" 2>"$T/$f.err" || sed 's/^/#   /' "$T/$f.err" | tail -3
+	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" --sw=64 >"$T/$f.cmp" 2>&1; rc=$?
+	diag "$f: $(tail -1 "$T/$f.cmp")"
+	check "$q use_sliding_window, max_window_layers 0: matches hfref.py --sw 64 at $N positions" [ "$rc" = 0 ]
+	$PY tests/lib/families_cmp.py compare "$TOOLS" "$M" $N "$T/$f.p8" >"$T/$f.abl" 2>&1; rc=$?
+	diag "$f against a global $q: $(tail -1 "$T/$f.abl")"
+	check "... and the comparison fails against hfref without the window" [ "$rc" = 3 ]
+	tail -1 "$T/$f.prompts" >"$T/long.jsonl"
+	for kv in "all" "small --max-kv-tokens 112"; do
+		set -- $kv
+		out=$1; shift
+		llm-generate -m "$M" -n 200 --ignore-eos --temp 0 --json --batch-tokens 16 "$@" <"$T/long.jsonl" \
+			2>"$T/$f.err" | python3 -c "import json, sys; print(json.loads(sys.stdin.readline())['ids'])" >"$T/long.$out"
+	done
+	check "... a cache of 112 positions runs 330, the same ids (every layer windowed: blocks released)" \
+		sh -c "[ \$(wc -c <'$T/long.all') -gt 100 ] && cmp -s '$T/long.all' '$T/long.small'"
+	sed 's/^/#   /' "$T/$f.err" | tail -2
+	# max_window_layers 1 of 2: layer 0 global keeps every key, so no block is
+	# released and 112 positions cannot hold 330
+	$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c['max_window_layers'] = 1; json.dump(c, open(sys.argv[1], 'w'))" \
+		"$M/config.json"
+	check_fails "... max_window_layers 1 (layer 0 global): a cache of 112 for 330 positions is refused" 1 \
+		llm-generate -m "$M" -n 200 --ignore-eos --temp 0 --json --batch-tokens 16 --max-kv-tokens 112 <"$T/long.jsonl"
+	grep -q "less than the longest prompt with its output of 330: need --max-kv-tokens 330" "$T/err" ||
+		notok "... naming the whole 330 positions: $(cat "$T/err")"
 done
-check "... a cache of 112 positions runs 330, the same ids (every layer windowed: blocks released)" \
-	sh -c "[ \$(wc -c <'$T/long.all') -gt 100 ] && cmp -s '$T/long.all' '$T/long.small'"
-sed 's/^/#   /' "$T/$f.err" | tail -2
-# max_window_layers 1 of 2: layer 0 global keeps every key, so no block is
-# released and 112 positions cannot hold 330
-$PY -c "import json, sys; c = json.load(open(sys.argv[1])); c['max_window_layers'] = 1; json.dump(c, open(sys.argv[1], 'w'))" \
-	"$M/config.json"
-check_fails "... max_window_layers 1 (layer 0 global): a cache of 112 for 330 positions is refused" 1 \
-	llm-generate -m "$M" -n 200 --ignore-eos --temp 0 --json --batch-tokens 16 --max-kv-tokens 112 <"$T/long.jsonl"
-grep -q "less than the longest prompt with its output of 330: need --max-kv-tokens 330" "$T/err" ||
-	notok "... naming the whole 330 positions: $(cat "$T/err")"
 sed 's/"mixtral"/"phi3"/' "$TOOLS/configs/tiny-mixtral.json" >"$T/phi3.json"
 check_fails "llm-quantize --random refuses a phi3 config with the engine's line" 1 \
 	llm-quantize --random "$T/phi3.json" --seed 1 "$T/phi3"

@@ -47,6 +47,7 @@ if [ -n "$why" ]; then
 		skip "$f: --parallel 1 and --parallel 8 give the same bits" "$why"
 		skip "$f: the prefix cache (forks of cached prompts) changes no bit" "$why"
 		skip "$f: FP8 generates and its perplexity is within 1% of BF16's" "$why"
+		skip "$f: the FP8 KV cache's perplexity is within 1% of the f32 cache's" "$why"
 		skip "$f: a LoRA adapter at run time gives the ids of its merge" "$why"
 		skip "$f: llm-quantize --random writes an FP8 checkpoint that generates" "$why"
 		skip "$f: --tp 2 --pp 2 under mpirun matches one process" "$why"
@@ -126,6 +127,18 @@ for fa in $FAMS; do
 	else
 		notok "$f: FP8 generates and its perplexity is within 1% of BF16's"
 		cat "$T/$f.mk2" "$T/$f.q" "$T/$f.err" | sed 's/^/#   /' | tail -4
+	fi
+	# the FP8 KV cache (E4M3, a scale per token and head) through the
+	# family's attention (window, softcap, scale) against an f32 one
+	if llm-generate -m "$B" --kv-dtype f32 --perplexity "$T/story.txt" --json >"$T/$f.kf" 2>"$T/$f.err" &&
+		llm-generate -m "$B" --kv-dtype fp8 --perplexity "$T/story.txt" --json >"$T/$f.k8" 2>"$T/$f.err"; then
+		kf=$(ppl "$T/$f.kf") k8=$(ppl "$T/$f.k8")
+		diag "$f: perplexity f32 KV $kf, FP8 KV $k8"
+		check "$f: the FP8 KV cache's perplexity is within 1% of the f32 cache's" \
+			python3 -c "import sys; b, q = map(float, sys.argv[1:]); sys.exit(not 0 < abs(q / b - 1) <= 0.01)" "$kf" "$k8"
+	else
+		notok "$f: the FP8 KV cache's perplexity is within 1% of the f32 cache's"
+		sed 's/^/#   /' "$T/$f.err" | tail -3
 	fi
 	# a PEFT adapter (q_proj ... down_proj, the names every dense family
 	# shares) applied at run time, and merged into the weights: the same ids

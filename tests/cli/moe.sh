@@ -133,6 +133,7 @@ fp8() {
 	local f=$1 c=$2
 	if ! have_stories; then
 		skip "$f: FP8 experts: generation and perplexity within 1% of BF16" "no stories260K in \$LLM_TEST_MODELS"
+		skip "$f: the FP8 KV cache's perplexity within 1% of the f32 cache's" "no stories260K in \$LLM_TEST_MODELS"
 		return
 	fi
 	$PY -c 'import json, sys
@@ -166,6 +167,14 @@ PY
 a, b = (json.loads(open(f).read().strip().split("\n")[-1]) for f in sys.argv[1:3])
 print("#   ppl bf16 %.4f fp8 %.4f (%+.3f%%)" % (a["ppl"], b["ppl"], 100 * (b["ppl"] / a["ppl"] - 1)))
 assert abs(b["ppl"] / a["ppl"] - 1) < 0.01' "$T/$f-ppl-bf16.json" "$T/$f-ppl-fp8.json"
+	# the FP8 KV cache (a scale per token and head) against an f32 one
+	llm-generate -m "$bf" --kv-dtype f32 --perplexity "$T/story.txt" --json >"$T/$f-ppl-kf.json" 2>"$T/gen.err" &&
+	llm-generate -m "$bf" --kv-dtype fp8 --perplexity "$T/story.txt" --json >"$T/$f-ppl-k8.json" 2>>"$T/gen.err" ||
+		sed 's/^/#   /' "$T/gen.err"
+	check "$f: the FP8 KV cache's perplexity within 1% of the f32 cache's" $PY -c 'import json, sys
+a, b = (json.loads(open(f).read().strip().split("\n")[-1]) for f in sys.argv[1:3])
+print("#   ppl f32 KV %.4f fp8 KV %.4f (%+.3f%%)" % (a["ppl"], b["ppl"], 100 * (b["ppl"] / a["ppl"] - 1)))
+assert 0 < abs(b["ppl"] / a["ppl"] - 1) < 0.01' "$T/$f-ppl-kf.json" "$T/$f-ppl-k8.json"
 }
 
 # random FAMILY CONFIG: llm-quantize --random writes the family's routers

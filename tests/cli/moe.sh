@@ -9,7 +9,8 @@
 # tenth by more than that). A config that routes otherwise must fail the
 # same comparison. Then batch invariance (each prompt alone equals the batch,
 # bit for bit), experts no token chooses left uncomputed, --plan's expert
-# counts, FP8 (llm-quantize, generation, perplexity within 1% of BF16),
+# counts, FP8 (llm-quantize, generation, perplexity within 1% of BF16), the
+# FP8 KV cache (perplexity within 1% of an f32 cache's),
 # llm-quantize --random of both families, Qwen3-MoE's
 # dense layers, llama.cpp on the GGUF of the same numbers (bench/depth.sh,
 # when its prebuilt library is on this machine), and the tensor-parallel

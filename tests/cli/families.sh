@@ -81,6 +81,15 @@ import json, sys
 for o in sorted(map(json.loads, open(sys.argv[1])), key=lambda o: o['index'])[:int(sys.argv[2])]:
     print(json.dumps([o['prompt_ids'], o['ids'], o['top_logprobs']]))" "$1" "${2:-1000000}"; }
 ppl() { python3 -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['ppl'])" "$1"; }
+# within1 LABEL NAME_A A.json NAME_B B.json [differs]: B's perplexity within
+# 1% of A's (with "differs": and not equal to it, so B's path was taken)
+within1() {
+	local a b
+	a=$(ppl "$3") b=$(ppl "$5")
+	diag "$f: perplexity $2 $a, $4 $b"
+	check "$1" python3 -c "import sys; d = abs(float(sys.argv[2]) / float(sys.argv[1]) - 1)
+sys.exit(not (d <= 0.01 and (d > 0 or sys.argv[3] != 'differs')))" "$a" "$b" "${6:-}"
+}
 cat >"$T/story.txt" <<'TXT'
 Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her
 friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog got there first.
@@ -121,10 +130,7 @@ for fa in $FAMS; do
 		llm-generate -m "$Q" -p "Once upon a time" -n 8 --temp 0 >"$T/$f.gen" 2>"$T/$f.err" &&
 		llm-generate -m "$B" --perplexity "$T/story.txt" --json >"$T/$f.pb" 2>"$T/$f.err" &&
 		llm-generate -m "$Q" --perplexity "$T/story.txt" --json >"$T/$f.pq" 2>"$T/$f.err"; then
-		pb=$(ppl "$T/$f.pb") pq=$(ppl "$T/$f.pq")
-		diag "$f: perplexity BF16 $pb, FP8 $pq"
-		check "$f: FP8 generates and its perplexity is within 1% of BF16's" \
-			python3 -c "import sys; b, q = map(float, sys.argv[1:]); sys.exit(abs(q / b - 1) > 0.01)" "$pb" "$pq"
+		within1 "$f: FP8 generates and its perplexity is within 1% of BF16's" BF16 "$T/$f.pb" FP8 "$T/$f.pq"
 	else
 		notok "$f: FP8 generates and its perplexity is within 1% of BF16's"
 		cat "$T/$f.mk2" "$T/$f.q" "$T/$f.err" | sed 's/^/#   /' | tail -4
@@ -133,10 +139,8 @@ for fa in $FAMS; do
 	# family's attention (window, softcap, scale) against an f32 one
 	if llm-generate -m "$B" --kv-dtype f32 --perplexity "$T/story.txt" --json >"$T/$f.kf" 2>"$T/$f.err" &&
 		llm-generate -m "$B" --kv-dtype fp8 --perplexity "$T/story.txt" --json >"$T/$f.k8" 2>"$T/$f.err"; then
-		kf=$(ppl "$T/$f.kf") k8=$(ppl "$T/$f.k8")
-		diag "$f: perplexity f32 KV $kf, FP8 KV $k8"
-		check "$f: the FP8 KV cache's perplexity is within 1% of the f32 cache's" \
-			python3 -c "import sys; b, q = map(float, sys.argv[1:]); sys.exit(not 0 < abs(q / b - 1) <= 0.01)" "$kf" "$k8"
+		within1 "$f: the FP8 KV cache's perplexity is within 1% of the f32 cache's" "f32 KV" "$T/$f.kf" \
+			"FP8 KV" "$T/$f.k8" differs
 	else
 		notok "$f: the FP8 KV cache's perplexity is within 1% of the f32 cache's"
 		sed 's/^/#   /' "$T/$f.err" | tail -3

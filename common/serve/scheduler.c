@@ -1220,8 +1220,8 @@ void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st)
 		if (p->seq < 0)
 			continue;
 		const struct llm_kv_seq *q = &kv->seq[p->seq];
-		for (int b = 0; b < q->n_blk; b++)
-			if (s->cnt[q->blk[b]]++ == 0)
+		for (int b = 0; b < q->n_blk; b++)   /* -1: released behind a sliding window */
+			if (q->blk[b] >= 0 && s->cnt[q->blk[b]]++ == 0)
 				cached++;
 	}
 	for (int i = 0; i < s->o.prefix_entries; i++) {
@@ -1231,7 +1231,7 @@ void llm_sched_stats(const struct llm_sched *s, struct llm_sched_stats *st)
 		const struct llm_kv_seq *q = &kv->seq[p->seq];
 		for (int b = 0; b < q->n_blk; b++) {
 			int32_t k = q->blk[b];
-			if (s->cnt[k]) {
+			if (k >= 0 && s->cnt[k]) {
 				only_cache += kv->ref[k] == s->cnt[k];
 				s->cnt[k] = 0;
 			}

@@ -777,9 +777,8 @@ enum llm_status llm_scratch_init(struct llm_scratch *s, const struct llm_model *
 	int moe_fail = llm_moe_scratch_init(&s->moe, c, p, max_tok) != LLM_OK;
 	s->rows = malloc(5 * (size_t)max_logits * sizeof(int32_t));
 	s->sub = s->rows + max_logits;
-	s->lrows = malloc(3 * (size_t)max_tok * sizeof(int32_t));
-	s->lslot = s->lrows ? s->lrows + max_tok : NULL;
-	s->lsub = s->lrows ? s->lrows + 2 * (size_t)max_tok : NULL;
+	s->lrows = malloc(2 * (size_t)max_tok * sizeof(int32_t));
+	s->lsub = s->lrows ? s->lrows + max_tok : NULL;
 	int dist_fail = 0;
 	if (m->dist) {
 		int64_t most = 0;
@@ -970,19 +969,17 @@ static enum llm_status lora_groups(const struct llm_model *m, struct llm_scratch
 		n += cnt[a];
 	}
 	s->lstart[s->n_lgroup] = n;
-	for (int i = 0; i < b->n_tok; i++) {
-		s->lslot[i] = b->adapter[i];
+	for (int i = 0; i < b->n_tok; i++)
 		if (b->adapter[i])
 			s->lrows[at[b->adapter[i]]++] = i;
-	}
 	return LLM_OK;
 }
 
 /* The experts' LoRA terms (moe.h's hook): for expert E's projection PROJ,
  * each adapter of the step over those of the expert's N gathered rows
- * (batch rows ROWS) that are its own, so an expert's adapter changes only
- * the rows routed to that expert. */
-struct moe_lora_ctx { const struct llm_model *m; const struct llm_scratch *s; int l; };
+ * (batch rows ROWS) that are its own (ADAPTER: the batch's slot of each
+ * row), so an expert's adapter changes only the rows routed to that expert. */
+struct moe_lora_ctx { const struct llm_model *m; const struct llm_scratch *s; int l; const int32_t *adapter; };
 
 static void moe_lora(void *ctx, int e, int proj, struct llm_view y, struct llm_view x, const int32_t *rows,
                      int64_t n)
@@ -997,7 +994,7 @@ static void moe_lora(void *ctx, int e, int proj, struct llm_view y, struct llm_v
 			continue;
 		int64_t k = 0;
 		for (int64_t i = 0; i < n; i++)
-			if (s->lslot[rows[i]] == a)
+			if (c->adapter[rows[i]] == a)
 				s->lsub[k++] = (int32_t)i;
 		if (k)
 			llm_lora_apply_slot(lo, c->l, slot, y.data, y.stride, x.data, x.stride, s->lsub, k);
@@ -1025,12 +1022,13 @@ static enum llm_status add_norm(struct llm_backend *be, struct llm_view xb, stru
 
 /* The rest of layer L after attention, over the rows of x (n, d_model):
  * x += o_proj(att), xb = rmsnorm(x), hb = silu(gate(xb)) * up(xb),
- * xb = down(hb); the caller adds xb into x, unless *ADDED: where the
+ * xb = down(hb) (B: the batch of those rows, whose adapter slots the
+ * experts' LoRA terms read); the caller adds xb into x, unless *ADDED: where the
  * backend has matmul_add (and no TP partial sums or LoRA term come
  * between the product and the add), both projections add into x from the
  * GEMM's epilogue, the same bits as matmul then add. */
 static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, struct llm_scratch *s, int l,
-                               struct llm_view x,
+                               const struct llm_batch *b, struct llm_view x,
                                struct llm_view xb, struct llm_view att, struct llm_view hb, struct llm_view hb2,
                                int *added)
 {
@@ -1056,7 +1054,7 @@ static enum llm_status out_mlp(struct llm_model *m, struct llm_backend *be, stru
 		LLM_TRY(add_norm(be, xb, x, &L->ffn_norm, m->cfg.rms_eps));
 	}
 	if (moe) {
-		struct moe_lora_ctx mc = { m, s, l };
+		struct moe_lora_ctx mc = { m, s, l, b->adapter };
 		struct llm_moe_hook hook = { moe_lora, &mc };
 		LLM_TRY(llm_moe_ffn(be, &m->cfg.moe, &L->moe, &s->moe, xb, s->n_lgroup ? &hook : NULL));
 		return d ? tp_sum(d, xb.data, n_el) : LLM_OK;
@@ -1126,7 +1124,7 @@ static enum llm_status last_layer_rows(struct llm_model *m, struct llm_backend *
 	LLM_TRY(be->ops->gather(be, xr, x, s->rows));
 	LLM_TRY(attend(m, be, att, qr, kv, l, &rb));
 	int added;
-	LLM_TRY(out_mlp(m, be, s, l, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff),
+	LLM_TRY(out_mlp(m, be, s, l, &rb, xr, xb, att, llm_view_f32(s->hb, n_sel, ff), llm_view_f32(s->hb2, n_sel, ff),
 	                &added));
 	return added ? LLM_OK : be->ops->add(be, xr, xb);
 }
@@ -1195,7 +1193,7 @@ static enum llm_status forward_layers(struct llm_model *m, struct llm_backend *b
 			return last_layer_rows(m, be, kv, s, b, l, n_sel, x, q);
 		LLM_TRY(attend(m, be, att, q, kv, l, b));
 		int added;
-		LLM_TRY(out_mlp(m, be, s, l, x, xb, att, hb, hb2, &added));
+		LLM_TRY(out_mlp(m, be, s, l, b, x, xb, att, hb, hb2, &added));
 		normed = !added && op->add_rmsnorm && l + 1 < m->layer_end;
 		if (normed)
 			LLM_TRY(add_norm(be, xb, x, &m->layers[l + 1].attn_norm, c->rms_eps));

@@ -194,7 +194,6 @@ struct llm_scratch {
 	int lgroup[LLM_LORA_SLOTS + 1], lstart[LLM_LORA_SLOTS + 2];   /* the step's slots with rows,
 	                               group g's rows at lrows[lstart[g] .. lstart[g + 1]) */
 	int n_lgroup;
-	int32_t *lslot;             /* (max_tok) each batch row's LoRA slot (0: the base), when n_lgroup > 0 */
 	int32_t *lsub;              /* (max_tok) an expert's gathered rows of one adapter */
 	/* distributed only (host memory: distributed runs use the CPU backend) */
 	int32_t *tok_loc;           /* (max_tok) token ids within this rank's vocabulary slice */

@@ -299,6 +299,30 @@ static void matmul_odd_scale(enum llm_cpu_isa isa)
 	      "split rows: the bits of each token alone", llm_cpu_isa_name(isa));
 }
 
+/* E4M3 weights of whole 32-column groups (AVX2: the grouped order, a row
+ * at a time in decode, the panel's four parts in a prompt; cpu_matmul.c):
+ * block scales shared by 128, 4 and 1 rows, two column blocks in a prompt,
+ * activations of more than the decode's 64 KiB (3 and 4 tokens of 8192
+ * columns): a token alone, in decode batches of 1..8 and in a prompt of 37,
+ * in split row ranges, gives the same bits; and the scalar bound holds. */
+static void matmul_grouped(enum llm_cpu_isa isa)
+{
+	static const int64_t shape[][4] = {   /* rows, cols, block rows, block cols */
+		{ 23, 1024, 128, 128 }, { 70, 1024, 4, 64 }, { 9, 8192, 1, 8192 }, { 19, 4096, 4, 128 },
+	};
+	int same = 1;
+	for (size_t s = 0; s < sizeof shape / sizeof *shape; s++) {
+		struct wbuf b;
+		make_weight(&b, LLM_DTYPE_E4M3, shape[s][0], shape[s][1], shape[s][2], shape[s][3], 0);
+		same &= matmul_vs_alone(isa, &b, 1, 8, shape[s][1] + 32, 5);
+		same &= matmul_vs_alone(isa, &b, 37, 37, shape[s][1], 7);
+		free_weight(&b);
+		matmul_case(isa, LLM_DTYPE_E4M3, shape[s][0], shape[s][1], shape[s][2], shape[s][3]);
+	}
+	check(same, "matmul %s E4M3 in 32-column groups (23x1024 128x128, 70x1024 4x64, 9x8192 a scale a row, "
+	      "19x4096 4x128): 1..8 and 37 tokens, split rows: the bits of each token alone", llm_cpu_isa_name(isa));
+}
+
 /* Every E4M3 code through the SIMD decode: W (1, 256) = codes 0..255 with
  * one scale, x one-hot: y = table[code] * scale, rounded once, whatever
  * the scale: 2^-3, one whose product with 2^120 would overflow (256 and
@@ -416,6 +440,7 @@ static void test_matmul(enum llm_cpu_isa best)
 		matmul_case(isa, LLM_DTYPE_E4M3, 5, 4000, 2, 24);
 		matmul_case(isa, LLM_DTYPE_E4M3, 3, 8300, 1, 64);
 		matmul_odd_scale(isa);
+		matmul_grouped(isa);
 		e4m3_codes(isa);
 		if (isa == LLM_ISA_AVX512BF16) {
 			e4m3_vbmi();

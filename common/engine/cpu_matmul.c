@@ -828,6 +828,252 @@ T256 static void matmul_avx2_dec(float *y, int64_t ys, const float *x, int64_t x
 		dec_tile_e4m3_any(y, ys, x, xs, nt, 1, w, r, xsc, pf);
 }
 
+/* ---- AVX2 E4M3 in the grouped order: one row, one stream -----------------
+ * The 4-row decode tiles above read four rows at once, four streams that
+ * the hardware prefetchers follow badly: one Zen 5 core at
+ * LLM_CPU_ISA=avx2, 2048 x 2048 codes from memory (64 copies, thread CPU
+ * time, median) read 11-18 codes/ns that way and 23-25 a row at a time,
+ * the rate of the same loop in cache (a loop that interleaves 4 rows:
+ * 11-18 with or without software prefetch). A row alone has one output a token,
+ * so one accumulator a token would wait on the FMA's latency; the grouped
+ * order gives each output four, by the position of 8 columns in a group of
+ * 32, and this order is the one every path computes for such a weight (the
+ * prompt panel below too), so a token's bits still do not depend on the
+ * batch:
+ *
+ *   group g (columns 32g .. 32g+31), part k (0..3) = columns 4k..4k+3 and
+ *   16+4k..16+4k+3 of it; A_k = sum over g, in order, of
+ *   fma(xs[part k of g], w'[part k of g], A_k); y = XS_Y hsum((A_0 + A_1)
+ *   + (A_2 + A_3))
+ *
+ * with xs and w' of the scaled activations (e4m3_xs). The parts are what
+ * the conversion gives without a lane-crossing shuffle (e4m3x32_g: 32
+ * codes in 10 operations, against 12 for four e4m3x8_256), and the
+ * activations are permuted to them once per call (and scaled once per
+ * scale row where rows share one). For weights of whole groups (columns
+ * and block columns multiples of 32) with plain scales; others keep the
+ * order above. Through the engine (llm-bench, LLM_CPU_ISA=avx2 on Zen 5,
+ * one thread, medians of 3 alternating runs against the 4-row tiles):
+ * decode of one sequence 1.18x (SmolLM2-135M) and 1.21x (TinyLlama-1.1B),
+ * 2 and 4 sequences 1.06-1.10x; a 512-token prompt 1.19x on TinyLlama
+ * (matmul_avx2_pp_g makes a scale row's x once, not once per 3-row panel of
+ * the 5632-column down projection) and 0.95x on SmolLM2 (the panel's 4
+ * passes over 576 columns). bench/results/decode-avx2-rows-zen5-2026-11-29.txt. */
+#define G_COLS 32
+#define DECG_PF 4096                /* bytes ahead (4 tokens, 2048 x 2048 from memory: 2x) */
+#define DECG_XP_FLOATS 16384        /* 64 KiB: 4 tokens of 4096 columns */
+
+/* 32 codes at Q -> their f32 code * 2^-120 (exact, as e4m3x8_256's WIDE
+ * way), part k in V[k]: each byte to the top of a 16-bit word (unpack with
+ * zero), an arithmetic shift by 4 puts exponent and mantissa under bf16's
+ * exponent field and repeats the sign, the mask keeps one sign bit; each
+ * bf16 word to the top of a 32-bit word (unpack with zero). */
+T256 static INL void e4m3x32_g(const uint8_t *q, __m256 v[4], const int k0, const int nk)
+{
+	const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16((short)0x87f0);
+	__m256i b = _mm256_loadu_si256((const __m256i *)q);
+	if (k0 == 0) {
+		__m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 4), m);
+		v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, lo));
+		v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, lo));
+	}
+	if (k0 + nk == 4) {
+		__m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 4), m);
+		v[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, hi));
+		v[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, hi));
+	}
+}
+
+/* The 32 activations at X into the parts' order, part k at OUT + k KS,
+ * times SC (a product rounded once, the same as scaling first) when SCALE. */
+T256 static INL void x_perm_g(float *out, int64_t ks, const float *x, __m256 sc, const int scale)
+{
+	__m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+	__m256 c = _mm256_loadu_ps(x + 16), d = _mm256_loadu_ps(x + 24);
+	__m256 v[4] = { _mm256_permute2f128_ps(a, c, 0x20), _mm256_permute2f128_ps(a, c, 0x31),
+	                _mm256_permute2f128_ps(b, d, 0x20), _mm256_permute2f128_ps(b, d, 0x31) };
+	UNROLL
+	for (int k = 0; k < 4; k++)
+		_mm256_store_ps(out + k * ks, scale ? _mm256_mul_ps(v[k], sc) : v[k]);
+}
+
+/* NT tokens of X (XS apart), columns [c0, c1), permuted into XP (rows XPS
+ * apart, column c0 at 0), group by group, each group's 4 parts in turn;
+ * SROW: times each scale block's s * XS_S. */
+T256 static void x_perm_rows_g(float *xp, int64_t xps, const float *x, int64_t xs, int64_t nt,
+                               int64_t c0, int64_t c1, const float *srow, int64_t bk)
+{
+	for (int64_t t = 0; t < nt; t++)
+		for (int64_t b0 = c0 / bk * bk; b0 < c1; b0 += bk) {
+			__m256 sv = _mm256_set1_ps(srow ? srow[b0 / bk] * XS_S : 1.0f);
+			int64_t lo = b0 > c0 ? b0 : c0, hi = b0 + bk < c1 ? b0 + bk : c1;
+			for (int64_t c = lo; c < hi; c += G_COLS) {
+				float *o = xp + t * xps + (c - c0);
+				if (srow)
+					x_perm_g(o, 8, x + t * xs + c, sv, 1);
+				else
+					x_perm_g(o, 8, x + t * xs + c, sv, 0);
+			}
+		}
+}
+
+/* Parts [k0, k0 + nk) of row R's sums for NT tokens of the permuted XP (XPS
+ * apart) over columns [cs, ce) into ACC[t][k], from zero or (LOAD) from
+ * KEEP[t][k]; SCALE: the row's scales SROW applied here (else XP is scaled
+ * already); the codes PF bytes ahead are prefetched. */
+T256 static INL void dec_row_g_parts(__m256 acc[4][4], const float *xp, int64_t xps, const int nt,
+                                     const struct llm_weight *w, int64_t r, const float *srow,
+                                     const int scale, const int k0, const int nk, int64_t cs, int64_t ce,
+                                     const int load, float keep[4][4][8], size_t pf)
+{
+	int64_t n = w->cols, bk = w->block_cols;
+	const uint8_t *q = (const uint8_t *)w->data + (size_t)r * (size_t)n;
+	UNROLL
+	for (int t = 0; t < nt; t++) {
+		UNROLL
+		for (int k = k0; k < k0 + nk; k++)
+			acc[t][k] = load ? _mm256_load_ps(keep[t][k]) : _mm256_setzero_ps();
+	}
+	/* prescaled x: one loop over the columns; else scale block by block */
+	for (int64_t b0 = scale ? cs / bk * bk : cs; b0 < ce; b0 += scale ? bk : ce) {
+		int64_t lo = b0 > cs ? b0 : cs, hi = scale && b0 + bk < ce ? b0 + bk : ce;
+		__m256 sc = _mm256_set1_ps(scale ? srow[b0 / bk] * XS_S : 1.0f);
+		for (int64_t g = lo; g < hi; g += G_COLS) {
+			__m256 v[4];
+			if (k0 == 0)
+				_mm_prefetch((const char *)(q + g + pf), _MM_HINT_T0);
+			e4m3x32_g(q + g, v, k0, nk);
+			UNROLL
+			for (int t = 0; t < nt; t++) {
+				UNROLL
+				for (int k = k0; k < k0 + nk; k++) {
+					__m256 xv = _mm256_load_ps(xp + t * xps + g + 8 * k);
+					if (scale)
+						xv = _mm256_mul_ps(xv, sc);
+					acc[t][k] = _mm256_fmadd_ps(xv, v[k], acc[t][k]);
+				}
+			}
+		}
+	}
+}
+
+/* Columns [cs, ce) of row R for NT (1 to 4) tokens: all four parts at once
+ * up to 2 tokens, else parts 0-1 then 2-3 (8 accumulators at most; the
+ * second pass reads the codes from L1); the accumulators come from KEEP
+ * unless CS is 0 and go back to it unless CE is the row's end, where y =
+ * XS_Y hsum((A_0 + A_1) + (A_2 + A_3)). */
+T256 static INL void dec_row_g(float *y, int64_t ys, const float *xp, int64_t xps, const int nt,
+                               const struct llm_weight *w, int64_t r, const float *srow, const int scale,
+                               int64_t cs, int64_t ce, float keep[4][4][8], size_t pf)
+{
+	__m256 acc[4][4];
+	int last = ce == w->cols;
+	if (nt <= 2) {
+		dec_row_g_parts(acc, xp, xps, nt, w, r, srow, scale, 0, 4, cs, ce, cs > 0, keep, pf);
+		if (!last) {
+			UNROLL
+			for (int t = 0; t < nt; t++) {
+				UNROLL
+				for (int k = 0; k < 4; k++)
+					_mm256_store_ps(keep[t][k], acc[t][k]);
+			}
+			return;
+		}
+	} else {
+		UNROLL
+		for (int h = 0; h < 2; h++) {
+			dec_row_g_parts(acc, xp, xps, nt, w, r, srow, scale, 2 * h, 2, cs, ce, cs > 0, keep, pf);
+			UNROLL
+			for (int t = 0; t < nt; t++) {
+				_mm256_store_ps(keep[t][2 * h], acc[t][2 * h]);
+				_mm256_store_ps(keep[t][2 * h + 1], acc[t][2 * h + 1]);
+			}
+			/* in memory during the other pass, not in registers it needs */
+			__asm__ volatile("" : : "r"(keep) : "memory");
+		}
+		if (!last)
+			return;
+		UNROLL
+		for (int t = 0; t < nt; t++) {
+			UNROLL
+			for (int k = 0; k < 4; k++)
+				acc[t][k] = _mm256_load_ps(keep[t][k]);
+		}
+	}
+	UNROLL
+	for (int t = 0; t < nt; t++)
+		y[t * ys + r] = hsum_256(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+		                                       _mm256_add_ps(acc[t][2], acc[t][3]))) * XS_Y;
+}
+
+/* Up to 4 tokens over rows [r0, r1) of W in the grouped order. Where the
+ * tokens' x fits DECG_L1 floats, a row at a time (one stream, the codes
+ * DECG_PF bytes ahead prefetched); otherwise (x of 4 tokens of 5632
+ * columns, 90 KiB, would come from L2 for every row: 0.7x the 2-row
+ * tiles) in blocks of DECG_RB rows, a segment of columns whose x fits at
+ * a time for all the block's rows (the accumulators kept in memory between
+ * segments, exact), the next row's segment prefetched. Not inlined: its
+ * 64 KiB frame. */
+#define DECG_L1 6144                /* 24 KiB of x */
+#define DECG_RB 8
+T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t ys, const float *x, int64_t xs,
+                                                             int64_t n_tok, const struct llm_weight *w,
+                                                             int64_t r0, int64_t r1)
+{
+	_Alignas(32) float buf[DECG_XP_FLOATS];
+	_Alignas(32) float keep[DECG_RB][4][4][8];
+	int64_t n = w->cols, xps = n + 16;     /* token rows a line apart in L1's sets */
+	int nt = (int)n_tok;
+	float *xp = buf;
+	if (n_tok * xps > DECG_XP_FLOATS && !(xp = aligned_alloc(32, (size_t)(n_tok * xps) * sizeof *xp))) {
+		for (int64_t t = 0; t < n_tok; t++)      /* out of memory: a visibly wrong result */
+			for (int64_t r = r0; r < r1; r++)
+				y[t * ys + r] = NAN;
+		return;
+	}
+	int64_t seg = DECG_L1 / nt / G_COLS * G_COLS, rb_rows = seg >= n ? 1 : DECG_RB;
+	seg = seg >= n ? n : seg;
+	size_t pf = seg >= n ? DECG_PF : 2 * (size_t)n;
+	/* rows sharing a scale row share the scaled activations; a scale a
+	 * row (a head's) scales them in the loop instead */
+	int shared = w->block_rows > 1;
+	int64_t cur = -1;
+	if (!shared)
+		x_perm_rows_g(xp, xps, x, xs, n_tok, 0, n, NULL, w->block_cols);
+	for (int64_t rb = r0, re; rb < r1; rb = re) {
+		int64_t sr = rb / w->block_rows;
+		const float *srow = w->scale + sr * w->scale_cols;
+		re = rb + rb_rows < r1 ? rb + rb_rows : r1;
+		if (shared) {
+			int64_t end = (sr + 1) * w->block_rows;     /* a block within one scale row */
+			re = re < end ? re : end;
+			if (sr != cur) {
+				x_perm_rows_g(xp, xps, x, xs, n_tok, 0, n, srow, w->block_cols);
+				cur = sr;
+			}
+		}
+		for (int64_t cs = 0; cs < n; cs += seg) {
+			int64_t ce = cs + seg < n ? cs + seg : n;
+			for (int64_t r = rb; r < re; r++) {
+				const float *sw = w->scale + r * w->scale_cols;   /* unshared: a scale row a row */
+				float (*kp)[4][8] = keep[r - rb];
+				switch (nt * 2 + shared) {
+				case 1 * 2 + 1: dec_row_g(y, ys, xp, xps, 1, w, r, sw, 0, cs, ce, kp, pf); break;
+				case 2 * 2 + 1: dec_row_g(y, ys, xp, xps, 2, w, r, sw, 0, cs, ce, kp, pf); break;
+				case 3 * 2 + 1: dec_row_g(y, ys, xp, xps, 3, w, r, sw, 0, cs, ce, kp, pf); break;
+				case 4 * 2 + 1: dec_row_g(y, ys, xp, xps, 4, w, r, sw, 0, cs, ce, kp, pf); break;
+				case 1 * 2: dec_row_g(y, ys, xp, xps, 1, w, r, sw, 1, cs, ce, kp, pf); break;
+				case 2 * 2: dec_row_g(y, ys, xp, xps, 2, w, r, sw, 1, cs, ce, kp, pf); break;
+				case 3 * 2: dec_row_g(y, ys, xp, xps, 3, w, r, sw, 1, cs, ce, kp, pf); break;
+				default: dec_row_g(y, ys, xp, xps, 4, w, r, sw, 1, cs, ce, kp, pf); break;
+				}
+			}
+		}
+	}
+	if (xp != buf)
+		free(xp);
+}
+
 /* ---- AVX2 prefill: many tokens ------------------------------------------
  * A step of n_tok >= PP_MIN_TOK tokens: the rows of a row block are
  * converted once (E4M3, BF16, F16 -> f32, E4M3 times its block scale: the
@@ -851,7 +1097,7 @@ T256 static void matmul_avx2_dec(float *y, int64_t ys, const float *x, int64_t x
 #define PP_NT 4
 #define PANEL_FLOATS 32768          /* 128 KiB: 56 rows of 576 columns */
 #define PP_MB_MAX 96                /* rows of a panel (the scratch's size) */
-#define KC_MAX 768                  /* a 4-token x tile of 12 KiB */
+#define KC_MAX 768
 
 T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
                                  const float *p, int64_t ps, int64_t c0, int64_t c1,
@@ -909,10 +1155,93 @@ T256 static void pp_tile_256_dispatch(float *y, int64_t ys, const float *x, int6
 #undef PP_CASE
 }
 
+/* G_LAYOUT: the prompt panel and its token tile's x hold a column block of
+ * whole groups 8 columns of each group at a time: columns 8j..8j+7 of the
+ * block's groups, in order, at j len + 8 g (len = the block's width / 4),
+ * so a pass over one j reads a contiguous quarter of the block. The element
+ * at column C of the block: */
+static inline int64_t g_pos(int64_t c, int64_t len)
+{
+	return (c & 31) / 8 * len + c / 32 * 8 + (c & 7);
+}
+
+/* The grouped order's panel tile: columns 8 CLS .. 8 CLS + 7 of every
+ * group in columns [c0, c1) (G_LAYOUT) into accumulators B_CLS, kept in
+ * acc_save (4 x nr x nt x 8) between column blocks and passes. Lane l of
+ * B_j sums column 8j + l of each group in order, as a lane of one part's
+ * accumulator of the decode rows does, so after pass 3 of the last block
+ * the B_j permuted into parts give the decode rows' y = YK hsum((A_0 +
+ * A_1) + (A_2 + A_3)), bit for bit. The 4 passes keep the 12 accumulators
+ * and the loads per FMA of pp_tile_256. */
+T256 static INL void pp_tile_g(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
+                               const float *p, int64_t ps, int64_t c0, int64_t c1,
+                               float *acc_save, int first, int last, float yk, int nt, int nr, int cls)
+{
+	__m256 acc[PP_NR][PP_NT];
+	float *sv = acc_save + cls * nr * nt * 8;
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
+		for (int t = 0; t < nt; t++)
+			acc[i][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(sv + (i * nt + t) * 8);
+	}
+	int64_t len = (c1 - c0) / 4;
+	for (int64_t c = c0 + cls * len; c < c0 + (cls + 1) * len; c += 8) {
+		__m256 wv[PP_NR];
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			wv[i] = _mm256_load_ps(p + i * ps + c);
+		UNROLL
+		for (int t = 0; t < nt; t++) {
+			__m256 xv = _mm256_load_ps(x + t * xs + (c - xo));
+			UNROLL
+			for (int i = 0; i < nr; i++)
+				acc[i][t] = _mm256_fmadd_ps(xv, wv[i], acc[i][t]);
+		}
+	}
+	UNROLL
+	for (int i = 0; i < nr; i++) {
+		UNROLL
+		for (int t = 0; t < nt; t++) {
+			if (last && cls == 3) {
+				int o = (i * nt + t) * 8, pt = nr * nt * 8;
+				/* B_j: columns 8j..8j+7 of each group; part k of
+				 * the decode rows = halves of B_(k/2) and B_(k/2+2) */
+				__m256 b0 = _mm256_load_ps(acc_save + o), b1 = _mm256_load_ps(acc_save + pt + o);
+				__m256 b2 = _mm256_load_ps(acc_save + 2 * pt + o), b3 = acc[i][t];
+				__m256 a0 = _mm256_permute2f128_ps(b0, b2, 0x20), a1 = _mm256_permute2f128_ps(b0, b2, 0x31);
+				__m256 a2 = _mm256_permute2f128_ps(b1, b3, 0x20), a3 = _mm256_permute2f128_ps(b1, b3, 0x31);
+				y[t * ys + i] = hsum_256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) * yk;
+			} else {
+				_mm256_store_ps(sv + (i * nt + t) * 8, acc[i][t]);
+			}
+		}
+	}
+}
+
+T256 static void pp_tile_g_dispatch(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
+                                    const float *p, int64_t ps, int64_t c0, int64_t c1,
+                                    float *acc_save, int first, int last, float yk, int nt, int nr)
+{
+#define PP_CASE(T, R) case T * 8 + R:                                                           \
+	for (int k = 0; k < 4; k++)                                                               \
+		pp_tile_g(y, ys, x, xs, xo, p, ps, c0, c1, acc_save, first, last, yk, T, R, k);    \
+	break;
+	switch (nt * 8 + nr) {
+	PP_CASE(4, 3) PP_CASE(4, 2) PP_CASE(4, 1)
+	PP_CASE(3, 3) PP_CASE(3, 2) PP_CASE(3, 1)
+	PP_CASE(2, 3) PP_CASE(2, 2) PP_CASE(2, 1)
+	PP_CASE(1, 3) PP_CASE(1, 2)
+	default: PP_CASE(1, 1)
+	}
+#undef PP_CASE
+}
+
 /* Rows [r, r + nr) of W as f32 into p (nr, cols): the values tile_256 feeds
  * its FMAs (whole 8-column chunks only, see above); XSC: those of the decode
- * tiles with scaled activations, code * 2^-120. */
-T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr, int xsc)
+ * tiles with scaled activations, code * 2^-120; XSC 2: in the grouped order's
+ * parts (whole groups). */
+T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr, int xsc, int64_t kc)
 {
 	int64_t n = w->cols;
 	enum llm_dtype dt = w->dtype;
@@ -923,7 +1252,18 @@ T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, i
 		float *pr = p + i * n;
 		for (int64_t c0 = 0; c0 < n; c0 += bk) {
 			int64_t ce = c0 + bk < n ? c0 + bk : n;
-			if (fp8 && xsc) {
+			if (fp8 && xsc == 2) {          /* G_LAYOUT, a column block of kc at a time */
+				if (c0 == 0)
+					for (int64_t k0 = 0; k0 < n; k0 += kc) {
+						int64_t len = (k0 + kc < n ? kc : n - k0) / 4;
+						for (int64_t c = k0; c < k0 + 4 * len; c += G_COLS) {
+							float *o = pr + k0 + (c - k0) / 4;
+							UNROLL
+							for (int j = 0; j < 4; j++)
+								_mm256_store_ps(o + j * len, wload_256(w, LLM_DTYPE_E4M3, r + i, c + 8 * j, 8, 1));
+						}
+					}
+			} else if (fp8 && xsc) {
 				for (int64_t c = c0; c < ce; c += 8)
 					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8, 1));
 			} else if (fp8) {
@@ -983,7 +1323,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, 
 		if (w->dtype == LLM_DTYPE_F32)
 			p = (const float *)w->data + (size_t)rb * (size_t)n;
 		else
-			pp_panel_256(panel, w, rb, re - rb, xsc);
+			pp_panel_256(panel, w, rb, re - rb, xsc, kc);
 		const float *srow = xsc ? w->scale + (rb / w->block_rows) * w->scale_cols : NULL;
 		for (int64_t t = 0; t < n_tok; t += PP_NT) {
 			int nt = n_tok - t < PP_NT ? (int)(n_tok - t) : PP_NT;
@@ -1016,6 +1356,74 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, 
 	}
 }
 
+/* The prompt path in the grouped order: as matmul_avx2_pp (row panels
+ * within a scale row, 3 x 4 token tiles, column blocks), in G_LAYOUT with
+ * column blocks of up to 4 KC_MAX (a pass reads a quarter of one), and the
+ * scaled x of up to PPG_TOK tokens made once per scale row, not once per
+ * panel (a panel of a wide weight holds 3 rows: 5632 columns). */
+#define PPG_TOK 256
+T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys, const float *x, int64_t xs,
+                                                            int64_t n_tok, const struct llm_weight *w,
+                                                            int64_t r0, int64_t r1)
+{
+	_Alignas(32) float panel[PANEL_FLOATS];                 /* (mb, n) f32, G_LAYOUT */
+	_Alignas(32) float acc_save[PP_MB_MAX * PP_NT * 8 * 4]; /* (mb, 4, PP_NT, 8) f32 */
+	int64_t n = w->cols, bk = w->block_cols;
+	int64_t mb = PANEL_FLOATS / n < PP_MB_MAX ? PANEL_FLOATS / n : PP_MB_MAX;
+	mb = mb >= PP_NR ? mb / PP_NR * PP_NR : mb;
+	int64_t nkb = (n + 4 * KC_MAX - 1) / (4 * KC_MAX), kc = (n / G_COLS + nkb - 1) / nkb * G_COLS;
+	int64_t tch = n_tok < PPG_TOK ? n_tok : PPG_TOK;
+	float *xa = aligned_alloc(32, (size_t)(tch * n) * sizeof *xa);   /* (tch, n) scaled x, G_LAYOUT */
+	if (!xa) {          /* out of memory: a visibly wrong result */
+		for (int64_t t = 0; t < n_tok; t++)
+			for (int64_t r = r0; r < r1; r++)
+				y[t * ys + r] = NAN;
+		return;
+	}
+	for (int64_t t0 = 0; t0 < n_tok; t0 += tch) {
+		int64_t tn = n_tok - t0 < tch ? n_tok - t0 : tch, seg = -1;
+		for (int64_t rb = r0, re; rb < r1; rb = re) {
+			/* panels of about equal size to the scale row's end (as matmul_avx2_pp) */
+			int64_t end = (rb / w->block_rows + 1) * w->block_rows;
+			end = end < r1 ? end : r1;
+			int64_t left = end - rb, k = (left + mb - 1) / mb;
+			int64_t size = (left + k - 1) / k;
+			size = (size + PP_NR - 1) / PP_NR * PP_NR;
+			re = rb + (size < mb ? size : mb);
+			re = re < end ? re : end;
+			if (rb / w->block_rows != seg) {
+				seg = rb / w->block_rows;
+				const float *srow = w->scale + seg * w->scale_cols;
+				for (int64_t t = 0; t < tn; t++)
+					for (int64_t k0 = 0; k0 < n; k0 += kc) {
+						int64_t len = (k0 + kc < n ? kc : n - k0) / 4;
+						for (int64_t b0 = k0 / bk * bk; b0 < k0 + 4 * len; b0 += bk) {
+							__m256 sv = _mm256_set1_ps(srow[b0 / bk] * XS_S);
+							int64_t lo = b0 > k0 ? b0 : k0, hi = b0 + bk < k0 + 4 * len ? b0 + bk : k0 + 4 * len;
+							for (int64_t c = lo; c < hi; c += 8)
+								_mm256_store_ps(xa + t * n + k0 + g_pos(c - k0, len),
+								                _mm256_mul_ps(_mm256_loadu_ps(x + (t0 + t) * xs + c), sv));
+						}
+					}
+			}
+			pp_panel_256(panel, w, rb, re - rb, 2, kc);
+			for (int64_t t = 0; t < tn; t += PP_NT) {
+				int nt = tn - t < PP_NT ? (int)(tn - t) : PP_NT;
+				for (int64_t c0 = 0; c0 < n; c0 += kc) {
+					int64_t c1 = c0 + kc < n ? c0 + kc : n;
+					for (int64_t r = rb; r < re; r += PP_NR) {
+						int nr = re - r < PP_NR ? (int)(re - r) : PP_NR;
+						pp_tile_g_dispatch(y + (t0 + t) * ys + r, ys, xa + t * n, n, 0, panel + (r - rb) * n, n,
+						                   c0, c1, acc_save + (r - rb) * PP_NT * 8 * 4, c0 == 0, c1 == n,
+						                   XS_Y, nt, nr);
+					}
+				}
+			}
+		}
+	}
+	free(xa);
+}
+
 /* AVX2 has 16 registers: token tiles of up to 8 (5 to 8 tokens one row,
  * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most, one weight
  * conversion per 8 FMAs at 8 tokens), so a step of up to 8 tokens reads
@@ -1027,8 +1435,17 @@ T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, i
 	/* scaled activations only where the panel takes the prompts (up to
 	 * PANEL_FLOATS columns), so that every token count computes them */
 	int xsc = e4m3_xs(w) && w->cols <= PANEL_FLOATS;
+	if (xsc && w->cols % G_COLS == 0 && w->block_cols % G_COLS == 0)
+		xsc = 2;                /* the grouped order */
 	if (pp_fits(w, n_tok)) {
-		matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1, xsc);
+		if (xsc == 2)
+			matmul_avx2_pp_g(y, ys, x, xs, n_tok, w, r0, r1);
+		else
+			matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1, xsc);
+		return;
+	}
+	if (xsc == 2 && n_tok <= 4) {
+		matmul_avx2_dec_g(y, ys, x, xs, n_tok, w, r0, r1);
 		return;
 	}
 	if (dec_fits(w, n_tok)) {

@@ -1099,6 +1099,27 @@ T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t y
 #define PP_MB_MAX 96                /* rows of a panel (the scratch's size) */
 #define KC_MAX 768
 
+/* The panel tiles' FMAs: columns [ca, cb) of NR panel rows (PS apart) and
+ * NT tokens of x (XS apart, column XO at x[0]) into ACC, 8 at a time in
+ * order. F32 weights are their own, unaligned panel. */
+T256 static INL void pp_fma_run(__m256 acc[PP_NR][PP_NT], const float *x, int64_t xs, int64_t xo,
+                                const float *p, int64_t ps, int64_t ca, int64_t cb, int nt, int nr)
+{
+	for (int64_t c = ca; c < cb; c += 8) {
+		__m256 wv[PP_NR];
+		UNROLL
+		for (int i = 0; i < nr; i++)
+			wv[i] = _mm256_loadu_ps(p + i * ps + c);
+		UNROLL
+		for (int t = 0; t < nt; t++) {
+			__m256 xv = _mm256_loadu_ps(x + t * xs + (c - xo));
+			UNROLL
+			for (int i = 0; i < nr; i++)
+				acc[i][t] = _mm256_fmadd_ps(xv, wv[i], acc[i][t]);
+		}
+	}
+}
+
 T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
                                  const float *p, int64_t ps, int64_t c0, int64_t c1,
                                  float *acc_save, int first, int last, float yk, int nt, int nr)
@@ -1111,19 +1132,7 @@ T256 static INL void pp_tile_256(float *y, int64_t ys, const float *x, int64_t x
 		for (int t = 0; t < nt; t++)
 			acc[i][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc_save + (i * nt + t) * 8);
 	}
-	for (int64_t c = c0; c < c1; c += 8) {
-		__m256 wv[PP_NR];
-		UNROLL
-		for (int i = 0; i < nr; i++)
-			wv[i] = _mm256_loadu_ps(p + i * ps + c);   /* F32 weights: their own, unaligned panel */
-		UNROLL
-		for (int t = 0; t < nt; t++) {
-			__m256 xv = _mm256_loadu_ps(x + t * xs + (c - xo));
-			UNROLL
-			for (int i = 0; i < nr; i++)
-				acc[i][t] = _mm256_fmadd_ps(xv, wv[i], acc[i][t]);
-		}
-	}
+	pp_fma_run(acc, x, xs, xo, p, ps, c0, c1, nt, nr);
 	UNROLL
 	for (int i = 0; i < nr; i++) {
 		UNROLL
@@ -1186,19 +1195,7 @@ T256 static INL void pp_tile_g(float *y, int64_t ys, const float *x, int64_t xs,
 			acc[i][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(sv + (i * nt + t) * 8);
 	}
 	int64_t len = (c1 - c0) / 4;
-	for (int64_t c = c0 + cls * len; c < c0 + (cls + 1) * len; c += 8) {
-		__m256 wv[PP_NR];
-		UNROLL
-		for (int i = 0; i < nr; i++)
-			wv[i] = _mm256_load_ps(p + i * ps + c);
-		UNROLL
-		for (int t = 0; t < nt; t++) {
-			__m256 xv = _mm256_load_ps(x + t * xs + (c - xo));
-			UNROLL
-			for (int i = 0; i < nr; i++)
-				acc[i][t] = _mm256_fmadd_ps(xv, wv[i], acc[i][t]);
-		}
-	}
+	pp_fma_run(acc, x, xs, xo, p, ps, c0 + cls * len, c0 + (cls + 1) * len, nt, nr);
 	UNROLL
 	for (int i = 0; i < nr; i++) {
 		UNROLL
@@ -1292,6 +1289,21 @@ static int pp_fits(const struct llm_weight *w, int64_t n_tok)
 	       (w->dtype != LLM_DTYPE_E4M3 || w->block_cols % 8 == 0);
 }
 
+/* The end of the panel of at most MB rows from RB (below R1) for scaled
+ * activations: to the scale row's end, in panels of about equal size (whole
+ * PP_NR-row tiles where they fit): 128 rows of mb 63 as 45 + 45 + 38, not
+ * 63 + 63 + 2. */
+static int64_t pp_panel_end(const struct llm_weight *w, int64_t rb, int64_t r1, int64_t mb)
+{
+	int64_t end = (rb / w->block_rows + 1) * w->block_rows;
+	end = end < r1 ? end : r1;
+	int64_t left = end - rb, k = (left + mb - 1) / mb;
+	int64_t size = (left + k - 1) / k;
+	size = (size + PP_NR - 1) / PP_NR * PP_NR;
+	int64_t re = rb + (size < mb ? size : mb);
+	return re < end ? re : end;
+}
+
 /* not inlined: a decode would otherwise set up (and probe) its 140 KiB frame */
 /* XSC: scaled activations (e4m3_xs): a panel's rows then lie in one scale
  * row, and each token tile's x is scaled once per column block. */
@@ -1307,18 +1319,8 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, 
 	int64_t nkb = (n + KC_MAX - 1) / KC_MAX, kc = (n / 8 + nkb - 1) / nkb * 8;
 	for (int64_t rb = r0, re; rb < r1; rb = re) {
 		re = rb + mb < r1 ? rb + mb : r1;
-		if (xsc) {
-			/* to the scale row's end, in panels of about equal size
-			 * (whole PP_NR-row tiles where they fit): 128 rows of
-			 * mb 63 as 45 + 45 + 38, not 63 + 63 + 2 */
-			int64_t end = (rb / w->block_rows + 1) * w->block_rows;
-			end = end < r1 ? end : r1;
-			int64_t left = end - rb, k = (left + mb - 1) / mb;
-			int64_t size = (left + k - 1) / k;
-			size = (size + PP_NR - 1) / PP_NR * PP_NR;
-			re = rb + (size < mb ? size : mb);
-			re = re < end ? re : end;
-		}
+		if (xsc)
+			re = pp_panel_end(w, rb, r1, mb);
 		const float *p = panel;
 		if (w->dtype == LLM_DTYPE_F32)
 			p = (const float *)w->data + (size_t)rb * (size_t)n;
@@ -1383,14 +1385,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys
 	for (int64_t t0 = 0; t0 < n_tok; t0 += tch) {
 		int64_t tn = n_tok - t0 < tch ? n_tok - t0 : tch, seg = -1;
 		for (int64_t rb = r0, re; rb < r1; rb = re) {
-			/* panels of about equal size to the scale row's end (as matmul_avx2_pp) */
-			int64_t end = (rb / w->block_rows + 1) * w->block_rows;
-			end = end < r1 ? end : r1;
-			int64_t left = end - rb, k = (left + mb - 1) / mb;
-			int64_t size = (left + k - 1) / k;
-			size = (size + PP_NR - 1) / PP_NR * PP_NR;
-			re = rb + (size < mb ? size : mb);
-			re = re < end ? re : end;
+			re = pp_panel_end(w, rb, r1, mb);
 			if (rb / w->block_rows != seg) {
 				seg = rb / w->block_rows;
 				const float *srow = w->scale + seg * w->scale_cols;

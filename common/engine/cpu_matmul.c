@@ -884,9 +884,9 @@ T256 static INL void e4m3x32_g(const uint8_t *q, __m256 v[4], const int k0, cons
 	}
 }
 
-/* The 32 activations at X into the parts' order, part k at OUT + k KS,
- * times SC (a product rounded once, the same as scaling first) when SCALE. */
-T256 static INL void x_perm_g(float *out, int64_t ks, const float *x, __m256 sc, const int scale)
+/* The 32 activations at X into the parts' order at OUT, times SC (a
+ * product rounded once, the same as scaling first) when SCALE. */
+T256 static INL void x_perm_g(float *out, const float *x, __m256 sc, const int scale)
 {
 	__m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
 	__m256 c = _mm256_loadu_ps(x + 16), d = _mm256_loadu_ps(x + 24);
@@ -894,25 +894,24 @@ T256 static INL void x_perm_g(float *out, int64_t ks, const float *x, __m256 sc,
 	                _mm256_permute2f128_ps(b, d, 0x20), _mm256_permute2f128_ps(b, d, 0x31) };
 	UNROLL
 	for (int k = 0; k < 4; k++)
-		_mm256_store_ps(out + k * ks, scale ? _mm256_mul_ps(v[k], sc) : v[k]);
+		_mm256_store_ps(out + 8 * k, scale ? _mm256_mul_ps(v[k], sc) : v[k]);
 }
 
-/* NT tokens of X (XS apart), columns [c0, c1), permuted into XP (rows XPS
- * apart, column c0 at 0), group by group, each group's 4 parts in turn;
- * SROW: times each scale block's s * XS_S. */
-T256 static void x_perm_rows_g(float *xp, int64_t xps, const float *x, int64_t xs, int64_t nt,
-                               int64_t c0, int64_t c1, const float *srow, int64_t bk)
+/* NT tokens of X (XS apart), N columns, permuted into XP (rows XPS apart),
+ * group by group, each group's 4 parts in turn; SROW: times each scale
+ * block's s * XS_S. */
+T256 static void x_perm_rows_g(float *xp, int64_t xps, const float *x, int64_t xs, int64_t nt, int64_t n,
+                               const float *srow, int64_t bk)
 {
 	for (int64_t t = 0; t < nt; t++)
-		for (int64_t b0 = c0 / bk * bk; b0 < c1; b0 += bk) {
+		for (int64_t b0 = 0; b0 < n; b0 += bk) {
 			__m256 sv = _mm256_set1_ps(srow ? srow[b0 / bk] * XS_S : 1.0f);
-			int64_t lo = b0 > c0 ? b0 : c0, hi = b0 + bk < c1 ? b0 + bk : c1;
-			for (int64_t c = lo; c < hi; c += G_COLS) {
-				float *o = xp + t * xps + (c - c0);
+			int64_t hi = b0 + bk < n ? b0 + bk : n;
+			for (int64_t c = b0; c < hi; c += G_COLS) {
 				if (srow)
-					x_perm_g(o, 8, x + t * xs + c, sv, 1);
+					x_perm_g(xp + t * xps + c, x + t * xs + c, sv, 1);
 				else
-					x_perm_g(o, 8, x + t * xs + c, sv, 0);
+					x_perm_g(xp + t * xps + c, x + t * xs + c, sv, 0);
 			}
 		}
 }
@@ -1039,7 +1038,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t y
 	int shared = w->block_rows > 1;
 	int64_t cur = -1;
 	if (!shared)
-		x_perm_rows_g(xp, xps, x, xs, n_tok, 0, n, NULL, w->block_cols);
+		x_perm_rows_g(xp, xps, x, xs, n_tok, n, NULL, w->block_cols);
 	for (int64_t rb = r0, re; rb < r1; rb = re) {
 		int64_t sr = rb / w->block_rows;
 		const float *srow = w->scale + sr * w->scale_cols;
@@ -1048,7 +1047,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t y
 			int64_t end = (sr + 1) * w->block_rows;     /* a block within one scale row */
 			re = re < end ? re : end;
 			if (sr != cur) {
-				x_perm_rows_g(xp, xps, x, xs, n_tok, 0, n, srow, w->block_cols);
+				x_perm_rows_g(xp, xps, x, xs, n_tok, n, srow, w->block_cols);
 				cur = sr;
 			}
 		}
@@ -1174,6 +1173,23 @@ static inline int64_t g_pos(int64_t c, int64_t len)
 	return (c & 31) / 8 * len + c / 32 * 8 + (c & 7);
 }
 
+/* Rows [r, r + nr) of W as code * 2^-120 into p (nr, cols) in G_LAYOUT,
+ * column blocks of KC. */
+T256 static void pp_panel_g(float *p, const struct llm_weight *w, int64_t r, int64_t nr, int64_t kc)
+{
+	int64_t n = w->cols;
+	for (int64_t i = 0; i < nr; i++)
+		for (int64_t k0 = 0; k0 < n; k0 += kc) {
+			int64_t len = (k0 + kc < n ? kc : n - k0) / 4;
+			for (int64_t c = k0; c < k0 + 4 * len; c += G_COLS) {
+				float *o = p + i * n + k0 + (c - k0) / 4;
+				UNROLL
+				for (int j = 0; j < 4; j++)
+					_mm256_store_ps(o + j * len, wload_256(w, LLM_DTYPE_E4M3, r + i, c + 8 * j, 8, 1));
+			}
+		}
+}
+
 /* The grouped order's panel tile: columns 8 CLS .. 8 CLS + 7 of every
  * group in columns [c0, c1) (G_LAYOUT) into accumulators B_CLS, kept in
  * acc_save (4 x nr x nt x 8) between column blocks and passes. Lane l of
@@ -1236,9 +1252,8 @@ T256 static void pp_tile_g_dispatch(float *y, int64_t ys, const float *x, int64_
 
 /* Rows [r, r + nr) of W as f32 into p (nr, cols): the values tile_256 feeds
  * its FMAs (whole 8-column chunks only, see above); XSC: those of the decode
- * tiles with scaled activations, code * 2^-120; XSC 2: in the grouped order's
- * parts (whole groups). */
-T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr, int xsc, int64_t kc)
+ * tiles with scaled activations, code * 2^-120. */
+T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, int64_t nr, int xsc)
 {
 	int64_t n = w->cols;
 	enum llm_dtype dt = w->dtype;
@@ -1249,18 +1264,7 @@ T256 static void pp_panel_256(float *p, const struct llm_weight *w, int64_t r, i
 		float *pr = p + i * n;
 		for (int64_t c0 = 0; c0 < n; c0 += bk) {
 			int64_t ce = c0 + bk < n ? c0 + bk : n;
-			if (fp8 && xsc == 2) {          /* G_LAYOUT, a column block of kc at a time */
-				if (c0 == 0)
-					for (int64_t k0 = 0; k0 < n; k0 += kc) {
-						int64_t len = (k0 + kc < n ? kc : n - k0) / 4;
-						for (int64_t c = k0; c < k0 + 4 * len; c += G_COLS) {
-							float *o = pr + k0 + (c - k0) / 4;
-							UNROLL
-							for (int j = 0; j < 4; j++)
-								_mm256_store_ps(o + j * len, wload_256(w, LLM_DTYPE_E4M3, r + i, c + 8 * j, 8, 1));
-						}
-					}
-			} else if (fp8 && xsc) {
+			if (fp8 && xsc) {
 				for (int64_t c = c0; c < ce; c += 8)
 					_mm256_store_ps(pr + c, wload_256(w, LLM_DTYPE_E4M3, r + i, c, 8, 1));
 			} else if (fp8) {
@@ -1325,7 +1329,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp(float *y, int64_t ys, 
 		if (w->dtype == LLM_DTYPE_F32)
 			p = (const float *)w->data + (size_t)rb * (size_t)n;
 		else
-			pp_panel_256(panel, w, rb, re - rb, xsc, kc);
+			pp_panel_256(panel, w, rb, re - rb, xsc);
 		const float *srow = xsc ? w->scale + (rb / w->block_rows) * w->scale_cols : NULL;
 		for (int64_t t = 0; t < n_tok; t += PP_NT) {
 			int nt = n_tok - t < PP_NT ? (int)(n_tok - t) : PP_NT;
@@ -1401,7 +1405,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys
 						}
 					}
 			}
-			pp_panel_256(panel, w, rb, re - rb, 2, kc);
+			pp_panel_g(panel, w, rb, re - rb, kc);
 			for (int64_t t = 0; t < tn; t += PP_NT) {
 				int nt = tn - t < PP_NT ? (int)(tn - t) : PP_NT;
 				for (int64_t c0 = 0; c0 < n; c0 += kc) {

@@ -672,6 +672,20 @@ static int e4m3_xs(const struct llm_weight *w)
 	return ok;
 }
 
+/* A scale a row for the whole row (a per-row head): in the grouped order
+ * (below) the row's scale multiplies its sum once, y = (XS_Y s) hsum(...)
+ * with xs = x * XS_S (exact), not each product, so a prompt's panel is not
+ * cut at every row nor its x scaled for each (16 tokens of SmolLM2's
+ * 49152 x 576 head at LLM_CPU_ISA=avx2: 90 ms that way, 15 ms with 128 x
+ * 128 blocks). The products are then x code 2^-64, exact, and y is rounded
+ * once more than a term's own rounding: the test_ops bound holds the same
+ * way (a term under 2^-62 still loses bits to subnormals: 2^-85 |s| at
+ * most). XS_Y s is exact while |s| <= 2^16 (e4m3_xs). */
+static int row_scaled(const struct llm_weight *w)
+{
+	return w->block_rows == 1 && w->scale_cols == 1;
+}
+
 /* ---- AVX2 decode: 1 to 4 tokens over E4M3 rows ---------------------------
  * Where the columns and the scale blocks are whole 8-column chunks, each
  * row's codes go in steps of one 64-byte line (eight chunks unrolled, no
@@ -846,7 +860,9 @@ T256 static void matmul_avx2_dec(float *y, int64_t ys, const float *x, int64_t x
  *   fma(xs[part k of g], w'[part k of g], A_k); y = XS_Y hsum((A_0 + A_1)
  *   + (A_2 + A_3))
  *
- * with xs and w' of the scaled activations (e4m3_xs). The parts are what
+ * with xs and w' of the scaled activations (e4m3_xs); a weight with a scale
+ * a row for the whole row (row_scaled) has xs = x XS_S and y = (XS_Y s)
+ * hsum(...) instead. The parts are what
  * the conversion gives without a lane-crossing shuffle (e4m3x32_g: 32
  * codes in 10 operations, against 12 for four e4m3x8_256), and the
  * activations are permuted to them once per call (and scaled once per
@@ -861,7 +877,8 @@ T256 static void matmul_avx2_dec(float *y, int64_t ys, const float *x, int64_t x
  * passes over 576 columns). bench/results/decode-avx2-rows-zen5-2026-11-29.txt. */
 #define G_COLS 32
 #define DECG_PF 4096                /* bytes ahead (4 tokens, 2048 x 2048 from memory: 2x) */
-#define DECG_XP_FLOATS 16384        /* 64 KiB: 4 tokens of 4096 columns */
+#define DECG_NT 8                   /* tokens of the decode rows */
+#define DECG_XP_FLOATS 32896        /* 128.5 KiB: 8 tokens of 4096 columns (a row 16 floats longer) */
 
 /* 32 codes at Q -> their f32 code * 2^-120 (exact, as e4m3x8_256's WIDE
  * way), part k in V[k]: each byte to the top of a 16-bit word (unpack with
@@ -872,16 +889,22 @@ T256 static INL void e4m3x32_g(const uint8_t *q, __m256 v[4], const int k0, cons
 {
 	const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16((short)0x87f0);
 	__m256i b = _mm256_loadu_si256((const __m256i *)q);
-	if (k0 == 0) {
+#define WANT(k) (k0 <= (k) && (k) < k0 + nk)
+	if (WANT(0) || WANT(1)) {
 		__m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 4), m);
-		v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, lo));
-		v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, lo));
+		if (WANT(0))
+			v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, lo));
+		if (WANT(1))
+			v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, lo));
 	}
-	if (k0 + nk == 4) {
+	if (WANT(2) || WANT(3)) {
 		__m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 4), m);
-		v[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, hi));
-		v[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, hi));
+		if (WANT(2))
+			v[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, hi));
+		if (WANT(3))
+			v[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, hi));
 	}
+#undef WANT
 }
 
 /* The 32 activations at X into the parts' order at OUT, times SC (a
@@ -899,16 +922,16 @@ T256 static INL void x_perm_g(float *out, const float *x, __m256 sc, const int s
 
 /* NT tokens of X (XS apart), N columns, permuted into XP (rows XPS apart),
  * group by group, each group's 4 parts in turn; SROW: times each scale
- * block's s * XS_S. */
+ * block's s * XS_S, else times UNIT (1 or XS_S, exact). */
 T256 static void x_perm_rows_g(float *xp, int64_t xps, const float *x, int64_t xs, int64_t nt, int64_t n,
-                               const float *srow, int64_t bk)
+                               const float *srow, int64_t bk, float unit)
 {
 	for (int64_t t = 0; t < nt; t++)
 		for (int64_t b0 = 0; b0 < n; b0 += bk) {
-			__m256 sv = _mm256_set1_ps(srow ? srow[b0 / bk] * XS_S : 1.0f);
+			__m256 sv = _mm256_set1_ps(srow ? srow[b0 / bk] * XS_S : unit);
 			int64_t hi = b0 + bk < n ? b0 + bk : n;
 			for (int64_t c = b0; c < hi; c += G_COLS) {
-				if (srow)
+				if (srow || unit != 1.0f)
 					x_perm_g(xp + t * xps + c, x + t * xs + c, sv, 1);
 				else
 					x_perm_g(xp + t * xps + c, x + t * xs + c, sv, 0);
@@ -920,10 +943,10 @@ T256 static void x_perm_rows_g(float *xp, int64_t xps, const float *x, int64_t x
  * apart) over columns [cs, ce) into ACC[t][k], from zero or (LOAD) from
  * KEEP[t][k]; SCALE: the row's scales SROW applied here (else XP is scaled
  * already); the codes PF bytes ahead are prefetched. */
-T256 static INL void dec_row_g_parts(__m256 acc[4][4], const float *xp, int64_t xps, const int nt,
+T256 static INL void dec_row_g_parts(__m256 acc[DECG_NT][4], const float *xp, int64_t xps, const int nt,
                                      const struct llm_weight *w, int64_t r, const float *srow,
                                      const int scale, const int k0, const int nk, int64_t cs, int64_t ce,
-                                     const int load, float keep[4][4][8], size_t pf)
+                                     const int load, float keep[DECG_NT][4][8], size_t pf)
 {
 	int64_t n = w->cols, bk = w->block_cols;
 	const uint8_t *q = (const uint8_t *)w->data + (size_t)r * (size_t)n;
@@ -956,16 +979,16 @@ T256 static INL void dec_row_g_parts(__m256 acc[4][4], const float *xp, int64_t 
 	}
 }
 
-/* Columns [cs, ce) of row R for NT (1 to 4) tokens: all four parts at once
- * up to 2 tokens, else parts 0-1 then 2-3 (8 accumulators at most; the
- * second pass reads the codes from L1); the accumulators come from KEEP
- * unless CS is 0 and go back to it unless CE is the row's end, where y =
- * XS_Y hsum((A_0 + A_1) + (A_2 + A_3)). */
+/* Columns [cs, ce) of row R for NT (1 to 8) tokens: all four parts at once
+ * up to 2 tokens, parts 0-1 then 2-3 for 3 or 4, one part a pass for 5 to
+ * 8 (8 accumulators at most; the later passes read the codes from L1); the
+ * accumulators come from KEEP unless CS is 0 and go back to it unless CE
+ * is the row's end, where y = YK hsum((A_0 + A_1) + (A_2 + A_3)). */
 T256 static INL void dec_row_g(float *y, int64_t ys, const float *xp, int64_t xps, const int nt,
                                const struct llm_weight *w, int64_t r, const float *srow, const int scale,
-                               int64_t cs, int64_t ce, float keep[4][4][8], size_t pf)
+                               int64_t cs, int64_t ce, float keep[DECG_NT][4][8], size_t pf, float yk)
 {
-	__m256 acc[4][4];
+	__m256 acc[DECG_NT][4];
 	int last = ce == w->cols;
 	if (nt <= 2) {
 		dec_row_g_parts(acc, xp, xps, nt, w, r, srow, scale, 0, 4, cs, ce, cs > 0, keep, pf);
@@ -979,15 +1002,17 @@ T256 static INL void dec_row_g(float *y, int64_t ys, const float *xp, int64_t xp
 			return;
 		}
 	} else {
+		const int nk = nt <= 4 ? 2 : 1;
 		UNROLL
-		for (int h = 0; h < 2; h++) {
-			dec_row_g_parts(acc, xp, xps, nt, w, r, srow, scale, 2 * h, 2, cs, ce, cs > 0, keep, pf);
+		for (int k0 = 0; k0 < 4; k0 += nk) {
+			dec_row_g_parts(acc, xp, xps, nt, w, r, srow, scale, k0, nk, cs, ce, cs > 0, keep, pf);
 			UNROLL
 			for (int t = 0; t < nt; t++) {
-				_mm256_store_ps(keep[t][2 * h], acc[t][2 * h]);
-				_mm256_store_ps(keep[t][2 * h + 1], acc[t][2 * h + 1]);
+				UNROLL
+				for (int k = k0; k < k0 + nk; k++)
+					_mm256_store_ps(keep[t][k], acc[t][k]);
 			}
-			/* in memory during the other pass, not in registers it needs */
+			/* in memory during the other passes, not in registers they need */
 			__asm__ volatile("" : : "r"(keep) : "memory");
 		}
 		if (!last)
@@ -1002,17 +1027,21 @@ T256 static INL void dec_row_g(float *y, int64_t ys, const float *xp, int64_t xp
 	UNROLL
 	for (int t = 0; t < nt; t++)
 		y[t * ys + r] = hsum_256(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
-		                                       _mm256_add_ps(acc[t][2], acc[t][3]))) * XS_Y;
+		                                       _mm256_add_ps(acc[t][2], acc[t][3]))) * yk;
 }
 
-/* Up to 4 tokens over rows [r0, r1) of W in the grouped order. Where the
- * tokens' x fits DECG_L1 floats, a row at a time (one stream, the codes
+/* Up to DECG_NT tokens over rows [r0, r1) of W in the grouped order. Where
+ * the tokens' x fits DECG_L1 floats, a row at a time (one stream, the codes
  * DECG_PF bytes ahead prefetched); otherwise (x of 4 tokens of 5632
  * columns, 90 KiB, would come from L2 for every row: 0.7x the 2-row
  * tiles) in blocks of DECG_RB rows, a segment of columns whose x fits at
  * a time for all the block's rows (the accumulators kept in memory between
- * segments, exact), the next row's segment prefetched. Not inlined: its
- * 64 KiB frame. */
+ * segments, exact), the next row's segment prefetched. 5 to 8 tokens take
+ * this path too, not the prompt panel: a decode step reads its weights
+ * from memory, where the panel cost 2.3-2.7x of 4 tokens for 5-8 (one Zen 5
+ * core at LLM_CPU_ISA=avx2, matmul_bench, 2048 x 2048 from memory: 5
+ * tokens 1030 -> 629 us, 8 tokens 1200 -> 1004; in cache the panel stays
+ * ahead at 8 tokens, 958 against 1090). Not inlined: its 137 KiB frame. */
 #define DECG_L1 6144                /* 24 KiB of x */
 #define DECG_RB 8
 T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t ys, const float *x, int64_t xs,
@@ -1020,7 +1049,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t y
                                                              int64_t r0, int64_t r1)
 {
 	_Alignas(32) float buf[DECG_XP_FLOATS];
-	_Alignas(32) float keep[DECG_RB][4][4][8];
+	_Alignas(32) float keep[DECG_RB][DECG_NT][4][8];
 	int64_t n = w->cols, xps = n + 16;     /* token rows a line apart in L1's sets */
 	int nt = (int)n_tok;
 	float *xp = buf;
@@ -1034,20 +1063,21 @@ T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t y
 	seg = seg >= n ? n : seg;
 	size_t pf = seg >= n ? DECG_PF : 2 * (size_t)n;
 	/* rows sharing a scale row share the scaled activations; a scale a
-	 * row (a head's) scales them in the loop instead */
-	int shared = w->block_rows > 1;
+	 * row (a head's) multiplies the row's sum (row_scaled); scales a row
+	 * and column block scale x in the loop */
+	int rs = row_scaled(w), shared = w->block_rows > 1 || rs;
 	int64_t cur = -1;
-	if (!shared)
-		x_perm_rows_g(xp, xps, x, xs, n_tok, n, NULL, w->block_cols);
+	if (w->block_rows == 1)
+		x_perm_rows_g(xp, xps, x, xs, n_tok, n, NULL, w->block_cols, rs ? XS_S : 1.0f);
 	for (int64_t rb = r0, re; rb < r1; rb = re) {
 		int64_t sr = rb / w->block_rows;
 		const float *srow = w->scale + sr * w->scale_cols;
 		re = rb + rb_rows < r1 ? rb + rb_rows : r1;
-		if (shared) {
+		if (shared && !rs) {
 			int64_t end = (sr + 1) * w->block_rows;     /* a block within one scale row */
 			re = re < end ? re : end;
 			if (sr != cur) {
-				x_perm_rows_g(xp, xps, x, xs, n_tok, n, srow, w->block_cols);
+				x_perm_rows_g(xp, xps, x, xs, n_tok, n, srow, w->block_cols, 1.0f);
 				cur = sr;
 			}
 		}
@@ -1056,15 +1086,14 @@ T256 __attribute__((noinline)) static void matmul_avx2_dec_g(float *y, int64_t y
 			for (int64_t r = rb; r < re; r++) {
 				const float *sw = w->scale + r * w->scale_cols;   /* unshared: a scale row a row */
 				float (*kp)[4][8] = keep[r - rb];
+				float yk = rs ? XS_Y * w->scale[r] : XS_Y;
 				switch (nt * 2 + shared) {
-				case 1 * 2 + 1: dec_row_g(y, ys, xp, xps, 1, w, r, sw, 0, cs, ce, kp, pf); break;
-				case 2 * 2 + 1: dec_row_g(y, ys, xp, xps, 2, w, r, sw, 0, cs, ce, kp, pf); break;
-				case 3 * 2 + 1: dec_row_g(y, ys, xp, xps, 3, w, r, sw, 0, cs, ce, kp, pf); break;
-				case 4 * 2 + 1: dec_row_g(y, ys, xp, xps, 4, w, r, sw, 0, cs, ce, kp, pf); break;
-				case 1 * 2: dec_row_g(y, ys, xp, xps, 1, w, r, sw, 1, cs, ce, kp, pf); break;
-				case 2 * 2: dec_row_g(y, ys, xp, xps, 2, w, r, sw, 1, cs, ce, kp, pf); break;
-				case 3 * 2: dec_row_g(y, ys, xp, xps, 3, w, r, sw, 1, cs, ce, kp, pf); break;
-				default: dec_row_g(y, ys, xp, xps, 4, w, r, sw, 1, cs, ce, kp, pf); break;
+#define DECG_CASE(T)                                                                                  \
+				case T * 2 + 1: dec_row_g(y, ys, xp, xps, T, w, r, sw, 0, cs, ce, kp, pf, yk); break; \
+				case T * 2: dec_row_g(y, ys, xp, xps, T, w, r, sw, 1, cs, ce, kp, pf, yk); break;
+				DECG_CASE(1) DECG_CASE(2) DECG_CASE(3) DECG_CASE(4)
+				DECG_CASE(5) DECG_CASE(6) DECG_CASE(7) DECG_CASE(8)
+#undef DECG_CASE
 				}
 			}
 		}
@@ -1200,7 +1229,8 @@ T256 static void pp_panel_g(float *p, const struct llm_weight *w, int64_t r, int
  * and the loads per FMA of pp_tile_256. */
 T256 static INL void pp_tile_g(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
                                const float *p, int64_t ps, int64_t c0, int64_t c1,
-                               float *acc_save, int first, int last, float yk, int nt, int nr, int cls)
+                               float *acc_save, int first, int last, float yk, const float *rsc,
+                               int nt, int nr, int cls)
 {
 	__m256 acc[PP_NR][PP_NT];
 	float *sv = acc_save + cls * nr * nt * 8;
@@ -1224,7 +1254,8 @@ T256 static INL void pp_tile_g(float *y, int64_t ys, const float *x, int64_t xs,
 				__m256 b2 = _mm256_load_ps(acc_save + 2 * pt + o), b3 = acc[i][t];
 				__m256 a0 = _mm256_permute2f128_ps(b0, b2, 0x20), a1 = _mm256_permute2f128_ps(b0, b2, 0x31);
 				__m256 a2 = _mm256_permute2f128_ps(b1, b3, 0x20), a3 = _mm256_permute2f128_ps(b1, b3, 0x31);
-				y[t * ys + i] = hsum_256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) * yk;
+				y[t * ys + i] = hsum_256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) *
+				                (rsc ? yk * rsc[i] : yk);
 			} else {
 				_mm256_store_ps(sv + (i * nt + t) * 8, acc[i][t]);
 			}
@@ -1234,11 +1265,12 @@ T256 static INL void pp_tile_g(float *y, int64_t ys, const float *x, int64_t xs,
 
 T256 static void pp_tile_g_dispatch(float *y, int64_t ys, const float *x, int64_t xs, int64_t xo,
                                     const float *p, int64_t ps, int64_t c0, int64_t c1,
-                                    float *acc_save, int first, int last, float yk, int nt, int nr)
+                                    float *acc_save, int first, int last, float yk, const float *rsc,
+                                    int nt, int nr)
 {
 #define PP_CASE(T, R) case T * 8 + R:                                                           \
 	for (int k = 0; k < 4; k++)                                                               \
-		pp_tile_g(y, ys, x, xs, xo, p, ps, c0, c1, acc_save, first, last, yk, T, R, k);    \
+		pp_tile_g(y, ys, x, xs, xo, p, ps, c0, c1, acc_save, first, last, yk, rsc, T, R, k); \
 	break;
 	switch (nt * 8 + nr) {
 	PP_CASE(4, 3) PP_CASE(4, 2) PP_CASE(4, 1)
@@ -1386,18 +1418,19 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys
 				y[t * ys + r] = NAN;
 		return;
 	}
+	int rs = row_scaled(w);
 	for (int64_t t0 = 0; t0 < n_tok; t0 += tch) {
 		int64_t tn = n_tok - t0 < tch ? n_tok - t0 : tch, seg = -1;
 		for (int64_t rb = r0, re; rb < r1; rb = re) {
-			re = pp_panel_end(w, rb, r1, mb);
-			if (rb / w->block_rows != seg) {
+			re = rs ? (rb + mb < r1 ? rb + mb : r1) : pp_panel_end(w, rb, r1, mb);
+			if (rs ? seg < 0 : rb / w->block_rows != seg) {
 				seg = rb / w->block_rows;
 				const float *srow = w->scale + seg * w->scale_cols;
 				for (int64_t t = 0; t < tn; t++)
 					for (int64_t k0 = 0; k0 < n; k0 += kc) {
 						int64_t len = (k0 + kc < n ? kc : n - k0) / 4;
 						for (int64_t b0 = k0 / bk * bk; b0 < k0 + 4 * len; b0 += bk) {
-							__m256 sv = _mm256_set1_ps(srow[b0 / bk] * XS_S);
+							__m256 sv = _mm256_set1_ps(rs ? XS_S : srow[b0 / bk] * XS_S);
 							int64_t lo = b0 > k0 ? b0 : k0, hi = b0 + bk < k0 + 4 * len ? b0 + bk : k0 + 4 * len;
 							for (int64_t c = lo; c < hi; c += 8)
 								_mm256_store_ps(xa + t * n + k0 + g_pos(c - k0, len),
@@ -1414,7 +1447,7 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys
 						int nr = re - r < PP_NR ? (int)(re - r) : PP_NR;
 						pp_tile_g_dispatch(y + (t0 + t) * ys + r, ys, xa + t * n, n, 0, panel + (r - rb) * n, n,
 						                   c0, c1, acc_save + (r - rb) * PP_NT * 8 * 4, c0 == 0, c1 == n,
-						                   XS_Y, nt, nr);
+						                   XS_Y, rs ? w->scale + r : NULL, nt, nr);
 					}
 				}
 			}
@@ -1427,7 +1460,9 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys
  * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most, one weight
  * conversion per 8 FMAs at 8 tokens), so a step of up to 8 tokens reads
  * the weights once; PP_MIN_TOK tokens or more take the panel path above
- * where it fits (the same bits), so the 5-8-token shapes serve the rest. */
+ * where it fits (the same bits), so the 5-8-token shapes serve the rest.
+ * Weights in the grouped order take its decode rows up to DECG_NT tokens
+ * and its panel from there. */
 T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
                              const struct llm_weight *w, int64_t r0, int64_t r1)
 {
@@ -1436,15 +1471,15 @@ T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, i
 	int xsc = e4m3_xs(w) && w->cols <= PANEL_FLOATS;
 	if (xsc && w->cols % G_COLS == 0 && w->block_cols % G_COLS == 0)
 		xsc = 2;                /* the grouped order */
+	if (xsc == 2 && n_tok <= DECG_NT) {
+		matmul_avx2_dec_g(y, ys, x, xs, n_tok, w, r0, r1);
+		return;
+	}
 	if (pp_fits(w, n_tok)) {
 		if (xsc == 2)
 			matmul_avx2_pp_g(y, ys, x, xs, n_tok, w, r0, r1);
 		else
 			matmul_avx2_pp(y, ys, x, xs, n_tok, w, r0, r1, xsc);
-		return;
-	}
-	if (xsc == 2 && n_tok <= 4) {
-		matmul_avx2_dec_g(y, ys, x, xs, n_tok, w, r0, r1);
 		return;
 	}
 	if (dec_fits(w, n_tok)) {

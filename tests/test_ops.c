@@ -309,6 +309,7 @@ static void matmul_grouped(enum llm_cpu_isa isa)
 {
 	static const int64_t shape[][4] = {   /* rows, cols, block rows, block cols */
 		{ 23, 1024, 128, 128 }, { 70, 1024, 4, 64 }, { 9, 8192, 1, 8192 }, { 19, 4096, 4, 128 },
+		{ 13, 576, 1, 576 },
 	};
 	int same = 1;
 	for (size_t s = 0; s < sizeof shape / sizeof *shape; s++) {
@@ -319,8 +320,8 @@ static void matmul_grouped(enum llm_cpu_isa isa)
 		free_weight(&b);
 		matmul_case(isa, LLM_DTYPE_E4M3, shape[s][0], shape[s][1], shape[s][2], shape[s][3]);
 	}
-	check(same, "matmul %s E4M3 in 32-column groups (23x1024 128x128, 70x1024 4x64, 9x8192 a scale a row, "
-	      "19x4096 4x128): 1..8 and 37 tokens, split rows: the bits of each token alone", llm_cpu_isa_name(isa));
+	check(same, "matmul %s E4M3 in 32-column groups (23x1024 128x128, 70x1024 4x64, 9x8192 and 13x576 a scale "
+	      "a row, 19x4096 4x128): 1..8 and 37 tokens, split rows: the bits of each token alone", llm_cpu_isa_name(isa));
 }
 
 /* Every E4M3 code through the SIMD decode: W (1, 256) = codes 0..255 with

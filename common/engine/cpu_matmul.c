@@ -516,12 +516,13 @@ T256 static INL float hsum_256(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
-/* Columns [c0, ce) of one column block into the accumulators: SC the
- * rows' block scales as e4m3_scale_256 made them (1 for other dtypes).
- * One prefetch a 64-byte line of the next tile's rows. */
+/* Columns [c0, ce) of one column block into the accumulators of rows r,
+ * r + rs, ..., r + (nr - 1) rs: SC the rows' block scales as
+ * e4m3_scale_256 made them (1 for other dtypes). One prefetch a 64-byte
+ * line, PF rows past each row. */
 T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, const int nt, const int nr,
-                               const struct llm_weight *w, int64_t r, const enum llm_dtype dt, int64_t c0,
-                               int64_t ce, const __m256 sc[4], const int wide)
+                               const struct llm_weight *w, int64_t r, int64_t rs, int64_t ahead,
+                               const enum llm_dtype dt, int64_t c0, int64_t ce, const __m256 sc[4], const int wide)
 {
 	int fp8 = dt == LLM_DTYPE_E4M3;
 	int64_t n = w->cols;
@@ -531,10 +532,10 @@ T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, con
 		int pf = ((size_t)c * esz & 63) == 0;
 		UNROLL
 		for (int i = 0; i < nr; i++) {
-			if (pf)
-				_mm_prefetch((const char *)w->data + ((size_t)(r + nr + i) * (size_t)n + (size_t)c) * esz,
+			if (pf && ahead)
+				_mm_prefetch((const char *)w->data + ((size_t)(r + i * rs + ahead) * (size_t)n + (size_t)c) * esz,
 				             _MM_HINT_T0);
-			__m256 wv = wload_256(w, dt, r + i, c, 8, wide);
+			__m256 wv = wload_256(w, dt, r + i * rs, c, 8, wide);
 			if (fp8)
 				wv = _mm256_mul_ps(wv, sc[i]);
 			UNROLL
@@ -546,7 +547,7 @@ T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, con
 		__m256i m = mask8_256(ce - c);
 		UNROLL
 		for (int i = 0; i < nr; i++) {
-			__m256 wv = wload_256(w, dt, r + i, c, ce - c, wide);
+			__m256 wv = wload_256(w, dt, r + i * rs, c, ce - c, wide);
 			if (fp8)
 				wv = _mm256_mul_ps(wv, sc[i]);
 			UNROLL
@@ -556,8 +557,11 @@ T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, con
 	}
 }
 
-T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
-                                 int nt, int nr, const struct llm_weight *w, int64_t r, enum llm_dtype dt)
+/* The rows r + i rs (i < nr) against NT tokens: one accumulator a row and
+ * token over the columns in order, so a row's bits do not depend on the
+ * rows beside it nor on RS. PF: prefetch distance in rows (block_256). */
+T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs, int nt, int nr,
+                              const struct llm_weight *w, int64_t r, int64_t rs, int64_t pf, enum llm_dtype dt)
 {
 	__m256 acc[4][8];
 	UNROLL
@@ -572,7 +576,7 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 	const float *srow[4] = { 0 };
 	UNROLL
 	for (int i = 0; i < nr; i++)
-		srow[i] = fp8 ? w->scale + ((r + i) / w->block_rows) * w->scale_cols : NULL;
+		srow[i] = fp8 ? w->scale + ((r + i * rs) / w->block_rows) * w->scale_cols : NULL;
 	for (int64_t c0 = 0; c0 < n; c0 += bk) {
 		int64_t ce = c0 + bk < n ? c0 + bk : n;
 		__m256 sc[4];
@@ -584,15 +588,15 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 		for (int i = 0; i < nr; i++)
 			sc[i] = _mm256_set1_ps(fp8 ? e4m3_scale_256(srow[i][c0 / bk], wide) : 1.0f);
 		if (wide)
-			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 1);
+			block_256(acc, x, xs, nt, nr, w, r, rs, pf, dt, c0, ce, sc, 1);
 		else
-			block_256(acc, x, xs, nt, nr, w, r, dt, c0, ce, sc, 0);
+			block_256(acc, x, xs, nt, nr, w, r, rs, pf, dt, c0, ce, sc, 0);
 	}
 	UNROLL
 	for (int i = 0; i < nr; i++) {
 		UNROLL
 		for (int t = 0; t < nt; t++)
-			y[t * ys + r + i] = hsum_256(acc[i][t]);
+			y[t * ys + r + i * rs] = hsum_256(acc[i][t]);
 	}
 }
 
@@ -601,23 +605,25 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs,
 #define TILE_256_DT(dt)                                                                     \
 	do {                                                                                \
 		switch (nt * 8 + nr) {                                                      \
-		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, dt); break;              \
-		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, dt); break;              \
-		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, dt); break;              \
-		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, dt); break;              \
-		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, dt); break;              \
-		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, dt); break;              \
-		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, dt); break;              \
-		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, dt); break;              \
-		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, dt); break;              \
-		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, dt); break;              \
-		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, dt); break;              \
-		default: tile_256(y, ys, x, xs, 1, 1, w, r, dt); break;                     \
-		}                                                                           \
+		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, rs, pf, dt); break;              \
+		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, rs, pf, dt); break;              \
+		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, rs, pf, dt); break;              \
+		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, rs, pf, dt); break;              \
+		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, rs, pf, dt); break;              \
+		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, rs, pf, dt); break;              \
+		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, rs, pf, dt); break;              \
+		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, rs, pf, dt); break;              \
+		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, rs, pf, dt); break;              \
+		case 2 * 8 + 2: tile_256(y, ys, x, xs, 2, 2, w, r, rs, pf, dt); break;              \
+		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, rs, pf, dt); break;              \
+		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, rs, pf, dt); break;              \
+		case 1 * 8 + 2: tile_256(y, ys, x, xs, 1, 2, w, r, rs, pf, dt); break;              \
+		default: tile_256(y, ys, x, xs, 1, 1, w, r, rs, pf, dt); break;                     \
+		}                                                                                 \
 	} while (0)
 
-T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs,
-                                   int nt, int nr, const struct llm_weight *w, int64_t r)
+T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs, int nt, int nr,
+                                   const struct llm_weight *w, int64_t r, int64_t rs, int64_t pf)
 {
 	switch (w->dtype) {
 	case LLM_DTYPE_E4M3: TILE_256_DT(LLM_DTYPE_E4M3); break;
@@ -1456,13 +1462,32 @@ T256 __attribute__((noinline)) static void matmul_avx2_pp_g(float *y, int64_t ys
 	free(xa);
 }
 
+/* ---- AVX2: a few tokens over rows a stride apart -----------------------
+ * A tile of rows side by side (r .. r + 3) reads 2-4 short streams that
+ * start anew every tile: narrow rows (576 columns, 1152 bytes of bf16)
+ * come from memory at half the rate of long ones. So up to STRIDE_NT tokens
+ * take tiles of rows a quarter (a half) of the range apart, r, r + q, r +
+ * 2q, r + 3q, each of them a long stream through its quarter, with a
+ * prefetch one row ahead in each; 5 to 8 tokens pass as two token groups
+ * (3 + 2 .. 4 + 4: 8 accumulators at most) over the same STRIDE_BLOCK
+ * bytes of rows, the second from cache, where the prompt panel made a
+ * copy of the rows for 5 tokens as for 256. A row and token keep one
+ * accumulator over the columns in order (tile_256): the bits of the tiles
+ * of side-by-side rows and of the panel. One Zen 5 core at
+ * LLM_CPU_ISA=avx2, bf16 from memory (matmul_bench): 1 token 49152 x 576
+ * 18 -> 34 GB/s, 2048 x 2048 26 -> 34; 4 tokens 11 -> 19 and 14 -> 17;
+ * 5 / 8 tokens on 2048 x 2048 1081 -> 713 / 1250 -> 843 us. */
+#define STRIDE_NT 8
+#define STRIDE_BLOCK 16384
+
 /* AVX2 has 16 registers: token tiles of up to 8 (5 to 8 tokens one row,
- * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most, one weight
- * conversion per 8 FMAs at 8 tokens), so a step of up to 8 tokens reads
- * the weights once; PP_MIN_TOK tokens or more take the panel path above
- * where it fits (the same bits), so the 5-8-token shapes serve the rest.
- * Weights in the grouped order take its decode rows up to DECG_NT tokens
- * and its panel from there. */
+ * 3 or 4 two rows, 1 or 2 four rows: 8 accumulators at most). Up to
+ * STRIDE_NT tokens take the strided tiles above, more the panel path where
+ * it fits (the same bits), else token tiles of 8 over blocks of RB rows.
+ * E4M3 weights of the scaled activations take the decode tiles (up to 4
+ * tokens) and the panel, and in the grouped order its decode rows up to
+ * DECG_NT tokens and its panel from there. */
+
 T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n_tok,
                              const struct llm_weight *w, int64_t r0, int64_t r1)
 {
@@ -1475,7 +1500,7 @@ T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, i
 		matmul_avx2_dec_g(y, ys, x, xs, n_tok, w, r0, r1);
 		return;
 	}
-	if (pp_fits(w, n_tok)) {
+	if (pp_fits(w, n_tok) && (n_tok > STRIDE_NT || xsc)) {
 		if (xsc == 2)
 			matmul_avx2_pp_g(y, ys, x, xs, n_tok, w, r0, r1);
 		else
@@ -1486,6 +1511,25 @@ T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, i
 		matmul_avx2_dec(y, ys, x, xs, n_tok, w, r0, r1, xsc);
 		return;
 	}
+	if (n_tok <= STRIDE_NT) {
+		int nr = n_tok >= 3 ? 2 : 4;
+		int64_t g = n_tok > 4 ? (n_tok + 1) / 2 : n_tok;
+		int64_t q = (r1 - r0) / nr, rowb = w->cols * (int64_t)llm_dtype_size(w->dtype);
+		int64_t sb = STRIDE_BLOCK / (nr * rowb) > 1 ? STRIDE_BLOCK / (nr * rowb) : 1;
+		for (int64_t jb = 0; jb < q; jb += sb) {
+			int64_t je = jb + sb < q ? jb + sb : q;
+			for (int64_t t = 0; t < n_tok; t += g) {
+				int nt = (int)(n_tok - t < g ? n_tok - t : g);
+				for (int64_t j = jb; j < je; j++)
+					tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r0 + j, q, t == 0);
+			}
+		}
+		for (int64_t r = r0 + nr * q; r < r1; r++)
+			for (int64_t t = 0; t < n_tok; t += g)
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, (int)(n_tok - t < g ? n_tok - t : g), 1, w,
+				                  r, 1, 1);
+		return;
+	}
 	for (int64_t rb = r0; rb < r1; rb += RB) {
 		int64_t re = rb + RB < r1 ? rb + RB : r1;
 		for (int64_t t = 0; t < n_tok; ) {
@@ -1494,9 +1538,9 @@ T256 static void matmul_avx2(float *y, int64_t ys, const float *x, int64_t xs, i
 			int nt = n_tok - t >= 8 ? 8 : (int)(n_tok - t), nr = nt >= 5 ? 1 : nt >= 3 ? 2 : 4;
 			int64_t r = rb;
 			for (; r + nr <= re; r += nr)
-				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r);
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, nr, w, r, 1, nr);
 			for (; r < re; r++)
-				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, 1, w, r);
+				tile_256_dispatch(y + t * ys, ys, x + t * xs, xs, nt, 1, w, r, 1, 1);
 			t += nt;
 		}
 	}

@@ -155,8 +155,10 @@ DOT_TARGET static INL void DOT_NAME(tile_zero)(__m512 acc[4][4], const int nt, c
 			acc[i][t] = _mm512_setzero_ps();
 }
 
-/* y[t * ys + i] = the lane sum of acc[i][t] (reduce4_512 for four rows). */
-DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, __m512 acc[4][4], const int nt, const int nr)
+/* y[t * ys + i * yrs] = the lane sum of acc[i][t] (reduce4_512 for four
+ * rows: the same bits as _mm512_reduce_add_ps of each). */
+DOT_TARGET static INL void DOT_NAME(tile_store_rs)(float *y, int64_t ys, int64_t yrs, __m512 acc[4][4], const int nt,
+                                                  const int nr)
 {
 #pragma GCC unroll 4
 	for (int t = 0; t < nt; t++) {
@@ -164,20 +166,33 @@ DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, __m512 acc
 		if (nr == 4) {
 			__m512 s = reduce4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
 			s = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s);
-			_mm_storeu_ps(yt, _mm512_castps512_ps128(s));
+			if (yrs == 1) {
+				_mm_storeu_ps(yt, _mm512_castps512_ps128(s));
+			} else {
+				float v[4];
+				_mm_storeu_ps(v, _mm512_castps512_ps128(s));
+				for (int i = 0; i < 4; i++)
+					yt[i * yrs] = v[i];
+			}
 		} else {
 #pragma GCC unroll 4
 			for (int i = 0; i < nr; i++)
-				yt[i] = _mm512_reduce_add_ps(acc[i][t]);
+				yt[i * yrs] = _mm512_reduce_add_ps(acc[i][t]);
 		}
 	}
 }
 
+DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, __m512 acc[4][4], const int nt, const int nr)
+{
+	DOT_NAME(tile_store_rs)(y, ys, 1, acc, nt, nr);
+}
+
 /* Over bf16 rows W (a BF16 matrix, or the bf16 copy of an E4M3 row block),
- * STRIDE elements apart; PF: prefetch distance in elements (0: none). */
+ * STRIDE elements apart, into y rows YRS apart; PF: prefetch distance in
+ * elements (0: none). */
 DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
                                              const int nt, const int nr, const uint16_t *w, int64_t stride,
-                                             int64_t n, size_t pf)
+                                             int64_t n, size_t pf, int64_t yrs)
 {
 	__m512 acc[4][4];
 	DOT_NAME(tile_zero)(acc, nt, nr);
@@ -199,7 +214,7 @@ DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16
 				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], xv[t], wi);
 		}
 	}
-	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
+	DOT_NAME(tile_store_rs)(y, ys, yrs, acc, nt, nr);
 }
 
 /* One step of tile_codes: the K codes at column C of each row (through
@@ -418,24 +433,24 @@ DOT_TARGET static void DOT_NAME(tile44_keep)(float *y, int64_t ys, const uint16_
 
 DOT_TARGET static void DOT_NAME(tile_w16_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
                                              int nt, int nr, const uint16_t *w, int64_t stride, int64_t n,
-                                             size_t pf)
+                                             size_t pf, int64_t yrs)
 {
 	if (nt == 4 && nr == 4)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 4, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 4, w, stride, n, pf, yrs);
 	else if (nt == 3 && nr == 4)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 3, 4, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 3, 4, w, stride, n, pf, yrs);
 	else if (nt == 2 && nr == 4)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 2, 4, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 2, 4, w, stride, n, pf, yrs);
 	else if (nt == 4)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 1, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 4, 1, w, stride, n, pf, yrs);
 	else if (nt == 3)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 3, 1, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 3, 1, w, stride, n, pf, yrs);
 	else if (nt == 2)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 2, 1, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 2, 1, w, stride, n, pf, yrs);
 	else if (nr == 4)
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 1, 4, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 1, 4, w, stride, n, pf, yrs);
 	else
-		DOT_NAME(tile_w16)(y, ys, xb, xbs, 1, 1, w, stride, n, pf);
+		DOT_NAME(tile_w16)(y, ys, xb, xbs, 1, 1, w, stride, n, pf, yrs);
 }
 
 DOT_TARGET static void DOT_NAME(tile_codes_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
@@ -499,13 +514,25 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	int spread = copy || (!fp8 && n_tok > 4);
 	/* 1 to 3 tokens read from the weights (no bf16 copy): every token of
 	 * the step in one tile, so a row is read (and an E4M3 code converted)
-	 * once a step, not once a token. BF16 rows then go one at a time, in
-	 * one stream: four rows at once (four streams a row apart, 4 KiB for
-	 * d_model 2048) ran at 72% of the read bandwidth on one Zen 5 core,
-	 * one row at 95%: TinyLlama BF16 decode 14.8 -> 19.4 tok/s, 2 and 3
-	 * sequences 23.4 -> 37.2 and 28.0 -> 49.4. E4M3 keeps 4-row tiles
-	 * (the conversion, not the stream, bounds them). */
+	 * once a step, not once a token. BF16 rows then go in tiles of four
+	 * rows a quarter of the range apart, four long streams, each with a
+	 * prefetch one row ahead: four rows side by side (four short streams
+	 * a row apart, 4 KiB for d_model 2048) ran at 72% of the read
+	 * bandwidth on one Zen 5 core, and one row at a time waits on the
+	 * latency of its one accumulator. E4M3 keeps 4-row tiles (the
+	 * conversion, not the stream, bounds them). */
 	int few = !copy && n_tok < 4, streams = few && !fp8;
+	if (streams) {
+		const uint16_t *wd = (const uint16_t *)w->data;
+		int64_t q = (r1 - r0) / 4;
+		for (int64_t j = 0; j < q; j++)
+			DOT_NAME(tile_w16_any)(y + r0 + j, ys, xb, xbs, (int)n_tok, 4, wd + (size_t)(r0 + j) * (size_t)n,
+			                       q * n, n, (size_t)n, q);
+		for (int64_t r = r0 + 4 * q; r < r1; r++)
+			DOT_NAME(tile_w16_any)(y + r, ys, xb, xbs, (int)n_tok, 1, wd + (size_t)r * (size_t)n, n, n,
+			                       (size_t)n, 1);
+		return;
+	}
 	int64_t sr_lo = 0, sr_hi = 0;        /* the rows of the scale row TS holds */
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
@@ -585,12 +612,12 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 #endif
 					{
 						DOT_NAME(row_words)(kw, wc, n, &ts, ia, ib);
-						DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, kw, n, n, 0);
+						DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, kw, n, n, 0, 1);
 					}
 				} else if (w16 && nt == 4 && nr == 4 && n % 64 == 0)
 					DOT_NAME(tile44)(yt, ys, xt, xbs, w16, n, tpf);
 				else if (w16)
-					DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, w16, n, n, tpf);
+					DOT_NAME(tile_w16_any)(yt, ys, xt, xbs, nt, nr, w16, n, n, tpf, 1);
 				else
 					DOT_NAME(tile_codes_any)(yt, ys, xt, xbs, nt, nr,
 					                         (const uint8_t *)w->data + (size_t)r * (size_t)n, n, n,

@@ -559,7 +559,8 @@ T256 static INL void block_256(__m256 acc[4][8], const float *x, int64_t xs, con
 
 /* The rows r + i rs (i < nr) against NT tokens: one accumulator a row and
  * token over the columns in order, so a row's bits do not depend on the
- * rows beside it nor on RS. PF: prefetch distance in rows (block_256). */
+ * rows beside it nor on RS. PF: prefetch distance in rows (block_256's
+ * AHEAD; 0: none). */
 T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs, int nt, int nr,
                               const struct llm_weight *w, int64_t r, int64_t rs, int64_t pf, enum llm_dtype dt)
 {
@@ -605,21 +606,21 @@ T256 static INL void tile_256(float *y, int64_t ys, const float *x, int64_t xs, 
 #define TILE_256_DT(dt)                                                                     \
 	do {                                                                                \
 		switch (nt * 8 + nr) {                                                      \
-		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, rs, pf, dt); break;              \
-		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, rs, pf, dt); break;              \
-		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, rs, pf, dt); break;              \
-		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, rs, pf, dt); break;              \
-		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, rs, pf, dt); break;              \
-		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, rs, pf, dt); break;              \
-		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, rs, pf, dt); break;              \
-		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, rs, pf, dt); break;              \
-		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, rs, pf, dt); break;              \
-		case 2 * 8 + 2: tile_256(y, ys, x, xs, 2, 2, w, r, rs, pf, dt); break;              \
-		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, rs, pf, dt); break;              \
-		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, rs, pf, dt); break;              \
-		case 1 * 8 + 2: tile_256(y, ys, x, xs, 1, 2, w, r, rs, pf, dt); break;              \
-		default: tile_256(y, ys, x, xs, 1, 1, w, r, rs, pf, dt); break;                     \
-		}                                                                                 \
+		case 8 * 8 + 1: tile_256(y, ys, x, xs, 8, 1, w, r, rs, pf, dt); break;      \
+		case 7 * 8 + 1: tile_256(y, ys, x, xs, 7, 1, w, r, rs, pf, dt); break;      \
+		case 6 * 8 + 1: tile_256(y, ys, x, xs, 6, 1, w, r, rs, pf, dt); break;      \
+		case 5 * 8 + 1: tile_256(y, ys, x, xs, 5, 1, w, r, rs, pf, dt); break;      \
+		case 4 * 8 + 2: tile_256(y, ys, x, xs, 4, 2, w, r, rs, pf, dt); break;      \
+		case 4 * 8 + 1: tile_256(y, ys, x, xs, 4, 1, w, r, rs, pf, dt); break;      \
+		case 3 * 8 + 2: tile_256(y, ys, x, xs, 3, 2, w, r, rs, pf, dt); break;      \
+		case 3 * 8 + 1: tile_256(y, ys, x, xs, 3, 1, w, r, rs, pf, dt); break;      \
+		case 2 * 8 + 4: tile_256(y, ys, x, xs, 2, 4, w, r, rs, pf, dt); break;      \
+		case 2 * 8 + 2: tile_256(y, ys, x, xs, 2, 2, w, r, rs, pf, dt); break;      \
+		case 2 * 8 + 1: tile_256(y, ys, x, xs, 2, 1, w, r, rs, pf, dt); break;      \
+		case 1 * 8 + 4: tile_256(y, ys, x, xs, 1, 4, w, r, rs, pf, dt); break;      \
+		case 1 * 8 + 2: tile_256(y, ys, x, xs, 1, 2, w, r, rs, pf, dt); break;      \
+		default: tile_256(y, ys, x, xs, 1, 1, w, r, rs, pf, dt); break;             \
+		}                                                                           \
 	} while (0)
 
 T256 static void tile_256_dispatch(float *y, int64_t ys, const float *x, int64_t xs, int nt, int nr,

@@ -480,6 +480,26 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 {
 	int64_t n = w->cols;
 	int fp8 = w->dtype == LLM_DTYPE_E4M3;
+	/* 1 to 3 tokens read from the weights (no bf16 copy): every token of
+	 * the step in one tile, so a row is read (and an E4M3 code converted)
+	 * once a step, not once a token. BF16 rows go in tiles of four rows a
+	 * quarter of the range apart, four long streams, each with a prefetch
+	 * one row ahead: four rows side by side (four short streams a row
+	 * apart, 4 KiB for d_model 2048) ran at 72% of the read bandwidth on
+	 * one Zen 5 core, and one row at a time waits on the latency of its
+	 * one accumulator. E4M3 keeps 4-row tiles below (the conversion, not
+	 * the stream, bounds them). */
+	if (!fp8 && n_tok < 4) {
+		const uint16_t *wd = (const uint16_t *)w->data;
+		int64_t q = (r1 - r0) / 4;
+		for (int64_t j = 0; j < q; j++)
+			DOT_NAME(tile_w16_any)(y + r0 + j, ys, xb, xbs, (int)n_tok, 4, wd + (size_t)(r0 + j) * (size_t)n,
+			                       q * n, n, (size_t)n, q);
+		for (int64_t r = r0 + 4 * q; r < r1; r++)
+			DOT_NAME(tile_w16_any)(y + r, ys, xb, xbs, (int)n_tok, 1, wd + (size_t)r * (size_t)n, n, n,
+			                       (size_t)n, 1);
+		return;
+	}
 #if DOT_VBMI
 	__m512i ia = _mm512_loadu_si512(e4m3_interleave), ib = _mm512_loadu_si512(e4m3_interleave + 64);
 #else
@@ -512,27 +532,6 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 	/* several token tiles: the next row block is prefetched while this one
 	 * is reused from cache (BF16 rows in place, or E4M3 copied to bf16) */
 	int spread = copy || (!fp8 && n_tok > 4);
-	/* 1 to 3 tokens read from the weights (no bf16 copy): every token of
-	 * the step in one tile, so a row is read (and an E4M3 code converted)
-	 * once a step, not once a token. BF16 rows then go in tiles of four
-	 * rows a quarter of the range apart, four long streams, each with a
-	 * prefetch one row ahead: four rows side by side (four short streams
-	 * a row apart, 4 KiB for d_model 2048) ran at 72% of the read
-	 * bandwidth on one Zen 5 core, and one row at a time waits on the
-	 * latency of its one accumulator. E4M3 keeps 4-row tiles (the
-	 * conversion, not the stream, bounds them). */
-	int few = !copy && n_tok < 4, streams = few && !fp8;
-	if (streams) {
-		const uint16_t *wd = (const uint16_t *)w->data;
-		int64_t q = (r1 - r0) / 4;
-		for (int64_t j = 0; j < q; j++)
-			DOT_NAME(tile_w16_any)(y + r0 + j, ys, xb, xbs, (int)n_tok, 4, wd + (size_t)(r0 + j) * (size_t)n,
-			                       q * n, n, (size_t)n, q);
-		for (int64_t r = r0 + 4 * q; r < r1; r++)
-			DOT_NAME(tile_w16_any)(y + r, ys, xb, xbs, (int)n_tok, 1, wd + (size_t)r * (size_t)n, n, n,
-			                       (size_t)n, 1);
-		return;
-	}
 	int64_t sr_lo = 0, sr_hi = 0;        /* the rows of the scale row TS holds */
 	for (int64_t rb = r0; rb < r1; rb += rbn) {
 		int64_t re = rb + rbn < r1 ? rb + rbn : r1;
@@ -572,7 +571,7 @@ DOT_TARGET static void DOT_NAME(matmul_dot)(float *y, int64_t ys, const uint16_t
 			 * 4 + 1 + 1 (+ 1): 515-537 us; as 4 + 2, 4 + 3: 415-437) */
 			int nt = n_tok - t < 4 ? (int)(n_tok - t) : 4;
 			for (int64_t r = rb; r < re; ) {
-				int nr = re - r >= 4 && !streams ? 4 : 1;
+				int nr = re - r >= 4 ? 4 : 1;
 				if (fp8 && !copy && nr == 4 && (r + 3) / w->block_rows != r / w->block_rows &&
 				    (w->block_cols % DOT_STEP == 0 || w->block_cols >= n)) {
 					/* 4 rows across scale rows, a table each */

@@ -157,8 +157,8 @@ DOT_TARGET static INL void DOT_NAME(tile_zero)(__m512 acc[4][4], const int nt, c
 
 /* y[t * ys + i * yrs] = the lane sum of acc[i][t] (reduce4_512 for four
  * rows: the same bits as _mm512_reduce_add_ps of each). */
-DOT_TARGET static INL void DOT_NAME(tile_store_rs)(float *y, int64_t ys, int64_t yrs, __m512 acc[4][4], const int nt,
-                                                  const int nr)
+DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, int64_t yrs, __m512 acc[4][4], const int nt,
+                                               const int nr)
 {
 #pragma GCC unroll 4
 	for (int t = 0; t < nt; t++) {
@@ -180,11 +180,6 @@ DOT_TARGET static INL void DOT_NAME(tile_store_rs)(float *y, int64_t ys, int64_t
 				yt[i * yrs] = _mm512_reduce_add_ps(acc[i][t]);
 		}
 	}
-}
-
-DOT_TARGET static INL void DOT_NAME(tile_store)(float *y, int64_t ys, __m512 acc[4][4], const int nt, const int nr)
-{
-	DOT_NAME(tile_store_rs)(y, ys, 1, acc, nt, nr);
 }
 
 /* Over bf16 rows W (a BF16 matrix, or the bf16 copy of an E4M3 row block),
@@ -214,7 +209,7 @@ DOT_TARGET static INL void DOT_NAME(tile_w16)(float *y, int64_t ys, const uint16
 				acc[i][t] = _mm512_dpbf16_ps(acc[i][t], xv[t], wi);
 		}
 	}
-	DOT_NAME(tile_store_rs)(y, ys, yrs, acc, nt, nr);
+	DOT_NAME(tile_store)(y, ys, yrs, acc, nt, nr);
 }
 
 /* One step of tile_codes: the K codes at column C of each row (through
@@ -300,7 +295,7 @@ DOT_TARGET static INL void DOT_NAME(tile_codes)(float *y, int64_t ys, const uint
 			DOT_NAME(step)(acc, xb, xbs, nt, nr, w, stride, c, e - c, &tb, 0, span, ts, ia, ib, pf);
 		}
 	}
-	DOT_NAME(tile_store)(y, ys, acc, nt, nr);
+	DOT_NAME(tile_store)(y, ys, 1, acc, nt, nr);
 }
 
 /* NT tokens (1 to 4) over 4 rows of E4M3 codes whose scale rows differ (a
@@ -328,7 +323,7 @@ DOT_TARGET static INL void DOT_NAME(tile_codes_rows4)(float *y, int64_t ys, cons
 			DOT_NAME(step)(acc, xb, xbs, nt, 4, w, n, c, ce - c < DOT_STEP ? ce - c : DOT_STEP,
 			               tb, 1, 0, NULL, ia, ib, pf);
 	}
-	DOT_NAME(tile_store)(y, ys, acc, nt, 4);
+	DOT_NAME(tile_store)(y, ys, 1, acc, nt, 4);
 }
 
 DOT_TARGET static void DOT_NAME(tile_codes_rows4_any)(float *y, int64_t ys, const uint16_t *xb, int64_t xbs,
@@ -427,7 +422,7 @@ DOT_TARGET static void DOT_NAME(tile44_keep)(float *y, int64_t ys, const uint16_
 			}
 		}
 	}
-	DOT_NAME(tile_store)(y, ys, acc, 4, 4);
+	DOT_NAME(tile_store)(y, ys, 1, acc, 4, 4);
 }
 #endif
 
